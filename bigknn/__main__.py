@@ -1,0 +1,3 @@
+from bigknn.cli import main
+
+main()

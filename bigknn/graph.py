@@ -1,0 +1,82 @@
+"""k-NN graph arrays and the vectorised list merge that every stage shares.
+
+A graph is two arrays: ``ids`` (rows, k) int32 neighbour ids and ``dists`` (rows, k) float32 ordering
+keys, ascending per row. An empty slot holds id ``EMPTY`` and key ``+inf``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+EMPTY = -1
+ID_DTYPE = np.int32
+
+
+@dataclass
+class KnnGraph:
+    ids: np.ndarray  # (rows, k) int32
+    dists: np.ndarray  # (rows, k) float32, ascending per row
+
+    @property
+    def rows(self) -> int:
+        return self.ids.shape[0]
+
+    @property
+    def k(self) -> int:
+        return self.ids.shape[1]
+
+
+def merge_lists(ids: np.ndarray, dists: np.ndarray, k: int, extra: np.ndarray | None = None):
+    """Per row: drop duplicate ids and empty slots, sort ascending by key, keep the first ``k``.
+
+    ``ids``/``dists`` are (rows, m) with m >= k, in any order. Where an id appears twice the smaller key
+    wins. ``extra`` is an optional (rows, m) array carried along with the kept entries (flags).
+    Returns (ids, dists[, extra]) of shape (rows, k); short rows are padded with EMPTY/+inf.
+    """
+    rows, m = ids.shape
+    dists = np.where(ids == EMPTY, np.inf, dists).astype(np.float32, copy=False)
+    # sort by (id, key) so that duplicates are adjacent and the best copy comes first
+    order = _argsort_id_then_key(ids, dists)
+    sid = np.take_along_axis(ids, order, axis=1)
+    sd = np.take_along_axis(dists, order, axis=1)
+    dup = np.zeros_like(sid, dtype=bool)
+    dup[:, 1:] = sid[:, 1:] == sid[:, :-1]
+    sd = np.where(dup, np.inf, sd)
+    kk = min(k, m)
+    if kk < m:
+        part = np.argpartition(sd, kk - 1, axis=1)[:, :kk]
+    else:
+        part = np.broadcast_to(np.arange(m), (rows, m))
+    pd = np.take_along_axis(sd, part, axis=1)
+    within = np.argsort(pd, axis=1, kind="stable")
+    pick = np.take_along_axis(part, within, axis=1)
+    out_ids = np.take_along_axis(sid, pick, axis=1)
+    out_d = np.take_along_axis(sd, pick, axis=1)
+    out_ids = np.where(np.isinf(out_d), EMPTY, out_ids).astype(ID_DTYPE)
+    if kk < k:
+        pad = k - kk
+        out_ids = np.pad(out_ids, ((0, 0), (0, pad)), constant_values=EMPTY)
+        out_d = np.pad(out_d, ((0, 0), (0, pad)), constant_values=np.inf)
+    if extra is None:
+        return out_ids, out_d
+    se = np.take_along_axis(extra, order, axis=1)
+    out_e = np.take_along_axis(se, pick, axis=1)
+    if kk < k:
+        out_e = np.pad(out_e, ((0, 0), (0, k - kk)))
+    return out_ids, out_d, out_e
+
+
+def _argsort_id_then_key(ids: np.ndarray, dists: np.ndarray) -> np.ndarray:
+    """Row-wise order by id, then by key: one argsort of a combined 64-bit key is faster than lexsort."""
+    key_bits = _sortable_float_bits(dists)
+    combined = (ids.astype(np.int64) << 32) | key_bits.astype(np.int64)
+    return np.argsort(combined, axis=1, kind="stable")
+
+
+def _sortable_float_bits(x: np.ndarray) -> np.ndarray:
+    """uint32 codes whose unsigned order equals the float order (for packing keys into sort words)."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    neg = (bits >> 31).astype(bool)
+    return np.where(neg, ~bits, bits | np.uint32(0x80000000)).astype(np.uint32)

@@ -1,0 +1,27 @@
+"""Build parameters shared by every backend (one place for each default)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class GnndParams:
+    """GNND (paper 000 §4) and GGM (§5.1) knobs.
+
+    k: neighbours per row. samples: p, the NEW and the OLD samples taken per list per iteration (reverse
+    samples fill each sample list up to 2p). iters: iteration cap. min_update_frac: stop once an
+    iteration changes fewer than this fraction of the n*k list entries. merge_iters: iteration cap of GGM.
+    """
+
+    k: int = 32
+    samples: int = 0  # 0: automatic, see sample_count()
+    iters: int = 12
+    min_update_frac: float = 0.001
+    merge_iters: int = 8
+
+    def sample_count(self) -> int:
+        return self.samples if self.samples > 0 else max(4, min(32, self.k // 2))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
