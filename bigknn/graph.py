@@ -50,7 +50,7 @@ def merge_lists(ids: np.ndarray, dists: np.ndarray, k: int, extra: np.ndarray | 
     else:
         part = np.broadcast_to(np.arange(m), (rows, m))
     pd = np.take_along_axis(sd, part, axis=1)
-    within = np.argsort(pd, axis=1, kind="stable")
+    within = np.argsort(pd, axis=1)
     pick = np.take_along_axis(part, within, axis=1)
     out_ids = np.take_along_axis(sid, pick, axis=1)
     out_d = np.take_along_axis(sd, pick, axis=1)
@@ -70,12 +70,11 @@ def merge_lists(ids: np.ndarray, dists: np.ndarray, k: int, extra: np.ndarray | 
 
 def _argsort_id_then_key(ids: np.ndarray, dists: np.ndarray) -> np.ndarray:
     """Row-wise order by id, then by key: one argsort of a combined 64-bit key is faster than lexsort."""
-    key_bits = _sortable_float_bits(dists)
-    combined = (ids.astype(np.int64) << 32) | key_bits.astype(np.int64)
-    return np.argsort(combined, axis=1, kind="stable")
+    combined = (ids.astype(np.int64) << 32) | sortable_float_bits(dists).astype(np.int64)
+    return np.argsort(combined, axis=1)
 
 
-def _sortable_float_bits(x: np.ndarray) -> np.ndarray:
+def sortable_float_bits(x: np.ndarray) -> np.ndarray:
     """uint32 codes whose unsigned order equals the float order (for packing keys into sort words)."""
     bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
     neg = (bits >> 31).astype(bool)

@@ -17,11 +17,11 @@ class GnndParams:
     k: int = 32
     samples: int = 0  # 0: automatic, see sample_count()
     iters: int = 12
-    min_update_frac: float = 0.001
+    min_update_frac: float = 0.05
     merge_iters: int = 8
 
     def sample_count(self) -> int:
-        return self.samples if self.samples > 0 else max(4, min(32, self.k // 2))
+        return self.samples if self.samples > 0 else max(4, min(32, self.k // 4))
 
     def to_dict(self) -> dict:
         return asdict(self)

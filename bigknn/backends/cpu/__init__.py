@@ -1,0 +1,64 @@
+"""The NumPy backend: the reference implementation, and the one that runs where no GPU exists."""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import numpy as np
+
+from bigknn.backends.base import ShardPart
+from bigknn.backends.cpu.descent import DescentState, descend, row_keys_local
+from bigknn.backends.cpu.exact import exact_knn
+from bigknn.ggm import finish_merge, start_merge
+from bigknn.graph import ID_DTYPE, KnnGraph, merge_lists
+from bigknn.params import GnndParams
+
+
+def as_float(x: np.ndarray) -> np.ndarray:
+    """Vectors as float32 (integer and half inputs accumulate in float32)."""
+    return np.ascontiguousarray(x, dtype=np.float32)
+
+
+def random_init(x: np.ndarray, k: int, metric: str, rng: np.random.Generator) -> DescentState:
+    """k random neighbours per row (never itself), keys computed, sorted, all NEW.
+
+    Repeated draws within a row are dropped by the merge; the empty slots fill during descent.
+    """
+    n = x.shape[0]
+    sq = np.einsum("ij,ij->i", x, x)
+    draw = rng.integers(0, n - 1, size=(n, k), dtype=np.int64)
+    rows = np.arange(n)
+    draw += draw >= rows[:, None]  # skip self
+    ids = draw.astype(ID_DTYPE)
+    ids, dists = merge_lists(ids, row_keys_local(x, sq, rows, ids, metric), k)
+    return DescentState(ids, dists, np.ones_like(ids, dtype=bool))
+
+
+class CpuBackend:
+    name = "cpu"
+
+    def gnnd(self, x: np.ndarray, metric: str, params: GnndParams, seed: int, on_iter=None) -> KnnGraph:
+        rng = np.random.default_rng(seed)
+        xf = as_float(x)
+        state = random_init(xf, params.k, metric, rng)
+        descend(xf, state, metric, params.sample_count(), params.iters, params.min_update_frac, rng,
+                on_iter=on_iter)
+        return KnnGraph(state.ids, state.dists)
+
+    def ggm(self, a: ShardPart, b: ShardPart, metric: str, params: GnndParams, seed: int,
+            on_iter=None) -> tuple[KnnGraph, KnnGraph]:
+        rng = np.random.default_rng(seed)
+        xf = as_float(np.concatenate([a.vectors, b.vectors]))
+        setup = start_merge(a, b, rng)
+        fill = setup.fill_mask
+        sq = np.einsum("ij,ij->i", xf, xf)
+        setup.dists[fill] = row_keys_local(xf, sq, np.arange(len(xf)), setup.ids[:, -setup.fill:], metric).ravel()
+        ids, dists, is_new = merge_lists(setup.ids, setup.dists, params.k, extra=fill)
+        state = DescentState(ids, dists, is_new)
+        descend(xf, state, metric, params.sample_count(), params.merge_iters, params.min_update_frac, rng,
+                part=setup.part, on_iter=on_iter)
+        return finish_merge(a, b, state.ids, state.dists)
+
+    def exact_knn(self, queries: np.ndarray, k: int, metric: str,
+                  blocks: Iterable[tuple[int, np.ndarray]]) -> KnnGraph:
+        return exact_knn(queries, k, metric, blocks)

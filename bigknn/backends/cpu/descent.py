@@ -1,0 +1,200 @@
+"""GNND iterations in NumPy (paper 000 §4), vectorised over rows: the reference for the CUDA kernels.
+
+One iteration: sample <= p NEW and <= p OLD neighbours per list (sampled NEW become OLD), add bounded
+reverse samples (each sample list holds at most 2p ids), cross-match NEW x NEW and NEW x OLD inside each
+list, keep only each sample's nearest candidate per group (selective update), and merge the candidates
+into the lists. The paper merges per-segment inserts after the iteration; here the whole insertion is
+one batched merge, which gives the same lists up to the order in which equal keys are kept.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import os
+
+import numpy as np
+
+from bigknn.graph import EMPTY, ID_DTYPE, merge_lists, sortable_float_bits
+
+GATHER_BYTES = 32 << 20  # bytes of gathered sample vectors per cross-matching batch
+THREADS = min(4, os.cpu_count() or 1)
+
+
+@dataclass
+class DescentState:
+    """A graph under refinement: local ids, keys, NEW flags."""
+
+    ids: np.ndarray
+    dists: np.ndarray
+    is_new: np.ndarray
+
+
+def row_keys_local(x: np.ndarray, sq: np.ndarray, rows: np.ndarray, ids: np.ndarray, metric: str) -> np.ndarray:
+    """Keys between each row and each id of its (rows, m) id block (EMPTY ids get +inf), in batches."""
+    out = np.empty(ids.shape, np.float32)
+    step = max(1, GATHER_BYTES // (ids.shape[1] * x.shape[1] * 4))
+    for s in range(0, ids.shape[0], step):
+        r, i = rows[s:s + step], ids[s:s + step]
+        safe = np.where(i == EMPTY, 0, i)
+        out[s:s + step] = _keys(x[r][:, None, :], x[safe], sq, r[:, None], safe, metric)[:, 0, :]
+    out[ids == EMPTY] = np.inf
+    return out
+
+
+def descend(x: np.ndarray, state: DescentState, metric: str, samples: int, iters: int,
+            min_update_frac: float, rng: np.random.Generator, part: np.ndarray | None = None,
+            on_iter=None) -> list[int]:
+    """Refine ``state`` in place; return the update count of each iteration.
+
+    ``part``: optional per-row label; when given, only pairs with different labels are matched
+    (GGM's cross-shard-only mode).
+    """
+    n, k = state.ids.shape
+    sq = np.einsum("ij,ij->i", x, x) if metric == "l2" else None
+    history: list[int] = []
+    for _ in range(iters):
+        new_s, old_s = _sample(state, samples, rng)
+        targets, cands, keys = _cross_match(x, sq, new_s, old_s, metric, part)
+        updates = _insert(state, targets, cands, keys)
+        history.append(updates)
+        if on_iter is not None:
+            on_iter(updates)
+        if updates < min_update_frac * n * k:
+            break
+    return history
+
+
+def _sample(state: DescentState, p: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Sample lists (n, 2p): first p NEW / OLD of each list, then reverse samples up to 2p, deduplicated."""
+    valid = state.ids != EMPTY
+    new_mask = state.is_new & valid
+    old_mask = ~state.is_new & valid
+    fwd_new, take_new = _first_p(state.ids, new_mask, p)
+    fwd_old, _ = _first_p(state.ids, old_mask, p)
+    state.is_new &= ~take_new  # sampled NEW neighbours are OLD from now on
+    return _with_reverse(fwd_new, p, rng), _with_reverse(fwd_old, p, rng)
+
+
+def _first_p(ids: np.ndarray, mask: np.ndarray, p: int) -> tuple[np.ndarray, np.ndarray]:
+    """The first p ids of each row where ``mask`` holds, compacted into (n, p) (EMPTY padded)."""
+    rank = np.cumsum(mask, axis=1) - 1
+    take = mask & (rank < p)
+    out = np.full((ids.shape[0], p + 1), EMPTY, dtype=ID_DTYPE)
+    rows = np.broadcast_to(np.arange(ids.shape[0])[:, None], ids.shape)
+    out[rows[take], rank[take]] = ids[take]
+    return out[:, :p], take
+
+
+def _with_reverse(fwd: np.ndarray, p: int, rng: np.random.Generator) -> np.ndarray:
+    """Append reverse samples: for v in fwd[s], s joins list v while it holds fewer than 2p ids.
+
+    On the GPU the order of these appends is decided by racing atomics; a random permutation plays that
+    part here, so no list prefers low row numbers.
+    """
+    n = fwd.shape[0]
+    counts = (fwd != EMPTY).sum(axis=1)
+    src, col = np.nonzero(fwd != EMPTY)
+    dst = fwd[src, col]
+    perm = rng.permutation(dst.size)
+    src, dst = src[perm], dst[perm]
+    order = np.argsort(dst, kind="stable")
+    src, dst = src[order], dst[order]
+    starts = np.searchsorted(dst, np.arange(n))
+    slot = counts[dst] + (np.arange(dst.size) - starts[dst])
+    keep = slot < 2 * p
+    out = np.full((n, 2 * p), EMPTY, dtype=ID_DTYPE)
+    out[:, :p] = fwd
+    out[dst[keep], slot[keep]] = src[keep]
+    out.sort(axis=1)
+    dup = np.zeros_like(out, dtype=bool)
+    dup[:, 1:] = (out[:, 1:] == out[:, :-1]) & (out[:, 1:] != EMPTY)
+    out[dup] = EMPTY
+    return out
+
+
+def _cross_match(x, sq, new_s, old_s, metric, part):
+    """Selective update candidates (target, candidate id, key) from every list's samples.
+
+    Batches of lists run on a small thread pool: the batched matmuls and reductions release the GIL.
+    """
+    n, w = new_s.shape
+    batch = max(1, GATHER_BYTES // (3 * w * x.shape[1] * 4))
+    spans = [(s, min(n, s + batch)) for s in range(0, n, batch)]
+    with ThreadPoolExecutor(THREADS) as pool:
+        parts = list(pool.map(lambda sp: _match_lists(x, sq, new_s[sp[0]:sp[1]], old_s[sp[0]:sp[1]],
+                                                      metric, part), spans))
+    return tuple(np.concatenate([pt[i] for pt in parts]) for i in range(3))
+
+
+def _match_lists(x, sq, ns, os_, metric, part):
+    w = ns.shape[1]
+    nsafe = np.where(ns == EMPTY, 0, ns)
+    osafe = np.where(os_ == EMPTY, 0, os_)
+    cross_only = part is not None
+    # under GGM every NEW sample of a list lies in the other shard, so NEW x NEW pairs are all
+    # same-shard and skipped (paper §5.1: cross-shard distances only)
+    others = osafe if cross_only else np.concatenate([osafe, nsafe], axis=1)
+    other_ids = os_ if cross_only else np.concatenate([os_, ns], axis=1)
+    d = _keys(x[nsafe], x[others], sq, nsafe, others, metric)
+    bad = (ns[:, :, None] == EMPTY) | (other_ids[:, None, :] == EMPTY) | (ns[:, :, None] == other_ids[:, None, :])
+    if cross_only:
+        bad |= part[nsafe][:, :, None] == part[others][:, None, :]
+    d[bad] = np.inf
+    d_no = d[:, :, :w]
+    groups = [(ns, os_, d_no), (os_, ns, d_no.transpose(0, 2, 1))]
+    if not cross_only:
+        groups.append((ns, ns, d[:, :, w:]))
+    out_t, out_c, out_k = [], [], []
+    for owners, cands, dg in groups:
+        best = dg.argmin(axis=2)
+        bk = np.take_along_axis(dg, best[:, :, None], axis=2)[:, :, 0]
+        ok = np.isfinite(bk)
+        out_t.append(owners[ok])
+        out_c.append(np.take_along_axis(cands, best, axis=1)[ok])
+        out_k.append(bk[ok].astype(np.float32))
+    return np.concatenate(out_t), np.concatenate(out_c), np.concatenate(out_k)
+
+
+def _keys(xa, xb, sq, ia, ib, metric):
+    dots = np.matmul(xa, xb.transpose(0, 2, 1))
+    if metric == "ip":
+        return np.negative(dots, out=dots)
+    d = sq[ia][:, :, None] + sq[ib][:, None, :] - 2.0 * dots
+    return np.maximum(d, 0.0, out=d)
+
+
+def _insert(state: DescentState, targets, cands, keys) -> int:
+    """Merge candidates into the lists (at most k per target, nearest first); return entries inserted.
+
+    Candidates already in the list, or repeated for the same target, are dropped first, so the merge
+    is a plain sort by key and every entry keeps its NEW/OLD flag.
+    """
+    n, k = state.ids.shape
+    closer = keys < state.dists[targets, -1]  # no worse than the list's last entry: cannot enter
+    targets, cands, keys = targets[closer], cands[closer], keys[closer]
+    if targets.size == 0:
+        return 0
+    order = np.argsort((targets.astype(np.int64) << 32) | sortable_float_bits(keys).astype(np.int64))
+    targets, cands, keys = targets[order], cands[order], keys[order]
+    starts = np.searchsorted(targets, np.arange(n))
+    rank = np.arange(targets.size) - starts[targets]
+    width = int(min(k, rank.max() + 1))
+    keep = rank < width
+    cid = np.full((n, width), EMPTY, dtype=ID_DTYPE)
+    ckey = np.full((n, width), np.inf, dtype=np.float32)
+    cid[targets[keep], rank[keep]] = cands[keep]
+    ckey[targets[keep], rank[keep]] = keys[keep]
+    in_list = (cid[:, :, None] == state.ids[:, None, :]).any(axis=2)
+    later = np.triu(np.ones((width, width), dtype=bool), 1)
+    repeated = ((cid[:, None, :] == cid[:, :, None]) & later).any(axis=1)
+    ckey[in_list | repeated | (cid == EMPTY)] = np.inf
+    all_keys = np.concatenate([state.dists, ckey], axis=1)
+    pick = np.argsort(all_keys, axis=1)[:, :k]
+    state.ids = np.take_along_axis(np.concatenate([state.ids, cid], axis=1), pick, axis=1)
+    state.dists = np.take_along_axis(all_keys, pick, axis=1)
+    state.ids[np.isinf(state.dists)] = EMPTY
+    inserted = pick >= k
+    state.is_new = np.take_along_axis(state.is_new, np.minimum(pick, k - 1), axis=1) | inserted
+    return int((inserted & (state.ids != EMPTY)).sum())

@@ -1,0 +1,65 @@
+"""Exact top-k by blocked BLAS distances with a running top-k, in bounded memory.
+
+Each tile of keys is first compared with every query's current k-th key: after the first tiles only
+a handful of entries per row can still enter, so the selection costs one comparison per key instead of
+a partition of the whole tile.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import numpy as np
+
+from bigknn.graph import ID_DTYPE, KnnGraph, merge_lists
+from bigknn.metrics import pairwise_keys
+
+QUERY_ROWS = 2048  # queries per pass over a block
+TILE_COLS = 8192  # block rows per key tile (QUERY_ROWS x TILE_COLS float32 = 64 MiB)
+
+
+def exact_knn(queries: np.ndarray, k: int, metric: str, blocks: Iterable[tuple[int, np.ndarray]]) -> KnnGraph:
+    q = np.ascontiguousarray(queries, dtype=np.float32)
+    nq = q.shape[0]
+    best_ids = np.full((nq, k), -1, dtype=ID_DTYPE)
+    best_d = np.full((nq, k), np.inf, dtype=np.float32)
+    for offset, block in blocks:
+        for c0 in range(0, block.shape[0], TILE_COLS):
+            tile = np.ascontiguousarray(block[c0:c0 + TILE_COLS], dtype=np.float32)
+            for q0 in range(0, nq, QUERY_ROWS):
+                rows = slice(q0, q0 + QUERY_ROWS)
+                keys = pairwise_keys(q[rows], tile, metric)
+                if np.isinf(best_d[rows, -1]).any():  # lists still filling: take each row's k best
+                    _merge_tile_topk(best_ids, best_d, rows, keys, offset + c0, k)
+                    continue
+                r, c = np.nonzero(keys < best_d[rows, -1:])
+                if r.size:
+                    _merge_candidates(best_ids, best_d, q0, r, (c + offset + c0).astype(ID_DTYPE), keys[r, c], k)
+    return KnnGraph(best_ids, best_d)
+
+
+def _merge_tile_topk(best_ids, best_d, rows, keys, first_id, k) -> None:
+    kk = min(k, keys.shape[1])
+    part = np.argpartition(keys, kk - 1, axis=1)[:, :kk] if kk < keys.shape[1] else \
+        np.broadcast_to(np.arange(keys.shape[1]), keys.shape)
+    ids, d = merge_lists(np.concatenate([best_ids[rows], (part + first_id).astype(ID_DTYPE)], axis=1),
+                         np.concatenate([best_d[rows], np.take_along_axis(keys, part, axis=1)], axis=1), k)
+    best_ids[rows], best_d[rows] = ids, d
+
+
+def _merge_candidates(best_ids, best_d, q0, r, cid, ckey, k) -> None:
+    """Fold (row, id, key) candidates into the running top-k of the rows they name."""
+    order = np.lexsort((ckey, r))
+    r, cid, ckey = r[order], cid[order], ckey[order]
+    rows_hit, starts, counts = np.unique(r, return_index=True, return_counts=True)
+    width = int(min(k, counts.max()))
+    rank = np.arange(r.size) - np.repeat(starts, counts)
+    keep = rank < width
+    slot = np.searchsorted(rows_hit, r[keep])
+    wid = np.full((rows_hit.size, width), -1, dtype=ID_DTYPE)
+    wkey = np.full((rows_hit.size, width), np.inf, dtype=np.float32)
+    wid[slot, rank[keep]] = cid[keep]
+    wkey[slot, rank[keep]] = ckey[keep]
+    g = rows_hit + q0
+    ids, d = merge_lists(np.concatenate([best_ids[g], wid], axis=1), np.concatenate([best_d[g], wkey], axis=1), k)
+    best_ids[g], best_d[g] = ids, d

@@ -1,0 +1,5 @@
+"""The ``bigknn`` command line."""
+
+from bigknn.cli.app import cli, main
+
+__all__ = ["cli", "main"]

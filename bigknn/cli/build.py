@@ -1,0 +1,74 @@
+"""``bigknn build`` and ``bigknn merge``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from bigknn.backends import get_backend
+from bigknn.cli.app import (backend_option, cli, emit, gpu_mem_option, json_option, parse_bytes, reporter_for,
+                            wait_option)
+from bigknn.metrics import METRICS
+from bigknn.params import GnndParams
+from bigknn.pipeline.build import BuildRequest, build as run_build, merge as run_merge
+
+DEFAULTS = GnndParams()
+
+
+@cli.command()
+@click.argument("input", type=click.Path(path_type=Path))
+@click.option("-o", "--output", "store", type=click.Path(path_type=Path), required=True,
+              help="Store directory to create (or to resume).")
+@click.option("--k", type=click.IntRange(min=1), default=DEFAULTS.k, show_default=True, help="Neighbours per row.")
+@click.option("--metric", type=click.Choice(METRICS), default="l2", show_default=True)
+@click.option("--shard-rows", type=click.IntRange(min=2), default=1_000_000, show_default=True,
+              help="Most rows per shard (shards are balanced, contiguous).")
+@click.option("--iters", type=click.IntRange(min=1), default=DEFAULTS.iters, show_default=True,
+              help="GNND iteration cap per shard.")
+@click.option("--merge-iters", type=click.IntRange(min=1), default=DEFAULTS.merge_iters, show_default=True,
+              help="Iteration cap of each pairwise merge (GGM).")
+@click.option("--samples", type=click.IntRange(min=0), default=0, show_default=True,
+              help="p: NEW/OLD samples per list per iteration (0: k/4, at least 4).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@backend_option
+@gpu_mem_option
+@wait_option
+@json_option
+def build(input: Path, store: Path, k: int, metric: str, shard_rows: int, iters: int, merge_iters: int,
+          samples: int, seed: int, backend: str, gpu_mem: str | None, wait_s: float, as_json: bool) -> None:
+    """Build the k-NN graph of INPUT (.fbin .u8bin .i8bin .f16bin .fvecs .bvecs .ivecs .npy) into a store.
+
+    Rows are split into shards, each gets a GNND graph, then every pair of shards is merged (GGM), so each
+    row ends with its top-k over the whole set. Each step is committed: rerunning the same command after a
+    crash resumes; a store built from another input or with other parameters is refused.
+
+    \b
+    Examples:
+      bigknn build data.fbin -o data.knn --k 32
+      bigknn build data.fbin -o data.knn --k 32 --shard-rows 25000 --backend cpu
+      bigknn build emb.npy -o emb.knn --metric cosine --k 16 --json
+    """
+    params = GnndParams(k=k, samples=samples, iters=iters, merge_iters=merge_iters)
+    req = BuildRequest(input=input, store=store, metric=metric, shard_rows=shard_rows, params=params,
+                       seed=seed, wait_s=wait_s)
+    result = run_build(req, get_backend(backend, parse_bytes(gpu_mem)), reporter_for(as_json))
+    emit(result, as_json, "build")
+
+
+@cli.command()
+@click.argument("store", type=click.Path(path_type=Path))
+@backend_option
+@gpu_mem_option
+@wait_option
+@json_option
+def merge(store: Path, backend: str, gpu_mem: str | None, wait_s: float, as_json: bool) -> None:
+    """Finish a store's pending work: GNND of unbuilt shards, then every pending shard-pair merge.
+
+    \b
+    Examples:
+      bigknn merge data.knn
+      bigknn merge data.knn --wait 600 --json
+    """
+    result = run_merge(store, get_backend(backend, parse_bytes(gpu_mem)), reporter_for(as_json), wait_s)
+    emit(result, as_json, "merge")

@@ -1,0 +1,42 @@
+"""``bigknn eval``: measure graph quality."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from bigknn.backends import get_backend
+from bigknn.cli.app import backend_option, cli, emit, gpu_mem_option, json_option, parse_bytes
+from bigknn.pipeline.evaluate import recall as run_recall
+from bigknn.shards import Store
+
+
+@cli.group(name="eval")
+def eval_group() -> None:
+    """Measure the quality of a store's graph."""
+
+
+@eval_group.command()
+@click.argument("store", type=click.Path(path_type=Path))
+@click.option("--sample", type=click.IntRange(min=1), default=10_000, show_default=True,
+              help="Rows whose exact neighbours are computed.")
+@click.option("--k", type=click.IntRange(min=1), default=10, show_default=True, help="Recall@k.")
+@click.option("--truth", type=click.Path(path_type=Path), default=None,
+              help="Ground truth .ibin (row i: exact neighbours of row i) instead of exact search.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the row sample.")
+@backend_option
+@gpu_mem_option
+@json_option
+def recall(store: Path, sample: int, k: int, truth: Path | None, seed: int, backend: str, gpu_mem: str | None,
+           as_json: bool) -> None:
+    """Recall@k of the graph on sampled rows: self excluded, ties with the exact k-th neighbour count.
+
+    \b
+    Examples:
+      bigknn eval recall data.knn
+      bigknn eval recall data.knn --sample 2000 --k 10 --json
+      bigknn eval recall data.knn --truth gt.ibin
+    """
+    result = run_recall(Store.open(store), get_backend(backend, parse_bytes(gpu_mem)), sample, k, truth, seed)
+    emit(result, as_json, "recall")

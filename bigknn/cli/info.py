@@ -1,0 +1,55 @@
+"""``bigknn info`` and ``bigknn export``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from bigknn.cli.app import cli, emit, json_option
+from bigknn.pipeline.export import FORMATS, export as run_export
+from bigknn.shards import Store
+
+
+def describe(store: Store) -> dict:
+    m = store.manifest
+    n = len(m.shards)
+    total = n * (n - 1) // 2
+    built = sum(s.graph is not None for s in m.shards)
+    return {"store": str(store.path), "format": m.format, "rows": m.rows, "dim": m.dim, "dtype": m.dtype,
+            "metric": m.metric, "k": m.k, "shards": n, "shards_built": built, "merges_done": len(m.merged),
+            "merges_pending": total - len(m.merged),
+            "complete": bool(n) and built == n and len(m.merged) == total,
+            "inputs": [i["path"] for i in m.inputs], "disk_bytes": store.disk_bytes(),
+            "timings_s": m.timings}
+
+
+@cli.command()
+@click.argument("store", type=click.Path(path_type=Path))
+@json_option
+def info(store: Path, as_json: bool) -> None:
+    """Shards, rows, k, metric, merges done and pending, disk use.
+
+    \b
+    Examples:
+      bigknn info data.knn
+      bigknn info data.knn --json | jq .merges_pending
+    """
+    emit(describe(Store.open(store)), as_json, "store")
+
+
+@cli.command()
+@click.argument("store", type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True)
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="ibin", show_default=True)
+@json_option
+def export(store: Path, output: Path, fmt: str, as_json: bool) -> None:
+    """Write the finished graph: row i holds global row i's neighbour ids (input order, 0-based), nearest
+    first, self excluded, and their distances (l2: Euclidean; ip: inner product; cosine: 1 - cos).
+
+    \b
+    Examples:
+      bigknn export data.knn -o graph.ibin
+      bigknn export data.knn -o graph.npy --format npy     # also writes graph.dists.npy
+    """
+    emit(run_export(Store.open(store), output, fmt), as_json, "export")

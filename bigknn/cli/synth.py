@@ -1,0 +1,57 @@
+"""``bigknn synth``: the clustered benchmark workload, streamed to a file."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import click
+import numpy as np
+
+from bigknn.cli.app import cli, emit, json_option, reporter_for
+from bigknn.formats import vectors_writer
+from bigknn.synth import synth_blocks
+
+# integer outputs: x*10 + centre, rounded and clipped (the data has a per-coordinate std near 4)
+INT_SCALE = 10.0
+INT_CENTRE = {".u8bin": (128.0, np.uint8, 0, 255), ".i8bin": (0.0, np.int8, -128, 127)}
+FLOAT_DTYPES = {".fbin": np.float32, ".npy": np.float32, ".f16bin": np.float16}
+
+
+@cli.command()
+@click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--rows", type=click.IntRange(min=1), required=True, help="Number of vectors.")
+@click.option("--dim", type=click.IntRange(min=1), required=True, help="Dimension of each vector.")
+@click.option("--clusters", type=click.IntRange(min=1), default=200, show_default=True)
+@click.option("--intrinsic-dim", type=click.IntRange(min=1), default=12, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@json_option
+def synth(out: Path, rows: int, dim: int, clusters: int, intrinsic_dim: int, seed: int, as_json: bool) -> None:
+    """Write clustered vectors with low intrinsic dimension (the DESIGN.md benchmark data) to OUT.
+
+    The dtype follows OUT's extension: .fbin/.npy float32, .f16bin float16, .u8bin/.i8bin
+    quantised (x*10 shifted into the type's range).
+
+    \b
+    Examples:
+      bigknn synth data.fbin --rows 100000 --dim 96
+      bigknn synth data.u8bin --rows 1000000 --dim 128 --seed 3
+    """
+    ext = out.suffix.lower()
+    if ext not in FLOAT_DTYPES and ext not in INT_CENTRE:
+        raise click.BadParameter(f"{out}: write .fbin, .f16bin, .u8bin, .i8bin or .npy", param_hint="OUT")
+    dtype = FLOAT_DTYPES.get(ext) or INT_CENTRE[ext][1]
+    t0 = time.perf_counter()
+    reporter = reporter_for(as_json)
+    with vectors_writer(out, rows, dim, dtype) as mm, reporter.phase("synth", rows, "rows") as advance:
+        start = 0
+        for block in synth_blocks(rows, dim, clusters, intrinsic_dim, seed):
+            if ext in INT_CENTRE:
+                centre, _, lo, hi = INT_CENTRE[ext]
+                block = np.clip(np.rint(block * INT_SCALE + centre), lo, hi)
+            mm[start:start + len(block)] = block.astype(dtype)
+            start += len(block)
+            advance(len(block))
+    emit({"file": str(out), "rows": rows, "dim": dim, "dtype": np.dtype(dtype).name, "clusters": clusters,
+          "intrinsic_dim": intrinsic_dim, "seed": seed, "wall_s": round(time.perf_counter() - t0, 3)},
+         as_json, "synth")

@@ -1,0 +1,325 @@
+"""Streaming readers and writers for the vector and ground-truth file formats.
+
+Inputs can be far bigger than RAM, so nothing here reads a whole file: every reader checks the header
+against the file size and returns a memory map; callers pull rows in blocks through ``VectorFile.read``
+or ``VectorFile.chunks``. Every defect of an input file is reported as one ``BadInput`` line naming the
+file (exit code 2), never as a numpy traceback halfway through a build.
+
+Formats, chosen by extension (case-insensitive):
+
+- big-ann-benchmarks ``.fbin`` / ``.u8bin`` / ``.i8bin`` / ``.f16bin``: uint32 n, uint32 d, then n*d values.
+- TEXMEX ``.fvecs`` / ``.bvecs`` / ``.ivecs``: each row is int32 d followed by d values.
+- ``.npy``: a 2-D float32, float16, uint8, int8 or float64 array; float64 is read as float32, block by
+  block, because every backend computes in float32 at most and a float32 copy of the file may not fit.
+- ground truth ``.ibin``: uint32 n, uint32 k, then n*k int32 ids, then n*k float32 distances.
+
+All multi-byte values are little-endian.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Iterator
+
+import numpy as np
+
+from bigknn.errors import BadInput
+
+BIN_DTYPES: dict[str, np.dtype] = {
+    ".fbin": np.dtype("<f4"),
+    ".u8bin": np.dtype("u1"),
+    ".i8bin": np.dtype("i1"),
+    ".f16bin": np.dtype("<f2"),
+}
+VECS_DTYPES: dict[str, np.dtype] = {
+    ".fvecs": np.dtype("<f4"),
+    ".bvecs": np.dtype("u1"),
+    ".ivecs": np.dtype("<i4"),
+}
+NPY_DTYPES: tuple[np.dtype, ...] = tuple(np.dtype(t) for t in ("<f4", "<f2", "u1", "i1", "<f8"))
+VECTOR_EXTENSIONS: tuple[str, ...] = (*BIN_DTYPES, *VECS_DTYPES, ".npy")
+TRUTH_EXTENSION = ".ibin"
+
+_HEADER = np.dtype("<u4")
+_HEADER_BYTES = 2 * _HEADER.itemsize
+_VECS_DIM = np.dtype("<i4")
+_SCAN_ROWS = 1 << 22  # rows per block when scanning every *vecs row's dim field (bounds the temporaries)
+
+
+@dataclass
+class VectorFile:
+    """An opened vector file: its shape and stored dtype, and a read-only memory map of its values."""
+
+    path: str
+    rows: int
+    dim: int
+    dtype: np.dtype  # the values as stored in the file
+    data: np.ndarray  # np.memmap (or a strided view of one), shape (rows, dim); no data read yet
+
+    @property
+    def read_dtype(self) -> np.dtype:
+        """What ``read`` returns: the stored dtype, except float64 which comes back as float32."""
+        return np.dtype(np.float32) if self.dtype == np.float64 else self.dtype
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        """Rows [start, stop) as a fresh C-contiguous array, so callers never hold on to the mapping."""
+        if not 0 <= start <= stop <= self.rows:
+            raise ValueError(f"rows [{start}, {stop}) are outside [0, {self.rows}) of {self.path}")
+        return np.array(self.data[start:stop], dtype=self.read_dtype, order="C")
+
+    def chunks(self, chunk_rows: int) -> Iterator[tuple[int, np.ndarray]]:
+        """(start, block) pairs covering every row once, in order, at most ``chunk_rows`` rows each."""
+        if chunk_rows < 1:
+            raise ValueError(f"chunk_rows must be positive, got {chunk_rows}")
+        for start in range(0, self.rows, chunk_rows):
+            yield start, self.read(start, min(start + chunk_rows, self.rows))
+
+
+def open_vectors(path: str | os.PathLike) -> VectorFile:
+    """Open a vector file after checking its extension, header and size; reads only the header."""
+    ext = _extension(path, VECTOR_EXTENSIONS)
+    size = _file_size(path)
+    if ext in BIN_DTYPES:
+        return _open_bin(path, size, BIN_DTYPES[ext])
+    if ext in VECS_DTYPES:
+        return _open_vecs(path, size, VECS_DTYPES[ext])
+    return _open_npy(path)
+
+
+def check_finite(vf: VectorFile, chunk_rows: int = 1 << 16) -> None:
+    """Refuse float data holding NaN or Inf, which would silently poison every distance it touches."""
+    if not np.issubdtype(vf.dtype, np.floating):
+        return
+    for start, block in vf.chunks(chunk_rows):
+        bad = ~np.isfinite(block).all(axis=1)
+        if bad.any():
+            raise BadInput(vf.path, f"row {start + int(np.argmax(bad))} holds NaN or Inf values")
+
+
+def read_truth(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
+    """Ground truth of an ``.ibin`` file: ids (n, k) int32 and distances (n, k) float32, both memory-mapped."""
+    _extension(path, (TRUTH_EXTENSION,))
+    size = _file_size(path)
+    n, k = _bin_shape(path, size, cell_bytes=8, dim_name="k")
+    ids = np.memmap(path, dtype="<i4", mode="r", offset=_HEADER_BYTES, shape=(n, k))
+    dists = np.memmap(path, dtype="<f4", mode="r", offset=_HEADER_BYTES + n * k * 4, shape=(n, k))
+    return ids, dists
+
+
+def write_vectors(path: str | os.PathLike, x: np.ndarray) -> None:
+    """Write a whole in-memory array as a ``.*bin`` or ``.npy`` file, atomically (temp file + rename)."""
+    x = np.asarray(x)
+    if x.ndim != 2:
+        raise ValueError(f"expected a 2-D array, got shape {x.shape}")
+    ext = _writable_extension(path, x.shape[0], x.shape[1], x.dtype)
+    with _atomic_write(path) as f:
+        if ext == ".npy":
+            np.save(f, x)
+        else:
+            f.write(_bin_header(*x.shape))
+            x.tofile(f)  # tofile writes C order whatever the array's layout
+
+
+@contextmanager
+def vectors_writer(path: str | os.PathLike, rows: int, dim: int, dtype: np.dtype | type) -> Iterator[np.memmap]:
+    """Yield a writable memmap of a new ``.*bin`` or ``.npy`` file's values, so that sets bigger than RAM
+    can be written block by block; the file appears under ``path`` only when the block exits cleanly."""
+    dtype = np.dtype(dtype)
+    ext = _writable_extension(path, rows, dim, dtype)
+    tmp = f"{os.fspath(path)}.tmp"
+    try:
+        if ext == ".npy":
+            out = np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=(rows, dim))
+        else:
+            with open(tmp, "wb") as f:
+                f.write(_bin_header(rows, dim))
+                f.truncate(_HEADER_BYTES + rows * dim * dtype.itemsize)
+            out = np.memmap(tmp, dtype=dtype, mode="r+", offset=_HEADER_BYTES, shape=(rows, dim))
+        yield out
+        out.flush()
+        del out
+        os.replace(tmp, path)
+    except BaseException:
+        with suppress(FileNotFoundError):
+            os.remove(tmp)
+        raise
+
+
+@contextmanager
+def truth_writer(path: str | os.PathLike, rows: int, k: int) -> Iterator[tuple[np.memmap, np.memmap]]:
+    """Yield writable (ids, dists) memmaps of a new ``.ibin`` file, written block by block; the file
+    appears under ``path`` only when the block exits cleanly."""
+    if Path(path).suffix.lower() != TRUTH_EXTENSION:
+        raise ValueError(f"ground truth is written as {TRUTH_EXTENSION}, not {path}")
+    tmp = f"{os.fspath(path)}.tmp"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(_bin_header(rows, k))
+            f.truncate(_HEADER_BYTES + rows * k * 8)
+        ids = np.memmap(tmp, dtype="<i4", mode="r+", offset=_HEADER_BYTES, shape=(rows, k))
+        dists = np.memmap(tmp, dtype="<f4", mode="r+", offset=_HEADER_BYTES + rows * k * 4, shape=(rows, k))
+        yield ids, dists
+        ids.flush()
+        dists.flush()
+        del ids, dists
+        os.replace(tmp, path)
+    except BaseException:
+        with suppress(FileNotFoundError):
+            os.remove(tmp)
+        raise
+
+
+def write_truth(path: str | os.PathLike, ids: np.ndarray, dists: np.ndarray) -> None:
+    """Write ground truth as ``.ibin`` (ids as int32, distances as float32), atomically."""
+    if Path(path).suffix.lower() != TRUTH_EXTENSION:
+        raise ValueError(f"ground truth is written as {TRUTH_EXTENSION}, not {path}")
+    ids, dists = np.asarray(ids), np.asarray(dists)
+    if ids.ndim != 2 or ids.shape != dists.shape:
+        raise ValueError(f"ids {ids.shape} and dists {dists.shape} must be 2-D of one shape")
+    if not np.issubdtype(ids.dtype, np.integer):
+        raise ValueError(f"ids must be integers, got {ids.dtype}")
+    limits = np.iinfo(np.int32)
+    if ids.size and (ids.min() < limits.min or ids.max() > limits.max):
+        raise ValueError("ids do not fit in int32")
+    with _atomic_write(path) as f:
+        f.write(_bin_header(*ids.shape))
+        ids.astype("<i4").tofile(f)
+        dists.astype("<f4").tofile(f)
+
+
+# --- readers -------------------------------------------------------------------------------------
+
+
+def _extension(path: str | os.PathLike, accepted: tuple[str, ...]) -> str:
+    """The lower-cased extension of ``path``, refused unless it is one of ``accepted``."""
+    ext = Path(path).suffix.lower()
+    if ext not in accepted:
+        raise BadInput(path, f"unknown extension {ext or '(none)'!r}; accepted: {', '.join(accepted)}")
+    return ext
+
+
+def _file_size(path: str | os.PathLike) -> int:
+    """Size in bytes of an existing, non-empty regular file."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise BadInput(path, "no such file") from None
+    except OSError as e:
+        raise BadInput(path, f"cannot read ({e.strerror})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise BadInput(path, "not a regular file")
+    if st.st_size == 0:
+        raise BadInput(path, "empty file (0 bytes)")
+    return st.st_size
+
+
+def _head(path: str | os.PathLike, size: int, nbytes: int) -> bytes:
+    """The first ``nbytes`` bytes (a header), refusing files too short to hold it."""
+    if size < nbytes:
+        raise BadInput(path, f"file is {size} bytes, shorter than its {nbytes}-byte header")
+    try:
+        with open(path, "rb") as f:
+            return f.read(nbytes)
+    except OSError as e:
+        raise BadInput(path, f"cannot read ({e.strerror})") from None
+
+
+def _bin_shape(path: str | os.PathLike, size: int, cell_bytes: int, dim_name: str) -> tuple[int, int]:
+    """(n, d) of a uint32 n, uint32 d header, checked against the file size (cell_bytes per n*d cell)."""
+    n, d = (int(v) for v in np.frombuffer(_head(path, size, _HEADER_BYTES), dtype=_HEADER))
+    if n == 0 or d == 0:
+        raise BadInput(path, f"header says n={n}, {dim_name}={d}; both must be positive")
+    expected = _HEADER_BYTES + n * d * cell_bytes
+    if size != expected:
+        defect = "truncated" if size < expected else "trailing bytes"
+        raise BadInput(path, f"header n={n}, {dim_name}={d} needs {expected} bytes but the file has {size} ({defect})")
+    return n, d
+
+
+def _open_bin(path: str | os.PathLike, size: int, dtype: np.dtype) -> VectorFile:
+    n, d = _bin_shape(path, size, dtype.itemsize, dim_name="d")
+    data = np.memmap(path, dtype=dtype, mode="r", offset=_HEADER_BYTES, shape=(n, d))
+    return VectorFile(str(path), n, d, dtype, data)
+
+
+def _open_vecs(path: str | os.PathLike, size: int, dtype: np.dtype) -> VectorFile:
+    """A *vecs file mapped as records (int32 d, d values); the values field is a strided view, no copy."""
+    d = int(np.frombuffer(_head(path, size, _VECS_DIM.itemsize), dtype=_VECS_DIM)[0])
+    if d <= 0:
+        raise BadInput(path, f"first row says d={d}; it must be positive")
+    row_bytes = _VECS_DIM.itemsize + d * dtype.itemsize
+    if size % row_bytes:
+        raise BadInput(path, f"size {size} bytes is not a multiple of the row size {row_bytes} bytes (d={d})")
+    n = size // row_bytes
+    records = np.memmap(path, dtype=np.dtype([("d", _VECS_DIM), ("x", dtype, (d,))]), mode="r", shape=(n,))
+    # every row repeats its dim: scanning them all (touching every page) catches corrupt or mis-typed files
+    dims = records["d"]
+    for start in range(0, n, _SCAN_ROWS):
+        bad = np.flatnonzero(dims[start:start + _SCAN_ROWS] != d)
+        if bad.size:
+            row = start + int(bad[0])
+            raise BadInput(path, f"row {row} says d={int(dims[row])} but row 0 says d={d} (inconsistent row dims)")
+    return VectorFile(str(path), n, d, dtype, records["x"])
+
+
+def _open_npy(path: str | os.PathLike) -> VectorFile:
+    try:
+        data = np.load(path, mmap_mode="r")
+    except (OSError, ValueError, EOFError) as e:
+        raise BadInput(path, f"not a readable .npy file ({' '.join(str(e).split())})") from None
+    if not isinstance(data, np.ndarray):
+        raise BadInput(path, "not a single .npy array")
+    if data.ndim != 2:
+        raise BadInput(path, f"array has shape {data.shape}; expected 2-D (rows, dim)")
+    if data.dtype not in NPY_DTYPES:
+        accepted = ", ".join(str(t) for t in NPY_DTYPES)
+        raise BadInput(path, f"dtype {data.dtype} is not accepted; accepted: {accepted}")
+    n, d = data.shape
+    if n == 0 or d == 0:
+        raise BadInput(path, f"array has shape {data.shape}; rows and dim must be positive")
+    return VectorFile(str(path), n, d, data.dtype, data)
+
+
+# --- writers -------------------------------------------------------------------------------------
+
+
+def _writable_extension(path: str | os.PathLike, rows: int, dim: int, dtype: np.dtype) -> str:
+    """The extension to write ``path`` as, after checking that the result would be a valid input file."""
+    ext = Path(path).suffix.lower()
+    if rows < 1 or dim < 1:
+        raise ValueError(f"rows and dim must be positive, got {rows} x {dim}")
+    if ext == ".npy":
+        if dtype not in NPY_DTYPES:
+            raise ValueError(f"dtype {dtype} cannot be written as .npy input")
+    elif ext in BIN_DTYPES:
+        if dtype != BIN_DTYPES[ext]:
+            raise ValueError(f"{ext} holds {BIN_DTYPES[ext]}, not {dtype}")
+        if rows >= 2**32 or dim >= 2**32:
+            raise ValueError(f"{ext} headers are uint32; {rows} x {dim} does not fit")
+    else:
+        raise ValueError(f"cannot write {ext or 'no extension'}; writable: {', '.join((*BIN_DTYPES, '.npy'))}")
+    return ext
+
+
+def _bin_header(rows: int, dim: int) -> bytes:
+    return np.array([rows, dim], dtype=_HEADER).tobytes()
+
+
+@contextmanager
+def _atomic_write(path: str | os.PathLike) -> Iterator[BinaryIO]:
+    """Write to ``path + '.tmp'``, sync, then rename over ``path``: a crash never leaves a half file there."""
+    tmp = f"{os.fspath(path)}.tmp"
+    try:
+        with open(tmp, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with suppress(FileNotFoundError):
+            os.remove(tmp)
+        raise

@@ -1,0 +1,80 @@
+"""``bigknn eval recall``: recall@k of the stored graph against exact neighbours of sampled rows.
+
+Exact neighbours come from the backend's exact kNN streamed over every shard (bounded memory), or from
+a ground-truth ``.ibin``. Self is excluded on both sides, and ties count: a graph neighbour whose
+true key is no larger than the exact k-th key is correct, even if the exact list chose another row
+at that distance (duplicates make such ties common).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bigknn.backends import Backend
+from bigknn.errors import BadInput
+from bigknn.formats import read_truth
+from bigknn.graph import EMPTY
+from bigknn.metrics import kernel_metric, row_keys
+from bigknn.shards import Store
+
+TIE_RTOL = 1e-5  # relative slack on the k-th key: float32 keys of equal distances differ in rounding
+
+
+def recall(store: Store, backend: Backend, sample: int = 10_000, k: int = 10,
+           truth: Path | None = None, seed: int = 0) -> dict:
+    m = store.manifest
+    if k > m.k:
+        raise BadInput(store.path, f"--k {k} exceeds the graph's k = {m.k}")
+    metric = kernel_metric(m.metric)
+    t0 = time.perf_counter()
+    if truth is not None:
+        truth_ids, _ = read_truth(truth)
+        if truth_ids.shape[0] > m.rows:
+            raise BadInput(truth, f"has {truth_ids.shape[0]} rows; the store has {m.rows}")
+        if truth_ids.shape[1] < k + 1:
+            raise BadInput(truth, f"holds {truth_ids.shape[1]} neighbours per row; recall@{k} needs {k + 1}")
+        pool = truth_ids.shape[0]
+    else:
+        pool = m.rows
+    rng = np.random.default_rng(seed)
+    rows = np.sort(rng.choice(pool, size=min(sample, pool), replace=False))
+    q = store.vectors_of(rows).astype(np.float32)
+    if truth is not None:
+        exact_ids = without_self(np.asarray(truth_ids[rows]), rows, k)
+    else:
+        blocks = ((s.offset, store.read_vectors(s.id)) for s in m.shards)
+        exact_ids = without_self(backend.exact_knn(q, k + 1, metric, blocks).ids, rows, k)
+    t_exact = time.perf_counter() - t0
+    kth_key = row_keys(q, store.vectors_of(exact_ids[:, -1]), metric)
+    graph_ids = graph_rows(store, rows)[:, :k]
+    valid = graph_ids != EMPTY
+    nb = store.vectors_of(np.where(valid, graph_ids, 0).ravel()).reshape(len(rows), k, -1)
+    keys = row_keys(q[:, None, :], nb, metric)
+    correct = valid & (keys <= kth_key[:, None] + TIE_RTOL * np.maximum(1.0, np.abs(kth_key[:, None])))
+    per_row = correct.sum(axis=1) / k
+    return {"store": str(store.path), "recall": round(float(per_row.mean()), 5), "k": k,
+            "sample": len(rows), "truth": str(truth) if truth else "exact", "backend": backend.name,
+            "exact_s": round(t_exact, 3), "wall_s": round(time.perf_counter() - t0, 3)}
+
+
+def without_self(ids: np.ndarray, rows: np.ndarray, k: int) -> np.ndarray:
+    """Top-k neighbour ids with the row itself removed (or the last one, where self was not listed)."""
+    ids = np.asarray(ids)
+    is_self = ids == rows[:, None]
+    drop = np.where(is_self.any(axis=1), is_self.argmax(axis=1), ids.shape[1] - 1)
+    keep = np.ones(ids.shape, dtype=bool)
+    keep[np.arange(len(rows)), drop] = False
+    return ids[keep].reshape(len(rows), ids.shape[1] - 1)[:, :k]
+
+
+def graph_rows(store: Store, rows: np.ndarray) -> np.ndarray:
+    """The committed graph's neighbour ids of the given global rows."""
+    out = np.empty((len(rows), store.manifest.k), dtype=np.int64)
+    for shard in store.manifest.shards:
+        sel = np.nonzero((rows >= shard.offset) & (rows < shard.offset + shard.rows))[0]
+        if sel.size:
+            out[sel] = store.read_graph(shard.id).ids[rows[sel] - shard.offset]
+    return out

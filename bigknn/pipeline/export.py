@@ -1,0 +1,61 @@
+"""``bigknn export``: the final graph in input order, as ``.ibin`` or ``.npy``.
+
+Row i holds the neighbours of global row i, nearest first, self excluded. Distances are the metric's
+own: Euclidean distance for ``l2``, the inner product for ``ip`` (larger is closer), cosine distance
+(1 - cos) for ``cosine``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from bigknn.errors import BadInput
+from bigknn.formats import truth_writer
+from bigknn.shards import Store
+
+FORMATS = ("ibin", "npy")
+
+
+def metric_distance(keys: np.ndarray, metric: str) -> np.ndarray:
+    """Stored ordering keys -> the distances users expect."""
+    if metric == "l2":
+        return np.sqrt(np.maximum(keys, 0.0))
+    if metric == "ip":
+        return -keys
+    return 1.0 + keys  # cosine: key = -cos
+
+
+def export(store: Store, out: Path, fmt: str) -> dict:
+    m = store.manifest
+    pending = len(m.shards) * (len(m.shards) - 1) // 2 - len(m.merged)
+    if any(s.graph is None for s in m.shards) or pending:
+        raise BadInput(store.path, "the graph is not finished; run `bigknn merge` first")
+    out = Path(out)
+    if fmt == "ibin":
+        if out.suffix.lower() != ".ibin":
+            raise BadInput(out, "--format ibin writes a .ibin file")
+        with truth_writer(out, m.rows, m.k) as (ids, dists):
+            for shard, g in _graphs(store):
+                ids[shard.offset:shard.offset + shard.rows] = g.ids
+                dists[shard.offset:shard.offset + shard.rows] = metric_distance(g.dists, m.metric)
+        files = [str(out)]
+    else:
+        if out.suffix.lower() != ".npy":
+            raise BadInput(out, "--format npy writes a .npy file (distances go to <name>.dists.npy)")
+        dist_path = out.with_name(out.stem + ".dists.npy")
+        ids = np.lib.format.open_memmap(out, mode="w+", dtype=np.int32, shape=(m.rows, m.k))
+        dists = np.lib.format.open_memmap(dist_path, mode="w+", dtype=np.float32, shape=(m.rows, m.k))
+        for shard, g in _graphs(store):
+            ids[shard.offset:shard.offset + shard.rows] = g.ids
+            dists[shard.offset:shard.offset + shard.rows] = metric_distance(g.dists, m.metric)
+        ids.flush()
+        dists.flush()
+        files = [str(out), str(dist_path)]
+    return {"store": str(store.path), "rows": m.rows, "k": m.k, "format": fmt, "files": files}
+
+
+def _graphs(store: Store):
+    for shard in store.manifest.shards:
+        yield shard, store.read_graph(shard.id)

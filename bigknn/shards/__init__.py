@@ -1,0 +1,7 @@
+"""The on-disk store: a zarr v3 group with an atomically replaced manifest (see DESIGN.md)."""
+
+from bigknn.shards.lock import WriterLock
+from bigknn.shards.manifest import Manifest, ShardEntry
+from bigknn.shards.store import Store
+
+__all__ = ["Manifest", "ShardEntry", "Store", "WriterLock"]

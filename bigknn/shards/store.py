@@ -1,0 +1,120 @@
+"""Store: vectors and versioned graphs of every shard in a zarr v3 group, described by the manifest.
+
+Graph writes are copy-on-write: a step writes ``shards/<id>/graph/<v+1>/{ids,dists}``, then commits the
+manifest that points at it. Until that commit every reader sees version v; a crash before it leaves
+an unreferenced version that the next run overwrites. After a commit, versions older than the one
+before the committed one are deleted (a reader that loaded the previous manifest can still finish).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import zarr
+
+from bigknn.errors import BadInput
+from bigknn.graph import ID_DTYPE, KnnGraph
+from bigknn.shards.manifest import MANIFEST, Manifest, write_atomic
+
+CHUNK_BYTES = 16 << 20  # target size of one row chunk on disk
+
+
+class Store:
+    def __init__(self, path: Path, manifest: Manifest):
+        self.path = Path(path)
+        self.manifest = manifest
+
+    # ---- opening and committing -------------------------------------------------------------
+    @staticmethod
+    def exists(path: Path) -> bool:
+        return (Path(path) / MANIFEST).is_file()
+
+    @classmethod
+    def open(cls, path: Path) -> "Store":
+        path = Path(path)
+        if not path.exists():
+            raise BadInput(path, "no such store")
+        if not cls.exists(path):
+            raise BadInput(path, "not a bigknn store (no manifest.json)")
+        try:
+            manifest = Manifest.from_json((path / MANIFEST).read_text())
+        except (ValueError, TypeError, KeyError) as e:
+            raise BadInput(path / MANIFEST, f"unreadable manifest: {e}") from None
+        return cls(path, manifest)
+
+    @classmethod
+    def create(cls, path: Path, manifest: Manifest) -> "Store":
+        path = Path(path)
+        group = zarr.open_group(str(path), mode="a")
+        group.attrs["bigknn"] = {"format": manifest.format}
+        store = cls(path, manifest)
+        store.commit()
+        return store
+
+    def commit(self) -> None:
+        """Make the current manifest the store's state, then drop graph versions nobody can read."""
+        write_atomic(self.path / MANIFEST, self.manifest.to_json())
+        for shard in self.manifest.shards:
+            self._drop_old_graphs(shard.id, shard.graph)
+
+    def reload(self) -> None:
+        self.manifest = Manifest.from_json((self.path / MANIFEST).read_text())
+
+    # ---- vectors ------------------------------------------------------------------------------
+    def write_vectors(self, shard_id: int, x: np.ndarray) -> None:
+        chunk_rows = max(1, min(x.shape[0], CHUNK_BYTES // max(1, x.shape[1] * x.itemsize)))
+        arr = zarr.create_array(store=str(self.path), name=f"shards/{shard_id}/vectors", shape=x.shape,
+                                chunks=(chunk_rows, x.shape[1]), dtype=x.dtype, compressors=None,
+                                overwrite=True)
+        arr[:] = x
+
+    def read_vectors(self, shard_id: int, start: int = 0, stop: int | None = None) -> np.ndarray:
+        arr = zarr.open_array(store=str(self.path), path=f"shards/{shard_id}/vectors", mode="r")
+        return arr[start:stop]
+
+    def vectors_of(self, global_ids: np.ndarray) -> np.ndarray:
+        """Vectors of arbitrary global rows (one read per shard touched)."""
+        global_ids = np.asarray(global_ids, dtype=np.int64)
+        out = np.empty((global_ids.size, self.manifest.dim), dtype=np.dtype(self.manifest.dtype))
+        for shard in self.manifest.shards:
+            sel = np.nonzero((global_ids >= shard.offset) & (global_ids < shard.offset + shard.rows))[0]
+            if sel.size:
+                local = global_ids[sel] - shard.offset
+                lo, hi = int(local.min()), int(local.max()) + 1
+                out[sel] = self.read_vectors(shard.id, lo, hi)[local - lo]
+        return out
+
+    # ---- graphs -------------------------------------------------------------------------------
+    def write_graph(self, shard_id: int, version: int, graph: KnnGraph) -> None:
+        """Write a graph version (not visible until a manifest commit points at it)."""
+        base = f"shards/{shard_id}/graph/{version}"
+        rows, k = graph.ids.shape
+        chunk_rows = max(1, min(rows, CHUNK_BYTES // (k * 4)))
+        for name, data, dtype in (("ids", graph.ids, ID_DTYPE), ("dists", graph.dists, np.float32)):
+            arr = zarr.create_array(store=str(self.path), name=f"{base}/{name}", shape=(rows, k),
+                                    chunks=(chunk_rows, k), dtype=dtype, compressors=None, overwrite=True)
+            arr[:] = data.astype(dtype, copy=False)
+
+    def read_graph(self, shard_id: int, version: int | None = None) -> KnnGraph:
+        if version is None:
+            version = self.manifest.shards[shard_id].graph
+        if version is None:
+            raise ValueError(f"shard {shard_id} has no graph yet")
+        base = f"shards/{shard_id}/graph/{version}"
+        ids = zarr.open_array(store=str(self.path), path=f"{base}/ids", mode="r")[:]
+        dists = zarr.open_array(store=str(self.path), path=f"{base}/dists", mode="r")[:]
+        return KnnGraph(ids, dists)
+
+    def _drop_old_graphs(self, shard_id: int, committed: int | None) -> None:
+        gdir = self.path / "shards" / str(shard_id) / "graph"
+        if committed is None or not gdir.is_dir():
+            return
+        for entry in gdir.iterdir():
+            if entry.name.isdigit() and int(entry.name) < committed - 1:
+                shutil.rmtree(entry, ignore_errors=True)
+
+    # ---- accounting ---------------------------------------------------------------------------
+    def disk_bytes(self) -> int:
+        return sum(f.stat().st_size for f in self.path.rglob("*") if f.is_file())
