@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+MIN_LIST = 32  # NN-Descent converges poorly on short lists: graphs are built at least this wide
+
 
 @dataclass(frozen=True)
 class GnndParams:
     """GNND (paper 000 §4) and GGM (§5.1) knobs.
 
-    k: neighbours per row. samples: p, the NEW and the OLD samples taken per list per iteration (reverse
+    k: neighbours per row the user asked for; graphs are built and stored ``width()`` wide and cut to k
+    on output (export, eval). samples: p, the NEW and the OLD samples taken per list per iteration (reverse
     samples fill each sample list up to 2p). iters: iteration cap. min_update_frac: stop once an
     iteration changes fewer than this fraction of the n*k list entries. merge_iters: iteration cap of GGM.
     """
@@ -20,8 +23,11 @@ class GnndParams:
     min_update_frac: float = 0.05
     merge_iters: int = 8
 
+    def width(self) -> int:
+        return max(self.k, MIN_LIST)
+
     def sample_count(self) -> int:
-        return self.samples if self.samples > 0 else max(4, min(32, self.k // 4))
+        return self.samples if self.samples > 0 else max(4, min(32, self.width() // 4))
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -11,7 +11,8 @@ from bigknn.cli.app import (backend_option, cli, emit, gpu_mem_option, json_opti
                             wait_option)
 from bigknn.metrics import METRICS
 from bigknn.params import GnndParams
-from bigknn.pipeline.build import BuildRequest, build as run_build, merge as run_merge
+from bigknn.pipeline.build import BuildRequest, build as run_build
+from bigknn.pipeline.finish import finish
 
 DEFAULTS = GnndParams()
 
@@ -63,12 +64,13 @@ def build(input: Path, store: Path, k: int, metric: str, shard_rows: int, iters:
 @wait_option
 @json_option
 def merge(store: Path, backend: str, gpu_mem: str | None, wait_s: float, as_json: bool) -> None:
-    """Finish a store's pending work: GNND of unbuilt shards, then every pending shard-pair merge.
+    """Finish a store's pending work: GNND of unbuilt shards and every pending shard-pair merge, or the
+    rest of an interrupted ingest.
 
     \b
     Examples:
       bigknn merge data.knn
       bigknn merge data.knn --wait 600 --json
     """
-    result = run_merge(store, get_backend(backend, parse_bytes(gpu_mem)), reporter_for(as_json), wait_s)
+    result = finish(store, get_backend(backend, parse_bytes(gpu_mem)), reporter_for(as_json), wait_s)
     emit(result, as_json, "merge")

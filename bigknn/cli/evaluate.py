@@ -25,11 +25,13 @@ def eval_group() -> None:
 @click.option("--truth", type=click.Path(path_type=Path), default=None,
               help="Ground truth .ibin (row i: exact neighbours of row i) instead of exact search.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the row sample.")
+@click.option("--rows", "row_range", type=str, default=None,
+              help="Sample only global rows LO:HI (e.g. the rows an ingest added).")
 @backend_option
 @gpu_mem_option
 @json_option
-def recall(store: Path, sample: int, k: int, truth: Path | None, seed: int, backend: str, gpu_mem: str | None,
-           as_json: bool) -> None:
+def recall(store: Path, sample: int, k: int, truth: Path | None, seed: int, row_range: str | None, backend: str,
+           gpu_mem: str | None, as_json: bool) -> None:
     """Recall@k of the graph on sampled rows: self excluded, ties with the exact k-th neighbour count.
 
     \b
@@ -37,6 +39,18 @@ def recall(store: Path, sample: int, k: int, truth: Path | None, seed: int, back
       bigknn eval recall data.knn
       bigknn eval recall data.knn --sample 2000 --k 10 --json
       bigknn eval recall data.knn --truth gt.ibin
+      bigknn eval recall data.knn --rows 10000000:10100000    # only rows added by an ingest
     """
-    result = run_recall(Store.open(store), get_backend(backend, parse_bytes(gpu_mem)), sample, k, truth, seed)
+    result = run_recall(Store.open(store), get_backend(backend, parse_bytes(gpu_mem)), sample, k, truth, seed,
+                        parse_range(row_range))
     emit(result, as_json, "recall")
+
+
+def parse_range(text: str | None) -> tuple[int, int] | None:
+    if text is None:
+        return None
+    try:
+        lo, hi = (int(v) for v in text.split(":"))
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not LO:HI", param_hint="--rows") from None
+    return lo, hi

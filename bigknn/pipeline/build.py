@@ -1,4 +1,4 @@
-"""``bigknn build`` and ``bigknn merge``: read -> shard -> GNND per shard -> GGM per pair -> commit.
+"""``bigknn build``: read -> shard -> GNND per shard -> GGM per pair -> commit.
 
 Every step ends in a manifest commit, so a run killed at any moment resumes from the last commit:
 sharding is redone if it was not committed, shards without a graph get GNND, pairs not in
@@ -15,13 +15,13 @@ from pathlib import Path
 
 import numpy as np
 
-from bigknn.backends import Backend, ShardPart
+from bigknn.backends import Backend
 from bigknn.errors import BadInput
 from bigknn.formats import VectorFile, check_finite, open_vectors
-from bigknn.graph import ID_DTYPE, KnnGraph
-from bigknn.metrics import kernel_metric, prepare_rows, stored_dtype
+from bigknn.graph import ID_DTYPE
+from bigknn.metrics import prepare_rows, stored_dtype
 from bigknn.params import GnndParams
-from bigknn.pipeline.schedule import pending_pairs
+from bigknn.pipeline.steps import Ledger, PhaseClock, gnnd_pending, merge_pending, record_timings
 from bigknn.progress import Reporter
 from bigknn.shards import Manifest, ShardEntry, Store, WriterLock
 
@@ -40,16 +40,6 @@ class BuildRequest:
     wait_s: float = 0.0
 
 
-@dataclass
-class PhaseClock:
-    """Seconds per phase in this run (reported at the end, and summed into the manifest)."""
-
-    seconds: dict = field(default_factory=dict)
-
-    def add(self, phase: str, seconds: float) -> None:
-        self.seconds[phase] = self.seconds.get(phase, 0.0) + seconds
-
-
 def build(req: BuildRequest, backend: Backend, reporter: Reporter) -> dict:
     """Build (or resume building) the graph of ``req.input`` into ``req.store``; return a summary."""
     clock = PhaseClock()
@@ -57,38 +47,26 @@ def build(req: BuildRequest, backend: Backend, reporter: Reporter) -> dict:
     vf = open_vectors(req.input)
     _check_request(req, vf)
     resuming = Store.exists(req.store)
-    fingerprint = None
+    source = None
     if not resuming:
-        fingerprint = _validate_and_hash(vf, reporter)  # before anything is written
+        check_finite(vf)  # before anything is written
+        source = fingerprint(vf)
         clock.add("read", time.perf_counter() - t0)
     with WriterLock(req.store, req.wait_s):
         if resuming:
             store = Store.open(req.store)
             _check_same_build(store.manifest, req, vf)
         else:
-            store = _create_store(req, vf, fingerprint)
+            store = _create_store(req, vf, source)
         if not store.manifest.shards:
             t = time.perf_counter()
             _shard(store, vf, req.metric, reporter)
             clock.add("shard", time.perf_counter() - t)
-        _gnnd_all(store, backend, reporter, clock)
-        _merge_all(store, backend, reporter, clock)
-        _record_timings(store, clock)
-    return _summary(store, clock, time.perf_counter() - t0, resumed=resuming, backend=backend)
-
-
-def merge(store_path: Path, backend: Backend, reporter: Reporter, wait_s: float = 0.0) -> dict:
-    """Finish whatever a build left undone (GNND of shards, pending merges)."""
-    t0 = time.perf_counter()
-    clock = PhaseClock()
-    with WriterLock(store_path, wait_s):
-        store = Store.open(store_path)
-        if not store.manifest.shards:
-            raise BadInput(store_path, "sharding never finished; rerun `bigknn build` with the same input")
-        _gnnd_all(store, backend, reporter, clock)
-        _merge_all(store, backend, reporter, clock)
-        _record_timings(store, clock)
-    return _summary(store, clock, time.perf_counter() - t0, resumed=True, backend=backend)
+        ledger = Ledger(store)
+        gnnd_pending(store, ledger, backend, reporter, clock)
+        merge_pending(store, ledger, backend, reporter, clock)
+        record_timings(store, clock)
+    return summary(store, clock, time.perf_counter() - t0, resumed=resuming, backend=backend)
 
 
 # ---- checks ---------------------------------------------------------------------------------------
@@ -104,17 +82,11 @@ def _check_request(req: BuildRequest, vf: VectorFile) -> None:
         raise BadInput(req.input, f"--shard-rows {req.shard_rows} must exceed k = {k}")
 
 
-def _validate_and_hash(vf: VectorFile, reporter: Reporter) -> dict:
-    """One streaming pass: refuse NaN/Inf rows, and fingerprint the file for resume and re-ingest checks."""
-    check_finite(vf)
-    digest = hashlib.sha256()
-    with open(vf.path, "rb") as f, reporter.phase("verify", os.path.getsize(vf.path), "B") as advance:
-        while block := f.read(16 << 20):
-            digest.update(block)
-            advance(len(block))
+def fingerprint(vf: VectorFile) -> dict:
+    """Path, size, mtime, sha256, rows and dtype of an input file (one streaming pass for the hash)."""
     st = os.stat(vf.path)
     return {"path": str(Path(vf.path).resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
-            "sha256": digest.hexdigest(), "rows": vf.rows, "first_id": 0}
+            "sha256": _sha256(vf.path), "rows": vf.rows, "dtype": np.dtype(vf.read_dtype).str, "first_id": 0}
 
 
 def _check_same_build(m: Manifest, req: BuildRequest, vf: VectorFile) -> None:
@@ -143,15 +115,16 @@ def _sha256(path) -> str:
 
 
 # ---- steps ----------------------------------------------------------------------------------------
-def _create_store(req: BuildRequest, vf: VectorFile, fingerprint: dict) -> Store:
+def _create_store(req: BuildRequest, vf: VectorFile, source: dict) -> Store:
     manifest = Manifest(dim=vf.dim, dtype=stored_dtype(req.metric, vf.read_dtype).str, metric=req.metric,
                         k=req.params.k, shard_rows=req.shard_rows, params=req.params.to_dict(),
-                        seed=req.seed, inputs=[fingerprint])
+                        seed=req.seed, inputs=[source])
     return Store.create(req.store, manifest)
 
 
 def shard_sizes(rows: int, shard_rows: int, k: int) -> list[int]:
-    """Balanced contiguous shards of at most ``shard_rows`` rows and more than k rows each."""
+    """Balanced contiguous shards of at most ``shard_rows`` rows and more than k rows each (fewer, larger
+    shards where that is impossible)."""
     count = max(1, min(-(-rows // shard_rows), rows // (k + 1)))
     base, extra = divmod(rows, count)
     return [base + (i < extra) for i in range(count)]
@@ -159,7 +132,7 @@ def shard_sizes(rows: int, shard_rows: int, k: int) -> list[int]:
 
 def _shard(store: Store, vf: VectorFile, metric: str, reporter: Reporter) -> None:
     m = store.manifest
-    sizes = shard_sizes(vf.rows, m.shard_rows, m.k)
+    sizes = shard_sizes(vf.rows, m.shard_rows, GnndParams(**m.params).width())
     offset = m.rows  # 0 for a build; ingest appends after the last id
     start = 0  # row in the input file
     entries = []
@@ -175,72 +148,7 @@ def _shard(store: Store, vf: VectorFile, metric: str, reporter: Reporter) -> Non
     store.commit()
 
 
-def _seed(*parts: int) -> int:
-    return int(np.random.SeedSequence(list(parts)).generate_state(1)[0])
-
-
-def _gnnd_all(store: Store, backend: Backend, reporter: Reporter, clock: PhaseClock) -> None:
-    m = store.manifest
-    todo = [s for s in m.shards if s.graph is None]
-    if not todo:
-        return
-    params = GnndParams(**m.params)
-    metric = kernel_metric(m.metric)
-    with reporter.phase("gnnd", sum(s.rows for s in todo), "rows") as advance:
-        for shard in todo:
-            t = time.perf_counter()
-            x = store.read_vectors(shard.id)
-            clock.add("read", time.perf_counter() - t)
-            t = time.perf_counter()
-            g = backend.gnnd(x, metric, params, seed=_seed(m.seed, 0, shard.id))
-            clock.add("gnnd", time.perf_counter() - t)
-            t = time.perf_counter()
-            ids = np.where(g.ids >= 0, g.ids.astype(np.int64) + shard.offset, -1).astype(ID_DTYPE)
-            store.write_graph(shard.id, 1, KnnGraph(ids, g.dists))
-            shard.graph = 1
-            store.commit()
-            clock.add("write", time.perf_counter() - t)
-            advance(shard.rows)
-
-
-def _merge_all(store: Store, backend: Backend, reporter: Reporter, clock: PhaseClock) -> None:
-    m = store.manifest
-    todo = pending_pairs(len(m.shards), m.pairs_done())
-    if not todo:
-        return
-    params = GnndParams(**m.params)
-    metric = kernel_metric(m.metric)
-    with reporter.phase("merge", len(todo), "pairs") as advance:
-        for i, j in todo:
-            t = time.perf_counter()
-            a, b = (_load_part(store, s) for s in (i, j))
-            clock.add("read", time.perf_counter() - t)
-            t = time.perf_counter()
-            ga, gb = backend.ggm(a, b, metric, params, seed=_seed(m.seed, 1, i, j))
-            clock.add("ggm", time.perf_counter() - t)
-            t = time.perf_counter()
-            for sid, g in ((i, ga), (j, gb)):
-                version = m.shards[sid].graph + 1
-                store.write_graph(sid, version, g)
-                m.shards[sid].graph = version
-            m.merged.append([i, j])
-            store.commit()
-            clock.add("write", time.perf_counter() - t)
-            advance(1)
-
-
-def _load_part(store: Store, sid: int) -> ShardPart:
-    shard = store.manifest.shards[sid]
-    return ShardPart(shard.offset, store.read_vectors(sid), store.read_graph(sid))
-
-
-def _record_timings(store: Store, clock: PhaseClock) -> None:
-    for phase, s in clock.seconds.items():
-        store.manifest.timings[phase] = round(store.manifest.timings.get(phase, 0.0) + s, 3)
-    store.commit()
-
-
-def _summary(store: Store, clock: PhaseClock, wall: float, resumed: bool, backend: Backend) -> dict:
+def summary(store: Store, clock: PhaseClock, wall: float, resumed: bool, backend: Backend) -> dict:
     m = store.manifest
     n = len(m.shards)
     return {"store": str(store.path), "rows": m.rows, "dim": m.dim, "k": m.k, "metric": m.metric,

@@ -24,7 +24,8 @@ TIE_RTOL = 1e-5  # relative slack on the k-th key: float32 keys of equal distanc
 
 
 def recall(store: Store, backend: Backend, sample: int = 10_000, k: int = 10,
-           truth: Path | None = None, seed: int = 0) -> dict:
+           truth: Path | None = None, seed: int = 0, rows: tuple[int, int] | None = None) -> dict:
+    """Recall@k on ``sample`` rows drawn from all rows, or from global rows [lo, hi) when ``rows`` is given."""
     m = store.manifest
     if k > m.k:
         raise BadInput(store.path, f"--k {k} exceeds the graph's k = {m.k}")
@@ -39,8 +40,11 @@ def recall(store: Store, backend: Backend, sample: int = 10_000, k: int = 10,
         pool = truth_ids.shape[0]
     else:
         pool = m.rows
+    lo, hi = rows if rows is not None else (0, pool)
+    if not 0 <= lo < hi <= pool:
+        raise BadInput(store.path, f"--rows {lo}:{hi} is outside the {pool} rows")
     rng = np.random.default_rng(seed)
-    rows = np.sort(rng.choice(pool, size=min(sample, pool), replace=False))
+    rows = np.sort(rng.choice(np.arange(lo, hi), size=min(sample, hi - lo), replace=False))
     q = store.vectors_of(rows).astype(np.float32)
     if truth is not None:
         exact_ids = without_self(np.asarray(truth_ids[rows]), rows, k)
@@ -56,7 +60,7 @@ def recall(store: Store, backend: Backend, sample: int = 10_000, k: int = 10,
     correct = valid & (keys <= kth_key[:, None] + TIE_RTOL * np.maximum(1.0, np.abs(kth_key[:, None])))
     per_row = correct.sum(axis=1) / k
     return {"store": str(store.path), "recall": round(float(per_row.mean()), 5), "k": k,
-            "sample": len(rows), "truth": str(truth) if truth else "exact", "backend": backend.name,
+            "sample": len(rows), "rows": [lo, hi], "truth": str(truth) if truth else "exact", "backend": backend.name,
             "exact_s": round(t_exact, 3), "wall_s": round(time.perf_counter() - t0, 3)}
 
 
@@ -76,5 +80,5 @@ def graph_rows(store: Store, rows: np.ndarray) -> np.ndarray:
     for shard in store.manifest.shards:
         sel = np.nonzero((rows >= shard.offset) & (rows < shard.offset + shard.rows))[0]
         if sel.size:
-            out[sel] = store.read_graph(shard.id).ids[rows[sel] - shard.offset]
+            out[sel] = store.read_graph(shard.id).ids[rows[sel] - shard.offset, :store.manifest.k]
     return out

@@ -38,8 +38,8 @@ def export(store: Store, out: Path, fmt: str) -> dict:
             raise BadInput(out, "--format ibin writes a .ibin file")
         with truth_writer(out, m.rows, m.k) as (ids, dists):
             for shard, g in _graphs(store):
-                ids[shard.offset:shard.offset + shard.rows] = g.ids
-                dists[shard.offset:shard.offset + shard.rows] = metric_distance(g.dists, m.metric)
+                ids[shard.offset:shard.offset + shard.rows] = g.ids[:, :m.k]
+                dists[shard.offset:shard.offset + shard.rows] = metric_distance(g.dists[:, :m.k], m.metric)
         files = [str(out)]
     else:
         if out.suffix.lower() != ".npy":
@@ -48,8 +48,8 @@ def export(store: Store, out: Path, fmt: str) -> dict:
         ids = np.lib.format.open_memmap(out, mode="w+", dtype=np.int32, shape=(m.rows, m.k))
         dists = np.lib.format.open_memmap(dist_path, mode="w+", dtype=np.float32, shape=(m.rows, m.k))
         for shard, g in _graphs(store):
-            ids[shard.offset:shard.offset + shard.rows] = g.ids
-            dists[shard.offset:shard.offset + shard.rows] = metric_distance(g.dists, m.metric)
+            ids[shard.offset:shard.offset + shard.rows] = g.ids[:, :m.k]
+            dists[shard.offset:shard.offset + shard.rows] = metric_distance(g.dists[:, :m.k], m.metric)
         ids.flush()
         dists.flush()
         files = [str(out), str(dist_path)]

@@ -33,6 +33,9 @@ class Manifest:
     shards: list[ShardEntry] = field(default_factory=list)
     merged: list[list[int]] = field(default_factory=list)  # shard pairs whose GGM is committed
     timings: dict = field(default_factory=dict)  # seconds per phase, summed over runs
+    # an ingest in progress: its inputs, new shards, staged graph versions and merged pairs; invisible to
+    # readers until the ingest's final commit folds it into the fields above
+    pending: dict | None = None
 
     @property
     def rows(self) -> int:

@@ -40,7 +40,7 @@ class CpuBackend:
     def gnnd(self, x: np.ndarray, metric: str, params: GnndParams, seed: int, on_iter=None) -> KnnGraph:
         rng = np.random.default_rng(seed)
         xf = as_float(x)
-        state = random_init(xf, params.k, metric, rng)
+        state = random_init(xf, params.width(), metric, rng)
         descend(xf, state, metric, params.sample_count(), params.iters, params.min_update_frac, rng,
                 on_iter=on_iter)
         return KnnGraph(state.ids, state.dists)
@@ -53,7 +53,7 @@ class CpuBackend:
         fill = setup.fill_mask
         sq = np.einsum("ij,ij->i", xf, xf)
         setup.dists[fill] = row_keys_local(xf, sq, np.arange(len(xf)), setup.ids[:, -setup.fill:], metric).ravel()
-        ids, dists, is_new = merge_lists(setup.ids, setup.dists, params.k, extra=fill)
+        ids, dists, is_new = merge_lists(setup.ids, setup.dists, setup.ids.shape[1], extra=fill)
         state = DescentState(ids, dists, is_new)
         descend(xf, state, metric, params.sample_count(), params.merge_iters, params.min_update_frac, rng,
                 part=setup.part, on_iter=on_iter)

@@ -55,7 +55,7 @@ def descend(x: np.ndarray, state: DescentState, metric: str, samples: int, iters
     sq = np.einsum("ij,ij->i", x, x) if metric == "l2" else None
     history: list[int] = []
     for _ in range(iters):
-        new_s, old_s = _sample(state, samples, rng)
+        new_s, old_s = _sample(state, samples, rng, part)
         targets, cands, keys = _cross_match(x, sq, new_s, old_s, metric, part)
         updates = _insert(state, targets, cands, keys)
         history.append(updates)
@@ -66,11 +66,21 @@ def descend(x: np.ndarray, state: DescentState, metric: str, samples: int, iters
     return history
 
 
-def _sample(state: DescentState, p: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """Sample lists (n, 2p): first p NEW / OLD of each list, then reverse samples up to 2p, deduplicated."""
+def _sample(state: DescentState, p: int, rng: np.random.Generator,
+            part: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """Sample lists (n, 2p): first p NEW / OLD of each list, then reverse samples up to 2p, deduplicated.
+
+    Cross-shard mode (``part`` given): only pairs NEW (other shard) x OLD (own shard) can be cross-shard,
+    so NEW samples come from the other shard's entries and OLD samples from the row's own shard's; then
+    every matched pair is cross-shard by construction, and no sample slot is spent on one that is not.
+    """
     valid = state.ids != EMPTY
     new_mask = state.is_new & valid
     old_mask = ~state.is_new & valid
+    if part is not None:
+        same = part[np.where(valid, state.ids, 0)] == part[:, None]
+        new_mask &= ~same
+        old_mask &= same
     fwd_new, take_new = _first_p(state.ids, new_mask, p)
     fwd_old, _ = _first_p(state.ids, old_mask, p)
     state.is_new &= ~take_new  # sampled NEW neighbours are OLD from now on
@@ -124,23 +134,21 @@ def _cross_match(x, sq, new_s, old_s, metric, part):
     spans = [(s, min(n, s + batch)) for s in range(0, n, batch)]
     with ThreadPoolExecutor(THREADS) as pool:
         parts = list(pool.map(lambda sp: _match_lists(x, sq, new_s[sp[0]:sp[1]], old_s[sp[0]:sp[1]],
-                                                      metric, part), spans))
+                                                      metric, part is not None), spans))
     return tuple(np.concatenate([pt[i] for pt in parts]) for i in range(3))
 
 
-def _match_lists(x, sq, ns, os_, metric, part):
+def _match_lists(x, sq, ns, os_, metric, cross_only):
     w = ns.shape[1]
     nsafe = np.where(ns == EMPTY, 0, ns)
     osafe = np.where(os_ == EMPTY, 0, os_)
-    cross_only = part is not None
-    # under GGM every NEW sample of a list lies in the other shard, so NEW x NEW pairs are all
-    # same-shard and skipped (paper §5.1: cross-shard distances only)
+    # cross-shard mode: NEW samples lie in the list owner's other shard, OLD samples in its own (see
+    # _sample), so NEW x OLD pairs are all cross-shard and NEW x NEW pairs all same-shard: skipped
+    # (paper §5.1: cross-shard distances only)
     others = osafe if cross_only else np.concatenate([osafe, nsafe], axis=1)
     other_ids = os_ if cross_only else np.concatenate([os_, ns], axis=1)
     d = _keys(x[nsafe], x[others], sq, nsafe, others, metric)
     bad = (ns[:, :, None] == EMPTY) | (other_ids[:, None, :] == EMPTY) | (ns[:, :, None] == other_ids[:, None, :])
-    if cross_only:
-        bad |= part[nsafe][:, :, None] == part[others][:, None, :]
     d[bad] = np.inf
     d_no = d[:, :, :w]
     groups = [(ns, os_, d_no), (os_, ns, d_no.transpose(0, 2, 1))]

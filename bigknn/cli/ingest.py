@@ -1,0 +1,51 @@
+"""``bigknn ingest``: fold new files into a store (what the cron job runs)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from bigknn.backends import get_backend
+from bigknn.cli.app import backend_option, cli, emit, gpu_mem_option, json_option, parse_bytes, reporter_for
+from bigknn.errors import StoreBusy
+from bigknn.pipeline.ingest import drop_folder_files, ingest as run_ingest
+
+
+@cli.command()
+@click.argument("store", type=click.Path(path_type=Path))
+@click.option("--input", "inputs", type=click.Path(path_type=Path), multiple=True,
+              help="A file to ingest (repeatable; ingested in the order given).")
+@click.option("--watch-dir", type=click.Path(path_type=Path), default=None,
+              help="Ingest every input file in this drop folder not yet ingested, oldest first.")
+@click.option("--wait", "wait_s", type=float, default=0.0, show_default=True,
+              help="Seconds to wait for another writer before giving up.")
+@click.option("--busy-exit", type=click.IntRange(0, 255), default=0, show_default=True,
+              help="Exit code when another writer still holds the store after --wait (e.g. 75 for cron alerts).")
+@backend_option
+@gpu_mem_option
+@json_option
+def ingest(store: Path, inputs: tuple[Path, ...], watch_dir: Path | None, wait_s: float, busy_exit: int,
+           backend: str, gpu_mem: str | None, as_json: bool) -> None:
+    """Add new vectors to a finished store: every row, old and new, again holds its top-k over the whole set.
+
+    New rows get ids after the last existing id, in input order. Inputs are checked against the store
+    (dimension, dtype, finite values) before anything is written. A file already ingested (same size and
+    sha256) is skipped; an interrupted ingest resumes on the next run; readers see the old graph until the
+    ingest's single final commit.
+
+    \b
+    Examples:
+      bigknn ingest data.knn --input day1.fbin --input day2.fbin
+      bigknn ingest data.knn --watch-dir /srv/drop --wait 300 --busy-exit 75 --json
+    """
+    if bool(inputs) == bool(watch_dir):
+        raise click.UsageError("give --input FILE (one or more) or --watch-dir DIR")
+    files = list(inputs) if inputs else drop_folder_files(watch_dir)
+    try:
+        result = run_ingest(store, files, get_backend(backend, parse_bytes(gpu_mem)), reporter_for(as_json), wait_s)
+    except StoreBusy as e:
+        click.echo(f"bigknn: {e}", err=True)
+        sys.exit(busy_exit)
+    emit(result, as_json, "ingest")
