@@ -50,7 +50,7 @@ def base(tmp_path_factory) -> dict:
     write_vectors(paths["new2"], x[OLD_ROWS + NEW_ROWS:])
     store = root / "base.knn"
     build(BuildRequest(input=paths["old"], store=store, shard_rows=SHARD_ROWS, params=GnndParams(k=K)),
-          CpuBackend(), Reporter())
+          [CpuBackend()], Reporter())
     return {"root": root, "store": store, "x": x, **paths}
 
 
@@ -81,7 +81,7 @@ def recall_of(store_path: Path, lo: int, hi: int) -> float:
 
 
 def test_ingest_adds_rows_after_the_last_id_with_good_recall(base, store):
-    report = ingest(store, [base["new1"]], CpuBackend(), Reporter())
+    report = ingest(store, [base["new1"]], [CpuBackend()], Reporter())
     assert report["rows_added"] == NEW_ROWS and report["rows"] == OLD_ROWS + NEW_ROWS
     check_graph(store, OLD_ROWS + NEW_ROWS)
     s = Store.open(store)
@@ -93,7 +93,7 @@ def test_ingest_adds_rows_after_the_last_id_with_good_recall(base, store):
 
 
 def test_reingest_is_a_noop_that_says_so(base, store):
-    ingest(store, [base["new1"]], CpuBackend(), Reporter())
+    ingest(store, [base["new1"]], [CpuBackend()], Reporter())
     before = tree_digest(store)
     out = subprocess.run(bigknn("ingest", str(store), "--input", str(base["new1"]), "--backend", "cpu"),
                          capture_output=True, text=True)
@@ -103,7 +103,7 @@ def test_reingest_is_a_noop_that_says_so(base, store):
     # a copy of the same bytes under another name is recognised by its sha256
     twin = base["root"] / "twin.fbin"
     shutil.copy(base["new1"], twin)
-    report = ingest(store, [twin], CpuBackend(), Reporter())
+    report = ingest(store, [twin], [CpuBackend()], Reporter())
     assert report["skipped"] == [str(twin)] and report["rows_added"] == 0
 
 
@@ -176,7 +176,7 @@ def test_waiting_ingest_finds_the_work_done(base, store):
 def test_stale_lock_of_a_dead_process_is_taken_over(base, store):
     # a lock file naming a process that no longer exists: the kernel holds no lock on it
     (store / ".lock").write_text(json.dumps({"pid": 999999, "host": "gone", "since": "yesterday"}))
-    report = ingest(store, [base["new1"]], CpuBackend(), Reporter(), wait_s=0)
+    report = ingest(store, [base["new1"]], [CpuBackend()], Reporter(), wait_s=0)
     assert report["rows_added"] == NEW_ROWS
 
 

@@ -80,7 +80,11 @@ wait_option = click.option("--wait", "wait_s", type=float, default=0.0, show_def
 backend_option = click.option("--backend", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
                               show_default=True, help="auto uses the GPU when CuPy and a device are present.")
 gpu_mem_option = click.option("--gpu-mem", "gpu_mem", type=str, default=None,
-                              help="Cap on GPU memory to use, e.g. 8G or 512M (default: what is free).")
+                              help="Cap on GPU memory to use per GPU, e.g. 8G or 512M (default: what is free).")
+gpus_option = click.option("--gpus", type=str, default=None,
+                           help="GPUs to use: 'all' or ids like 0,1 (one worker each; default: GPU 0).")
+host_mem_option = click.option("--host-mem", "host_mem", type=str, default=None,
+                               help="Cap on host RAM for cached shards, e.g. 64G (default: 2 shards per worker + 2).")
 
 
 def parse_bytes(text: str | None) -> int | None:

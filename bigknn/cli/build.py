@@ -6,9 +6,9 @@ from pathlib import Path
 
 import click
 
-from bigknn.backends import get_backend
-from bigknn.cli.app import (backend_option, cli, emit, gpu_mem_option, json_option, parse_bytes, reporter_for,
-                            wait_option)
+from bigknn.backends import get_backends
+from bigknn.cli.app import (backend_option, cli, emit, gpu_mem_option, gpus_option, host_mem_option, json_option,
+                            parse_bytes, reporter_for, wait_option)
 from bigknn.metrics import METRICS
 from bigknn.params import GnndParams
 from bigknn.pipeline.build import BuildRequest, build as run_build
@@ -33,11 +33,14 @@ DEFAULTS = GnndParams()
               help="p: NEW/OLD samples per list per iteration (0: k/4, at least 4).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @backend_option
+@gpus_option
 @gpu_mem_option
+@host_mem_option
 @wait_option
 @json_option
 def build(input: Path, store: Path, k: int, metric: str, shard_rows: int, iters: int, merge_iters: int,
-          samples: int, seed: int, backend: str, gpu_mem: str | None, wait_s: float, as_json: bool) -> None:
+          samples: int, seed: int, backend: str, gpus: str | None, gpu_mem: str | None, host_mem: str | None,
+          wait_s: float, as_json: bool) -> None:
     """Build the k-NN graph of INPUT (.fbin .u8bin .i8bin .f16bin .fvecs .bvecs .ivecs .npy) into a store.
 
     Rows are split into shards, each gets a GNND graph, then every pair of shards is merged (GGM), so each
@@ -49,21 +52,25 @@ def build(input: Path, store: Path, k: int, metric: str, shard_rows: int, iters:
       bigknn build data.fbin -o data.knn --k 32
       bigknn build data.fbin -o data.knn --k 32 --shard-rows 25000 --backend cpu
       bigknn build emb.npy -o emb.knn --metric cosine --k 16 --json
+      bigknn build deep10m.fbin -o deep.knn --shard-rows 1000000 --gpus all --host-mem 64G
     """
     params = GnndParams(k=k, samples=samples, iters=iters, merge_iters=merge_iters)
     req = BuildRequest(input=input, store=store, metric=metric, shard_rows=shard_rows, params=params,
-                       seed=seed, wait_s=wait_s)
-    result = run_build(req, get_backend(backend, parse_bytes(gpu_mem)), reporter_for(as_json))
+                       seed=seed, wait_s=wait_s, host_mem=parse_bytes(host_mem))
+    result = run_build(req, get_backends(backend, gpus, parse_bytes(gpu_mem)), reporter_for(as_json))
     emit(result, as_json, "build")
 
 
 @cli.command()
 @click.argument("store", type=click.Path(path_type=Path))
 @backend_option
+@gpus_option
 @gpu_mem_option
+@host_mem_option
 @wait_option
 @json_option
-def merge(store: Path, backend: str, gpu_mem: str | None, wait_s: float, as_json: bool) -> None:
+def merge(store: Path, backend: str, gpus: str | None, gpu_mem: str | None, host_mem: str | None, wait_s: float,
+          as_json: bool) -> None:
     """Finish a store's pending work: GNND of unbuilt shards and every pending shard-pair merge, or the
     rest of an interrupted ingest.
 
@@ -72,5 +79,6 @@ def merge(store: Path, backend: str, gpu_mem: str | None, wait_s: float, as_json
       bigknn merge data.knn
       bigknn merge data.knn --wait 600 --json
     """
-    result = finish(store, get_backend(backend, parse_bytes(gpu_mem)), reporter_for(as_json), wait_s)
+    result = finish(store, get_backends(backend, gpus, parse_bytes(gpu_mem)), reporter_for(as_json), wait_s,
+                    parse_bytes(host_mem))
     emit(result, as_json, "merge")

@@ -21,7 +21,8 @@ from bigknn.formats import VectorFile, check_finite, open_vectors
 from bigknn.graph import ID_DTYPE
 from bigknn.metrics import prepare_rows, stored_dtype
 from bigknn.params import GnndParams
-from bigknn.pipeline.steps import Ledger, PhaseClock, gnnd_pending, merge_pending, record_timings
+from bigknn.pipeline.steps import Ledger, record_timings, run_pending
+from bigknn.pipeline.workers import Accounting
 from bigknn.progress import Reporter
 from bigknn.shards import Manifest, ShardEntry, Store, WriterLock
 
@@ -38,11 +39,12 @@ class BuildRequest:
     params: GnndParams = field(default_factory=GnndParams)
     seed: int = 0
     wait_s: float = 0.0
+    host_mem: int | None = None
 
 
-def build(req: BuildRequest, backend: Backend, reporter: Reporter) -> dict:
+def build(req: BuildRequest, backends: list[Backend], reporter: Reporter) -> dict:
     """Build (or resume building) the graph of ``req.input`` into ``req.store``; return a summary."""
-    clock = PhaseClock()
+    acct = Accounting()
     t0 = time.perf_counter()
     vf = open_vectors(req.input)
     _check_request(req, vf)
@@ -51,7 +53,7 @@ def build(req: BuildRequest, backend: Backend, reporter: Reporter) -> dict:
     if not resuming:
         check_finite(vf)  # before anything is written
         source = fingerprint(vf)
-        clock.add("read", time.perf_counter() - t0)
+        acct.add("read", time.perf_counter() - t0, vf.rows * vf.dim * vf.dtype.itemsize)
     with WriterLock(req.store, req.wait_s):
         if resuming:
             store = Store.open(req.store)
@@ -61,12 +63,10 @@ def build(req: BuildRequest, backend: Backend, reporter: Reporter) -> dict:
         if not store.manifest.shards:
             t = time.perf_counter()
             _shard(store, vf, req.metric, reporter)
-            clock.add("shard", time.perf_counter() - t)
-        ledger = Ledger(store)
-        gnnd_pending(store, ledger, backend, reporter, clock)
-        merge_pending(store, ledger, backend, reporter, clock)
-        record_timings(store, clock)
-    return summary(store, clock, time.perf_counter() - t0, resumed=resuming, backend=backend)
+            acct.add("shard", time.perf_counter() - t, nbytes_written=vf.rows * vf.dim * vf.dtype.itemsize)
+        run_pending(store, Ledger(store), backends, reporter, acct, req.host_mem)
+        record_timings(store, acct)
+    return summary(store, acct, time.perf_counter() - t0, resumed=resuming, backends=backends)
 
 
 # ---- checks ---------------------------------------------------------------------------------------
@@ -148,10 +148,12 @@ def _shard(store: Store, vf: VectorFile, metric: str, reporter: Reporter) -> Non
     store.commit()
 
 
-def summary(store: Store, clock: PhaseClock, wall: float, resumed: bool, backend: Backend) -> dict:
+def summary(store: Store, acct: Accounting, wall: float, resumed: bool, backends: list[Backend]) -> dict:
     m = store.manifest
     n = len(m.shards)
     return {"store": str(store.path), "rows": m.rows, "dim": m.dim, "k": m.k, "metric": m.metric,
             "shards": n, "merges_done": len(m.merged), "merges_total": n * (n - 1) // 2,
-            "backend": backend.name, "resumed": resumed, "wall_s": round(wall, 3),
-            "phase_s": {p: round(s, 3) for p, s in clock.seconds.items()}}
+            "backend": backends[0].name, "workers": len(backends), "resumed": resumed, "wall_s": round(wall, 3),
+            "phase_s": {p: round(s, 3) for p, s in acct.seconds.items()},
+            "read_gb": round(acct.bytes_read / 1e9, 3), "written_gb": round(acct.bytes_written / 1e9, 3),
+            "busy_frac": {w: round(s / wall, 3) for w, s in acct.busy.items()} if wall > 0 else {}}

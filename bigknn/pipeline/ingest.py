@@ -22,7 +22,8 @@ from bigknn.formats import VECTOR_EXTENSIONS, VectorFile, check_finite, open_vec
 from bigknn.metrics import prepare_rows
 from bigknn.params import GnndParams
 from bigknn.pipeline.build import MAX_ROWS, fingerprint, shard_sizes
-from bigknn.pipeline.steps import Ledger, PhaseClock, gnnd_pending, merge_pending, record_timings
+from bigknn.pipeline.steps import Ledger, record_timings, run_pending
+from bigknn.pipeline.workers import Accounting
 from bigknn.progress import Reporter
 from bigknn.shards import ShardEntry, Store, WriterLock
 
@@ -76,11 +77,11 @@ class IngestLedger(Ledger):
         m.pending = None
 
 
-def ingest(store_path: Path, inputs: list[Path], backend: Backend, reporter: Reporter,
-           wait_s: float = 0.0) -> dict:
+def ingest(store_path: Path, inputs: list[Path], backends: list[Backend], reporter: Reporter,
+           wait_s: float = 0.0, host_mem: int | None = None) -> dict:
     """Ingest ``inputs`` in order; returns what was ingested, skipped and the time per phase."""
     t0 = time.perf_counter()
-    clock = PhaseClock()
+    acct = Accounting()
     store = Store.open(store_path)
     files = [open_vectors(p) for p in inputs]  # header checks of every file before any work
     for vf in files:
@@ -91,25 +92,25 @@ def ingest(store_path: Path, inputs: list[Path], backend: Backend, reporter: Rep
         _check_finished(store)
         if store.manifest.pending:
             report["resumed"] = store.manifest.pending["inputs"][0]["path"]
-            resume_pending(store, backend, reporter, clock)
+            resume_pending(store, backends, reporter, acct, host_mem)
             report["ingested"].append(report["resumed"])
         for vf in files:
             t = time.perf_counter()
             fp = _seen(store, vf) or fingerprint(vf)
-            clock.add("read", time.perf_counter() - t)
+            acct.add("read", time.perf_counter() - t, fp["size"])
             if _already_ingested(store, fp):
                 report["skipped"].append(fp["path"])
                 reporter.note(f"{fp['path']}: already ingested (same size and sha256); skipped")
                 continue
             check_finite(vf)
-            _stage(store, vf, fp, reporter, clock)
+            _stage(store, vf, fp, reporter, acct)
             report["rows_added"] += vf.rows
-            resume_pending(store, backend, reporter, clock)
+            resume_pending(store, backends, reporter, acct, host_mem)
             report["ingested"].append(fp["path"])
-        record_timings(store, clock)
+        record_timings(store, acct)
     report.update({"rows": store.manifest.rows, "shards": len(store.manifest.shards),
                    "wall_s": round(time.perf_counter() - t0, 3),
-                   "phase_s": {p: round(s, 3) for p, s in clock.seconds.items()}})
+                   "phase_s": {p: round(s, 3) for p, s in acct.seconds.items()}})
     return report
 
 
@@ -154,7 +155,7 @@ def _already_ingested(store: Store, fp: dict) -> bool:
     return any(i.get("size") == fp["size"] and i.get("sha256") == fp["sha256"] for i in store.manifest.inputs)
 
 
-def _stage(store: Store, vf: VectorFile, fp: dict, reporter: Reporter, clock: PhaseClock) -> None:
+def _stage(store: Store, vf: VectorFile, fp: dict, reporter: Reporter, acct: Accounting) -> None:
     """Write the new rows as new shards and commit them as a pending ingest (invisible to readers)."""
     m = store.manifest
     t = time.perf_counter()
@@ -171,13 +172,13 @@ def _stage(store: Store, vf: VectorFile, fp: dict, reporter: Reporter, clock: Ph
             advance(rows)
     m.pending = {"inputs": [fp], "shards": new, "graphs": {}, "merged": []}
     store.commit()
-    clock.add("shard", time.perf_counter() - t)
+    acct.add("shard", time.perf_counter() - t, nbytes_written=vf.rows * vf.dim * vf.dtype.itemsize)
 
 
-def resume_pending(store: Store, backend: Backend, reporter: Reporter, clock: PhaseClock) -> None:
+def resume_pending(store: Store, backends: list[Backend], reporter: Reporter, acct: Accounting,
+                   host_mem: int | None = None) -> None:
     """Run the staged ingest's remaining GNND and merges, then make it visible in one commit."""
     ledger = IngestLedger(store)
-    gnnd_pending(store, ledger, backend, reporter, clock)
-    merge_pending(store, ledger, backend, reporter, clock)
+    run_pending(store, ledger, backends, reporter, acct, host_mem)
     ledger.finish()
     store.commit()

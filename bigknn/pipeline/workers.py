@@ -1,0 +1,282 @@
+"""GNND and pairwise merges on one or more workers (one per GPU), with disk I/O overlapped with compute.
+
+* Shards live in a bounded host cache: a worker that takes a pair finds its shards there when they were
+  prefetched or used by its previous pair; results replace the cached graphs at once, so the next pair
+  sees them before they reach the disk.
+* A scheduler hands out pending pairs whose shards no running merge touches (any order of the pairs gives
+  the same all-pairs result), preferring a pair that shares a shard with the worker's last one.
+* One writer thread writes finished graphs and commits the manifest, in completion order, so a crash
+  loses at most the merges not yet committed, and the rerun redoes exactly those.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from bigknn.backends import Backend, ShardPart
+from bigknn.graph import ID_DTYPE, KnnGraph
+from bigknn.metrics import kernel_metric
+from bigknn.params import GnndParams
+from bigknn.pipeline.schedule import round_robin
+from bigknn.progress import Reporter
+from bigknn.shards import Store
+
+WRITE_QUEUE = 4  # finished results waiting for the disk before workers pause (bounds host memory)
+
+
+@dataclass
+class Accounting:
+    """What a run did: seconds per phase (summed over workers), bytes moved, each worker's busy time."""
+
+    seconds: dict = field(default_factory=dict)
+    bytes_read: int = 0
+    bytes_written: int = 0
+    busy: dict = field(default_factory=dict)  # worker name -> seconds inside backend calls
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, phase: str, seconds: float, nbytes_read: int = 0, nbytes_written: int = 0) -> None:
+        with self.lock:
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + seconds
+            self.bytes_read += nbytes_read
+            self.bytes_written += nbytes_written
+
+    def add_busy(self, worker: str, seconds: float) -> None:
+        with self.lock:
+            self.busy[worker] = self.busy.get(worker, 0.0) + seconds
+
+
+def seed_for(*parts: int) -> int:
+    return int(np.random.SeedSequence(list(parts)).generate_state(1)[0])
+
+
+class ShardCache:
+    """Latest vectors and graph of recently used shards, least recently used evicted first."""
+
+    def __init__(self, store: Store, ledger, capacity: int, acct: Accounting):
+        self.store, self.ledger, self.capacity, self.acct = store, ledger, max(2, capacity), acct
+        self._parts: OrderedDict[int, ShardPart] = OrderedDict()
+        self._loading: dict[int, threading.Event] = {}
+        self._lock = threading.Lock()
+
+    def get(self, sid: int) -> ShardPart:
+        with self._lock:
+            if sid in self._parts:
+                self._parts.move_to_end(sid)
+                return self._parts[sid]
+            event = self._loading.get(sid)
+            mine = event is None
+            if mine:
+                event = self._loading[sid] = threading.Event()
+        if not mine:  # someone (the prefetcher) is reading it: wait for that read
+            event.wait()
+            return self.get(sid)
+        try:
+            t = time.perf_counter()
+            shard = self.ledger.shards()[sid]
+            part = ShardPart(shard.offset, self.store.read_vectors(sid),
+                             self.store.read_graph(sid, self.ledger.version(sid)))
+            self.acct.add("read", time.perf_counter() - t,
+                          part.vectors.nbytes + part.graph.ids.nbytes + part.graph.dists.nbytes)
+            self.put(sid, part)
+            return part
+        finally:
+            with self._lock:
+                self._loading.pop(sid).set()
+
+    def put(self, sid: int, part: ShardPart) -> None:
+        with self._lock:
+            self._parts[sid] = part
+            self._parts.move_to_end(sid)
+            while len(self._parts) > self.capacity:
+                self._parts.popitem(last=False)
+
+    def prefetch(self, sids) -> None:
+        for sid in sids:
+            with self._lock:
+                if sid in self._parts or sid in self._loading:
+                    continue
+            threading.Thread(target=self.get, args=(sid,), daemon=True).start()
+
+
+class PairScheduler:
+    """Pending pairs handed out so that no two running merges share a shard."""
+
+    def __init__(self, pairs: list[tuple[int, int]]):
+        self.pending = list(pairs)
+        self.busy: set[int] = set()
+        self.cond = threading.Condition()
+        self.failed = False
+
+    def take(self, prefer: set[int]) -> tuple[int, int] | None:
+        with self.cond:
+            while True:
+                if self.failed or not self.pending:
+                    return None
+                free = [p for p in self.pending if p[0] not in self.busy and p[1] not in self.busy]
+                if free:
+                    pair = max(free, key=lambda p: (p[0] in prefer) + (p[1] in prefer))
+                    self.pending.remove(pair)
+                    self.busy.update(pair)
+                    return pair
+                self.cond.wait()
+
+    def peek(self, prefer: set[int], also_busy: tuple[int, int]) -> tuple[int, int] | None:
+        """The pair this worker would likely take next (for prefetching)."""
+        with self.cond:
+            blocked = self.busy - set(also_busy)
+            free = [p for p in self.pending if p[0] not in blocked and p[1] not in blocked]
+            return max(free, key=lambda p: (p[0] in prefer) + (p[1] in prefer)) if free else None
+
+    def release(self, pair: tuple[int, int]) -> None:
+        with self.cond:
+            self.busy.difference_update(pair)
+            self.cond.notify_all()
+
+    def fail(self) -> None:
+        with self.cond:
+            self.failed = True
+            self.cond.notify_all()
+
+
+class Writer:
+    """One thread that writes results and commits them, in the order they were finished."""
+
+    def __init__(self, store: Store, ledger, acct: Accounting, advance):
+        self.store, self.ledger, self.acct, self.advance = store, ledger, acct, advance
+        self.jobs: queue.Queue = queue.Queue(maxsize=WRITE_QUEUE)
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def submit(self, graphs: dict[int, KnnGraph], pair: tuple[int, int] | None, units: int) -> None:
+        if self.error is not None:
+            raise self.error
+        self.jobs.put((graphs, pair, units))
+
+    def close(self) -> None:
+        self.jobs.put(None)
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+
+    def _run(self) -> None:
+        while (job := self.jobs.get()) is not None:
+            if self.error is not None:
+                continue
+            graphs, pair, units = job
+            try:
+                t = time.perf_counter()
+                nbytes = 0
+                for sid, g in graphs.items():
+                    version = (self.ledger.version(sid) or 0) + 1
+                    self.store.write_graph(sid, version, g)
+                    self.ledger.set_version(sid, version)
+                    nbytes += g.ids.nbytes + g.dists.nbytes
+                if pair is not None:
+                    self.ledger.add_pair(*pair)
+                self.store.commit()
+                self.acct.add("write", time.perf_counter() - t, nbytes_written=nbytes)
+                self.advance(units)
+            except BaseException as e:  # noqa: BLE001 - handed to the main thread by submit/close
+                self.error = e
+
+
+def run_gnnd(store: Store, ledger, backends: list[Backend], reporter: Reporter, acct: Accounting) -> None:
+    """GNND for every shard without a graph, shards spread over the workers."""
+    m = store.manifest
+    todo = [s for s in ledger.shards() if ledger.version(s.id) is None]
+    if not todo:
+        return
+    params, metric = GnndParams(**m.params), kernel_metric(m.metric)
+    tasks: queue.Queue = queue.Queue()
+    for shard in todo:
+        tasks.put(shard)
+
+    def work(backend: Backend, name: str, writer: Writer) -> None:
+        while True:
+            try:
+                shard = tasks.get_nowait()
+            except queue.Empty:
+                return
+            t = time.perf_counter()
+            x = store.read_vectors(shard.id)
+            acct.add("read", time.perf_counter() - t, x.nbytes)
+            t = time.perf_counter()
+            g = backend.gnnd(x, metric, params, seed=seed_for(m.seed, 0, shard.id))
+            dt = time.perf_counter() - t
+            acct.add("gnnd", dt)
+            acct.add_busy(name, dt)
+            ids = np.where(g.ids >= 0, g.ids.astype(np.int64) + shard.offset, -1).astype(ID_DTYPE)
+            writer.submit({shard.id: KnnGraph(ids, g.dists)}, None, shard.rows)
+
+    with reporter.phase("gnnd", sum(s.rows for s in todo), "rows") as advance:
+        _run_workers(store, ledger, backends, acct, advance, work)
+
+
+def run_merges(store: Store, ledger, pairs: list[tuple[int, int]], backends: list[Backend], reporter: Reporter,
+               acct: Accounting, cache_shards: int) -> None:
+    """GGM for every pair in ``pairs`` (each exactly once), spread over the workers."""
+    if not pairs:
+        return
+    m = store.manifest
+    params, metric = GnndParams(**m.params), kernel_metric(m.metric)
+    sched = PairScheduler(pairs)
+    cache = ShardCache(store, ledger, cache_shards, acct)
+
+    def work(backend: Backend, name: str, writer: Writer) -> None:
+        last: set[int] = set()
+        try:
+            while (pair := sched.take(last)) is not None:
+                i, j = pair
+                nxt = sched.peek(set(pair), pair)
+                if nxt is not None:
+                    cache.prefetch(s for s in nxt if s not in pair)
+                a, b = cache.get(i), cache.get(j)
+                t = time.perf_counter()
+                ga, gb = backend.ggm(a, b, metric, params, seed=seed_for(m.seed, 1, i, j))
+                dt = time.perf_counter() - t
+                acct.add("ggm", dt)
+                acct.add_busy(name, dt)
+                cache.put(i, ShardPart(a.offset, a.vectors, ga))
+                cache.put(j, ShardPart(b.offset, b.vectors, gb))
+                writer.submit({i: ga, j: gb}, pair, 1)
+                sched.release(pair)
+                last = set(pair)
+        except BaseException:
+            sched.fail()
+            raise
+
+    with reporter.phase("merge", len(pairs), "pairs") as advance:
+        _run_workers(store, ledger, backends, acct, advance, work)
+
+
+def _run_workers(store, ledger, backends, acct, advance, work) -> None:
+    writer = Writer(store, ledger, acct, advance)
+    errors: list[BaseException] = []
+
+    def guarded(backend, name):
+        try:
+            work(backend, name, writer)
+        except BaseException as e:  # noqa: BLE001 - re-raised below in the caller's thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=guarded, args=(b, f"{b.name}:{n}"), daemon=True)
+               for n, b in enumerate(backends)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    writer.close()
+    if errors:
+        raise errors[0]
+
+
+def pending_pairs(ledger) -> list[tuple[int, int]]:
+    done = ledger.done()
+    return [p for rnd in round_robin(len(ledger.shards())) for p in rnd if p not in done and ledger.wanted(*p)]

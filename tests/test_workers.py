@@ -1,0 +1,132 @@
+"""The multi-worker scheduler (issue 4): every pair once, running merges never share a shard, reuse of
+cached shards, and the host-memory budget."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from bigknn.backends.cpu import CpuBackend
+from bigknn.errors import BadInput
+from bigknn.formats import write_vectors
+from bigknn.params import GnndParams
+from bigknn.pipeline.build import BuildRequest, build
+from bigknn.pipeline.evaluate import recall
+from bigknn.pipeline.workers import PairScheduler
+from bigknn.progress import Reporter
+from bigknn.shards import Store
+from bigknn.synth import synth
+
+
+class RecordingBackend:
+    """The CPU backend, slowed down, recording which pairs run at the same time."""
+
+    name = "rec"
+    lock = threading.Lock()
+
+    def __init__(self, log: list, running: set):
+        self.cpu, self.log, self.running = CpuBackend(), log, running
+
+    def gnnd(self, x, metric, params, seed):
+        return self.cpu.gnnd(x, metric, params, seed)
+
+    def ggm(self, a, b, metric, params, seed):
+        pair = (a.offset, b.offset)
+        with self.lock:
+            clash = [p for p in self.running if set(p) & set(pair)]
+            self.log.append((pair, threading.get_ident(), clash))
+            self.running.add(pair)
+        time.sleep(0.05)
+        try:
+            return self.cpu.ggm(a, b, metric, params, seed)
+        finally:
+            with self.lock:
+                self.running.discard(pair)
+
+    def exact_knn(self, q, k, metric, blocks):
+        return self.cpu.exact_knn(q, k, metric, blocks)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    path = tmp_path_factory.mktemp("w") / "x.fbin"
+    write_vectors(path, synth(7 * 700, 16, seed=9))
+    return path
+
+
+def test_three_workers_merge_every_pair_once_without_sharing_a_shard(data, tmp_path):
+    log, running = [], set()
+    backends = [RecordingBackend(log, running) for _ in range(3)]
+    req = BuildRequest(input=data, store=tmp_path / "s.knn", shard_rows=700, params=GnndParams(k=10))
+    out = build(req, backends, Reporter())
+    assert out["shards"] == 7 and out["merges_done"] == 21
+    pairs = [p for p, _, _ in log]
+    assert len(pairs) == 21 and len(set(pairs)) == 21  # every pair exactly once
+    assert all(not clash for _, _, clash in log)  # no two running merges touched one shard
+    assert len({tid for _, tid, _ in log}) >= 2  # the work really was spread over workers
+    m = Store.open(tmp_path / "s.knn").manifest
+    assert sorted(map(tuple, m.merged)) == sorted({(i, j) for i in range(7) for j in range(i + 1, 7)})
+    # one worker per shard pair, same quality as one worker
+    single = build(BuildRequest(input=data, store=tmp_path / "one.knn", shard_rows=700, params=GnndParams(k=10)),
+                   [CpuBackend()], Reporter())
+    assert single["merges_done"] == 21
+    r3 = recall(Store.open(tmp_path / "s.knn"), CpuBackend(), sample=1000)["recall"]
+    r1 = recall(Store.open(tmp_path / "one.knn"), CpuBackend(), sample=1000)["recall"]
+    assert r3 >= 0.95 and abs(r3 - r1) <= 0.01
+
+
+def test_scheduler_prefers_a_pair_that_reuses_a_shard():
+    sched = PairScheduler([(0, 1), (4, 5), (2, 3), (1, 2)])
+    assert sched.take(set()) == (0, 1)
+    sched.release((0, 1))
+    # (4, 5) comes first in the list, but (1, 2) reuses shard 1, which the worker still holds
+    assert sched.take({0, 1}) == (1, 2)
+    # (2, 3) is blocked by the running (1, 2): the other free pair is handed out
+    assert sched.take({1, 2}) == (4, 5)
+
+
+def test_scheduler_blocks_until_a_shard_is_free():
+    sched = PairScheduler([(0, 1), (1, 2)])
+    first = sched.take(set())
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(sched.take(set())))
+    waiter.start()
+    time.sleep(0.1)
+    assert got == []  # (1, 2) shares shard 1 with the running (0, 1)
+    sched.release(first)
+    waiter.join(2)
+    assert got == [(1, 2)]
+
+
+def test_host_memory_budget_is_enforced(data, tmp_path):
+    req = BuildRequest(input=data, store=tmp_path / "s.knn", shard_rows=700, params=GnndParams(k=10),
+                       host_mem=1000)
+    with pytest.raises(BadInput, match="host-mem"):
+        build(req, [CpuBackend()], Reporter())
+
+
+def test_resume_redoes_only_uncommitted_pairs(data, tmp_path):
+    """A worker failing mid-run leaves committed pairs committed; the rerun merges only the rest."""
+    calls = []
+
+    class Dies(RecordingBackend):
+        def ggm(self, a, b, metric, params, seed):
+            if len(calls) == 5:
+                raise RuntimeError("worker died")
+            calls.append((a.offset, b.offset))
+            return self.cpu.ggm(a, b, metric, params, seed)
+
+    req = BuildRequest(input=data, store=tmp_path / "s.knn", shard_rows=700, params=GnndParams(k=10))
+    with pytest.raises(RuntimeError, match="worker died"):
+        build(req, [Dies([], set())], Reporter())
+    done = {tuple(p) for p in Store.open(tmp_path / "s.knn").manifest.merged}
+    assert len(done) == 5
+    log, running = [], set()
+    build(req, [RecordingBackend(log, running)], Reporter())
+    redone = {p for p, _, _ in log}
+    offsets = {s.offset: s.id for s in Store.open(tmp_path / "s.knn").manifest.shards}
+    redone_ids = {(offsets[a], offsets[b]) for a, b in redone}
+    assert len(redone_ids) == 16 and not (redone_ids & done)
