@@ -30,7 +30,9 @@ DEFAULTS = GnndParams()
 @click.option("--merge-iters", type=click.IntRange(min=1), default=DEFAULTS.merge_iters, show_default=True,
               help="Iteration cap of each pairwise merge (GGM).")
 @click.option("--samples", type=click.IntRange(min=0), default=0, show_default=True,
-              help="p: NEW/OLD samples per list per iteration (0: k/4, at least 4).")
+              help="p: NEW/OLD samples per list per iteration (0: width/4, at least 4).")
+@click.option("--list-width", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Entries per list while building (0: max(k, 32)); wider lists reach higher recall@k.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @backend_option
 @gpus_option
@@ -39,7 +41,7 @@ DEFAULTS = GnndParams()
 @wait_option
 @json_option
 def build(input: Path, store: Path, k: int, metric: str, shard_rows: int, iters: int, merge_iters: int,
-          samples: int, seed: int, backend: str, gpus: str | None, gpu_mem: str | None, host_mem: str | None,
+          samples: int, list_width: int, seed: int, backend: str, gpus: str | None, gpu_mem: str | None, host_mem: str | None,
           wait_s: float, as_json: bool) -> None:
     """Build the k-NN graph of INPUT (.fbin .u8bin .i8bin .f16bin .fvecs .bvecs .ivecs .npy) into a store.
 
@@ -54,7 +56,7 @@ def build(input: Path, store: Path, k: int, metric: str, shard_rows: int, iters:
       bigknn build emb.npy -o emb.knn --metric cosine --k 16 --json
       bigknn build deep10m.fbin -o deep.knn --shard-rows 1000000 --gpus all --host-mem 64G
     """
-    params = GnndParams(k=k, samples=samples, iters=iters, merge_iters=merge_iters)
+    params = GnndParams(k=k, samples=samples, iters=iters, merge_iters=merge_iters, list_width=list_width)
     req = BuildRequest(input=input, store=store, metric=metric, shard_rows=shard_rows, params=params,
                        seed=seed, wait_s=wait_s, host_mem=parse_bytes(host_mem))
     result = run_build(req, get_backends(backend, gpus, parse_bytes(gpu_mem)), reporter_for(as_json))

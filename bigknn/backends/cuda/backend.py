@@ -1,0 +1,597 @@
+"""CUDA backend: GNND (paper 000 §4) and exact k-NN on one GPU through CuPy + CUDA C++ kernels.
+
+CuPy is imported inside the methods only, so this module imports on machines without a GPU.
+
+Kernels (kernels.cu, compiled by NVRTC for the running device's arch, one module per element type /
+metric / sample-size class / dim-chunk class, cached per process and on disk by CuPy):
+
+* ``gnnd_init``    random k distinct neighbours != self per row, keys, warp bitonic sort, all NEW.
+* ``gnnd_sample``  first p NEW and first p OLD per list (list order); sampled NEW become OLD.
+* ``gnnd_reverse`` reverse samples appended with atomics while a sample list holds < 2p.
+* ``gnnd_cross``   one block per list: dedupe samples, NEW x (NEW u OLD) distances register-tiled in
+                   shared memory (dims chunked), selective update (nearest other NEW and nearest OLD for
+                   each NEW sample, nearest NEW for each OLD sample) into a per-row candidate table
+                   (hash slot per neighbour id, 64-bit atomicMin on (key, id): lock-free).
+* ``gnnd_merge``   one warp per row: drop listed / self / not-better candidates, rank-merge with the
+                   sorted list, mark inserts NEW, count them, reset the table.
+* ``gnnd_norms`` / ``gnnd_finalize``  l2 only (``l2_expand``, default on): the cross-match computes
+                   |a|^2 + |b|^2 - 2 a.b (one FMA per dim); afterwards every kept key is recomputed by
+                   direct differences and the lists re-sorted, so returned keys are exact.
+* ``knn_select``   running top-k over cuBLAS dot-product tiles (threshold filter + bitonic sort of the
+                   survivors, pieces of 4096 columns); ``knn_exact_keys`` recomputes the kept keys exactly.
+
+The iteration kernels take an existing graph + NEW flags + optional per-row partition labels
+(``_iterate``), so GGM (Alg. 3) can reuse them: pairs with equal labels are never compared. Lists handed
+to ``_iterate`` must be sorted by (key, id); with ``norms`` given, run ``gnnd_finalize`` afterwards.
+
+Timing knobs measured in docs/perf-notes.md: p (GnndParams.samples), iterations, the list width
+(GnndParams.list_width: lists of 48 instead of 32 take T1's recall@10 from 0.985 to 0.991).
+
+Memory (bytes on the GPU; ``gpu_mem_bytes`` caps the budget, else 92 % of free memory):
+
+* gnnd: ``n * (dpad*s + 9kb + 16p + 20 + 8C) + n*d*s`` (the last term only while padding rows),
+  kb = GnndParams.width() list entries built (>= k; the store keeps them all, output cuts to k),
+  s = element size, dpad = d rounded up to max(16/s, 8), p = samples (<= 32), C = candidate slots per
+  row (64, reduced to 32/16 when the budget is short; MemoryError below that).
+* exact_knn: ``nq*(4d + 8k) + 2 * rows*(d*s + 4d + 4) + qb*tc*4`` for query batch qb and column tile tc
+  (tc <= 65536, both picked from what is left of the budget). Host blocks go to two device slots on a
+  copy stream, staged through three pinned 32 MiB buffers filled by 8 threads, so the copy of block i+1
+  overlaps the GEMM/select work on block i.
+* host: the pinned staging buffers (96 MiB) live as long as the backend object; allocating them costs
+  ~0.3 s on the first large transfer.
+
+Every call frees CuPy's memory pools at its end.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+
+from bigknn.graph import EMPTY, KnnGraph
+from bigknn.params import GnndParams
+
+_KERNEL_FILE = Path(__file__).with_name("kernels.cu")
+_CTYPES = {
+    np.dtype(np.float32): "float",
+    np.dtype(np.float16): "unsigned short",
+    np.dtype(np.uint8): "unsigned char",
+    np.dtype(np.int8): "signed char",
+}
+_MODULES: dict = {}
+MAX_K = 128
+MAX_P = 32
+
+
+def _cupy():
+    import cupy
+
+    return cupy
+
+
+def _check() -> bool:
+    return os.environ.get("BIGKNN_CUDA_CHECK", "") not in ("", "0")
+
+
+def _compile(name_expressions: tuple[str, ...]):
+    """RawModule holding the extern "C" kernels plus the named template instances (cached)."""
+    # BIGKNN_CUDA_GUNR: loads in flight per thread in the cross-match gather (experiments; 0 = default)
+    # BIGKNN_CUDA_MODE: diagnostics (1: cross-match emits nothing, 2: nor computes distances); never in use
+    defines = tuple(f"-DGNND_GUNR={int(v)}" for v in [os.environ.get("BIGKNN_CUDA_GUNR", "")] if v)
+    defines += tuple(f"-DGNND_MODE={int(v)}" for v in [os.environ.get("BIGKNN_CUDA_MODE", "")] if v)
+    mod = _MODULES.get((name_expressions, defines))
+    if mod is not None:
+        return mod
+    for (names, defs), mod in _MODULES.items():  # a module compiled for a superset serves too
+        if defs == defines and set(name_expressions) <= set(names):
+            return mod
+    cp = _cupy()
+    src = _KERNEL_FILE.read_text()
+    cc = cp.cuda.Device().compute_capability
+    errors = []
+    for opts in (("-std=c++17", f"-arch=sm_{cc}") + defines, ("-std=c++17",) + defines):
+        try:
+            mod = cp.RawModule(code=src, options=opts, name_expressions=list(name_expressions))
+            mod.compile()
+            break
+        except Exception as e:  # some CuPy versions add their own -arch and reject a second one
+            errors.append(e)
+            mod = None
+    if mod is None:
+        raise errors[-1]
+    _MODULES[(name_expressions, defines)] = mod
+    return mod
+
+
+def _next_pow2(v: int) -> int:
+    return 1 << max(0, (int(v) - 1).bit_length())
+
+
+def _kernel_metric(metric: str) -> int:
+    if metric == "l2":
+        return 0
+    if metric == "ip":
+        return 1
+    raise ValueError(f"CUDA backend computes metric 'l2' or 'ip', got {metric!r} (cosine arrives as ip)")
+
+
+def _dtype_of(x) -> np.dtype:
+    dt = np.dtype(x.dtype)
+    return dt if dt in _CTYPES else np.dtype(np.float32)
+
+
+def ctype_of(x) -> str:
+    return _CTYPES[_dtype_of(x)]
+
+
+def dpad_of(x) -> int:
+    item = _dtype_of(x).itemsize
+    align = max(16 // item, 8)
+    return -(-x.shape[1] // align) * align
+
+
+def _sync_check(cp):
+    if _check():
+        cp.cuda.get_current_stream().synchronize()
+
+
+class CudaBackend:
+    """GNND and exact k-NN on one GPU. ``gpu_mem_bytes`` caps the device memory a call plans to use."""
+
+    name = "cuda"
+
+    def __init__(self, gpu_mem_bytes: int | None = None, device: int | None = None, profile: bool = False,
+                 l2_expand: bool | None = None):
+        self.gpu_mem_bytes = gpu_mem_bytes
+        self.device = device
+        self.profile = profile  # time each kernel with events (last_stats["kernel_ms"])
+        # l2 cross-match distances by |a|^2 + |b|^2 - 2 a.b (exact keys restored at the end); None: env
+        # BIGKNN_CUDA_EXPAND, default on
+        self.l2_expand = l2_expand
+        self.last_stats: dict = {}
+        self._staging: list | None = None
+        self._pool = None
+
+    # ------------------------------------------------------------------ memory
+    def _budget(self) -> int:
+        cp = _cupy()
+        pool = cp.get_default_memory_pool()
+        free, _total = cp.cuda.runtime.memGetInfo()
+        budget = int((free + pool.free_bytes()) * 0.92)
+        if self.gpu_mem_bytes is not None:
+            budget = min(budget, int(self.gpu_mem_bytes))
+        return budget
+
+    @staticmethod
+    def gnnd_bytes(n: int, d: int, itemsize: int, k: int, p: int, slots: int = 64) -> int:
+        """Device bytes gnnd needs (see the module docstring)."""
+        ve = 16 // itemsize
+        dpad = -(-d // max(ve, 8)) * max(ve, 8)
+        p = min(p, MAX_P)
+        pad_copy = n * d * itemsize if dpad != d else 0
+        return n * (dpad * itemsize + 9 * k + 16 * p + 20 + 8 * slots) + pad_copy + (1 << 20)
+
+    @staticmethod
+    def _free_pools():
+        cp = _cupy()
+        cp.get_default_memory_pool().free_all_blocks()
+        cp.get_default_pinned_memory_pool().free_all_blocks()
+
+    def _l2_expand(self) -> bool:
+        if self.l2_expand is not None:
+            return bool(self.l2_expand)
+        return os.environ.get("BIGKNN_CUDA_EXPAND", "1") not in ("0", "")
+
+    # ------------------------------------------------------------------ host <-> device
+    _CHUNK = 32 << 20
+    _NSTAGE = 3
+    _THREADS = 8
+
+    def _stage(self):
+        """Pinned staging buffers (kept for the backend's lifetime) and a copy thread pool."""
+        if self._staging is None:
+            import cupyx
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._staging = [[cupyx.empty_pinned((self._CHUNK,), dtype=np.uint8), None] for _ in range(self._NSTAGE)]
+            self._pool = ThreadPoolExecutor(self._THREADS)
+        return self._staging
+
+    def _pcopy(self, dst: np.ndarray, src: np.ndarray):
+        """dst[:] = src for flat uint8 arrays, split over threads (NumPy drops the GIL while copying)."""
+        n = src.nbytes
+        if n < (4 << 20):
+            np.copyto(dst, src)
+            return
+        step = -(-n // self._THREADS)
+        futs = [self._pool.submit(np.copyto, dst[a:a + step], src[a:a + step]) for a in range(0, n, step)]
+        for f in futs:
+            f.result()
+
+    def _h2d(self, src: np.ndarray, dst, stream=None):
+        """Copy a contiguous host array into a device array of the same size, queued on ``stream``."""
+        cp = _cupy()
+        src = np.ascontiguousarray(src)
+        nbytes = src.nbytes
+        if nbytes < (16 << 20):
+            dst.set(src, stream=stream)
+            return
+        stream = stream if stream is not None else cp.cuda.get_current_stream()
+        s8 = src.reshape(-1).view(np.uint8)
+        d8 = dst.reshape(-1).view(cp.uint8)
+        bufs = self._stage()
+        for i, a in enumerate(range(0, nbytes, self._CHUNK)):
+            buf = bufs[i % len(bufs)]
+            if buf[1] is not None:
+                buf[1].synchronize()
+            b = min(a + self._CHUNK, nbytes)
+            self._pcopy(buf[0][: b - a], s8[a:b])
+            d8[a:b].set(buf[0][: b - a], stream=stream)
+            buf[1] = stream.record()
+
+    def _d2h(self, src) -> np.ndarray:
+        """Device array -> new host array, staged through the pinned buffers."""
+        cp = _cupy()
+        src = cp.ascontiguousarray(src)
+        out = np.empty(src.shape, dtype=src.dtype)
+        nbytes = out.nbytes
+        if nbytes < (16 << 20):
+            return src.get()
+        stream = cp.cuda.get_current_stream()
+        s8 = src.reshape(-1).view(cp.uint8)
+        o8 = out.reshape(-1).view(np.uint8)
+        bufs = self._stage()
+        chunks = list(range(0, nbytes, self._CHUNK))
+        pending = []  # (buffer, a, b) queued, not yet copied out
+        for i, a in enumerate(chunks):
+            buf = bufs[i % len(bufs)]
+            if len(pending) == len(bufs):
+                pb, pa, pe = pending.pop(0)
+                pb[1].synchronize()
+                self._pcopy(o8[pa:pe], pb[0][: pe - pa])
+            b = min(a + self._CHUNK, nbytes)
+            s8[a:b].get(stream=stream, out=buf[0][: b - a], blocking=False)
+            buf[1] = stream.record()
+            pending.append((buf, a, b))
+        for pb, pa, pe in pending:
+            pb[1].synchronize()
+            self._pcopy(o8[pa:pe], pb[0][: pe - pa])
+        return out
+
+    # ------------------------------------------------------------------ GNND
+    def gnnd(self, x: np.ndarray, metric: str, params: GnndParams, seed: int) -> KnnGraph:
+        cp = _cupy()
+        dev = cp.cuda.Device(self.device) if self.device is not None else cp.cuda.Device()
+        with dev:
+            try:
+                return self._gnnd(x, metric, params, seed)
+            finally:
+                self._free_pools()
+
+    def _prepare_rows(self, x):
+        """(host or device array) -> (device array (n, dpad) in a kernel dtype, ctype name, d, dpad)."""
+        cp = _cupy()
+        dt = np.dtype(x.dtype)
+        if dt not in _CTYPES:
+            x = x.astype(np.float32)
+            dt = np.dtype(np.float32)
+        n, d = x.shape
+        item = dt.itemsize
+        align = max(16 // item, 8)
+        dpad = -(-d // align) * align
+        if isinstance(x, cp.ndarray):
+            xd = cp.ascontiguousarray(x)
+        else:
+            xd = cp.empty(x.shape, dtype=dt)
+            self._h2d(x, xd)
+        if dt == np.float16:
+            xd = xd.view(cp.uint16)
+        if dpad != d:
+            xp = cp.zeros((n, dpad), dtype=xd.dtype)
+            xp[:, :d] = xd
+            xd = xp
+        return xd, _CTYPES[dt], d, dpad
+
+    def _gnnd(self, x, metric, params: GnndParams, seed: int) -> KnnGraph:
+        cp = _cupy()
+        t0 = time.perf_counter()
+        m = _kernel_metric(metric)
+        n, d = x.shape
+        k = int(params.width())
+        if k < 1 or k > MAX_K:
+            raise ValueError(f"CUDA backend supports 1 <= k <= {MAX_K}, got k={k}")
+        if n <= k + 1:
+            # every other row is a neighbour: the exact graph is the answer
+            g = self._exact_graph(x, min(k, n - 1), metric) if n > 1 else None
+            ids = np.full((n, k), EMPTY, np.int32)
+            dists = np.full((n, k), np.inf, np.float32)
+            if g is not None:
+                ids[:, : g.k] = g.ids
+                dists[:, : g.k] = g.dists
+            return KnnGraph(ids, dists)
+
+        p = max(1, min(params.sample_count(), MAX_P))
+        itemsize = np.dtype(x.dtype).itemsize if np.dtype(x.dtype) in _CTYPES else 4
+        budget = self._budget()
+        log_c = 6 if k >= 16 else 5
+        while log_c > 4 and self.gnnd_bytes(n, d, itemsize, k, p, 1 << log_c) > budget:
+            log_c -= 1
+        need = self.gnnd_bytes(n, d, itemsize, k, p, 1 << log_c)
+        if need > budget:
+            raise MemoryError(f"gnnd of {n} x {d} rows (k={k}) needs {need / 2**30:.2f} GiB of GPU memory, "
+                              f"budget {budget / 2**30:.2f} GiB: use smaller shards")
+
+        kb = k
+        sync = cp.cuda.get_current_stream().synchronize
+        expand = m == 0 and self._l2_expand()
+        ct = ctype_of(x)
+        names = (f"gnnd_init<{ct}, {m}>", self._cross_name(ct, m, p, dpad_of(x), expand))
+        if expand:
+            names += (f"gnnd_norms<{ct}>", f"gnnd_finalize<{ct}, {m}>")
+        mod = _compile(names)  # one NVRTC run
+        t_c = time.perf_counter()
+        xd, ctype, d, dpad = self._prepare_rows(x)
+        sync()
+        t_h2d = time.perf_counter()
+        ids, keys, flags = self._init_graph(xd, ctype, d, dpad, m, kb, seed)
+        norms = None
+        if expand:
+            norms = cp.empty((n,), dtype=cp.float32)
+            mod.get_function(f"gnnd_norms<{ct}>")(((n * 32 + 255) // 256,), (256,),
+                                                  (xd, np.int32(n), np.int32(d), np.int32(dpad), norms))
+        sync()
+        t_init = time.perf_counter()
+        stats = self._iterate(xd, ctype, dpad, m, ids, keys, flags, p, int(params.iters),
+                              float(params.min_update_frac), labels=None, log_c=log_c, norms=norms)
+        if expand:
+            # the lists hold norm-expansion keys: make them exact and re-sort
+            mod.get_function(f"gnnd_finalize<{ct}, {m}>")(((n + 3) // 4,), (128,), (
+                xd, np.int32(n), np.int32(d), np.int32(dpad), np.int32(kb), ids, keys))
+            _sync_check(cp)
+        sync()
+        t_it = time.perf_counter()
+        out = KnnGraph(self._d2h(ids), self._d2h(keys))
+        t_end = time.perf_counter()
+        self.last_stats = dict(stats, p=p, slots=1 << log_c, k_built=kb, l2_expand=expand, compile_s=t_c - t0,
+                               h2d_s=t_h2d - t_c,
+                               init_s=t_init - t_h2d, iter_s=t_it - t_init, d2h_s=t_end - t_it, total_s=t_end - t0)
+        return out
+
+    @staticmethod
+    def _cross_shape(p: int) -> tuple[int, int, int]:
+        maxn = max(8, _next_pow2(2 * p))
+        tr, tc = (4, 4) if maxn >= 32 else (2, 2)
+        return maxn, tr, tc
+
+    @classmethod
+    def _cross_name(cls, ctype: str, m: int, p: int, dpad: int, expand: bool = False) -> str:
+        maxn, tr, tc = cls._cross_shape(p)
+        dc_lim = 128 if maxn <= 32 else 64  # keeps the static shared memory under 48 KB
+        dc = dpad if dpad <= dc_lim else dc_lim
+        e = 1 if (expand and m == 0) else 0
+        return f"gnnd_cross<{ctype}, {m}, {e}, {maxn}, {tr}, {tc}, {dc}>"
+
+    def _init_graph(self, xd, ctype: str, d: int, dpad: int, m: int, k: int, seed: int):
+        """Random initial graph on the device: (ids, keys, flags), k distinct ids != self per row, all NEW."""
+        cp = _cupy()
+        n = xd.shape[0]
+        if n - 1 < k:
+            raise ValueError(f"random init needs n - 1 >= k (n={n}, k={k})")
+        ids = cp.empty((n, k), dtype=cp.int32)
+        keys = cp.empty((n, k), dtype=cp.float32)
+        flags = cp.empty((n, k), dtype=cp.uint8)
+        name = f"gnnd_init<{ctype}, {m}>"
+        init = _compile((name,)).get_function(name)
+        seed64 = np.uint64(int(seed) & 0xFFFFFFFFFFFFFFFF)
+        init(((n + 3) // 4,), (128,), (xd, np.int32(n), np.int32(d), np.int32(dpad), np.int32(k), seed64,
+                                      ids, keys, flags))
+        _sync_check(cp)
+        return ids, keys, flags
+
+    def _iterate(self, xd, ctype: str, dpad: int, m: int, ids, keys, flags, p: int, iters: int,
+                 min_update_frac: float, labels=None, log_c: int = 6, norms=None) -> dict:
+        """GNND iterations on a device graph (ids/keys sorted by (key, id) per row, flags 1 = NEW).
+
+        ``labels`` (n,) int32 on the device, optional: samples with equal labels are never compared (GGM).
+        ``norms`` (n,) float32 squared row norms, optional (l2 only): distances by the norm expansion; the
+        keys left in the lists are then approximate, and gnnd_finalize must make them exact.
+        Updates ids/keys/flags in place; returns per-iteration update counts.
+        """
+        cp = _cupy()
+        n, k = ids.shape
+        s2 = 2 * p
+        expand = norms is not None and m == 0
+        cross_name = self._cross_name(ctype, m, p, dpad, expand)
+        maxn, tr, tc = self._cross_shape(p)
+        nt = (maxn // tr) * (2 * maxn // tc)
+        mod = _compile((cross_name,))
+        k_sample = mod.get_function("gnnd_sample")
+        k_reverse = mod.get_function("gnnd_reverse")
+        k_cross = mod.get_function(cross_name)
+        k_merge = mod.get_function("gnnd_merge")
+
+        new_s = cp.empty((n, s2), dtype=cp.int32)
+        old_s = cp.empty((n, s2), dtype=cp.int32)
+        cnt = cp.empty((4 * n,), dtype=cp.int32)
+        cand = cp.full((n << log_c,), np.uint64(0xFFFFFFFFFFFFFFFF), dtype=cp.uint64)
+        upd = cp.zeros((1,), dtype=cp.uint64)
+        nrm = norms if expand else cp.zeros((1,), dtype=cp.float32)
+        if labels is None:
+            lab, use_lab = cp.zeros((1,), dtype=cp.int32), 0
+        else:
+            lab, use_lab = cp.ascontiguousarray(labels, dtype=cp.int32), 1
+        n32, k32, p32 = np.int32(n), np.int32(k), np.int32(p)
+        warps_grid = ((n + 3) // 4,)
+        threshold = min_update_frac * n * k
+        counts = []
+        marks = []
+
+        def mark(name):
+            if self.profile:
+                ev = cp.cuda.Event()
+                ev.record()
+                marks.append((name, ev))
+
+        for _ in range(iters):
+            upd.fill(0)
+            mark("start")
+            k_sample(warps_grid, (128,), (n32, k32, p32, ids, flags, new_s, old_s, cnt))
+            _sync_check(cp)
+            mark("sample")
+            k_reverse(((n * p + 255) // 256,), (256,), (n32, p32, new_s, old_s, cnt))
+            _sync_check(cp)
+            mark("reverse")
+            k_cross((n,), (nt,), (xd, n32, np.int32(dpad), k32, p32, new_s, old_s, cnt, keys, lab,
+                                  np.int32(use_lab), cand, np.int32(log_c), nrm))
+            _sync_check(cp)
+            mark("cross")
+            k_merge(warps_grid, (128,), (n32, k32, ids, keys, flags, cand, np.int32(log_c), upd))
+            mark("merge")
+            u = int(upd.get()[0])
+            counts.append(u)
+            if u < threshold:
+                break
+        out = {"iters_run": len(counts), "updates": counts}
+        if self.profile:
+            ms: dict = {}
+            cross_iter = []
+            for (_, e0), (name, e1) in zip(marks[:-1], marks[1:]):
+                if name != "start":
+                    t = cp.cuda.get_elapsed_time(e0, e1)
+                    ms[name] = ms.get(name, 0.0) + t
+                    if name == "cross":
+                        cross_iter.append(round(t, 2))
+            out["kernel_ms"] = {key: round(v, 2) for key, v in ms.items()}
+            out["cross_ms_per_iter"] = cross_iter
+        return out
+
+    # ------------------------------------------------------------------ exact k-NN
+    def _exact_graph(self, x, k: int, metric: str) -> KnnGraph:
+        """Exact k-NN graph of x among itself, self excluded (small sets and checks)."""
+        n = x.shape[0]
+        kk = min(k + 1, n)
+        g = self.exact_knn(x, kk, metric, [(0, x)])
+        rows = np.arange(n)[:, None]
+        is_self = g.ids == rows
+        # drop self; where self is not in the list (many exact duplicates) drop the last entry
+        drop = np.where(is_self.any(axis=1), is_self.argmax(axis=1), kk - 1)
+        keep = np.ones_like(is_self)
+        keep[np.arange(n), drop] = False
+        ids = g.ids[keep].reshape(n, kk - 1)[:, :k]
+        dists = g.dists[keep].reshape(n, kk - 1)[:, :k]
+        return KnnGraph(np.ascontiguousarray(ids), np.ascontiguousarray(dists))
+
+    def exact_knn(self, queries: np.ndarray, k: int, metric: str, blocks: Iterable[tuple[int, np.ndarray]]) -> KnnGraph:
+        cp = _cupy()
+        dev = cp.cuda.Device(self.device) if self.device is not None else cp.cuda.Device()
+        with dev:
+            try:
+                return self._exact_knn(queries, k, metric, blocks)
+            finally:
+                self._free_pools()
+
+    def _exact_knn(self, queries, k: int, metric: str, blocks) -> KnnGraph:
+        cp = _cupy()
+        m = _kernel_metric(metric)
+        k = int(k)
+        if k < 1 or k > MAX_K:
+            raise ValueError(f"CUDA exact_knn supports 1 <= k <= {MAX_K}, got k={k}")
+        nq, d = queries.shape
+        if nq == 0:
+            return KnnGraph(np.empty((0, k), np.int32), np.empty((0, k), np.float32))
+        budget = self._budget()
+        mod = _compile((f"knn_select<{m}>", f"knn_exact_keys<{m}>"))
+        k_sel = mod.get_function(f"knn_select<{m}>")
+        k_exact = mod.get_function(f"knn_exact_keys<{m}>")
+        cs = cp.cuda.Stream(non_blocking=True)
+        xs = cp.cuda.Stream(non_blocking=True)
+        with cs:
+            Q = cp.ascontiguousarray(cp.asarray(queries).astype(cp.float32, copy=False))
+            qn = (Q * Q).sum(axis=1, dtype=cp.float32) if m == 0 else cp.zeros((1,), dtype=cp.float32)
+            tk = cp.full((nq, k), np.inf, dtype=cp.float32)
+            ti = cp.full((nq, k), EMPTY, dtype=cp.int32)
+            dummy = cp.zeros((1,), dtype=cp.float32)
+        fixed = nq * (4 * d + 8 * k)
+        s_buf = None
+        tc = qb = 0
+        dev_raw = [None, None]
+        ev_copy = [None, None]
+        ev_done = [None, None]
+        nblk = 0
+        for off, blk in blocks:
+            rows = int(blk.shape[0])
+            if rows == 0:
+                continue
+            if blk.ndim != 2 or blk.shape[1] != d:
+                raise ValueError(f"block at offset {off} has shape {blk.shape}, queries have dim {d}")
+            bdt = np.dtype(blk.dtype)
+            slot = nblk % 2
+            nblk += 1
+            if s_buf is None:
+                blk_bytes = rows * (d * bdt.itemsize + 4 * d + 4)
+                avail = budget - fixed - 2 * blk_bytes - (64 << 20)
+                tc = min(65536, -(-rows // 4096) * 4096)
+                qb = min(nq, max(0, avail) // (4 * tc))
+                if qb < min(nq, 2048):
+                    tc = max(4096, (max(0, avail) // (4 * min(nq, 2048))) // 4096 * 4096)
+                    tc = min(tc, 65536)
+                    qb = min(nq, max(0, avail) // (4 * tc))
+                if qb < 1:
+                    raise MemoryError(f"exact_knn: GPU budget {budget / 2**30:.2f} GiB too small for "
+                                      f"{nq} queries and blocks of {rows} x {d}")
+                with cs:
+                    s_buf = cp.empty((qb * tc,), dtype=cp.float32)
+            if isinstance(blk, cp.ndarray):
+                B = cp.ascontiguousarray(blk)
+            else:
+                blk = np.ascontiguousarray(blk)
+                nbytes = blk.nbytes
+                if ev_done[slot] is not None:
+                    xs.wait_event(ev_done[slot])  # device buffer no longer read by block i-2
+                if dev_raw[slot] is None or dev_raw[slot].nbytes < nbytes:
+                    if ev_done[slot] is not None:
+                        ev_done[slot].synchronize()  # the old buffer may still be read on cs
+                    with xs:
+                        dev_raw[slot] = cp.empty((nbytes,), dtype=cp.uint8)
+                B = dev_raw[slot][:nbytes].view(bdt).reshape(blk.shape)
+                # staged through small pinned buffers with threaded host copies; returns when the last
+                # chunk is queued, so this copy overlaps the GPU work queued on cs for block i-1
+                self._h2d(blk, B, xs)
+                ev_copy[slot] = xs.record()
+                cs.wait_event(ev_copy[slot])
+            with cs:
+                Bf = B if B.dtype == cp.float32 else B.astype(cp.float32)
+                bn = (Bf * Bf).sum(axis=1, dtype=cp.float32) if m == 0 else dummy
+                for c0 in range(0, rows, tc):
+                    tcc = min(tc, rows - c0)
+                    bn_view = bn[c0:] if m == 0 else dummy
+                    for q0 in range(0, nq, qb):
+                        qbb = min(qb, nq - q0)
+                        sv = s_buf[: qbb * tcc].reshape(qbb, tcc)
+                        cp.matmul(Q[q0:q0 + qbb], Bf[c0:c0 + tcc].T, out=sv)
+                        k_sel((qbb,), (256,), (sv, np.int32(tcc), bn_view, qn, np.int64(int(off) + c0), np.int32(k),
+                                               tk, ti, np.int32(q0)))
+                        _sync_check(cp)
+                nw = nq * k
+                k_exact(((nw * 32 + 255) // 256,), (256,), (Q, np.int32(nq), Bf, np.int32(rows), np.int32(d),
+                                                           np.int64(int(off)), np.int32(k), ti, tk))
+                _sync_check(cp)
+                ev_done[slot] = cs.record()
+                del Bf, bn
+        cs.synchronize()
+        ids = ti.get()
+        keys = tk.get()
+        del s_buf, dev_raw, Q, tk, ti
+        order = np.lexsort((ids.astype(np.int64) & 0xFFFFFFFF, keys), axis=-1)
+        ids = np.take_along_axis(ids, order, axis=1)
+        keys = np.take_along_axis(keys, order, axis=1)
+        ids = np.where(np.isinf(keys), EMPTY, ids).astype(np.int32)
+        return KnnGraph(ids, keys.astype(np.float32))
+
+    # ------------------------------------------------------------------ GGM (not wired yet)
+    def ggm(self, a, b, metric, params, seed):  # pragma: no cover - the lead wires GGM later
+        raise NotImplementedError("CUDA GGM is not wired yet; the iteration kernels (_iterate) support it")

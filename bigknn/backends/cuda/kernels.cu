@@ -1,0 +1,770 @@
+// bigknn CUDA kernels: GNND (paper 000 §4) and exact k-NN selection.
+//
+// Compiled at run time by cupy.RawModule (NVRTC); no headers are included so that the source builds
+// with NVRTC alone. Templates are instantiated through name_expressions from backend.py.
+//
+// Conventions shared with bigknn/graph.py:
+//   ids (n, k) int32, keys (n, k) float32 ascending per row, ties ordered by id (unsigned, so the
+//   empty id -1 sorts last); NEW flag = 1, OLD flag = 0 (uint8).
+//   METRIC 0 = l2 (key = squared L2), METRIC 1 = ip (key = -dot). All arithmetic in float32.
+//   Element types: float, unsigned short (IEEE half bits), unsigned char, signed char.
+
+#define FULL_MASK 0xffffffffu
+#ifndef GNND_MODE
+#define GNND_MODE 0  // diagnostics only: 1 = cross-match emits nothing, 2 = also skips the distance loop
+#endif
+#ifndef GNND_GUNR
+#define GNND_GUNR 0  // loads in flight per thread in the cross-match gather (0: by block size)
+#endif
+#define INF_F __int_as_float(0x7f800000)
+
+typedef unsigned long long u64;
+typedef unsigned int u32;
+
+// ---------------------------------------------------------------------------------------------
+// element conversion
+// ---------------------------------------------------------------------------------------------
+__device__ __forceinline__ float to_f(float v) { return v; }
+__device__ __forceinline__ float to_f(unsigned short v) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v));
+    return f;
+}
+__device__ __forceinline__ float to_f(unsigned char v) { return (float)v; }
+__device__ __forceinline__ float to_f(signed char v) { return (float)v; }
+
+template <typename T> struct VecInfo;
+template <> struct VecInfo<float> { static const int VE = 4; };
+template <> struct VecInfo<unsigned short> { static const int VE = 8; };
+template <> struct VecInfo<unsigned char> { static const int VE = 16; };
+template <> struct VecInfo<signed char> { static const int VE = 16; };
+
+// one 16-byte unit of a row -> VE floats in shared memory (dst 16-byte aligned): the load and the
+// conversion are split so that a thread can keep several loads in flight before it stores
+__device__ __forceinline__ uint4 unit_load(const void* src) { return __ldg(reinterpret_cast<const uint4*>(src)); }
+
+template <typename T> __device__ __forceinline__ void unit_put(uint4 u, float* dst);
+template <> __device__ __forceinline__ void unit_put<float>(uint4 u, float* dst) {
+    *reinterpret_cast<float4*>(dst) =
+        make_float4(__uint_as_float(u.x), __uint_as_float(u.y), __uint_as_float(u.z), __uint_as_float(u.w));
+}
+template <> __device__ __forceinline__ void unit_put<unsigned short>(uint4 u, float* dst) {
+    u32 w[4] = {u.x, u.y, u.z, u.w};
+    float o[8];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        o[2 * i] = to_f((unsigned short)(w[i] & 0xffffu));
+        o[2 * i + 1] = to_f((unsigned short)(w[i] >> 16));
+    }
+    float4* d4 = reinterpret_cast<float4*>(dst);
+    d4[0] = make_float4(o[0], o[1], o[2], o[3]);
+    d4[1] = make_float4(o[4], o[5], o[6], o[7]);
+}
+template <> __device__ __forceinline__ void unit_put<unsigned char>(uint4 u, float* dst) {
+    u32 w[4] = {u.x, u.y, u.z, u.w};
+    float4* d4 = reinterpret_cast<float4*>(dst);
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+        d4[i] = make_float4((float)(w[i] & 0xffu), (float)((w[i] >> 8) & 0xffu),
+                            (float)((w[i] >> 16) & 0xffu), (float)(w[i] >> 24));
+}
+template <> __device__ __forceinline__ void unit_put<signed char>(uint4 u, float* dst) {
+    u32 w[4] = {u.x, u.y, u.z, u.w};
+    float4* d4 = reinterpret_cast<float4*>(dst);
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+        d4[i] = make_float4((float)(signed char)(w[i] & 0xffu), (float)(signed char)((w[i] >> 8) & 0xffu),
+                            (float)(signed char)((w[i] >> 16) & 0xffu), (float)(signed char)(w[i] >> 24));
+}
+
+// ---------------------------------------------------------------------------------------------
+// small helpers
+// ---------------------------------------------------------------------------------------------
+__device__ __forceinline__ u64 mix64(u64 z) {
+    z += 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+// float <-> uint32 whose unsigned order is the float order
+__device__ __forceinline__ u32 f2s(float f) {
+    u32 b = __float_as_uint(f);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+__device__ __forceinline__ float s2f(u32 s) {
+    u32 b = (s & 0x80000000u) ? (s & 0x7fffffffu) : ~s;
+    return __uint_as_float(b);
+}
+
+// total order on (key, id); id compared unsigned so that the empty id -1 sorts last among equal keys
+__device__ __forceinline__ bool kless(float ka, int ia, float kb, int ib) {
+    return ka < kb || (ka == kb && (u32)ia < (u32)ib);
+}
+
+__device__ __forceinline__ int next_pow2(int v) {
+    int p = 1;
+    while (p < v) p <<= 1;
+    return p;
+}
+
+// bitonic sort of N (power of two) (key, id) pairs in shared memory by one warp
+__device__ void warp_bitonic(float* key, int* id, int N, int lane) {
+    for (int size = 2; size <= N; size <<= 1) {
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            for (int i = lane; i < (N >> 1); i += 32) {
+                int lo = 2 * stride * (i / stride) + (i % stride);
+                int hi = lo + stride;
+                bool asc = (lo & size) == 0;
+                float kl = key[lo], kh = key[hi];
+                int il = id[lo], ih = id[hi];
+                bool sw = asc ? kless(kh, ih, kl, il) : kless(kl, il, kh, ih);
+                if (sw) {
+                    key[lo] = kh; key[hi] = kl;
+                    id[lo] = ih; id[hi] = il;
+                }
+            }
+            __syncwarp();
+        }
+    }
+}
+
+// same, by the whole block (all threads must call it)
+__device__ void block_bitonic(float* key, int* id, int N) {
+    for (int size = 2; size <= N; size <<= 1) {
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            for (int i = threadIdx.x; i < (N >> 1); i += blockDim.x) {
+                int lo = 2 * stride * (i / stride) + (i % stride);
+                int hi = lo + stride;
+                bool asc = (lo & size) == 0;
+                float kl = key[lo], kh = key[hi];
+                int il = id[lo], ih = id[hi];
+                bool sw = asc ? kless(kh, ih, kl, il) : kless(kl, il, kh, ih);
+                if (sw) {
+                    key[lo] = kh; key[hi] = kl;
+                    id[lo] = ih; id[hi] = il;
+                }
+            }
+            __syncthreads();
+        }
+    }
+}
+
+// exact keys of row `row` to the k ids in I (shared, per warp) into K, then (key, id) sort of both;
+// K and I must hold next_pow2(k) slots
+template <typename T, int METRIC>
+__device__ void warp_keys_sort(const T* __restrict__ x, int row, int d, int dpad, int k, int* I, float* K, int lane) {
+    const T* xr = x + (size_t)row * dpad;
+    for (int j = 0; j < k; ++j) {
+        const int v = I[j];
+        float acc = 0.f;
+        if (v >= 0) {
+            const T* xv = x + (size_t)v * dpad;
+            for (int e = lane; e < d; e += 32) {
+                const float a = to_f(xr[e]), b = to_f(xv[e]);
+                if (METRIC == 0) {
+                    const float df = a - b;
+                    acc = fmaf(df, df, acc);
+                } else {
+                    acc = fmaf(a, b, acc);
+                }
+            }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(FULL_MASK, acc, o);
+        if (lane == 0) K[j] = v < 0 ? INF_F : ((METRIC == 0) ? acc : -acc);
+    }
+    const int KP = next_pow2(k);
+    for (int j = k + lane; j < KP; j += 32) {
+        K[j] = INF_F;
+        I[j] = -1;
+    }
+    __syncwarp();
+    warp_bitonic(K, I, KP, lane);
+}
+
+// ---------------------------------------------------------------------------------------------
+// GNND 1: random initialisation. One warp per row: k distinct random ids != row (requires n-1 >= k),
+// keys computed, sorted by (key, id), all flagged NEW. 4 warps per block, k <= 128.
+// ---------------------------------------------------------------------------------------------
+template <typename T, int METRIC>
+__global__ void __launch_bounds__(128) gnnd_init(const T* __restrict__ x, int n, int d, int dpad, int k,
+                                                 u64 seed, int* __restrict__ ids, float* __restrict__ keys,
+                                                 unsigned char* __restrict__ flags) {
+    __shared__ float skey[4][128];
+    __shared__ int sid[4][128];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int row = blockIdx.x * 4 + warp;
+    if (row >= n) return;
+    float* K = skey[warp];
+    int* I = sid[warp];
+    const u64 m = (u64)(n - 1);
+    const u64 base = mix64(seed ^ (0xD1B54A32D192ED03ull * (u64)(row + 1)));
+    int count = 0;
+    for (int attempt = 0; count < k; ++attempt) {
+        u64 r64 = mix64(base + (u64)attempt * 32u + (u64)lane);
+        int r = (int)(r64 % m);
+        if (r >= row) ++r;
+        bool dup = false;
+        for (int j = 0; j < count; ++j) dup |= (I[j] == r);
+        for (int l = 0; l < 32; ++l) {
+            int o = __shfl_sync(FULL_MASK, r, l);
+            dup |= (l < lane) && (o == r);
+        }
+        u32 mask = __ballot_sync(FULL_MASK, !dup);
+        int pos = count + __popc(mask & ((1u << lane) - 1u));
+        if (!dup && pos < k) I[pos] = r;
+        count = min(k, count + __popc(mask));
+        __syncwarp();
+    }
+    warp_keys_sort<T, METRIC>(x, row, d, dpad, k, I, K, lane);
+    for (int j = lane; j < k; j += 32) {
+        ids[(size_t)row * k + j] = I[j];
+        keys[(size_t)row * k + j] = K[j];
+        flags[(size_t)row * k + j] = 1;
+    }
+}
+
+// GNND 6: exact keys for every list entry (direct differences), lists re-sorted by (key, id). Run after
+// the iterations when the cross-match used the norm expansion for l2.
+template <typename T, int METRIC>
+__global__ void __launch_bounds__(128) gnnd_finalize(const T* __restrict__ x, int n, int d, int dpad, int k,
+                                                     int* __restrict__ ids, float* __restrict__ keys) {
+    __shared__ float skey[4][128];
+    __shared__ int sid[4][128];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int row = blockIdx.x * 4 + warp;
+    if (row >= n) return;
+    float* K = skey[warp];
+    int* I = sid[warp];
+    for (int j = lane; j < k; j += 32) I[j] = ids[(size_t)row * k + j];
+    __syncwarp();
+    warp_keys_sort<T, METRIC>(x, row, d, dpad, k, I, K, lane);
+    for (int j = lane; j < k; j += 32) {
+        ids[(size_t)row * k + j] = I[j];
+        keys[(size_t)row * k + j] = K[j];
+    }
+}
+
+// squared norms of the rows (float32), one warp per row
+template <typename T>
+__global__ void gnnd_norms(const T* __restrict__ x, int n, int d, int dpad, float* __restrict__ out) {
+    const long long w = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31;
+    if (w >= n) return;
+    const T* xr = x + (size_t)w * dpad;
+    float acc = 0.f;
+    for (int e = lane; e < d; e += 32) {
+        const float a = to_f(xr[e]);
+        acc = fmaf(a, a, acc);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(FULL_MASK, acc, o);
+    if (lane == 0) out[w] = acc;
+}
+
+// ---------------------------------------------------------------------------------------------
+// GNND 2: sampling. One warp per row: the first p NEW and the first p OLD entries in list order go
+// to the forward parts of the sample lists (row stride 2p); sampled NEW entries become OLD.
+// cnt layout: [new_cnt | old_cnt | new_fwd | old_fwd], each n ints.
+// ---------------------------------------------------------------------------------------------
+extern "C" __global__ void __launch_bounds__(128) gnnd_sample(int n, int k, int p, const int* __restrict__ ids,
+                                                              unsigned char* __restrict__ flags,
+                                                              int* __restrict__ new_s, int* __restrict__ old_s,
+                                                              int* __restrict__ cnt) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int row = blockIdx.x * 4 + warp;
+    if (row >= n) return;
+    const int S2 = 2 * p;
+    const u32 lt = (1u << lane) - 1u;
+    int nc = 0, oc = 0;
+    for (int base = 0; base < k && (nc < p || oc < p); base += 32) {
+        const int j = base + lane;
+        int id = -1;
+        unsigned char f = 0;
+        if (j < k) {
+            id = ids[(size_t)row * k + j];
+            f = flags[(size_t)row * k + j];
+        }
+        const bool isn = id >= 0 && f != 0;
+        const bool iso = id >= 0 && f == 0;
+        const u32 mn = __ballot_sync(FULL_MASK, isn);
+        const u32 mo = __ballot_sync(FULL_MASK, iso);
+        const int rn = nc + __popc(mn & lt), ro = oc + __popc(mo & lt);
+        if (isn && rn < p) {
+            new_s[(size_t)row * S2 + rn] = id;
+            flags[(size_t)row * k + j] = 0;
+        }
+        if (iso && ro < p) old_s[(size_t)row * S2 + ro] = id;
+        nc += __popc(mn);
+        oc += __popc(mo);
+    }
+    if (lane == 0) {
+        const int fn = min(nc, p), fo = min(oc, p);
+        cnt[row] = fn;
+        cnt[n + row] = fo;
+        cnt[2 * n + row] = fn;
+        cnt[3 * n + row] = fo;
+    }
+}
+
+// GNND 3: reverse samples, appended with atomics while the list holds fewer than 2p entries.
+extern "C" __global__ void gnnd_reverse(int n, int p, int* __restrict__ new_s, int* __restrict__ old_s,
+                                        int* __restrict__ cnt) {
+    const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= (long long)n * p) return;
+    const int row = (int)(t / p), j = (int)(t % p);
+    const int S2 = 2 * p;
+    if (j < cnt[2 * n + row]) {
+        const int v = new_s[(size_t)row * S2 + j];
+        const int pos = atomicAdd(&cnt[v], 1);
+        if (pos < S2) new_s[(size_t)v * S2 + pos] = row;
+    }
+    if (j < cnt[3 * n + row]) {
+        const int v = old_s[(size_t)row * S2 + j];
+        const int pos = atomicAdd(&cnt[n + v], 1);
+        if (pos < S2) old_s[(size_t)v * S2 + pos] = row;
+    }
+}
+
+// candidate table: per target row C = 2^logC slots; slot chosen by a hash of the neighbour id and
+// the best (key, id) kept with a 64-bit atomicMin (lock-free; the same id always lands in the same slot)
+__device__ __forceinline__ void emit_candidate(int u, int v, float key, const float* __restrict__ keys, int k,
+                                               u64* __restrict__ cand, int logC) {
+    if (GNND_MODE != 0) return;
+    if (!(key < keys[(size_t)u * k + (k - 1)])) return;
+    const u32 slot = ((u32)v * 2654435761u) >> (32 - logC);
+    const u64 packed = ((u64)f2s(key) << 32) | (u64)(u32)v;
+    atomicMin(&cand[((size_t)u << logC) + slot], packed);
+}
+
+// ---------------------------------------------------------------------------------------------
+// GNND 4: cross-matching, one block per list. Samples are packed: NEW in slots [0, nn), OLD in
+// [nn, nn + no) (nn, no <= 2p <= MAXN). Distances NEW x (NEW u OLD) are computed as a register-tiled
+// rectangle (TR x TC per thread, rows a + RT r, columns b + CT c), dims streamed through shared memory
+// in chunks of DCMAX floats; row / column groups past nn / nn + no are skipped (block-uniform branches).
+// Selective update: each NEW sample proposes its nearest other NEW and its nearest OLD, each OLD sample
+// its nearest NEW. With labels, pairs of equal label are skipped (GGM).
+// ---------------------------------------------------------------------------------------------
+template <typename T, int METRIC, int EXPAND, int MAXN, int TR, int TC, int DCMAX>
+__global__ void __launch_bounds__((MAXN / TR) * (2 * MAXN / TC), ((MAXN / TR) * (2 * MAXN / TC)) >= 512 ? 1 : 6)
+gnnd_cross(const T* __restrict__ x, int n, int dpad, int k, int p, const int* __restrict__ new_s,
+           const int* __restrict__ old_s, const int* __restrict__ cnt, const float* __restrict__ keys,
+           const int* __restrict__ labels, int use_labels, u64* __restrict__ cand, int logC,
+           const float* __restrict__ norms) {
+    // EXPAND (l2 only): key = |a|^2 + |b|^2 - 2 a.b, one FMA per dim instead of a subtraction and an FMA;
+    // the keys kept in the lists are made exact afterwards by gnnd_finalize
+    constexpr int M2 = 2 * MAXN;
+    constexpr int RT = MAXN / TR;
+    constexpr int CT = M2 / TC;
+    constexpr int NT = RT * CT;
+    constexpr int RS = DCMAX + 4;  // shared row stride (floats); RS/4 odd -> conflict-free float4 reads
+    constexpr int DS = M2 + 1;     // distance matrix row stride (odd)
+    constexpr int SH_A = M2 * RS;
+    constexpr int SH_B = MAXN * DS;
+    constexpr int SH = SH_A > SH_B ? SH_A : SH_B;
+    constexpr int VE = VecInfo<T>::VE;
+    __shared__ __align__(16) float sh[SH];
+    __shared__ int sids[M2];
+    __shared__ int slab[M2];
+    __shared__ float snorm[M2];
+
+    const int row = blockIdx.x, t = threadIdx.x;
+    const int S2 = 2 * p;
+    const int nn = min(cnt[row], S2);
+    const int no = min(cnt[n + row], S2);
+    if (nn == 0) return;
+    const int mm = nn + no;
+
+    if (t < M2) {
+        int id = -1;
+        if (t < nn) id = new_s[(size_t)row * S2 + t];
+        else if (t < mm) id = old_s[(size_t)row * S2 + (t - nn)];
+        sids[t] = id;
+    }
+    __syncthreads();
+    int myid = -1;
+    if (t < M2) {
+        myid = sids[t];
+        if (myid >= 0) {
+            // duplicates: a NEW sample seen earlier, an OLD sample also NEW or seen earlier
+            for (int j = 0; j < t; ++j)
+                if (sids[j] == myid) {
+                    myid = -1;
+                    break;
+                }
+        }
+    }
+    __syncthreads();
+    if (t < M2) {
+        sids[t] = myid;
+        slab[t] = (use_labels && myid >= 0) ? labels[myid] : 0;
+        if (EXPAND) snorm[t] = myid >= 0 ? norms[myid] : 0.f;
+    }
+    __syncthreads();
+
+    const int a = t / CT, b = t % CT;
+    const int rv = (nn + RT - 1) / RT;  // row groups holding NEW samples (block-uniform)
+    const int cv = (mm + CT - 1) / CT;  // column groups holding any sample
+    const bool active = a < nn;
+    float acc[TR][TC];
+#pragma unroll
+    for (int r = 0; r < TR; ++r)
+#pragma unroll
+        for (int c = 0; c < TC; ++c) acc[r][c] = 0.f;
+
+    for (int c0 = 0; c0 < dpad; c0 += DCMAX) {
+        const int clen = min(DCMAX, dpad - c0);
+        const int upr = clen / VE;
+        const int total = mm * upr;
+        // gather: GUNR independent 16-byte loads in flight per thread before the shared stores (the rows
+        // are random, so this loop is latency-bound)
+        constexpr int GUNR = GNND_GUNR > 0 ? GNND_GUNR : (NT >= 512 ? 2 : 4);
+        for (int u0 = t; u0 < total; u0 += NT * GUNR) {
+            uint4 buf[GUNR];
+            int dst[GUNR];
+#pragma unroll
+            for (int q = 0; q < GUNR; ++q) {
+                const int u = u0 + q * NT;
+                dst[q] = -1;
+                if (u < total) {
+                    const int r = u / upr, cu = u - r * upr;
+                    const int id = sids[r];
+                    if (id >= 0) {
+                        buf[q] = unit_load(x + (size_t)id * dpad + c0 + cu * VE);
+                        dst[q] = r * RS + cu * VE;
+                    }
+                }
+            }
+#pragma unroll
+            for (int q = 0; q < GUNR; ++q)
+                if (dst[q] >= 0) unit_put<T>(buf[q], &sh[dst[q]]);
+        }
+        __syncthreads();
+        if (active && GNND_MODE != 2) {
+            for (int dd = 0; dd < clen; dd += 4) {
+                float4 av[TR], bv[TC];
+#pragma unroll
+                for (int r = 0; r < TR; ++r)
+                    if (r < rv) av[r] = *reinterpret_cast<const float4*>(&sh[(a + RT * r) * RS + dd]);
+#pragma unroll
+                for (int c = 0; c < TC; ++c)
+                    if (c < cv) bv[c] = *reinterpret_cast<const float4*>(&sh[(b + CT * c) * RS + dd]);
+#pragma unroll
+                for (int r = 0; r < TR; ++r) {
+                    if (r >= rv) continue;
+#pragma unroll
+                    for (int c = 0; c < TC; ++c) {
+                        if (c >= cv) continue;
+                        if (METRIC == 0 && !EXPAND) {
+                            float e;
+                            e = av[r].x - bv[c].x; acc[r][c] = fmaf(e, e, acc[r][c]);
+                            e = av[r].y - bv[c].y; acc[r][c] = fmaf(e, e, acc[r][c]);
+                            e = av[r].z - bv[c].z; acc[r][c] = fmaf(e, e, acc[r][c]);
+                            e = av[r].w - bv[c].w; acc[r][c] = fmaf(e, e, acc[r][c]);
+                        } else {
+                            acc[r][c] = fmaf(av[r].x, bv[c].x, acc[r][c]);
+                            acc[r][c] = fmaf(av[r].y, bv[c].y, acc[r][c]);
+                            acc[r][c] = fmaf(av[r].z, bv[c].z, acc[r][c]);
+                            acc[r][c] = fmaf(av[r].w, bv[c].w, acc[r][c]);
+                        }
+                    }
+                }
+            }
+        }
+        __syncthreads();
+    }
+
+    // distance matrix D[i][j], i NEW slot, j any slot (reuses the vector buffer); rows >= nn and
+    // columns >= nn + no hold ids -1 and become +inf
+#pragma unroll
+    for (int r = 0; r < TR; ++r)
+#pragma unroll
+        for (int c = 0; c < TC; ++c) {
+            const int i = a + RT * r, j = b + CT * c;
+            bool ok = sids[i] >= 0 && sids[j] >= 0 && i != j;
+            if (use_labels && ok) ok = slab[i] != slab[j];
+            float v;
+            if (METRIC == 1) v = -acc[r][c];
+            else if (EXPAND) v = fmaxf(fmaf(-2.f, acc[r][c], snorm[i] + snorm[j]), 0.f);
+            else v = acc[r][c];
+            sh[i * DS + j] = ok ? v : INF_F;
+        }
+    __syncthreads();
+
+    if (t < nn) {
+        const int id = sids[t];
+        if (id >= 0) {
+            float bn = INF_F, bo = INF_F;
+            int jn = -1, jo = -1;
+            for (int j = 0; j < nn; ++j) {
+                const float v = sh[t * DS + j];
+                if (v < bn) { bn = v; jn = j; }
+            }
+            for (int j = nn; j < mm; ++j) {
+                const float v = sh[t * DS + j];
+                if (v < bo) { bo = v; jo = j; }
+            }
+            if (jn >= 0) emit_candidate(id, sids[jn], bn, keys, k, cand, logC);
+            if (jo >= 0) emit_candidate(id, sids[jo], bo, keys, k, cand, logC);
+        }
+    } else if (t < mm) {
+        const int id = sids[t];
+        if (id >= 0) {
+            float bb = INF_F;
+            int ib = -1;
+            for (int i = 0; i < nn; ++i) {
+                const float v = sh[i * DS + t];
+                if (v < bb) { bb = v; ib = i; }
+            }
+            if (ib >= 0) emit_candidate(id, sids[ib], bb, keys, k, cand, logC);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// GNND 5: merge the candidate table into the lists. One warp per row (k <= 128, C <= 64): drop
+// candidates that are self, already listed or not better than the current worst; rank-merge the
+// sorted list with the candidates; inserted entries are NEW. Resets the used slots; counts inserts.
+// ---------------------------------------------------------------------------------------------
+extern "C" __global__ void __launch_bounds__(128) gnnd_merge(int n, int k, int* __restrict__ ids,
+                                                             float* __restrict__ keys,
+                                                             unsigned char* __restrict__ flags,
+                                                             u64* __restrict__ cand, int logC,
+                                                             unsigned long long* __restrict__ updates) {
+    __shared__ float lk[4][128];
+    __shared__ int li[4][128];
+    __shared__ unsigned char lf[4][128];
+    __shared__ float ck[4][64];
+    __shared__ int ci[4][64];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int row = blockIdx.x * 4 + warp;
+    if (row >= n) return;
+    float* LK = lk[warp];
+    int* LI = li[warp];
+    unsigned char* LF = lf[warp];
+    float* CK = ck[warp];
+    int* CI = ci[warp];
+    const size_t base = (size_t)row * k;
+    const int C = 1 << logC;
+    const size_t cbase = (size_t)row << logC;
+
+    // read the candidates first: most rows have none, and then the list need not be read at all
+    bool any = false;
+    for (int s = lane; s < C; s += 32) any |= cand[cbase + s] != ~0ull;
+    if (!__any_sync(FULL_MASK, any)) return;
+
+    for (int j = lane; j < k; j += 32) {
+        LK[j] = keys[base + j];
+        LI[j] = ids[base + j];
+        LF[j] = flags[base + j];
+    }
+    __syncwarp();
+    const float worst = LK[k - 1];
+    const u32 lt = (1u << lane) - 1u;
+    int m = 0;
+    for (int s0 = 0; s0 < C; s0 += 32) {
+        const int s = s0 + lane;
+        bool valid = false;
+        float kc = INF_F;
+        int ic = -1;
+        if (s < C) {
+            const u64 v = cand[cbase + s];
+            if (v != ~0ull) {
+                cand[cbase + s] = ~0ull;
+                ic = (int)(u32)(v & 0xffffffffull);
+                kc = s2f((u32)(v >> 32));
+                valid = ic != row && ic >= 0 && kc < worst;
+            }
+        }
+        if (valid) {
+            for (int j = 0; j < k; ++j)
+                if (LI[j] == ic) {
+                    valid = false;
+                    break;
+                }
+        }
+        const u32 mask = __ballot_sync(FULL_MASK, valid);
+        const int pos = m + __popc(mask & lt);
+        if (valid) {
+            CK[pos] = kc;
+            CI[pos] = ic;
+        }
+        m += __popc(mask);
+    }
+    __syncwarp();
+    if (m == 0) return;
+
+    int ins = 0;
+    for (int q = lane; q < m; q += 32) {
+        const float kq = CK[q];
+        const int iq = CI[q];
+        int rc = 0;
+        for (int r = 0; r < m; ++r) rc += kless(CK[r], CI[r], kq, iq) ? 1 : 0;
+        int lo = 0, hi = k;
+        while (lo < hi) {
+            const int mid = (lo + hi) >> 1;
+            if (kless(LK[mid], LI[mid], kq, iq)) lo = mid + 1; else hi = mid;
+        }
+        const int pos = rc + lo;
+        if (pos < k) {
+            ids[base + pos] = iq;
+            keys[base + pos] = kq;
+            flags[base + pos] = 1;
+            ++ins;
+        }
+    }
+    for (int j = lane; j < k; j += 32) {
+        const float kj = LK[j];
+        const int ij = LI[j];
+        int rc = 0;
+        for (int r = 0; r < m; ++r) rc += kless(CK[r], CI[r], kj, ij) ? 1 : 0;
+        const int pos = j + rc;
+        if (pos < k) {
+            ids[base + pos] = ij;
+            keys[base + pos] = kj;
+            flags[base + pos] = LF[j];
+        }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) ins += __shfl_xor_sync(FULL_MASK, ins, o);
+    if (lane == 0 && ins) atomicAdd(updates, (unsigned long long)ins);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Exact k-NN: running top-k over a tile of dot products S (qb x ncols, row-major) from cuBLAS.
+// One block (256 threads) per query; the tile is read in pieces of 4096 columns: keys below the
+// current k-th best are appended to a shared buffer, then buffer + current top-k are bitonic-sorted.
+// key: l2 -> |q|^2 + |b|^2 - 2 q.b (clamped at 0; the kept keys are recomputed exactly per block); ip -> -q.b.
+// ---------------------------------------------------------------------------------------------
+template <int METRIC>
+__global__ void __launch_bounds__(256) knn_select(const float* __restrict__ S, int ncols,
+                                                  const float* __restrict__ bnorm, const float* __restrict__ qnorm,
+                                                  long long col_base, int k,
+                                                  float* __restrict__ tk, int* __restrict__ ti, int q0) {
+    __shared__ float bk[4096];
+    __shared__ int bi[4096];
+    __shared__ float ckey[128];
+    __shared__ int cid[128];
+    __shared__ int cntp;
+    __shared__ float tau_s;
+    const int t = threadIdx.x, lane = t & 31;
+    const int qr = blockIdx.x;
+    const size_t q = (size_t)q0 + qr;
+    const float* Srow = S + (size_t)qr * ncols;
+    const u32 lt = (1u << lane) - 1u;
+    for (int j = t; j < k; j += blockDim.x) {
+        ckey[j] = tk[q * k + j];
+        cid[j] = ti[q * k + j];
+    }
+    __syncthreads();
+    if (t == 0) {
+        float mx = -INF_F;
+        for (int j = 0; j < k; ++j) mx = fmaxf(mx, ckey[j]);
+        tau_s = mx;
+    }
+    __syncthreads();
+    float tau = tau_s;
+    // l2 keys carry |q|^2 so that they compare with the exact keys kept from earlier blocks
+    const float qn = (METRIC == 0) ? qnorm[q] : 0.f;
+    for (int p0 = 0; p0 < ncols; p0 += 4096) {
+        const int plen = min(4096, ncols - p0);
+        if (t == 0) cntp = 0;
+        __syncthreads();
+        for (int e0 = 0; e0 < plen; e0 += blockDim.x) {
+            const int e = e0 + t;
+            float key = INF_F;
+            bool pass = false;
+            if (e < plen) {
+                const float s = Srow[p0 + e];
+                key = (METRIC == 0) ? fmaxf(fmaf(-2.f, s, bnorm[p0 + e] + qn), 0.f) : -s;
+                pass = key < tau;
+            }
+            const u32 mask = __ballot_sync(FULL_MASK, pass);
+            int wbase = 0;
+            if (lane == 0 && mask) wbase = atomicAdd(&cntp, __popc(mask));
+            wbase = __shfl_sync(FULL_MASK, wbase, 0);
+            if (pass) {
+                const int pos = wbase + __popc(mask & lt);
+                bk[pos] = key;
+                bi[pos] = (int)(col_base + p0 + e);
+            }
+        }
+        __syncthreads();
+        const int c = cntp;
+        __syncthreads();       // everyone has read cntp before thread 0 resets it
+        if (c == 0) continue;  // block-uniform
+        if (c + k <= 4096) {
+            for (int j = t; j < k; j += blockDim.x) {
+                bk[c + j] = ckey[j];
+                bi[c + j] = cid[j];
+            }
+            const int tot = c + k;
+            const int N = next_pow2(tot);
+            for (int j = tot + t; j < N; j += blockDim.x) {
+                bk[j] = INF_F;
+                bi[j] = -1;
+            }
+            __syncthreads();
+            block_bitonic(bk, bi, N);
+        } else {
+            const int N = next_pow2(c);
+            for (int j = c + t; j < N; j += blockDim.x) {
+                bk[j] = INF_F;
+                bi[j] = -1;
+            }
+            __syncthreads();
+            block_bitonic(bk, bi, N);
+            for (int j = t; j < k; j += blockDim.x) {
+                bk[k + j] = ckey[j];
+                bi[k + j] = cid[j];
+            }
+            const int N2 = next_pow2(2 * k);
+            for (int j = 2 * k + t; j < N2; j += blockDim.x) {
+                bk[j] = INF_F;
+                bi[j] = -1;
+            }
+            __syncthreads();
+            block_bitonic(bk, bi, N2);
+        }
+        for (int j = t; j < k; j += blockDim.x) {
+            ckey[j] = bk[j];
+            cid[j] = bi[j];
+        }
+        __syncthreads();
+        tau = ckey[k - 1];
+        __syncthreads();
+    }
+    for (int j = t; j < k; j += blockDim.x) {
+        tk[q * k + j] = ckey[j];
+        ti[q * k + j] = cid[j];
+    }
+}
+
+// Exact keys for the top-k entries that point into the block [offset, offset + rows): one warp per
+// (query, slot). Q (nq x d) and B (rows x d) are float32, row-major.
+template <int METRIC>
+__global__ void knn_exact_keys(const float* __restrict__ Q, int nq, const float* __restrict__ B, int rows, int d,
+                               long long offset, int k, const int* __restrict__ ti, float* __restrict__ tk) {
+    const long long w = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31;
+    if (w >= (long long)nq * k) return;
+    const long long id = ti[w];
+    if (id < offset || id >= offset + rows) return;
+    const size_t q = (size_t)(w / k);
+    const float* qa = Q + q * d;
+    const float* bb = B + (size_t)(id - offset) * d;
+    float acc = 0.f;
+    for (int e = lane; e < d; e += 32) {
+        const float u = qa[e], v = bb[e];
+        if (METRIC == 0) {
+            const float df = u - v;
+            acc = fmaf(df, df, acc);
+        } else {
+            acc = fmaf(u, v, acc);
+        }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(FULL_MASK, acc, o);
+    if (lane == 0) tk[w] = (METRIC == 0) ? acc : -acc;
+}
