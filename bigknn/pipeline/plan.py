@@ -1,0 +1,92 @@
+"""``bigknn plan``: size a build before starting it: shards, merges, disk, memory, and time.
+
+Time comes from rates measured on this machine: a store's recorded timings (``--store``: seconds of GNND
+per shard row, of GGM per merged pair row), or a short calibration run (GNND of one synthetic shard and
+one merge of two). GNND time grows linearly with shard rows, a merge's with its two shards' rows, so
+
+    time = S * R / gnnd_rate + S(S-1)/2 * 2R / ggm_rate        (divided by the number of workers)
+
+for S shards of R rows. Disk reads and writes overlap with compute, so the I/O time only counts where it
+is the larger of the two.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from bigknn.backends import Backend, ShardPart
+from bigknn.graph import KnnGraph
+from bigknn.params import GnndParams
+from bigknn.pipeline.schedule import round_robin
+from bigknn.shards import Store
+from bigknn.synth import synth
+
+GPU_BYTES_PER_ROW_EXTRA = 16  # merge bookkeeping beyond the GNND formula (labels, held lists)
+DISK_BYTES_PER_S = 2e9  # assumed sequential disk bandwidth when nothing was measured
+
+
+def rates_from_store(store: Store) -> dict:
+    """Rows per second of GNND and of GGM (pair rows) from a store's recorded timings."""
+    m = store.manifest
+    t = m.timings
+    rows = {s.id: s.rows for s in m.shards}
+    pair_rows = sum(rows[i] + rows[j] for i, j in m.merged)
+    if not t.get("gnnd") or not t.get("ggm") or not pair_rows:
+        raise ValueError(f"{store.path}: no recorded GNND and GGM timings to take rates from")
+    return {"gnnd_rows_per_s": m.rows / t["gnnd"], "ggm_rows_per_s": pair_rows / t["ggm"],
+            "source": f"timings of {store.path}"}
+
+
+def calibrate(backend: Backend, rows: int, dim: int, params: GnndParams) -> dict:
+    """Time GNND on a synthetic shard of ``rows`` rows and one GGM of two such shards."""
+    x = synth(2 * rows, dim, seed=7)
+    backend.gnnd(x[: min(rows, 4096)], "l2", params, seed=0)  # compilation and warm-up
+    t = time.perf_counter()
+    ga = backend.gnnd(x[:rows], "l2", params, seed=1)
+    t_gnnd = time.perf_counter() - t
+    gb = backend.gnnd(x[rows:], "l2", params, seed=2)
+    gb = KnnGraph(np.where(gb.ids >= 0, gb.ids + rows, -1).astype(gb.ids.dtype), gb.dists)
+    t = time.perf_counter()
+    backend.ggm(ShardPart(0, x[:rows], ga), ShardPart(rows, x[rows:], gb), "l2", params, seed=3)
+    t_ggm = time.perf_counter() - t
+    return {"gnnd_rows_per_s": rows / t_gnnd, "ggm_rows_per_s": 2 * rows / t_ggm,
+            "source": f"calibration on {backend.name}: {rows} rows x {dim}"}
+
+
+def plan(rows: int, dim: int, itemsize: int, params: GnndParams, shard_rows: int, workers: int, rates: dict,
+         disk_bytes_per_s: float = DISK_BYTES_PER_S) -> dict:
+    width = params.width()
+    shards = max(1, math.ceil(rows / shard_rows))
+    r = math.ceil(rows / shards)
+    merges = shards * (shards - 1) // 2
+    row_bytes = dim * itemsize
+    graph_row = width * 8
+    shard_bytes = r * (row_bytes + graph_row)
+    gnnd_s = shards * r / rates["gnnd_rows_per_s"]
+    ggm_s = merges * 2 * r / rates["ggm_rows_per_s"]
+    compute_s = (gnnd_s + ggm_s) / workers
+    io_bytes = rows * row_bytes * 2 + shards * r * graph_row + merges * 2 * shard_bytes + merges * 2 * r * graph_row
+    io_s = io_bytes / disk_bytes_per_s
+    p = params.sample_count()
+    gpu_row = row_bytes + 9 * width + 16 * p + 20 + 8 * 64 + GPU_BYTES_PER_ROW_EXTRA
+    return {
+        "rows": rows, "dim": dim, "k": params.k, "list_width": width, "shards": shards, "shard_rows": r,
+        "merges": merges, "rounds": len(round_robin(shards)), "workers": workers,
+        "disk_bytes": rows * row_bytes + 2 * rows * graph_row,
+        "host_bytes_per_worker": 2 * shard_bytes, "host_bytes_total": (2 * workers + 2) * shard_bytes,
+        "gpu_bytes_per_worker": 2 * r * gpu_row,
+        "io_bytes": io_bytes, "estimate_s": {"gnnd": round(gnnd_s / workers, 1), "ggm": round(ggm_s / workers, 1),
+                                            "io": round(io_s, 1), "total": round(max(compute_s, io_s), 1)},
+        "estimate_h": round(max(compute_s, io_s) / 3600, 2),
+        "rates": {k: (round(v) if isinstance(v, float) else v) for k, v in rates.items()},
+    }
+
+
+def largest_shard_rows(gpu_bytes: int, dim: int, itemsize: int, params: GnndParams) -> int:
+    """The biggest shard whose merge (two shards at once) fits ``gpu_bytes``."""
+    width, p = params.width(), params.sample_count()
+    per_row = dim * itemsize + 9 * width + 16 * p + 20 + 8 * 64 + GPU_BYTES_PER_ROW_EXTRA
+    return max(params.width() + 1, int(gpu_bytes // (2 * per_row)))
