@@ -130,3 +130,25 @@ def test_resume_redoes_only_uncommitted_pairs(data, tmp_path):
     offsets = {s.offset: s.id for s in Store.open(tmp_path / "s.knn").manifest.shards}
     redone_ids = {(offsets[a], offsets[b]) for a, b in redone}
     assert len(redone_ids) == 16 and not (redone_ids & done)
+
+
+def test_cache_never_evicts_a_result_the_writer_has_not_stored(data, tmp_path):
+    from bigknn.backends import ShardPart
+    from bigknn.graph import KnnGraph
+    from bigknn.pipeline.workers import Accounting, ShardCache
+
+    build(BuildRequest(input=data, store=tmp_path / "s.knn", shard_rows=700, params=GnndParams(k=10)),
+          [CpuBackend()], Reporter())
+    store = Store.open(tmp_path / "s.knn")
+    from bigknn.pipeline.steps import Ledger
+
+    cache = ShardCache(store, Ledger(store), capacity=2, acct=Accounting())
+    fresh = KnnGraph(np.zeros((700, 32), np.int32), np.zeros((700, 32), np.float32))
+    cache.put(0, ShardPart(0, np.zeros((700, 16), np.float32), fresh), dirty=True)
+    for sid in (1, 2, 3):  # more shards than the capacity pass through
+        cache.get(sid)
+    assert cache.get(0).graph is fresh  # still the unwritten result, not the older graph on disk
+    cache.written(0, fresh)
+    for sid in (1, 2):
+        cache.get(sid)
+    assert cache.get(0).graph is not fresh  # once written, it may be evicted and re-read

@@ -56,11 +56,16 @@ def seed_for(*parts: int) -> int:
 
 
 class ShardCache:
-    """Latest vectors and graph of recently used shards, least recently used evicted first."""
+    """Latest vectors and graph of recently used shards, least recently used evicted first.
+
+    A merge result is *dirty* until the writer has put it on disk: it is never evicted before that, or a
+    later read from disk would return the graph from before the merge.
+    """
 
     def __init__(self, store: Store, ledger, capacity: int, acct: Accounting):
         self.store, self.ledger, self.capacity, self.acct = store, ledger, max(2, capacity), acct
         self._parts: OrderedDict[int, ShardPart] = OrderedDict()
+        self._dirty: dict[int, KnnGraph] = {}
         self._loading: dict[int, threading.Event] = {}
         self._lock = threading.Lock()
 
@@ -89,12 +94,27 @@ class ShardCache:
             with self._lock:
                 self._loading.pop(sid).set()
 
-    def put(self, sid: int, part: ShardPart) -> None:
+    def put(self, sid: int, part: ShardPart, dirty: bool = False) -> None:
         with self._lock:
             self._parts[sid] = part
             self._parts.move_to_end(sid)
-            while len(self._parts) > self.capacity:
-                self._parts.popitem(last=False)
+            if dirty:
+                self._dirty[sid] = part.graph
+            self._evict()
+
+    def written(self, sid: int, graph: KnnGraph) -> None:
+        """The writer stored ``graph``: the cached copy may go once it is no newer than that."""
+        with self._lock:
+            if self._dirty.get(sid) is graph:
+                del self._dirty[sid]
+            self._evict()
+
+    def _evict(self) -> None:
+        for sid in list(self._parts):
+            if len(self._parts) <= self.capacity:
+                return
+            if sid not in self._dirty:
+                del self._parts[sid]
 
     def prefetch(self, sids) -> None:
         for sid in sids:
@@ -147,8 +167,8 @@ class PairScheduler:
 class Writer:
     """One thread that writes results and commits them, in the order they were finished."""
 
-    def __init__(self, store: Store, ledger, acct: Accounting, advance):
-        self.store, self.ledger, self.acct, self.advance = store, ledger, acct, advance
+    def __init__(self, store: Store, ledger, acct: Accounting, advance, cache: ShardCache | None = None):
+        self.store, self.ledger, self.acct, self.advance, self.cache = store, ledger, acct, advance, cache
         self.jobs: queue.Queue = queue.Queue(maxsize=WRITE_QUEUE)
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -181,6 +201,9 @@ class Writer:
                 if pair is not None:
                     self.ledger.add_pair(*pair)
                 self.store.commit()
+                if self.cache is not None:
+                    for sid, g in graphs.items():
+                        self.cache.written(sid, g)
                 self.acct.add("write", time.perf_counter() - t, nbytes_written=nbytes)
                 self.advance(units)
             except BaseException as e:  # noqa: BLE001 - handed to the main thread by submit/close
@@ -243,8 +266,8 @@ def run_merges(store: Store, ledger, pairs: list[tuple[int, int]], backends: lis
                 dt = time.perf_counter() - t
                 acct.add("ggm", dt)
                 acct.add_busy(name, dt)
-                cache.put(i, ShardPart(a.offset, a.vectors, ga))
-                cache.put(j, ShardPart(b.offset, b.vectors, gb))
+                cache.put(i, ShardPart(a.offset, a.vectors, ga), dirty=True)
+                cache.put(j, ShardPart(b.offset, b.vectors, gb), dirty=True)
                 writer.submit({i: ga, j: gb}, pair, 1)
                 sched.release(pair)
                 last = set(pair)
@@ -253,11 +276,11 @@ def run_merges(store: Store, ledger, pairs: list[tuple[int, int]], backends: lis
             raise
 
     with reporter.phase("merge", len(pairs), "pairs") as advance:
-        _run_workers(store, ledger, backends, acct, advance, work)
+        _run_workers(store, ledger, backends, acct, advance, work, cache)
 
 
-def _run_workers(store, ledger, backends, acct, advance, work) -> None:
-    writer = Writer(store, ledger, acct, advance)
+def _run_workers(store, ledger, backends, acct, advance, work, cache: ShardCache | None = None) -> None:
+    writer = Writer(store, ledger, acct, advance, cache)
     errors: list[BaseException] = []
 
     def guarded(backend, name):

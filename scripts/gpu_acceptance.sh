@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# One device call for the GPU acceptance runs; each step logs under $OUT and a table is printed last.
+#   STEPS="tests sanitizer t1 cli5m t2 t4 kill" bash scripts/gpu_acceptance.sh
+# Needs: PYTHONPATH with bigknn and zarr (see README), a GPU. Data goes to $WORK (default /tmp/bk).
+set -uo pipefail
+OUT=${OUT:-/tmp/bk-out}; WORK=${WORK:-/tmp/bk}; mkdir -p "$OUT" "$WORK"
+STEPS=${STEPS:-"tests sanitizer t1 cli5m t2 t4 kill"}
+GPUS=${GPUS:-0}
+B="python3 -m bigknn"
+summary="$OUT/summary.txt"; : > "$summary"
+note() { echo "$*" | tee -a "$summary"; }
+step() { echo "=== $1 $(date +%T)" ; }
+j() { python3 -c "import json,sys; d=json.load(sys.stdin); print(' '.join(f'{k}={d[k]}' for k in sys.argv[1:] if k in d))" "$@"; }
+
+for s in $STEPS; do case $s in
+tests)
+  step tests
+  python3 -m pytest -m gpu -q -x tests/ 2>&1 | tee "$OUT/pytest_gpu.log" | tail -3
+  note "pytest -m gpu: $(tail -1 "$OUT/pytest_gpu.log")" ;;
+sanitizer)
+  step sanitizer
+  compute-sanitizer --tool memcheck --error-exitcode 9 python3 - > "$OUT/memcheck.log" 2>&1 <<'PY'
+import numpy as np
+from bigknn.backends.cuda import CudaBackend
+from bigknn.backends.base import ShardPart
+from bigknn.graph import KnnGraph
+from bigknn.params import GnndParams
+from bigknn.synth import synth
+x = synth(3001, 100, seed=3); be = CudaBackend(); p = GnndParams(k=10, iters=4, merge_iters=3)
+ga = be.gnnd(x[:1500], "l2", p, 0); gb = be.gnnd(x[1500:], "l2", p, 1)
+gb = KnnGraph(np.where(gb.ids >= 0, gb.ids + 1500, -1).astype(np.int32), gb.dists)
+be.ggm(ShardPart(0, x[:1500], ga), ShardPart(1500, x[1500:], gb), "l2", p, 2)
+be.exact_knn(x[:37], 11, "l2", [(0, x[:2000]), (2000, x[2000:])])
+print("memcheck workload done")
+PY
+  note "compute-sanitizer memcheck exit=$? $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1)" ;;
+t1)
+  step t1
+  python3 scripts/bench_gnnd.py --workloads t1 --iters 18 --samples 16 --list-width 48 > "$OUT/t1.jsonl" 2>&1
+  python3 scripts/bench_gnnd.py --workloads t1default > "$OUT/t1default.jsonl" 2>&1
+  note "T1 p16/w48/18it: $(tail -1 "$OUT/t1.jsonl" | j time_s recall@10)"
+  note "T1 defaults:     $(tail -1 "$OUT/t1default.jsonl" | j time_s recall@10 iters_run)" ;;
+cli5m)
+  step cli5m
+  $B synth $WORK/d5m.fbin --rows 5000000 --dim 96 --json > /dev/null
+  $B build $WORK/d5m.fbin -o $WORK/d5m.knn --k 32 --shard-rows 5000000 --backend cuda --json > "$OUT/cli5m_build.json"
+  $B eval recall $WORK/d5m.knn --backend cuda --json > "$OUT/cli5m_eval.json"
+  note "5M CLI build: $(j wall_s phase_s < "$OUT/cli5m_build.json")"
+  note "5M eval:      $(j recall exact_s wall_s < "$OUT/cli5m_eval.json")" ;;
+t2)
+  step t2
+  $B synth $WORK/d10m.fbin --rows 10000000 --dim 96 --seed 1 --json > /dev/null
+  sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null
+  /usr/bin/time -v $B build $WORK/d10m.fbin -o $WORK/t2.knn --k 32 --shard-rows 1000000 --backend cuda --gpus $GPUS --json \
+     > "$OUT/t2_build.json" 2> "$OUT/t2_time.log"
+  $B eval recall $WORK/t2.knn --backend cuda --json > "$OUT/t2_eval.json"
+  note "T2 build: $(j wall_s phase_s busy_frac read_gb written_gb < "$OUT/t2_build.json")"
+  note "T2 eval (T5 10K x 10M): $(j recall exact_s wall_s < "$OUT/t2_eval.json")"
+  note "T2 peak RSS: $(grep 'Maximum resident' "$OUT/t2_time.log")" ;;
+t2one)
+  step t2one
+  $B build $WORK/d10m.fbin -o $WORK/t2one.knn --k 32 --shard-rows 10000000 --backend cuda --json > "$OUT/t2one_build.json"
+  $B eval recall $WORK/t2one.knn --backend cuda --json > "$OUT/t2one_eval.json"
+  note "10M one shard: $(j wall_s < "$OUT/t2one_build.json") $(j recall < "$OUT/t2one_eval.json")" ;;
+t4)
+  step t4
+  $B synth $WORK/new100k.fbin --rows 100000 --dim 96 --seed 2 --json > /dev/null
+  cp -r $WORK/t2.knn $WORK/t4.knn
+  $B ingest $WORK/t4.knn --input $WORK/new100k.fbin --backend cuda --gpus $GPUS --json > "$OUT/t4_ingest.json"
+  $B eval recall $WORK/t4.knn --backend cuda --rows 0:10000000 --sample 10000 --json > "$OUT/t4_old.json"
+  $B eval recall $WORK/t4.knn --backend cuda --rows 10000000:10100000 --sample 10000 --json > "$OUT/t4_new.json"
+  note "T4 ingest: $(j wall_s phase_s < "$OUT/t4_ingest.json")"
+  note "T4 recall old: $(j recall < "$OUT/t4_old.json") new: $(j recall < "$OUT/t4_new.json")" ;;
+kill)
+  step kill
+  $B synth $WORK/d4m.fbin --rows 4000000 --dim 96 --seed 3 --json > /dev/null
+  $B build $WORK/d4m.fbin -o $WORK/k.knn --k 32 --shard-rows 500000 --backend cuda --json > /dev/null 2>&1 &
+  pid=$!
+  for _ in $(seq 600); do
+    python3 -c "import json,sys; m=json.load(open('$WORK/k.knn/manifest.json')); sys.exit(0 if len(m['merged'])>=5 else 1)" 2>/dev/null && break
+    kill -0 $pid 2>/dev/null || break; sleep 0.2
+  done
+  kill -9 $pid; wait $pid 2>/dev/null
+  $B info $WORK/k.knn --json > "$OUT/kill_info_before.json"
+  $B merge $WORK/k.knn --backend cuda --json > "$OUT/kill_merge.json"
+  $B eval recall $WORK/k.knn --backend cuda --json > "$OUT/kill_eval.json"
+  $B build $WORK/d4m.fbin -o $WORK/k2.knn --k 32 --shard-rows 500000 --backend cuda --json > /dev/null
+  $B eval recall $WORK/k2.knn --backend cuda --json > "$OUT/kill_ref_eval.json"
+  note "kill mid-merge: at kill $(j merges_done merges_pending < "$OUT/kill_info_before.json"); after merge $(j merges_done < "$OUT/kill_merge.json") recall $(j recall < "$OUT/kill_eval.json") vs uninterrupted $(j recall < "$OUT/kill_ref_eval.json")" ;;
+esac; done
+echo "================ summary"; cat "$summary"
