@@ -79,3 +79,16 @@ def sortable_float_bits(x: np.ndarray) -> np.ndarray:
     bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
     neg = (bits >> 31).astype(bool)
     return np.where(neg, ~bits, bits | np.uint32(0x80000000)).astype(np.uint32)
+
+
+def drop_self(ids: np.ndarray, dists: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Remove each row's own id from its list (or the last entry, where duplicates crowded self out).
+
+    ``ids``/``dists`` hold m entries per row; the result holds m - 1.
+    """
+    n, m = ids.shape
+    is_self = ids == np.asarray(rows)[:, None]
+    drop = np.where(is_self.any(axis=1), is_self.argmax(axis=1), m - 1)
+    keep = np.ones((n, m), dtype=bool)
+    keep[np.arange(n), drop] = False
+    return ids[keep].reshape(n, m - 1), dists[keep].reshape(n, m - 1)

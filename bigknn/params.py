@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 MIN_LIST = 32  # NN-Descent converges poorly on short lists: graphs are built at least this wide
+EXACT_ROWS = 2048  # shards up to this size get their exact graph: too few rows for NN-Descent to mix well
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""Benchmarks of the CUDA backend: GNND (T1 and variants) and exact k-NN (T5). One JSON object per line.
+"""Benchmarks of the CUDA backend: GNND (T1 and variants), GGM (one T2 merge) and exact k-NN (T5).
+One JSON object per line.
 
 Times exclude data generation and include the H2D copy, all kernels and the result back on the host.
 Recall@10 is measured on 2000 sampled rows against exact top-10 computed on the GPU (self excluded).
 
     PYTHONPATH=. python3 scripts/bench_gnnd.py --workloads t1,u8,cos,exact
+    PYTHONPATH=. python3 scripts/bench_gnnd.py --workloads ggm      # 2 x 1M x 96 shards, one merge
 """
 
 from __future__ import annotations
@@ -46,14 +48,14 @@ def recall_at10(backend, x, ids, metric, sample=2000, seed=0) -> float:
 
 
 def bench_gnnd(backend, x, metric, workload, k, iters_list, p_list, out, min_update_frac=0.0, seed=1,
-               inner_ks=(0,)):
+               widths=(0,)):
     # warm-up on a slice: compiles (NVRTC) the kernels of this dtype / dim / p class
     # (100K rows: also allocates the pinned staging buffers used for copies of >= 16 MB)
     for p in p_list:
         backend.gnnd(x[:100000], metric, GnndParams(k=k, samples=p, iters=2), seed=0)
-    for ik, p, iters in [(ik, p, it) for ik in inner_ks for p in p_list for it in iters_list]:
-        backend.inner_k = ik or None
+    for lw, p, iters in [(lw, p, it) for lw in widths for p in p_list for it in iters_list]:
         kw = {} if min_update_frac is None else {"min_update_frac": min_update_frac}
+        kw["list_width"] = lw
         params = GnndParams(k=k, samples=p, iters=iters, **kw) if iters else GnndParams(k=k, samples=p, **kw)
         t0 = time.perf_counter()
         g = backend.gnnd(x, metric, params, seed=seed)
@@ -66,11 +68,50 @@ def bench_gnnd(backend, x, metric, workload, k, iters_list, p_list, out, min_upd
             "device": _device_name(), "time_s": round(dt, 4),
             "recall@10": round(recall_at10(backend, x, g.ids, metric), 4),
             "iters_run": stats.get("iters_run"), "updates": stats.get("updates"),
-            "k_built": stats.get("k_built"),
+            "k_built": stats.get("k_built"), "list_width": params.width(),
             "phases_s": {key: round(stats.get(key, 0.0), 4) for key in ("h2d_s", "init_s", "iter_s", "d2h_s")},
             "kernel_ms": stats.get("kernel_ms"), "cross_ms_per_iter": stats.get("cross_ms_per_iter"),
         }
         _emit(rec, out)
+
+
+def bench_ggm(backend, rows, dim, k, list_width, repeats, out, seed=0):
+    """One T2 merge: two shards of ``rows`` x dim (synth, one set of 2 * rows split in halves), each built
+    by gnnd with GnndParams defaults (k, list_width), then CudaBackend.ggm timed ``repeats`` times (same
+    inputs). Recall@10 of the union's rows: before (shard graphs) and after the merge."""
+    from bigknn.backends.base import ShardPart
+    from bigknn.graph import KnnGraph
+
+    x = synth(2 * rows, dim, seed=seed)
+    params = GnndParams(k=k, list_width=list_width)
+    ga = backend.gnnd(x[:rows], "l2", params, seed=1)
+    gnnd_s = backend.last_stats.get("total_s")
+    gb = backend.gnnd(x[rows:], "l2", params, seed=2)
+    gb = KnnGraph(np.where(gb.ids >= 0, gb.ids + rows, -1).astype(np.int32), gb.dists)
+    a, b = ShardPart(0, x[:rows], ga), ShardPart(rows, x[rows:], gb)
+    # warm-up on slices: compiles the GGM kernels of this dtype / dim / p class, allocates the staging
+    wa = KnnGraph(np.where(ga.ids[:50000] < 50000, ga.ids[:50000], -1).astype(np.int32), ga.dists[:50000])
+    wb = KnnGraph(np.where(gb.ids[:50000] < rows + 50000, gb.ids[:50000], -1).astype(np.int32), gb.dists[:50000])
+    backend.ggm(ShardPart(0, x[:50000], wa), ShardPart(rows, x[rows:rows + 50000], wb), "l2", params, seed=0)
+    before = np.concatenate([ga.ids, gb.ids])
+    r_before = recall_at10(backend, x, before, "l2")
+    del before
+    for rep in range(repeats):
+        t0 = time.perf_counter()
+        ma, mb = backend.ggm(a, b, "l2", params, seed=3 + rep)
+        dt = time.perf_counter() - t0
+        stats = dict(backend.last_stats)
+        ids = np.concatenate([ma.ids, mb.ids])
+        _emit({"workload": "ggm_2x1m", "rows": [rows, rows], "dim": dim, "dtype": "float32", "metric": "l2",
+               "k": k, "list_width": params.width(), "p": stats.get("p"), "merge_iters": params.merge_iters,
+               "min_update_frac": params.min_update_frac, "device": _device_name(), "repeat": rep,
+               "time_s": round(dt, 4), "recall@10": round(recall_at10(backend, x, ids, "l2"), 4),
+               "recall@10_before": round(r_before, 4), "gnnd_shard_s": round(gnnd_s or 0.0, 4),
+               "iters_run": stats.get("iters_run"), "updates": stats.get("updates"),
+               "phases_s": {key: round(stats.get(key, 0.0), 4)
+                            for key in ("h2d_s", "setup_s", "iter_s", "finish_s", "d2h_s")},
+               "kernel_ms": stats.get("kernel_ms")}, out)
+        del ids, ma, mb
 
 
 def synth_blocks_gpu(rows_total: int, dim: int, block: int, seed: int = 0):
@@ -111,15 +152,17 @@ def bench_exact(backend, rows, nq, dim, k, out, block=1_000_000):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=1_000_000)
-    ap.add_argument("--workloads", default="t1,u8,cos,exact", help="comma list of t1,t1default,u8,cos,exact")
+    ap.add_argument("--workloads", default="t1,u8,cos,exact", help="comma list of t1,t1default,u8,cos,exact,ggm")
     ap.add_argument("--iters", default="6,8,10,12")
     ap.add_argument("--samples", default="16", help="comma list of p values for t1")
-    ap.add_argument("--inner-k", default="0", help="comma list of built list sizes for t1 (0: k)")
+    ap.add_argument("--list-width", default="0",
+                    help="comma list of GnndParams.list_width values (0: automatic, max(k, 32))")
     ap.add_argument("--k", type=int, default=32)
     ap.add_argument("--exact-rows", type=int, default=10_000_000)
     ap.add_argument("--exact-queries", type=int, default=10_000)
     ap.add_argument("--profile", action="store_true", help="time each GNND kernel with events")
     ap.add_argument("--min-update-frac", type=float, default=0.0, help="stop rule for the t1/u8/cos sweeps")
+    ap.add_argument("--ggm-repeats", type=int, default=2, help="timed merges of the ggm workload")
     ap.add_argument("--out", default=None, help="also append the JSON lines to this file")
     args = ap.parse_args(argv)
 
@@ -133,35 +176,35 @@ def main(argv=None):
     iters = [int(v) for v in args.iters.split(",")]
     ps = [int(v) for v in args.samples.split(",")]
     work = args.workloads.split(",")
+    widths = [int(v) for v in args.list_width.split(",")]
     if "t1" in work or "t1default" in work:
         x = synth(args.rows, 96, seed=0)
         if "t1" in work:
             bench_gnnd(backend, x, "l2", "t1_f32_l2", args.k, iters, ps, out, min_update_frac=args.min_update_frac,
-                       inner_ks=[int(v) for v in args.inner_k.split(",")])
-            backend.inner_k = None
+                       widths=widths)
         if "t1default" in work:
             # GnndParams defaults for everything but k (p, iters, stop rule), lists of k and of 1.5 k
             bench_gnnd(backend, x, "l2", "t1_f32_l2_defaults", args.k, [0], [0], out, min_update_frac=None,
-                       inner_ks=[0, args.k * 3 // 2])
-            backend.inner_k = None
+                       widths=[0, args.k * 3 // 2])
         del x
     if "u8" in work:
         x = synth(args.rows, 128, seed=1)
         lo, hi = np.percentile(x[:100000], 0.5), np.percentile(x[:100000], 99.5)
         x = np.clip(np.round((x - lo) / (hi - lo) * 255), 0, 255).astype(np.uint8)
         bench_gnnd(backend, x, "l2", "u8_l2", args.k, [max(iters)], [ps[-1]], out,
-                   min_update_frac=args.min_update_frac, inner_ks=[int(v) for v in args.inner_k.split(",")])
-        backend.inner_k = None
+                   min_update_frac=args.min_update_frac, widths=widths)
         del x
     if "cos" in work:
         x = synth(args.rows, 384, seed=2)
         x /= np.linalg.norm(x, axis=1, keepdims=True)
         bench_gnnd(backend, x, "ip", "f32_cosine", args.k, [max(iters)], [ps[-1]], out,
-                   min_update_frac=args.min_update_frac, inner_ks=[int(v) for v in args.inner_k.split(",")])
-        backend.inner_k = None
+                   min_update_frac=args.min_update_frac, widths=widths)
         del x
     if "exact" in work:
         bench_exact(backend, args.exact_rows, args.exact_queries, 96, 10, out)
+    if "ggm" in work:
+        for lw in widths:
+            bench_ggm(backend, args.rows, 96, args.k, lw, args.ggm_repeats, out)
     if out:
         out.close()
     return 0

@@ -6,6 +6,7 @@ set -uo pipefail
 OUT=${OUT:-/tmp/bk-out}; WORK=${WORK:-/tmp/bk}; mkdir -p "$OUT" "$WORK"
 STEPS=${STEPS:-"tests sanitizer t1 cli5m t2 t4 kill"}
 GPUS=${GPUS:-0}
+T2_ARGS=${T2_ARGS:---list-width 48}  # build options of the T2 / T4 / kill runs
 B="python3 -m bigknn"
 summary="$OUT/summary.txt"; : > "$summary"
 note() { echo "$*" | tee -a "$summary"; }
@@ -15,7 +16,7 @@ j() { python3 -c "import json,sys; d=json.load(sys.stdin); print(' '.join(f'{k}=
 for s in $STEPS; do case $s in
 tests)
   step tests
-  python3 -m pytest -m gpu -q -x tests/ 2>&1 | tee "$OUT/pytest_gpu.log" | tail -3
+  python3 -m pytest -m gpu -q tests/ 2>&1 | tee "$OUT/pytest_gpu.log" | tail -3
   note "pytest -m gpu: $(tail -1 "$OUT/pytest_gpu.log")" ;;
 sanitizer)
   step sanitizer
@@ -51,7 +52,7 @@ t2)
   step t2
   $B synth $WORK/d10m.fbin --rows 10000000 --dim 96 --seed 1 --json > /dev/null
   sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null
-  /usr/bin/time -v $B build $WORK/d10m.fbin -o $WORK/t2.knn --k 32 --shard-rows 1000000 --backend cuda --gpus $GPUS --json \
+  /usr/bin/time -v $B build $WORK/d10m.fbin -o $WORK/t2.knn --k 32 --shard-rows 1000000 $T2_ARGS --backend cuda --gpus $GPUS --json \
      > "$OUT/t2_build.json" 2> "$OUT/t2_time.log"
   $B eval recall $WORK/t2.knn --backend cuda --json > "$OUT/t2_eval.json"
   note "T2 build: $(j wall_s phase_s busy_frac read_gb written_gb < "$OUT/t2_build.json")"
@@ -59,7 +60,7 @@ t2)
   note "T2 peak RSS: $(grep 'Maximum resident' "$OUT/t2_time.log")" ;;
 t2one)
   step t2one
-  $B build $WORK/d10m.fbin -o $WORK/t2one.knn --k 32 --shard-rows 10000000 --backend cuda --json > "$OUT/t2one_build.json"
+  $B build $WORK/d10m.fbin -o $WORK/t2one.knn --k 32 --shard-rows 10000000 $T2_ARGS --backend cuda --json > "$OUT/t2one_build.json"
   $B eval recall $WORK/t2one.knn --backend cuda --json > "$OUT/t2one_eval.json"
   note "10M one shard: $(j wall_s < "$OUT/t2one_build.json") $(j recall < "$OUT/t2one_eval.json")" ;;
 t4)
@@ -74,7 +75,7 @@ t4)
 kill)
   step kill
   $B synth $WORK/d4m.fbin --rows 4000000 --dim 96 --seed 3 --json > /dev/null
-  $B build $WORK/d4m.fbin -o $WORK/k.knn --k 32 --shard-rows 500000 --backend cuda --json > /dev/null 2>&1 &
+  $B build $WORK/d4m.fbin -o $WORK/k.knn --k 32 --shard-rows 500000 $T2_ARGS --backend cuda --json > /dev/null 2>&1 &
   pid=$!
   for _ in $(seq 600); do
     python3 -c "import json,sys; m=json.load(open('$WORK/k.knn/manifest.json')); sys.exit(0 if len(m['merged'])>=5 else 1)" 2>/dev/null && break
@@ -84,7 +85,7 @@ kill)
   $B info $WORK/k.knn --json > "$OUT/kill_info_before.json"
   $B merge $WORK/k.knn --backend cuda --json > "$OUT/kill_merge.json"
   $B eval recall $WORK/k.knn --backend cuda --json > "$OUT/kill_eval.json"
-  $B build $WORK/d4m.fbin -o $WORK/k2.knn --k 32 --shard-rows 500000 --backend cuda --json > /dev/null
+  $B build $WORK/d4m.fbin -o $WORK/k2.knn --k 32 --shard-rows 500000 $T2_ARGS --backend cuda --json > /dev/null
   $B eval recall $WORK/k2.knn --backend cuda --json > "$OUT/kill_ref_eval.json"
   note "kill mid-merge: at kill $(j merges_done merges_pending < "$OUT/kill_info_before.json"); after merge $(j merges_done < "$OUT/kill_merge.json") recall $(j recall < "$OUT/kill_eval.json") vs uninterrupted $(j recall < "$OUT/kill_ref_eval.json")" ;;
 esac; done

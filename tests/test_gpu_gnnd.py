@@ -69,6 +69,7 @@ def _recall(ids: np.ndarray, exact: np.ndarray, at: int) -> float:
 
 
 def _check_graph(x: np.ndarray, g, k: int, metric: str):
+    """Invariants of a graph built ``k`` wide (gnnd returns lists of GnndParams.width() entries)."""
     n = x.shape[0]
     assert g.ids.shape == (n, k) and g.dists.shape == (n, k)
     assert g.ids.dtype == np.int32 and g.dists.dtype == np.float32
@@ -109,8 +110,9 @@ def test_gnnd_recall_20k(backend, metric):
     x = synth(20000, 96, seed=11)
     if metric == "ip":
         x = _normalise(x)  # cosine as the pipeline hands it over
-    g = backend.gnnd(x, metric, GnndParams(k=32, iters=12, min_update_frac=0.001), seed=5)
-    _check_graph(x, g, 32, metric)
+    params = GnndParams(k=32, iters=12, min_update_frac=0.001)
+    g = backend.gnnd(x, metric, params, seed=5)
+    _check_graph(x, g, params.width(), metric)
     rows = np.random.default_rng(0).choice(len(x), 1000, replace=False)
     exact = _exact_top(x, rows, 10, metric)
     r = _recall(g.ids[rows], exact, 10)
@@ -138,8 +140,11 @@ def test_gnnd_invariants(backend, n, d, k, dtype, metric):
     if normalised:
         x = _normalise(x)
     x = _quantise(x, dtype)
-    g = backend.gnnd(x, metric, GnndParams(k=k, iters=10, min_update_frac=0.001), seed=3)
-    _check_graph(x, g, k, metric)
+    params = GnndParams(k=k, iters=10, min_update_frac=0.001)
+    g = backend.gnnd(x, metric, params, seed=3)
+    w = params.width()  # lists are built and returned w >= k wide; the first k are the answer
+    assert w == max(k, 32)
+    _check_graph(x, g, w, metric)
     if k >= 5:
         at = min(k, 10)
         exact = _exact_top(x, np.arange(n), at, metric)
@@ -155,11 +160,23 @@ def test_gnnd_duplicate_rows(backend):
     same = np.repeat(base[:1], 500, axis=0)  # 500 identical rows
     x = np.concatenate([base, base, base, same])
     x = x[np.random.default_rng(1).permutation(len(x))]
-    g = backend.gnnd(x, "l2", GnndParams(k=10, iters=10, min_update_frac=0.001), seed=9)
-    _check_graph(x, g, 10, "l2")
+    params = GnndParams(k=10, iters=10, min_update_frac=0.001)
+    g = backend.gnnd(x, "l2", params, seed=9)
+    _check_graph(x, g, params.width(), "l2")
     # rows of base have at least 2 exact copies (3 for the first row): both found at key 0
     zero2 = (g.dists[:, :2] == 0).all(axis=1)
     assert zero2.mean() >= 0.95, f"only {zero2.mean():.3f} of rows found their exact duplicates"
+
+
+def test_gnnd_returns_lists_of_width(backend):
+    """Lists are built and returned GnndParams.width() wide (list_width > k): the first k are the answer."""
+    x = synth(3000, 32, seed=6)
+    params = GnndParams(k=10, list_width=48, iters=10, min_update_frac=0.001)
+    g = backend.gnnd(x, "l2", params, seed=2)
+    assert params.width() == 48
+    _check_graph(x, g, 48, "l2")
+    exact = _exact_top(x, np.arange(500), 10, "l2")
+    assert _recall(g.ids[:500, :10], exact, 10) >= 0.95
 
 
 def test_gnnd_small_n_is_exact(backend):
@@ -171,7 +188,11 @@ def test_gnnd_small_n_is_exact(backend):
 
 
 def test_iterate_respects_labels(backend):
-    """GGM hook: with labels, every neighbour GNND adds to a list carries the other label."""
+    """GGM hook: with labels (cross-shard mode), every neighbour GNND adds to a list carries the other label.
+
+    Cross-shard mode samples NEW entries only from the other label and OLD entries only from the row's own
+    label (the own-shard part is taken as already built), so the random graph starts with its own-label
+    entries OLD and its other-label entries NEW, as GGM's set-up hands them over."""
     import cupy as cp
 
     from bigknn.backends.cuda.backend import _kernel_metric
@@ -183,6 +204,8 @@ def test_iterate_respects_labels(backend):
     m = _kernel_metric("l2")
     ids, keys, flags = backend._init_graph(xd, ctype, d, dpad, m, k, seed=1)
     ids0 = ids.get()
+    lab_d = cp.asarray(labels)
+    flags[...] = (lab_d[ids] != lab_d[:, None]).astype(cp.uint8)
     backend._iterate(xd, ctype, dpad, m, ids, keys, flags, p=8, iters=4, min_update_frac=0.0,
                      labels=cp.asarray(labels))
     ids1 = ids.get()

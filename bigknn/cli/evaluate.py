@@ -14,7 +14,13 @@ from bigknn.shards import Store
 
 @cli.group(name="eval")
 def eval_group() -> None:
-    """Measure the quality of a store's graph."""
+    """Measure the quality of a store's graph.
+
+    \b
+    Examples:
+      bigknn eval recall data.knn
+      bigknn eval recall data.knn --truth gt.ibin --k 10 --json
+    """
 
 
 @eval_group.command()

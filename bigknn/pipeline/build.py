@@ -48,18 +48,19 @@ def build(req: BuildRequest, backends: list[Backend], reporter: Reporter) -> dic
     t0 = time.perf_counter()
     vf = open_vectors(req.input)
     _check_request(req, vf)
+    # every check runs before the lock is taken, so a refusal leaves the store untouched (the lock file too)
+    check_finite(vf)
     resuming = Store.exists(req.store)
-    source = None
-    if not resuming:
-        check_finite(vf)  # before anything is written
-        source = fingerprint(vf)
-        acct.add("read", time.perf_counter() - t0, vf.rows * vf.dim * vf.dtype.itemsize)
+    if resuming:
+        _check_same_build(Store.open(req.store).manifest, req, vf)
+    source = None if resuming else fingerprint(vf)
+    acct.add("read", time.perf_counter() - t0, vf.rows * vf.dim * vf.dtype.itemsize)
     with WriterLock(req.store, req.wait_s):
-        if resuming:
+        if Store.exists(req.store):  # again, under the lock: another writer may have created it meanwhile
             store = Store.open(req.store)
             _check_same_build(store.manifest, req, vf)
         else:
-            store = _create_store(req, vf, source)
+            store = _create_store(req, vf, source or fingerprint(vf))
         if not store.manifest.shards:
             t = time.perf_counter()
             _shard(store, vf, req.metric, reporter)
@@ -100,7 +101,8 @@ def _check_same_build(m: Manifest, req: BuildRequest, vf: VectorFile) -> None:
     if src.get("path") != str(Path(vf.path).resolve()) or src.get("size") != st.st_size:
         diff.insert(0, f"input {src.get('path')}")
     elif src.get("mtime_ns") != st.st_mtime_ns and _sha256(vf.path) != src.get("sha256"):
-        diff.insert(0, "input file content changed")
+        raise BadInput(vf.path, f"changed since {req.store} was built from it (sha256 differs); "
+                                "build into a new store")
     if diff:
         raise BadInput(req.store, "holds another build (" + "; ".join(diff) +
                        "); use a new store path or remove this one")

@@ -16,7 +16,7 @@ import numpy as np
 from bigknn.backends import Backend
 from bigknn.errors import BadInput
 from bigknn.formats import read_truth
-from bigknn.graph import EMPTY
+from bigknn.graph import EMPTY, drop_self
 from bigknn.metrics import kernel_metric, row_keys
 from bigknn.shards import Store
 
@@ -65,13 +65,9 @@ def recall(store: Store, backend: Backend, sample: int = 10_000, k: int = 10,
 
 
 def without_self(ids: np.ndarray, rows: np.ndarray, k: int) -> np.ndarray:
-    """Top-k neighbour ids with the row itself removed (or the last one, where self was not listed)."""
+    """Top-k neighbour ids with the row itself removed."""
     ids = np.asarray(ids)
-    is_self = ids == rows[:, None]
-    drop = np.where(is_self.any(axis=1), is_self.argmax(axis=1), ids.shape[1] - 1)
-    keep = np.ones(ids.shape, dtype=bool)
-    keep[np.arange(len(rows)), drop] = False
-    return ids[keep].reshape(len(rows), ids.shape[1] - 1)[:, :k]
+    return drop_self(ids, np.zeros(ids.shape, np.float32), rows)[0][:, :k]
 
 
 def graph_rows(store: Store, rows: np.ndarray) -> np.ndarray:

@@ -19,6 +19,7 @@ def finish(store_path: Path, backends: list[Backend], reporter: Reporter, wait_s
            host_mem: int | None = None) -> dict:
     t0 = time.perf_counter()
     acct = Accounting()
+    Store.open(store_path)  # refuse a missing or foreign directory before the lock file is created
     with WriterLock(store_path, wait_s):
         store = Store.open(store_path)
         if not store.manifest.shards:

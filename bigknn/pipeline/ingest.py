@@ -57,6 +57,9 @@ class IngestLedger(Ledger):
     def done(self) -> set[tuple[int, int]]:
         return {(a, b) for a, b in self.pending["merged"]}
 
+    def last_pair(self) -> tuple[int, int] | None:
+        return tuple(self.pending["merged"][-1]) if self.pending["merged"] else None
+
     def add_pair(self, i: int, j: int) -> None:
         self.pending["merged"].append([i, j])
 
@@ -83,9 +86,19 @@ def ingest(store_path: Path, inputs: list[Path], backends: list[Backend], report
     t0 = time.perf_counter()
     acct = Accounting()
     store = Store.open(store_path)
-    files = [open_vectors(p) for p in inputs]  # header checks of every file before any work
+    # every check runs before the lock is taken, so a refused input leaves the store untouched
+    _check_finished(store)
+    files = [open_vectors(p) for p in inputs]  # headers of every file first: fail fast
     for vf in files:
         _check_compatible(store, vf)
+    fingerprints = []
+    t = time.perf_counter()
+    for vf in files:
+        fp = _seen(store, vf) or fingerprint(vf)
+        if not _already_ingested(store, fp):
+            check_finite(vf)
+        fingerprints.append(fp)
+    acct.add("read", time.perf_counter() - t, sum(fp["size"] for fp in fingerprints))
     report = {"store": str(store_path), "ingested": [], "skipped": [], "rows_added": 0}
     with WriterLock(store_path, wait_s):
         store = Store.open(store_path)  # re-read: another writer may have committed while we waited
@@ -94,16 +107,12 @@ def ingest(store_path: Path, inputs: list[Path], backends: list[Backend], report
             report["resumed"] = store.manifest.pending["inputs"][0]["path"]
             resume_pending(store, backends, reporter, acct, host_mem)
             report["ingested"].append(report["resumed"])
-        for vf in files:
-            t = time.perf_counter()
-            fp = _seen(store, vf) or fingerprint(vf)
-            acct.add("read", time.perf_counter() - t, fp["size"])
+        for vf, fp in zip(files, fingerprints):
             if _already_ingested(store, fp):
                 report["skipped"].append(fp["path"])
                 reporter.note(f"{fp['path']}: already ingested (same size and sha256); skipped")
                 continue
-            check_finite(vf)
-            _stage(store, vf, fp, reporter, acct)
+            _stage(store, vf, dict(fp), reporter, acct)
             report["rows_added"] += vf.rows
             resume_pending(store, backends, reporter, acct, host_mem)
             report["ingested"].append(fp["path"])

@@ -38,6 +38,11 @@ class Ledger:
     def add_pair(self, i: int, j: int) -> None:
         self.store.manifest.merged.append([i, j])
 
+    def last_pair(self) -> tuple[int, int] | None:
+        """The pair committed last: a resumed run prefers the same next pair as the killed one would."""
+        merged = self.store.manifest.merged
+        return tuple(merged[-1]) if merged else None
+
     def wanted(self, i: int, j: int) -> bool:
         """Pairs this run must merge: all of them for a build."""
         return True
@@ -69,6 +74,10 @@ def cache_shards(store: Store, workers: int, host_mem: int | None) -> int:
 
 
 def record_timings(store: Store, acct: Accounting) -> None:
+    """Add this run's compute seconds to the manifest (the rates `bigknn plan` reads); a run that
+    computed nothing commits nothing."""
+    if not any(p in acct.seconds for p in ("shard", "gnnd", "ggm")):
+        return
     for phase, s in acct.seconds.items():
         store.manifest.timings[phase] = round(store.manifest.timings.get(phase, 0.0) + s, 3)
     store.commit()

@@ -253,7 +253,7 @@ def run_merges(store: Store, ledger, pairs: list[tuple[int, int]], backends: lis
     cache = ShardCache(store, ledger, cache_shards, acct)
 
     def work(backend: Backend, name: str, writer: Writer) -> None:
-        last: set[int] = set()
+        last: set[int] = set(ledger.last_pair() or ())
         try:
             while (pair := sched.take(last)) is not None:
                 i, j = pair

@@ -7,16 +7,30 @@ from typing import Iterable
 import numpy as np
 
 from bigknn.backends.base import ShardPart
-from bigknn.backends.cpu.descent import DescentState, descend, row_keys_local
+from bigknn.backends.cpu.descent import DescentState, descend, exact_l2_keys, row_keys_local
 from bigknn.backends.cpu.exact import exact_knn
 from bigknn.ggm import finish_merge, start_merge
-from bigknn.graph import ID_DTYPE, KnnGraph, merge_lists
-from bigknn.params import GnndParams
+from bigknn.graph import EMPTY, ID_DTYPE, KnnGraph, drop_self, merge_lists
+from bigknn.params import EXACT_ROWS, GnndParams
 
 
 def as_float(x: np.ndarray) -> np.ndarray:
     """Vectors as float32 (integer and half inputs accumulate in float32)."""
     return np.ascontiguousarray(x, dtype=np.float32)
+
+
+def exact_graph(x: np.ndarray, width: int, metric: str) -> KnnGraph:
+    """The exact graph of a small set: every row's ``width`` nearest others (EMPTY-padded if fewer)."""
+    n = len(x)
+    g = exact_knn(x, min(width + 1, n), metric, [(0, x)])
+    ids, dists = drop_self(g.ids, g.dists, np.arange(n))
+    if metric == "l2":
+        state = DescentState(ids.copy(), dists.copy(), np.zeros(ids.shape, bool))
+        exact_l2_keys(x, state)
+        ids, dists = state.ids, state.dists
+    pad = width - ids.shape[1]
+    return KnnGraph(np.pad(ids, ((0, 0), (0, pad)), constant_values=EMPTY),
+                    np.pad(dists, ((0, 0), (0, pad)), constant_values=np.inf))
 
 
 def random_init(x: np.ndarray, k: int, metric: str, rng: np.random.Generator) -> DescentState:
@@ -38,11 +52,15 @@ class CpuBackend:
     name = "cpu"
 
     def gnnd(self, x: np.ndarray, metric: str, params: GnndParams, seed: int, on_iter=None) -> KnnGraph:
-        rng = np.random.default_rng(seed)
         xf = as_float(x)
+        if len(xf) <= EXACT_ROWS:
+            return exact_graph(xf, params.width(), metric)
+        rng = np.random.default_rng(seed)
         state = random_init(xf, params.width(), metric, rng)
         descend(xf, state, metric, params.sample_count(), params.iters, params.min_update_frac, rng,
                 on_iter=on_iter)
+        if metric == "l2":
+            exact_l2_keys(xf, state)
         return KnnGraph(state.ids, state.dists)
 
     def ggm(self, a: ShardPart, b: ShardPart, metric: str, params: GnndParams, seed: int,
@@ -57,6 +75,8 @@ class CpuBackend:
         state = DescentState(ids, dists, is_new)
         descend(xf, state, metric, params.sample_count(), params.merge_iters, params.min_update_frac, rng,
                 part=setup.part, on_iter=on_iter)
+        if metric == "l2":
+            exact_l2_keys(xf, state)
         return finish_merge(a, b, state.ids, state.dists)
 
     def exact_knn(self, queries: np.ndarray, k: int, metric: str,

@@ -1,4 +1,4 @@
-"""CUDA backend: GNND (paper 000 §4) and exact k-NN on one GPU through CuPy + CUDA C++ kernels.
+"""CUDA backend: GNND (paper 000 §4), GGM (§5.1) and exact k-NN on one GPU through CuPy + CUDA C++ kernels.
 
 CuPy is imported inside the methods only, so this module imports on machines without a GPU.
 
@@ -6,17 +6,24 @@ Kernels (kernels.cu, compiled by NVRTC for the running device's arch, one module
 metric / sample-size class / dim-chunk class, cached per process and on disk by CuPy):
 
 * ``gnnd_init``    random k distinct neighbours != self per row, keys, warp bitonic sort, all NEW.
-* ``gnnd_sample``  first p NEW and first p OLD per list (list order); sampled NEW become OLD.
+* ``gnnd_sample``  first p NEW and first p OLD per list (list order); sampled NEW become OLD. With labels
+                   (GGM): NEW only from entries of the other shard, OLD only from the row's own shard.
 * ``gnnd_reverse`` reverse samples appended with atomics while a sample list holds < 2p.
 * ``gnnd_cross``   one block per list: dedupe samples, NEW x (NEW u OLD) distances register-tiled in
                    shared memory (dims chunked), selective update (nearest other NEW and nearest OLD for
                    each NEW sample, nearest NEW for each OLD sample) into a per-row candidate table
-                   (hash slot per neighbour id, 64-bit atomicMin on (key, id): lock-free).
+                   (hash slot per neighbour id, 64-bit atomicMin on (key, id): lock-free). CROSS variant
+                   (GGM): NEW x OLD only (NEW and OLD samples lie in different shards).
 * ``gnnd_merge``   one warp per row: drop listed / self / not-better candidates, rank-merge with the
                    sorted list, mark inserts NEW, count them, reset the table.
 * ``gnnd_norms`` / ``gnnd_finalize``  l2 only (``l2_expand``, default on): the cross-match computes
                    |a|^2 + |b|^2 - 2 a.b (one FMA per dim); afterwards every kept key is recomputed by
                    direct differences and the lists re-sorted, so returned keys are exact.
+* ``ggm_setup``    GGM set-up, one warp per row: global -> local ids (a: [0, na), b: [na, na + nb)), the
+                   first W - W//2 in-pair entries of the old list (stored keys, OLD), W//2 distinct random
+                   rows of the other shard (exact keys, NEW), (key, id) sort.
+* ``ggm_finish``   GGM fold-back, one warp per row: the whole old list (global ids, other shards included)
+                   plus the refined entries not in it (keys recomputed exactly), sorted, top W, global ids.
 * ``knn_select``   running top-k over cuBLAS dot-product tiles (threshold filter + bitonic sort of the
                    survivors, pieces of 4096 columns); ``knn_exact_keys`` recomputes the kept keys exactly.
 
@@ -33,6 +40,8 @@ Memory (bytes on the GPU; ``gpu_mem_bytes`` caps the budget, else 92 % of free m
   kb = GnndParams.width() list entries built (>= k; the store keeps them all, output cuts to k),
   s = element size, dpad = d rounded up to max(16/s, 8), p = samples (<= 32), C = candidate slots per
   row (64, reduced to 32/16 when the budget is short; MemoryError below that).
+* ggm (n = na + nb rows): gnnd's bytes with k = W, plus ``n * (8*wo + 8*W + 4)`` (old lists wo wide kept
+  for the fold-back, output lists, labels). 2 x 1M x 96 f32, W = 32: about 3.7 GB.
 * exact_knn: ``nq*(4d + 8k) + 2 * rows*(d*s + 4d + 4) + qb*tc*4`` for query batch qb and column tile tc
   (tc <= 65536, both picked from what is left of the budget). Host blocks go to two device slots on a
   copy stream, staged through three pinned 32 MiB buffers filled by 8 threads, so the copy of block i+1
@@ -52,8 +61,9 @@ from typing import Iterable
 
 import numpy as np
 
-from bigknn.graph import EMPTY, KnnGraph
-from bigknn.params import GnndParams
+from bigknn.backends.base import ShardPart
+from bigknn.graph import EMPTY, KnnGraph, drop_self
+from bigknn.params import EXACT_ROWS, GnndParams
 
 _KERNEL_FILE = Path(__file__).with_name("kernels.cu")
 _CTYPES = {
@@ -83,13 +93,14 @@ def _compile(name_expressions: tuple[str, ...]):
     # BIGKNN_CUDA_MODE: diagnostics (1: cross-match emits nothing, 2: nor computes distances); never in use
     defines = tuple(f"-DGNND_GUNR={int(v)}" for v in [os.environ.get("BIGKNN_CUDA_GUNR", "")] if v)
     defines += tuple(f"-DGNND_MODE={int(v)}" for v in [os.environ.get("BIGKNN_CUDA_MODE", "")] if v)
-    mod = _MODULES.get((name_expressions, defines))
+    cp = _cupy()
+    device = cp.cuda.Device().id  # a loaded module belongs to one device's context (several GPUs: one each)
+    mod = _MODULES.get((name_expressions, defines, device))
     if mod is not None:
         return mod
-    for (names, defs), mod in _MODULES.items():  # a module compiled for a superset serves too
-        if defs == defines and set(name_expressions) <= set(names):
+    for (names, defs, dev), mod in _MODULES.items():  # a module compiled for a superset serves too
+        if dev == device and defs == defines and set(name_expressions) <= set(names):
             return mod
-    cp = _cupy()
     src = _KERNEL_FILE.read_text()
     cc = cp.cuda.Device().compute_capability
     errors = []
@@ -103,7 +114,7 @@ def _compile(name_expressions: tuple[str, ...]):
             mod = None
     if mod is None:
         raise errors[-1]
-    _MODULES[(name_expressions, defines)] = mod
+    _MODULES[(name_expressions, defines, device)] = mod
     return mod
 
 
@@ -304,7 +315,7 @@ class CudaBackend:
         k = int(params.width())
         if k < 1 or k > MAX_K:
             raise ValueError(f"CUDA backend supports 1 <= k <= {MAX_K}, got k={k}")
-        if n <= k + 1:
+        if n <= max(k + 1, EXACT_ROWS):
             # every other row is a neighbour: the exact graph is the answer
             g = self._exact_graph(x, min(k, n - 1), metric) if n > 1 else None
             ids = np.full((n, k), EMPTY, np.int32)
@@ -368,12 +379,12 @@ class CudaBackend:
         return maxn, tr, tc
 
     @classmethod
-    def _cross_name(cls, ctype: str, m: int, p: int, dpad: int, expand: bool = False) -> str:
+    def _cross_name(cls, ctype: str, m: int, p: int, dpad: int, expand: bool = False, cross: bool = False) -> str:
         maxn, tr, tc = cls._cross_shape(p)
         dc_lim = 128 if maxn <= 32 else 64  # keeps the static shared memory under 48 KB
         dc = dpad if dpad <= dc_lim else dc_lim
         e = 1 if (expand and m == 0) else 0
-        return f"gnnd_cross<{ctype}, {m}, {e}, {maxn}, {tr}, {tc}, {dc}>"
+        return f"gnnd_cross<{ctype}, {m}, {e}, {maxn}, {tr}, {tc}, {dc}, {1 if cross else 0}>"
 
     def _init_graph(self, xd, ctype: str, d: int, dpad: int, m: int, k: int, seed: int):
         """Random initial graph on the device: (ids, keys, flags), k distinct ids != self per row, all NEW."""
@@ -393,10 +404,13 @@ class CudaBackend:
         return ids, keys, flags
 
     def _iterate(self, xd, ctype: str, dpad: int, m: int, ids, keys, flags, p: int, iters: int,
-                 min_update_frac: float, labels=None, log_c: int = 6, norms=None) -> dict:
+                 min_update_frac: float, labels=None, log_c: int = 6, norms=None, on_iter=None) -> dict:
         """GNND iterations on a device graph (ids/keys sorted by (key, id) per row, flags 1 = NEW).
 
-        ``labels`` (n,) int32 on the device, optional: samples with equal labels are never compared (GGM).
+        ``labels`` (n,) int32 on the device, optional, two classes (GGM's shards a and b): cross-shard mode.
+        NEW samples are taken only from entries of the other label, OLD samples only from entries of the
+        row's own label, so every NEW x OLD pair is cross-shard; NEW x NEW is not computed and pairs with
+        equal labels are never compared.
         ``norms`` (n,) float32 squared row norms, optional (l2 only): distances by the norm expansion; the
         keys left in the lists are then approximate, and gnnd_finalize must make them exact.
         Updates ids/keys/flags in place; returns per-iteration update counts.
@@ -405,7 +419,7 @@ class CudaBackend:
         n, k = ids.shape
         s2 = 2 * p
         expand = norms is not None and m == 0
-        cross_name = self._cross_name(ctype, m, p, dpad, expand)
+        cross_name = self._cross_name(ctype, m, p, dpad, expand, cross=labels is not None)
         maxn, tr, tc = self._cross_shape(p)
         nt = (maxn // tr) * (2 * maxn // tc)
         mod = _compile((cross_name,))
@@ -439,7 +453,7 @@ class CudaBackend:
         for _ in range(iters):
             upd.fill(0)
             mark("start")
-            k_sample(warps_grid, (128,), (n32, k32, p32, ids, flags, new_s, old_s, cnt))
+            k_sample(warps_grid, (128,), (n32, k32, p32, ids, flags, new_s, old_s, cnt, lab, np.int32(use_lab)))
             _sync_check(cp)
             mark("sample")
             k_reverse(((n * p + 255) // 256,), (256,), (n32, p32, new_s, old_s, cnt))
@@ -453,6 +467,8 @@ class CudaBackend:
             mark("merge")
             u = int(upd.get()[0])
             counts.append(u)
+            if on_iter is not None:
+                on_iter(u)
             if u < threshold:
                 break
         out = {"iters_run": len(counts), "updates": counts}
@@ -473,17 +489,9 @@ class CudaBackend:
     def _exact_graph(self, x, k: int, metric: str) -> KnnGraph:
         """Exact k-NN graph of x among itself, self excluded (small sets and checks)."""
         n = x.shape[0]
-        kk = min(k + 1, n)
-        g = self.exact_knn(x, kk, metric, [(0, x)])
-        rows = np.arange(n)[:, None]
-        is_self = g.ids == rows
-        # drop self; where self is not in the list (many exact duplicates) drop the last entry
-        drop = np.where(is_self.any(axis=1), is_self.argmax(axis=1), kk - 1)
-        keep = np.ones_like(is_self)
-        keep[np.arange(n), drop] = False
-        ids = g.ids[keep].reshape(n, kk - 1)[:, :k]
-        dists = g.dists[keep].reshape(n, kk - 1)[:, :k]
-        return KnnGraph(np.ascontiguousarray(ids), np.ascontiguousarray(dists))
+        g = self.exact_knn(x, min(k + 1, n), metric, [(0, x)])
+        ids, dists = drop_self(g.ids, g.dists, np.arange(n))
+        return KnnGraph(np.ascontiguousarray(ids[:, :k]), np.ascontiguousarray(dists[:, :k]))
 
     def exact_knn(self, queries: np.ndarray, k: int, metric: str, blocks: Iterable[tuple[int, np.ndarray]]) -> KnnGraph:
         cp = _cupy()
@@ -592,6 +600,162 @@ class CudaBackend:
         ids = np.where(np.isinf(keys), EMPTY, ids).astype(np.int32)
         return KnnGraph(ids, keys.astype(np.float32))
 
-    # ------------------------------------------------------------------ GGM (not wired yet)
-    def ggm(self, a, b, metric, params, seed):  # pragma: no cover - the lead wires GGM later
-        raise NotImplementedError("CUDA GGM is not wired yet; the iteration kernels (_iterate) support it")
+    # ------------------------------------------------------------------ GGM
+    @classmethod
+    def ggm_bytes(cls, n: int, d: int, itemsize: int, w: int, wo: int, p: int, slots: int = 64) -> int:
+        """Device bytes ggm needs for n = na + nb rows: gnnd's working set, the old lists (wo wide, kept for
+        the final merge), the merged output lists (w wide) and the labels."""
+        return cls.gnnd_bytes(n, d, itemsize, w, p, slots) + n * (8 * wo + 8 * w + 4)
+
+    def ggm(self, a: ShardPart, b: ShardPart, metric: str, params: GnndParams, seed: int,
+            on_iter=None) -> tuple[KnnGraph, KnnGraph]:
+        """GGM (paper 000 §5.1, Alg. 3) of shards a and b on the GPU; ids in and out are global.
+
+        Contract of the CPU reference (bigknn/ggm.py, CpuBackend.ggm): lists W = params.width() wide;
+        set-up keeps the first W - W//2 in-pair entries of each old list and adds W//2 (at least 1) random
+        rows of the other shard (NEW); cross-shard descent (params.merge_iters, early stop under
+        min_update_frac * n * W updates); each refined list is merged with the row's whole old list (ids of
+        other shards included), de-duplicated, sorted, cut to W. Returned keys are exact.
+        """
+        cp = _cupy()
+        dev = cp.cuda.Device(self.device) if self.device is not None else cp.cuda.Device()
+        with dev:
+            try:
+                return self._ggm(a, b, metric, params, seed, on_iter)
+            finally:
+                self._free_pools()
+
+    @staticmethod
+    def _fit_width(g: KnnGraph, w: int) -> KnnGraph:
+        """A graph cut or padded (EMPTY / +inf) to w entries per row."""
+        if g.k == w:
+            return g
+        if g.k > w:
+            return KnnGraph(np.ascontiguousarray(g.ids[:, :w]), np.ascontiguousarray(g.dists[:, :w]))
+        pad = ((0, 0), (0, w - g.k))
+        return KnnGraph(np.pad(g.ids, pad, constant_values=EMPTY).astype(np.int32),
+                        np.pad(g.dists, pad, constant_values=np.inf).astype(np.float32))
+
+    def _upload_pair(self, va: np.ndarray, vb: np.ndarray):
+        """Vectors of a and b as one device array (na + nb, dpad) in a kernel dtype: (xd, ctype, d, dpad)."""
+        cp = _cupy()
+        dt_a, dt_b = np.dtype(va.dtype), np.dtype(vb.dtype)
+        dt = dt_a if (dt_a == dt_b and dt_a in _CTYPES) else np.dtype(np.float32)
+        na, nb = va.shape[0], vb.shape[0]
+        d = va.shape[1]
+        align = max(16 // dt.itemsize, 8)
+        dpad = -(-d // align) * align
+        raw = cp.empty((na + nb, d), dtype=dt)
+        self._h2d(np.asarray(va, dtype=dt), raw[:na])
+        self._h2d(np.asarray(vb, dtype=dt), raw[na:])
+        if dt == np.float16:
+            raw = raw.view(cp.uint16)
+        if dpad != d:
+            xp = cp.zeros((na + nb, dpad), dtype=raw.dtype)
+            xp[:, :d] = raw
+            del raw
+            raw = xp
+        return raw, _CTYPES[dt], d, dpad
+
+    def _upload_lists(self, ga: KnnGraph, gb: KnnGraph, wo: int):
+        """Old lists of a and b (global ids, keys) as device arrays (na + nb, wo)."""
+        cp = _cupy()
+        na, nb = ga.rows, gb.rows
+        ids = cp.empty((na + nb, wo), dtype=cp.int32)
+        keys = cp.empty((na + nb, wo), dtype=cp.float32)
+        for g, sl in ((ga, slice(0, na)), (gb, slice(na, na + nb))):
+            g = self._fit_width(g, wo)
+            self._h2d(np.asarray(g.ids, dtype=np.int32), ids[sl])
+            self._h2d(np.asarray(g.dists, dtype=np.float32), keys[sl])
+        return ids, keys
+
+    def _ggm(self, a: ShardPart, b: ShardPart, metric: str, params: GnndParams, seed: int, on_iter=None):
+        from bigknn.ggm import fill_count
+
+        cp = _cupy()
+        t0 = time.perf_counter()
+        m = _kernel_metric(metric)
+        na, nb = int(a.vectors.shape[0]), int(b.vectors.shape[0])
+        if a.graph.rows != na or b.graph.rows != nb:
+            raise ValueError(f"ggm: graphs of {a.graph.rows} / {b.graph.rows} rows for shards of {na} / {nb} rows")
+        if a.vectors.ndim != 2 or b.vectors.ndim != 2 or a.vectors.shape[1] != b.vectors.shape[1]:
+            raise ValueError(f"ggm: vectors of shapes {a.vectors.shape} and {b.vectors.shape}")
+        w = int(params.width())
+        wo = max(a.graph.k, b.graph.k)
+        if not 1 <= w <= MAX_K or wo > MAX_K:
+            raise ValueError(f"CUDA ggm supports lists of 1..{MAX_K} entries, got width {w}, stored {wo}")
+        if na == 0 or nb == 0:
+            return self._fit_width(a.graph, w), self._fit_width(b.graph, w)
+        n = na + nb
+        d = int(a.vectors.shape[1])
+        fill = fill_count(w)
+        held = w - fill
+        p = max(1, min(params.sample_count(), MAX_P))
+        same = np.dtype(a.vectors.dtype) == np.dtype(b.vectors.dtype) and np.dtype(a.vectors.dtype) in _CTYPES
+        itemsize = np.dtype(a.vectors.dtype).itemsize if same else 4
+        budget = self._budget()
+        log_c = 6 if w >= 16 else 5
+        while log_c > 4 and self.ggm_bytes(n, d, itemsize, w, wo, p, 1 << log_c) > budget:
+            log_c -= 1
+        need = self.ggm_bytes(n, d, itemsize, w, wo, p, 1 << log_c)
+        if need > budget:
+            raise MemoryError(f"ggm of {na} + {nb} rows x {d} (lists of {w}) needs {need / 2**30:.2f} GiB of GPU "
+                              f"memory, budget {budget / 2**30:.2f} GiB: use smaller shards")
+
+        sync = cp.cuda.get_current_stream().synchronize
+        expand = m == 0 and self._l2_expand()
+        ct = _CTYPES[np.dtype(a.vectors.dtype)] if same else "float"
+        dpad0 = -(-d // max(16 // itemsize, 8)) * max(16 // itemsize, 8)
+        names = (f"ggm_setup<{ct}, {m}>", f"ggm_finish<{ct}, {m}>",
+                 self._cross_name(ct, m, p, dpad0, expand, cross=True))
+        if expand:
+            names += (f"gnnd_norms<{ct}>",)
+        mod = _compile(names)
+        t_c = time.perf_counter()
+
+        xd, ctype, d, dpad = self._upload_pair(a.vectors, b.vectors)
+        old_ids, old_keys = self._upload_lists(a.graph, b.graph, wo)
+        sync()
+        t_h2d = time.perf_counter()
+
+        n32, d32, dp32, na32 = np.int32(n), np.int32(d), np.int32(dpad), np.int32(na)
+        a_off, b_off = np.int64(a.offset), np.int64(b.offset)
+        grid = ((n + 3) // 4,)
+        labels = (cp.arange(n, dtype=cp.int32) >= na).astype(cp.int32)
+        ids = cp.empty((n, w), dtype=cp.int32)
+        keys = cp.empty((n, w), dtype=cp.float32)
+        flags = cp.empty((n, w), dtype=cp.uint8)
+        seed64 = np.uint64(int(seed) & 0xFFFFFFFFFFFFFFFF)
+        mod.get_function(f"ggm_setup<{ct}, {m}>")(grid, (128,), (
+            xd, n32, d32, dp32, na32, a_off, b_off, old_ids, old_keys, np.int32(wo), np.int32(w), np.int32(held),
+            np.int32(fill), seed64, ids, keys, flags))
+        _sync_check(cp)
+        norms = None
+        if expand:
+            norms = cp.empty((n,), dtype=cp.float32)
+            mod.get_function(f"gnnd_norms<{ct}>")(((n * 32 + 255) // 256,), (256,), (xd, n32, d32, dp32, norms))
+        sync()
+        t_setup = time.perf_counter()
+
+        stats = self._iterate(xd, ctype, dpad, m, ids, keys, flags, p, int(params.merge_iters),
+                              float(params.min_update_frac), labels=labels, log_c=log_c, norms=norms,
+                              on_iter=on_iter)
+        sync()
+        t_it = time.perf_counter()
+        del flags, norms, labels
+        out_ids = cp.empty((n, w), dtype=cp.int32)
+        out_keys = cp.empty((n, w), dtype=cp.float32)
+        mod.get_function(f"ggm_finish<{ct}, {m}>")(grid, (128,), (
+            xd, n32, d32, dp32, na32, a_off, b_off, ids, np.int32(w), old_ids, old_keys, np.int32(wo),
+            out_ids, out_keys))
+        _sync_check(cp)
+        sync()
+        t_fin = time.perf_counter()
+        del ids, keys, old_ids, old_keys, xd
+        h_ids = self._d2h(out_ids)
+        h_keys = self._d2h(out_keys)
+        t_end = time.perf_counter()
+        self.last_stats = dict(stats, p=p, slots=1 << log_c, width=w, fill=fill, l2_expand=expand,
+                               compile_s=t_c - t0, h2d_s=t_h2d - t_c, setup_s=t_setup - t_h2d, iter_s=t_it - t_setup,
+                               finish_s=t_fin - t_it, d2h_s=t_end - t_fin, total_s=t_end - t0)
+        return KnnGraph(h_ids[:na], h_keys[:na]), KnnGraph(h_ids[na:], h_keys[na:])

@@ -264,19 +264,268 @@ __global__ void gnnd_norms(const T* __restrict__ x, int n, int d, int dpad, floa
 }
 
 // ---------------------------------------------------------------------------------------------
+// GGM (paper 000 §5.1, Alg. 3). Shards a and b share one local index space: rows of a are [0, na), rows
+// of b are [na, n). Lists hold local ids during the descent and global ids (int32) outside it; an old
+// list may also hold ids of other shards, which cannot be cross-matched but survive the final merge.
+// ---------------------------------------------------------------------------------------------
+
+// bitonic sort of N (power of two) (key, id, flag) triples in shared memory by one warp
+__device__ void warp_bitonic_f(float* key, int* id, unsigned char* flag, int N, int lane) {
+    for (int size = 2; size <= N; size <<= 1) {
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            for (int i = lane; i < (N >> 1); i += 32) {
+                int lo = 2 * stride * (i / stride) + (i % stride);
+                int hi = lo + stride;
+                bool asc = (lo & size) == 0;
+                float kl = key[lo], kh = key[hi];
+                int il = id[lo], ih = id[hi];
+                bool sw = asc ? kless(kh, ih, kl, il) : kless(kl, il, kh, ih);
+                if (sw) {
+                    key[lo] = kh; key[hi] = kl;
+                    id[lo] = ih; id[hi] = il;
+                    unsigned char f = flag[lo];
+                    flag[lo] = flag[hi];
+                    flag[hi] = f;
+                }
+            }
+            __syncwarp();
+        }
+    }
+}
+
+// exact key (direct differences) between rows r and v of x, by one warp; every lane gets the result
+template <typename T, int METRIC>
+__device__ __forceinline__ float warp_key(const T* __restrict__ x, int r, int v, int d, int dpad, int lane) {
+    const T* xr = x + (size_t)r * dpad;
+    const T* xv = x + (size_t)v * dpad;
+    float acc = 0.f;
+    for (int e = lane; e < d; e += 32) {
+        const float a = to_f(xr[e]), b = to_f(xv[e]);
+        if (METRIC == 0) {
+            const float df = a - b;
+            acc = fmaf(df, df, acc);
+        } else {
+            acc = fmaf(a, b, acc);
+        }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(FULL_MASK, acc, o);
+    return (METRIC == 0) ? acc : -acc;
+}
+
+// global id -> local id of the pair's index space (-1: outside both shards)
+__device__ __forceinline__ int ggm_local(long long g, long long a_off, int na, long long b_off, int nb) {
+    if (g >= a_off && g < a_off + na) return (int)(g - a_off);
+    if (g >= b_off && g < b_off + nb) return (int)(g - b_off) + na;
+    return -1;
+}
+__device__ __forceinline__ long long ggm_global(int l, long long a_off, int na, long long b_off) {
+    return l < na ? a_off + l : b_off + (l - na);
+}
+
+// GGM 1: set-up, one warp per row (4 per block), w <= 128. The first `held` entries of the row's old list
+// (global ids, wo wide) that lie in a or b keep their stored keys and are flagged OLD; then `fill` distinct
+// random rows of the other shard (all of its rows when it has no more than `fill`), keys computed exactly,
+// flagged NEW; EMPTY padded to w and sorted by (key, id).
+template <typename T, int METRIC>
+__global__ void __launch_bounds__(128) ggm_setup(const T* __restrict__ x, int n, int d, int dpad, int na,
+                                                 long long a_off, long long b_off, const int* __restrict__ old_ids,
+                                                 const float* __restrict__ old_keys, int wo, int w, int held, int fill,
+                                                 u64 seed, int* __restrict__ ids, float* __restrict__ keys,
+                                                 unsigned char* __restrict__ flags) {
+    __shared__ float skey[4][128];
+    __shared__ int sid[4][128];
+    __shared__ unsigned char sflag[4][128];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int row = blockIdx.x * 4 + warp;
+    if (row >= n) return;
+    float* K = skey[warp];
+    int* I = sid[warp];
+    unsigned char* F = sflag[warp];
+    const int nb = n - na;
+    const u32 lt = (1u << lane) - 1u;
+
+    // held part: in-pair entries of the old list, in list order (ascending keys)
+    int count = 0;
+    for (int base = 0; base < wo && count < held; base += 32) {
+        const int j = base + lane;
+        int loc = -1;
+        float kv = INF_F;
+        if (j < wo) {
+            const int g = old_ids[(size_t)row * wo + j];
+            if (g >= 0) {
+                loc = ggm_local(g, a_off, na, b_off, nb);
+                kv = old_keys[(size_t)row * wo + j];
+            }
+        }
+        const bool ok = loc >= 0 && loc != row;
+        const u32 mask = __ballot_sync(FULL_MASK, ok);
+        const int pos = count + __popc(mask & lt);
+        if (ok && pos < held) {
+            I[pos] = loc;
+            K[pos] = kv;
+            F[pos] = 0;
+        }
+        count = min(held, count + __popc(mask));
+    }
+    __syncwarp();
+
+    // random fill from the other shard
+    const int lo = row < na ? na : 0;
+    const int other = row < na ? nb : na;
+    const int want = min(count + fill, w);
+    int total = count;
+    if (other <= fill) {
+        for (int base = 0; base < other && total < want; base += 32) {
+            const int j = base + lane;
+            const int r = lo + j;
+            bool ok = j < other;
+            if (ok)
+                for (int q = 0; q < count; ++q) ok = ok && (I[q] != r);
+            const u32 mask = __ballot_sync(FULL_MASK, ok);
+            const int pos = total + __popc(mask & lt);
+            if (ok && pos < want) {
+                I[pos] = r;
+                F[pos] = 1;
+            }
+            total = min(want, total + __popc(mask));
+            __syncwarp();
+        }
+    } else {
+        const u64 base64 = mix64(seed ^ (0xD1B54A32D192ED03ull * (u64)(row + 1)));
+        for (int attempt = 0; total < want && attempt < 64; ++attempt) {
+            const u64 r64 = mix64(base64 + (u64)attempt * 32u + (u64)lane);
+            const int r = lo + (int)(r64 % (u64)other);
+            bool dup = false;
+            for (int q = 0; q < total; ++q) dup |= (I[q] == r);
+            for (int l = 0; l < 32; ++l) {
+                const int o = __shfl_sync(FULL_MASK, r, l);
+                dup |= (l < lane) && (o == r);
+            }
+            const u32 mask = __ballot_sync(FULL_MASK, !dup);
+            const int pos = total + __popc(mask & lt);
+            if (!dup && pos < want) {
+                I[pos] = r;
+                F[pos] = 1;
+            }
+            total = min(want, total + __popc(mask));
+            __syncwarp();
+        }
+    }
+    __syncwarp();
+    for (int j = count; j < total; ++j) {
+        const float kv = warp_key<T, METRIC>(x, row, I[j], d, dpad, lane);
+        if (lane == 0) K[j] = kv;
+    }
+    const int KP = next_pow2(w);
+    for (int j = total + lane; j < KP; j += 32) {
+        K[j] = INF_F;
+        I[j] = -1;
+        F[j] = 0;
+    }
+    __syncwarp();
+    warp_bitonic_f(K, I, F, KP, lane);
+    for (int j = lane; j < w; j += 32) {
+        ids[(size_t)row * w + j] = I[j];
+        keys[(size_t)row * w + j] = K[j];
+        flags[(size_t)row * w + j] = F[j];
+    }
+}
+
+// GGM 3: fold back, one warp per row (4 per block), w, wo <= 128. The row's whole old list (global ids,
+// stored keys) plus the refined entries (local ids) whose global id is not in it, keys recomputed exactly
+// (the descent may have kept norm-expansion keys); sorted by (key, id); the first w go to out with global
+// ids, EMPTY / +inf padded.
+template <typename T, int METRIC>
+__global__ void __launch_bounds__(128) ggm_finish(const T* __restrict__ x, int n, int d, int dpad, int na,
+                                                  long long a_off, long long b_off, const int* __restrict__ ids,
+                                                  int w, const int* __restrict__ old_ids,
+                                                  const float* __restrict__ old_keys, int wo,
+                                                  int* __restrict__ out_ids, float* __restrict__ out_keys) {
+    __shared__ float skey[4][256];
+    __shared__ int sid[4][256];
+    __shared__ int sloc[4][128];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int row = blockIdx.x * 4 + warp;
+    if (row >= n) return;
+    float* K = skey[warp];
+    int* I = sid[warp];
+    int* L = sloc[warp];
+    const u32 lt = (1u << lane) - 1u;
+    const long long self = ggm_global(row, a_off, na, b_off);
+    for (int j = lane; j < wo; j += 32) {
+        int g = old_ids[(size_t)row * wo + j];
+        float kv = old_keys[(size_t)row * wo + j];
+        if (g < 0 || (long long)g == self) {
+            g = -1;
+            kv = INF_F;
+        }
+        I[j] = g;
+        K[j] = kv;
+    }
+    __syncwarp();
+    int m = 0;
+    for (int base = 0; base < w; base += 32) {
+        const int j = base + lane;
+        const int loc = j < w ? ids[(size_t)row * w + j] : -1;
+        bool ok = loc >= 0 && loc < n && loc != row;
+        int g = -1;
+        if (ok) {
+            g = (int)ggm_global(loc, a_off, na, b_off);
+            for (int q = 0; q < wo; ++q)
+                if (I[q] == g) {
+                    ok = false;
+                    break;
+                }
+        }
+        const u32 mask = __ballot_sync(FULL_MASK, ok);
+        const int pos = m + __popc(mask & lt);
+        if (ok) {
+            L[pos] = loc;
+            I[wo + pos] = g;
+        }
+        m += __popc(mask);
+    }
+    __syncwarp();
+    for (int j = 0; j < m; ++j) {
+        const float kv = warp_key<T, METRIC>(x, row, L[j], d, dpad, lane);
+        if (lane == 0) K[wo + j] = kv;
+    }
+    const int tot = wo + m;
+    const int KP = next_pow2(tot);
+    for (int j = tot + lane; j < KP; j += 32) {
+        K[j] = INF_F;
+        I[j] = -1;
+    }
+    __syncwarp();
+    warp_bitonic(K, I, KP, lane);
+    for (int j = lane; j < w; j += 32) {
+        const bool v = j < tot && K[j] < INF_F;
+        out_ids[(size_t)row * w + j] = v ? I[j] : -1;
+        out_keys[(size_t)row * w + j] = v ? K[j] : INF_F;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // GNND 2: sampling. One warp per row: the first p NEW and the first p OLD entries in list order go
 // to the forward parts of the sample lists (row stride 2p); sampled NEW entries become OLD.
+// Cross-shard mode (use_labels, GGM): NEW samples only from entries whose label differs from the row's,
+// OLD samples only from entries with the row's own label (as the CPU reference's _sample with `part`):
+// reverse samples keep that property, so every NEW x OLD pair is cross-shard and NEW x NEW is never
+// needed. NEW entries of the row's own label are left NEW and unsampled.
 // cnt layout: [new_cnt | old_cnt | new_fwd | old_fwd], each n ints.
 // ---------------------------------------------------------------------------------------------
 extern "C" __global__ void __launch_bounds__(128) gnnd_sample(int n, int k, int p, const int* __restrict__ ids,
                                                               unsigned char* __restrict__ flags,
                                                               int* __restrict__ new_s, int* __restrict__ old_s,
-                                                              int* __restrict__ cnt) {
+                                                              int* __restrict__ cnt, const int* __restrict__ labels,
+                                                              int use_labels) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int row = blockIdx.x * 4 + warp;
     if (row >= n) return;
     const int S2 = 2 * p;
     const u32 lt = (1u << lane) - 1u;
+    const int own = use_labels ? labels[row] : 0;
     int nc = 0, oc = 0;
     for (int base = 0; base < k && (nc < p || oc < p); base += 32) {
         const int j = base + lane;
@@ -286,8 +535,13 @@ extern "C" __global__ void __launch_bounds__(128) gnnd_sample(int n, int k, int 
             id = ids[(size_t)row * k + j];
             f = flags[(size_t)row * k + j];
         }
-        const bool isn = id >= 0 && f != 0;
-        const bool iso = id >= 0 && f == 0;
+        bool isn = id >= 0 && f != 0;
+        bool iso = id >= 0 && f == 0;
+        if (use_labels && id >= 0) {
+            const bool same = labels[id] == own;
+            isn = isn && !same;
+            iso = iso && same;
+        }
         const u32 mn = __ballot_sync(FULL_MASK, isn);
         const u32 mo = __ballot_sync(FULL_MASK, iso);
         const int rn = nc + __popc(mn & lt), ro = oc + __popc(mo & lt);
@@ -345,8 +599,11 @@ __device__ __forceinline__ void emit_candidate(int u, int v, float key, const fl
 // in chunks of DCMAX floats; row / column groups past nn / nn + no are skipped (block-uniform branches).
 // Selective update: each NEW sample proposes its nearest other NEW and its nearest OLD, each OLD sample
 // its nearest NEW. With labels, pairs of equal label are skipped (GGM).
+// CROSS (GGM, with gnnd_sample's cross-shard mode): NEW and OLD samples lie in different shards, so only
+// the NEW x OLD block is computed (columns start at nn; about half the distance loop) and NEW x NEW is
+// never proposed.
 // ---------------------------------------------------------------------------------------------
-template <typename T, int METRIC, int EXPAND, int MAXN, int TR, int TC, int DCMAX>
+template <typename T, int METRIC, int EXPAND, int MAXN, int TR, int TC, int DCMAX, int CROSS>
 __global__ void __launch_bounds__((MAXN / TR) * (2 * MAXN / TC), ((MAXN / TR) * (2 * MAXN / TC)) >= 512 ? 1 : 6)
 gnnd_cross(const T* __restrict__ x, int n, int dpad, int k, int p, const int* __restrict__ new_s,
            const int* __restrict__ old_s, const int* __restrict__ cnt, const float* __restrict__ keys,
@@ -373,7 +630,7 @@ gnnd_cross(const T* __restrict__ x, int n, int dpad, int k, int p, const int* __
     const int S2 = 2 * p;
     const int nn = min(cnt[row], S2);
     const int no = min(cnt[n + row], S2);
-    if (nn == 0) return;
+    if (nn == 0 || (CROSS && no == 0)) return;  // block-uniform: nothing to match
     const int mm = nn + no;
 
     if (t < M2) {
@@ -405,7 +662,10 @@ gnnd_cross(const T* __restrict__ x, int n, int dpad, int k, int p, const int* __
 
     const int a = t / CT, b = t % CT;
     const int rv = (nn + RT - 1) / RT;  // row groups holding NEW samples (block-uniform)
-    const int cv = (mm + CT - 1) / CT;  // column groups holding any sample
+    // column groups: any sample, or (CROSS) the OLD samples only, columns shifted by nn; MAXN is a
+    // multiple of CT, so coff + cv * CT <= nn + MAXN <= M2
+    const int coff = CROSS ? nn : 0;
+    const int cv = ((CROSS ? no : mm) + CT - 1) / CT;
     const bool active = a < nn;
     float acc[TR][TC];
 #pragma unroll
@@ -449,7 +709,7 @@ gnnd_cross(const T* __restrict__ x, int n, int dpad, int k, int p, const int* __
                     if (r < rv) av[r] = *reinterpret_cast<const float4*>(&sh[(a + RT * r) * RS + dd]);
 #pragma unroll
                 for (int c = 0; c < TC; ++c)
-                    if (c < cv) bv[c] = *reinterpret_cast<const float4*>(&sh[(b + CT * c) * RS + dd]);
+                    if (c < cv) bv[c] = *reinterpret_cast<const float4*>(&sh[(coff + b + CT * c) * RS + dd]);
 #pragma unroll
                 for (int r = 0; r < TR; ++r) {
                     if (r >= rv) continue;
@@ -481,7 +741,8 @@ gnnd_cross(const T* __restrict__ x, int n, int dpad, int k, int p, const int* __
     for (int r = 0; r < TR; ++r)
 #pragma unroll
         for (int c = 0; c < TC; ++c) {
-            const int i = a + RT * r, j = b + CT * c;
+            const int i = a + RT * r, j = coff + b + CT * c;
+            if (CROSS && j >= M2) continue;
             bool ok = sids[i] >= 0 && sids[j] >= 0 && i != j;
             if (use_labels && ok) ok = slab[i] != slab[j];
             float v;
@@ -497,10 +758,11 @@ gnnd_cross(const T* __restrict__ x, int n, int dpad, int k, int p, const int* __
         if (id >= 0) {
             float bn = INF_F, bo = INF_F;
             int jn = -1, jo = -1;
-            for (int j = 0; j < nn; ++j) {
-                const float v = sh[t * DS + j];
-                if (v < bn) { bn = v; jn = j; }
-            }
+            if (!CROSS)
+                for (int j = 0; j < nn; ++j) {
+                    const float v = sh[t * DS + j];
+                    if (v < bn) { bn = v; jn = j; }
+                }
             for (int j = nn; j < mm; ++j) {
                 const float v = sh[t * DS + j];
                 if (v < bo) { bo = v; jo = j; }

@@ -1,0 +1,158 @@
+"""Shared fixtures and helpers of the CPU test suite: small synthetic inputs, a CLI runner, exact
+neighbours by plain NumPy, and recall / graph-invariant checks used by several files."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bigknn.formats import write_vectors
+from bigknn.synth import synth
+
+CLI_TIMEOUT_S = 300
+
+
+# ---- the command line -------------------------------------------------------------------------
+def cli_env() -> dict:
+    env = dict(os.environ)
+    env.pop("BIGKNN_DEBUG", None)  # the documented one-line errors, never a traceback
+    env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault("COLUMNS", "120")
+    return env
+
+
+def run_cli(*args, cwd: Path | None = None, timeout: float = CLI_TIMEOUT_S) -> tuple[int, str, str]:
+    """Run ``python -m bigknn ARGS`` and return (exit code, stdout, stderr)."""
+    proc = subprocess.run([sys.executable, "-m", "bigknn", *map(str, args)], cwd=cwd, env=cli_env(),
+                          capture_output=True, text=True, timeout=timeout)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def run_json(*args, cwd: Path | None = None) -> dict:
+    """Run a CLI command with ``--json`` that must succeed; return its one JSON object."""
+    code, out, err = run_cli(*args, "--json", cwd=cwd)
+    assert code == 0, f"bigknn {' '.join(map(str, args))} exited {code}: {err}"
+    return json.loads(out)
+
+
+@pytest.fixture
+def cli():
+    """The CLI runner as a fixture: ``cli("build", ...) -> (code, stdout, stderr)``."""
+    return run_cli
+
+
+# ---- inputs -----------------------------------------------------------------------------------
+def write_synth(path: Path, rows: int, dim: int, seed: int = 0) -> np.ndarray:
+    x = synth(rows, dim, seed=seed)
+    write_vectors(path, x)
+    return x
+
+
+@pytest.fixture
+def small_fbin(tmp_path) -> tuple[Path, np.ndarray]:
+    """A 2000 x 16 clustered float32 .fbin and its rows."""
+    path = tmp_path / "small.fbin"
+    return path, write_synth(path, 2000, 16, seed=5)
+
+
+# ---- exact neighbours and recall --------------------------------------------------------------
+def exact_keys(q: np.ndarray, x: np.ndarray, metric: str = "l2") -> np.ndarray:
+    """Ordering keys between every query and every row, in float64 (squared L2, or -dot for ip)."""
+    q = np.asarray(q, dtype=np.float64)
+    x = np.asarray(x, dtype=np.float64)
+    dots = q @ x.T
+    if metric == "ip":
+        return -dots
+    d = (q * q).sum(1)[:, None] + (x * x).sum(1)[None, :] - 2.0 * dots
+    return np.maximum(d, 0.0)
+
+
+def exact_neighbours(x: np.ndarray, rows: np.ndarray, k: int, metric: str = "l2",
+                     chunk: int = 256) -> tuple[np.ndarray, np.ndarray]:
+    """Plain NumPy reference: the k nearest rows of each sampled row (itself excluded) and their keys."""
+    ids_out, keys_out = [], []
+    for s in range(0, len(rows), chunk):
+        r = rows[s:s + chunk]
+        keys = exact_keys(x[r], x, metric)
+        keys[np.arange(len(r)), r] = np.inf  # self excluded
+        part = np.argpartition(keys, k - 1, axis=1)[:, :k] if k < keys.shape[1] else \
+            np.broadcast_to(np.arange(keys.shape[1]), keys.shape)
+        pk = np.take_along_axis(keys, part, axis=1)
+        within = np.argsort(pk, axis=1, kind="stable")
+        ids_out.append(np.take_along_axis(part, within, axis=1))
+        keys_out.append(np.take_along_axis(pk, within, axis=1))
+    return np.concatenate(ids_out), np.concatenate(keys_out)
+
+
+def recall_at(graph_ids: np.ndarray, x: np.ndarray, rows: np.ndarray, k: int, metric: str = "l2",
+              truth: tuple[np.ndarray, np.ndarray] | None = None) -> float:
+    """Recall@k of ``graph_ids`` (rows of the graph for the sampled ``rows``), self excluded, ties counted:
+    a listed neighbour is correct when its true key is no larger than the exact k-th key (+ float slack)."""
+    _, tkeys = truth if truth is not None else exact_neighbours(x, rows, k, metric)
+    kth = tkeys[:, k - 1]
+    g = np.asarray(graph_ids)[:, :k].astype(np.int64)
+    valid = (g >= 0) & (g != rows[:, None])
+    safe = np.where(valid, g, 0)
+    xq = np.asarray(x, dtype=np.float64)[rows]
+    xn = np.asarray(x, dtype=np.float64)[safe]
+    if metric == "ip":
+        keys = -np.einsum("ij,ikj->ik", xq, xn)
+    else:
+        keys = ((xq[:, None, :] - xn) ** 2).sum(-1)
+    slack = 1e-5 * np.maximum(1.0, np.abs(kth))
+    correct = valid & (keys <= (kth + slack)[:, None])
+    # a row listed twice counts once
+    earlier = np.tril(np.ones((k, k), dtype=bool), -1)  # [j, i]: i < j
+    repeated = ((g[:, :, None] == g[:, None, :]) & earlier).any(axis=2)
+    return float((correct & ~repeated).sum(1).mean() / k)
+
+
+def check_graph(ids: np.ndarray, dists: np.ndarray, x: np.ndarray, metric: str = "l2", first_id: int = 0,
+                allow_empty: bool = False, rtol: float = 1e-3) -> None:
+    """Invariants of a k-NN graph of rows ``first_id .. first_id + len(ids)`` (global ids) over ``x``
+    (indexed by global id): shapes and dtypes, no self, no duplicate ids per row, keys ascending, and
+    stored keys equal to the keys recomputed in float64."""
+    n, k = ids.shape
+    assert dists.shape == (n, k)
+    assert ids.dtype == np.int32 and dists.dtype == np.float32
+    empty = ids == -1
+    if not allow_empty:
+        assert not empty.any(), f"{int(empty.sum())} empty slots"
+    assert np.all(np.isinf(dists[empty])), "an empty slot has a finite key"
+    assert np.all(np.isfinite(dists[~empty])), "a listed neighbour has an infinite key"
+    assert ids.min() >= -1 and ids.max() < len(x)
+    me = np.arange(first_id, first_id + n)[:, None]
+    assert not np.any(ids == me), "a row lists itself"
+    s = np.sort(ids, axis=1)
+    assert not np.any((s[:, 1:] == s[:, :-1]) & (s[:, 1:] >= 0)), "a row lists one id twice"
+    assert np.all(np.diff(dists, axis=1) >= 0), "keys are not ascending"
+    safe = np.where(empty, 0, ids).astype(np.int64)
+    xq = np.asarray(x, dtype=np.float64)[me[:, 0]]
+    xn = np.asarray(x, dtype=np.float64)[safe]
+    if metric == "ip":
+        want = -np.einsum("ij,ikj->ik", xq, xn)
+    else:
+        want = ((xq[:, None, :] - xn) ** 2).sum(-1)
+    scale = float(np.abs(want[~empty]).max()) if (~empty).any() else 1.0
+    np.testing.assert_allclose(dists[~empty], want[~empty], rtol=rtol, atol=1e-5 * scale)
+
+
+# ---- stores -----------------------------------------------------------------------------------
+def tree_hashes(root: Path) -> dict[str, str]:
+    """sha256 of every file under ``root`` (relative path -> digest)."""
+    out = {}
+    for p in sorted(Path(root).rglob("*")):
+        if p.is_file():
+            out[str(p.relative_to(root))] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+def read_manifest(store: Path) -> dict:
+    return json.loads((Path(store) / "manifest.json").read_text())

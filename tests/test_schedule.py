@@ -1,0 +1,63 @@
+"""The merge schedule (round-robin rounds of disjoint pairs) and the shard split."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from bigknn.pipeline.build import shard_sizes
+from bigknn.pipeline.schedule import pending_pairs, round_robin
+
+
+@pytest.mark.parametrize("s", range(1, 13))
+def test_round_robin_covers_every_pair_once_in_disjoint_rounds(s):
+    rounds = round_robin(s)
+    pairs = [p for rnd in rounds for p in rnd]
+    assert sorted(pairs) == list(itertools.combinations(range(s), 2))  # every pair exactly once, i < j
+    assert len(pairs) == len(set(pairs)) == s * (s - 1) // 2
+    for rnd in rounds:
+        assert rnd, "an empty round"
+        shards = [x for p in rnd for x in p]
+        assert len(shards) == len(set(shards)), f"round {rnd} touches a shard twice"
+        assert len(rnd) == s // 2  # every round is as full as it can be
+    if s == 1:
+        assert rounds == []
+    elif s % 2 == 0:
+        assert len(rounds) == s - 1
+    else:
+        assert len(rounds) == s
+
+
+@pytest.mark.parametrize("s", [2, 5, 6, 9])
+def test_pending_pairs_skips_done_ones_in_schedule_order(s):
+    order = [p for rnd in round_robin(s) for p in rnd]
+    assert pending_pairs(s, set()) == order
+    done = set(order[::3])
+    assert pending_pairs(s, done) == [p for p in order if p not in done]
+    assert pending_pairs(s, set(order)) == []
+    # pairs of shards that do not exist (or reversed duplicates) change nothing
+    assert pending_pairs(s, {(s, s + 1)}) == order
+
+
+@pytest.mark.parametrize("rows,shard_rows,k", [
+    (8000, 2000, 10), (8001, 2000, 10), (24_000, 4000, 32), (10, 100, 3), (1_000_003, 99_999, 32),
+    (100, 7, 6), (29, 5, 4), (12, 5, 5), (1000, 1000, 999), (65, 33, 32), (7, 3, 1),
+])
+def test_shard_sizes_balanced_and_larger_than_k(rows, shard_rows, k):
+    sizes = shard_sizes(rows, shard_rows, k)
+    assert sum(sizes) == rows
+    assert max(sizes) - min(sizes) <= 1, sizes
+    assert all(s > k for s in sizes), sizes
+    need = -(-rows // shard_rows)
+    if need * (k + 1) <= rows:  # shard_rows can be honoured: as few shards as that allows
+        assert len(sizes) == need and max(sizes) <= shard_rows
+    else:  # fewer, larger shards, as many as "> k rows each" allows
+        assert len(sizes) == rows // (k + 1)
+
+
+def test_shard_sizes_examples():
+    assert shard_sizes(8000, 2000, 10) == [2000] * 4
+    assert shard_sizes(24_000, 4000, 32) == [4000] * 6
+    assert shard_sizes(10, 3, 2) == [4, 3, 3]
+    assert shard_sizes(5, 1_000_000, 4) == [5]
