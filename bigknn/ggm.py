@@ -26,6 +26,13 @@ class MergeSetup:
     part: np.ndarray  # 0 for rows of a, 1 for rows of b
 
 
+def merge_stop_frac(min_update_frac: float, na: int, nb: int) -> float:
+    """The stop rule of a merge, as a fraction of all (na + nb) lists: ``min_update_frac`` of the SMALLER
+    shard's entries. Counting over both shards lets the converged lists of a big shard end a merge while
+    the rows of a small one (an ingested batch) are still finding their neighbours."""
+    return min_update_frac * min(na, nb) / (na + nb)
+
+
 def fill_count(k: int) -> int:
     """How many entries of each list GGM replaces with random rows of the other shard."""
     return max(1, k // 2)

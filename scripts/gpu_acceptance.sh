@@ -6,7 +6,8 @@ set -uo pipefail
 OUT=${OUT:-/tmp/bk-out}; WORK=${WORK:-/tmp/bk}; mkdir -p "$OUT" "$WORK"
 STEPS=${STEPS:-"tests sanitizer t1 cli5m t2 t4 kill"}
 GPUS=${GPUS:-0}
-T2_ARGS=${T2_ARGS:---list-width 48}  # build options of the T2 / T4 / kill runs
+T2_ARGS=${T2_ARGS:---list-width 48 --host-mem 32G}  # build options of the T2 / T4 / kill runs
+CLI5M_ARGS=${CLI5M_ARGS:---list-width 48 --samples 16 --iters 18}
 B="python3 -m bigknn"
 summary="$OUT/summary.txt"; : > "$summary"
 note() { echo "$*" | tee -a "$summary"; }
@@ -16,7 +17,7 @@ j() { python3 -c "import json,sys; d=json.load(sys.stdin); print(' '.join(f'{k}=
 for s in $STEPS; do case $s in
 tests)
   step tests
-  python3 -m pytest -m gpu -q tests/ 2>&1 | tee "$OUT/pytest_gpu.log" | tail -3
+  python3 -m pytest -m gpu -q -rf tests/ 2>&1 | tee "$OUT/pytest_gpu.log" | grep -E "^(FAILED|ERROR)|passed|failed|assert" | tail -12
   note "pytest -m gpu: $(tail -1 "$OUT/pytest_gpu.log")" ;;
 sanitizer)
   step sanitizer
@@ -44,7 +45,7 @@ t1)
 cli5m)
   step cli5m
   $B synth $WORK/d5m.fbin --rows 5000000 --dim 96 --json > /dev/null
-  $B build $WORK/d5m.fbin -o $WORK/d5m.knn --k 32 --shard-rows 5000000 --backend cuda --json > "$OUT/cli5m_build.json"
+  $B build $WORK/d5m.fbin -o $WORK/d5m.knn --k 32 --shard-rows 5000000 $CLI5M_ARGS --backend cuda --json > "$OUT/cli5m_build.json"
   $B eval recall $WORK/d5m.knn --backend cuda --json > "$OUT/cli5m_eval.json"
   note "5M CLI build: $(j wall_s phase_s < "$OUT/cli5m_build.json")"
   note "5M eval:      $(j recall exact_s wall_s < "$OUT/cli5m_eval.json")" ;;
@@ -67,7 +68,7 @@ t4)
   step t4
   $B synth $WORK/new100k.fbin --rows 100000 --dim 96 --seed 2 --json > /dev/null
   cp -r $WORK/t2.knn $WORK/t4.knn
-  $B ingest $WORK/t4.knn --input $WORK/new100k.fbin --backend cuda --gpus $GPUS --json > "$OUT/t4_ingest.json"
+  $B ingest $WORK/t4.knn --input $WORK/new100k.fbin --backend cuda --gpus $GPUS --host-mem 32G --json > "$OUT/t4_ingest.json"
   $B eval recall $WORK/t4.knn --backend cuda --rows 0:10000000 --sample 10000 --json > "$OUT/t4_old.json"
   $B eval recall $WORK/t4.knn --backend cuda --rows 10000000:10100000 --sample 10000 --json > "$OUT/t4_new.json"
   note "T4 ingest: $(j wall_s phase_s < "$OUT/t4_ingest.json")"

@@ -9,7 +9,7 @@ import numpy as np
 from bigknn.backends.base import ShardPart
 from bigknn.backends.cpu.descent import DescentState, descend, exact_l2_keys, row_keys_local
 from bigknn.backends.cpu.exact import exact_knn
-from bigknn.ggm import finish_merge, start_merge
+from bigknn.ggm import finish_merge, merge_stop_frac, start_merge
 from bigknn.graph import EMPTY, ID_DTYPE, KnnGraph, drop_self, merge_lists
 from bigknn.params import EXACT_ROWS, GnndParams
 
@@ -73,7 +73,8 @@ class CpuBackend:
         setup.dists[fill] = row_keys_local(xf, sq, np.arange(len(xf)), setup.ids[:, -setup.fill:], metric).ravel()
         ids, dists, is_new = merge_lists(setup.ids, setup.dists, setup.ids.shape[1], extra=fill)
         state = DescentState(ids, dists, is_new)
-        descend(xf, state, metric, params.sample_count(), params.merge_iters, params.min_update_frac, rng,
+        stop = merge_stop_frac(params.min_update_frac, len(a.vectors), len(b.vectors))
+        descend(xf, state, metric, params.sample_count(), params.merge_iters, stop, rng,
                 part=setup.part, on_iter=on_iter)
         if metric == "l2":
             exact_l2_keys(xf, state)

@@ -62,6 +62,7 @@ from typing import Iterable
 import numpy as np
 
 from bigknn.backends.base import ShardPart
+from bigknn.ggm import merge_stop_frac
 from bigknn.graph import EMPTY, KnnGraph, drop_self
 from bigknn.params import EXACT_ROWS, GnndParams
 
@@ -738,7 +739,8 @@ class CudaBackend:
         t_setup = time.perf_counter()
 
         stats = self._iterate(xd, ctype, dpad, m, ids, keys, flags, p, int(params.merge_iters),
-                              float(params.min_update_frac), labels=labels, log_c=log_c, norms=norms,
+                              merge_stop_frac(params.min_update_frac, na, nb), labels=labels, log_c=log_c,
+                              norms=norms,
                               on_iter=on_iter)
         sync()
         t_it = time.perf_counter()
