@@ -95,9 +95,16 @@ def check_finite(vf: VectorFile, chunk_rows: int = 1 << 16) -> None:
     if not np.issubdtype(vf.dtype, np.floating):
         return
     for start, block in vf.chunks(chunk_rows):
-        bad = ~np.isfinite(block).all(axis=1)
-        if bad.any():
-            raise BadInput(vf.path, f"row {start + int(np.argmax(bad))} holds NaN or Inf values")
+        check_finite_rows(vf.path, start, block)
+
+
+def check_finite_rows(path: str | os.PathLike, start: int, block: np.ndarray) -> None:
+    """Refuse a block (rows ``start``... of ``path``) holding NaN or Inf, naming the first bad row."""
+    if not np.issubdtype(block.dtype, np.floating):
+        return
+    bad = ~np.isfinite(block).all(axis=1)
+    if bad.any():
+        raise BadInput(path, f"row {start + int(np.argmax(bad))} holds NaN or Inf values")
 
 
 def read_truth(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:

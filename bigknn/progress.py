@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
@@ -21,14 +22,14 @@ class RateColumn(ProgressColumn):
 
 
 class Reporter:
-    """Silent reporter: the interface the pipeline calls."""
+    """No progress bars (scripts, logs, tests); notes still go to stderr. The interface the pipeline calls."""
 
     @contextmanager
     def phase(self, name: str, total: int, unit: str) -> Iterator[Callable[[int], None]]:
         yield lambda n: None
 
     def note(self, text: str) -> None:
-        pass
+        print(text, file=sys.stderr)
 
 
 class RichReporter(Reporter):

@@ -59,6 +59,14 @@ t2)
   note "T2 build: $(j wall_s phase_s busy_frac read_gb written_gb < "$OUT/t2_build.json")"
   note "T2 eval (T5 10K x 10M): $(j recall exact_s wall_s < "$OUT/t2_eval.json")"
   note "T2 peak RSS: $(grep 'Maximum resident' "$OUT/t2_time.log")" ;;
+t3)
+  step t3
+  [ -f $WORK/d10m.fbin ] || $B synth $WORK/d10m.fbin --rows 10000000 --dim 96 --seed 1 --json > /dev/null
+  $B build $WORK/d10m.fbin -o $WORK/t3.knn --k 32 --shard-rows 1000000 $T2_ARGS --backend cuda --gpus all --json \
+     > "$OUT/t3_build.json"
+  $B eval recall $WORK/t3.knn --backend cuda --json > "$OUT/t3_eval.json"
+  note "T3 build (--gpus all): $(j wall_s phase_s busy_frac < "$OUT/t3_build.json")"
+  note "T3 eval: $(j recall < "$OUT/t3_eval.json")" ;;
 t2one)
   step t2one
   $B build $WORK/d10m.fbin -o $WORK/t2one.knn --k 32 --shard-rows 10000000 $T2_ARGS --backend cuda --json > "$OUT/t2one_build.json"

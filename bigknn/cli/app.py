@@ -55,8 +55,8 @@ def main() -> None:
 
 
 def reporter_for(as_json: bool) -> Reporter:
-    """Progress bars for people on a terminal; nothing when scripts read --json output."""
-    return Reporter() if as_json else RichReporter()
+    """Progress bars for people on a terminal; nothing for scripts (--json) or logs (stderr not a tty)."""
+    return RichReporter() if not as_json and sys.stderr.isatty() else Reporter()
 
 
 def emit(result: dict, as_json: bool, title: str) -> None:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,7 +19,7 @@ import numpy as np
 
 from bigknn.backends import Backend
 from bigknn.errors import BadInput
-from bigknn.formats import VectorFile, check_finite, open_vectors
+from bigknn.formats import VectorFile, check_finite_rows, open_vectors
 from bigknn.graph import ID_DTYPE
 from bigknn.metrics import prepare_rows, stored_dtype
 from bigknn.params import GnndParams
@@ -48,25 +50,29 @@ def build(req: BuildRequest, backends: list[Backend], reporter: Reporter) -> dic
     t0 = time.perf_counter()
     vf = open_vectors(req.input)
     _check_request(req, vf)
-    # every check runs before the lock is taken, so a refusal leaves the store untouched (the lock file too)
-    check_finite(vf)
     resuming = Store.exists(req.store)
-    if resuming:
+    if resuming:  # refuse another build before the lock is taken: a refusal writes nothing, .lock included
         _check_same_build(Store.open(req.store).manifest, req, vf)
-    source = None if resuming else fingerprint(vf)
-    acct.add("read", time.perf_counter() - t0, vf.rows * vf.dim * vf.dtype.itemsize)
-    with WriterLock(req.store, req.wait_s):
-        if Store.exists(req.store):  # again, under the lock: another writer may have created it meanwhile
-            store = Store.open(req.store)
-            _check_same_build(store.manifest, req, vf)
-        else:
-            store = _create_store(req, vf, source or fingerprint(vf))
-        if not store.manifest.shards:
-            t = time.perf_counter()
-            _shard(store, vf, req.metric, reporter)
-            acct.add("shard", time.perf_counter() - t, nbytes_written=vf.rows * vf.dim * vf.dtype.itemsize)
-        run_pending(store, Ledger(store), backends, reporter, acct, req.host_mem)
-        record_timings(store, acct)
+    created_here = False
+    try:
+        with WriterLock(req.store, req.wait_s):
+            if Store.exists(req.store):  # again, under the lock: another writer may have created it meanwhile
+                store = Store.open(req.store)
+                _check_same_build(store.manifest, req, vf)
+            else:
+                store = _create_store(req, vf)
+                created_here = True
+            if not store.manifest.shards:
+                t = time.perf_counter()
+                _shard(store, vf, req.metric, reporter)
+                acct.add("shard", time.perf_counter() - t, vf.rows * vf.dim * vf.dtype.itemsize,
+                         vf.rows * vf.dim * vf.dtype.itemsize)
+            run_pending(store, Ledger(store), backends, reporter, acct, req.host_mem)
+            record_timings(store, acct)
+    except BadInput:
+        if created_here:  # a refused input (NaN/Inf found while sharding) leaves no store behind
+            shutil.rmtree(req.store, ignore_errors=True)
+        raise
     return summary(store, acct, time.perf_counter() - t0, resumed=resuming, backends=backends)
 
 
@@ -83,11 +89,12 @@ def _check_request(req: BuildRequest, vf: VectorFile) -> None:
         raise BadInput(req.input, f"--shard-rows {req.shard_rows} must exceed k = {k}")
 
 
-def fingerprint(vf: VectorFile) -> dict:
+def fingerprint(vf: VectorFile, with_sha256: bool = True) -> dict:
     """Path, size, mtime, sha256, rows and dtype of an input file (one streaming pass for the hash)."""
     st = os.stat(vf.path)
     return {"path": str(Path(vf.path).resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
-            "sha256": _sha256(vf.path), "rows": vf.rows, "dtype": np.dtype(vf.read_dtype).str, "first_id": 0}
+            "sha256": _sha256(vf.path) if with_sha256 else None, "rows": vf.rows,
+            "dtype": np.dtype(vf.read_dtype).str, "first_id": 0}
 
 
 def _check_same_build(m: Manifest, req: BuildRequest, vf: VectorFile) -> None:
@@ -100,7 +107,8 @@ def _check_same_build(m: Manifest, req: BuildRequest, vf: VectorFile) -> None:
     st = os.stat(vf.path)
     if src.get("path") != str(Path(vf.path).resolve()) or src.get("size") != st.st_size:
         diff.insert(0, f"input {src.get('path')}")
-    elif src.get("mtime_ns") != st.st_mtime_ns and _sha256(vf.path) != src.get("sha256"):
+    elif src.get("mtime_ns") != st.st_mtime_ns and (src.get("sha256") is None or
+                                                     _sha256(vf.path) != src.get("sha256")):
         raise BadInput(vf.path, f"changed since {req.store} was built from it (sha256 differs); "
                                 "build into a new store")
     if diff:
@@ -117,10 +125,10 @@ def _sha256(path) -> str:
 
 
 # ---- steps ----------------------------------------------------------------------------------------
-def _create_store(req: BuildRequest, vf: VectorFile, source: dict) -> Store:
+def _create_store(req: BuildRequest, vf: VectorFile) -> Store:
     manifest = Manifest(dim=vf.dim, dtype=stored_dtype(req.metric, vf.read_dtype).str, metric=req.metric,
                         k=req.params.k, shard_rows=req.shard_rows, params=req.params.to_dict(),
-                        seed=req.seed, inputs=[source])
+                        seed=req.seed, inputs=[fingerprint(vf, with_sha256=False)])
     return Store.create(req.store, manifest)
 
 
@@ -133,7 +141,10 @@ def shard_sizes(rows: int, shard_rows: int, k: int) -> list[int]:
 
 
 def _shard(store: Store, vf: VectorFile, metric: str, reporter: Reporter) -> None:
+    """One pass over the input: refuse NaN/Inf rows, write the shards' vectors, and (in a second thread,
+    overlapped) hash the file; the shards and the hash are committed together at the end."""
     m = store.manifest
+    hashing = ThreadPoolExecutor(1).submit(_sha256, vf.path)  # hashlib releases the GIL
     sizes = shard_sizes(vf.rows, m.shard_rows, GnndParams(**m.params).width())
     offset = m.rows  # 0 for a build; ingest appends after the last id
     start = 0  # row in the input file
@@ -141,11 +152,14 @@ def _shard(store: Store, vf: VectorFile, metric: str, reporter: Reporter) -> Non
     with reporter.phase("shard", vf.rows, "rows") as advance:
         for i, rows in enumerate(sizes):
             sid = len(m.shards) + i
-            x = prepare_rows(vf.read(start, start + rows), metric)
+            raw = vf.read(start, start + rows)
+            check_finite_rows(vf.path, start, raw)
+            x = prepare_rows(raw, metric)
             store.write_vectors(sid, x.astype(np.dtype(m.dtype), copy=False))
             entries.append(ShardEntry(id=sid, offset=offset + start, rows=rows))
             start += rows
             advance(rows)
+    m.inputs[-1]["sha256"] = hashing.result()
     m.shards.extend(entries)
     store.commit()
 

@@ -225,19 +225,26 @@ def run_gnnd(store: Store, ledger, backends: list[Backend], reporter: Reporter, 
     if not todo:
         return
     params, metric = GnndParams(**m.params), kernel_metric(m.metric)
-    tasks: queue.Queue = queue.Queue()
-    for shard in todo:
-        tasks.put(shard)
+    # one reader thread keeps the next shards' vectors ready while the workers compute
+    loaded: queue.Queue = queue.Queue(maxsize=len(backends) + 1)
+    read_error: list[BaseException] = []
+
+    def reader() -> None:
+        try:
+            for shard in todo:
+                t = time.perf_counter()
+                x = store.read_vectors(shard.id)
+                acct.add("read", time.perf_counter() - t, x.nbytes)
+                loaded.put((shard, x))
+        except BaseException as e:  # noqa: BLE001 - raised by the workers below
+            read_error.append(e)
+        finally:
+            for _ in backends:
+                loaded.put(None)
 
     def work(backend: Backend, name: str, writer: Writer) -> None:
-        while True:
-            try:
-                shard = tasks.get_nowait()
-            except queue.Empty:
-                return
-            t = time.perf_counter()
-            x = store.read_vectors(shard.id)
-            acct.add("read", time.perf_counter() - t, x.nbytes)
+        while (item := loaded.get()) is not None:
+            shard, x = item
             t = time.perf_counter()
             g = backend.gnnd(x, metric, params, seed=seed_for(m.seed, 0, shard.id))
             dt = time.perf_counter() - t
@@ -245,8 +252,11 @@ def run_gnnd(store: Store, ledger, backends: list[Backend], reporter: Reporter, 
             acct.add_busy(name, dt)
             ids = np.where(g.ids >= 0, g.ids.astype(np.int64) + shard.offset, -1).astype(ID_DTYPE)
             writer.submit({shard.id: KnnGraph(ids, g.dists)}, None, shard.rows)
+        if read_error:
+            raise read_error[0]
 
     with reporter.phase("gnnd", sum(s.rows for s in todo), "rows") as advance:
+        threading.Thread(target=reader, daemon=True).start()
         _run_workers(store, ledger, backends, acct, advance, work)
 
 

@@ -316,8 +316,8 @@ class CudaBackend:
         k = int(params.width())
         if k < 1 or k > MAX_K:
             raise ValueError(f"CUDA backend supports 1 <= k <= {MAX_K}, got k={k}")
-        if n <= max(k + 1, EXACT_ROWS):
-            # every other row is a neighbour: the exact graph is the answer
+        if n <= min(MAX_K, k + 1) or (n <= EXACT_ROWS and k < MAX_K):
+            # a small set: its exact graph (NN-Descent mixes too little there; every row when n <= k + 1)
             g = self._exact_graph(x, min(k, n - 1), metric) if n > 1 else None
             ids = np.full((n, k), EMPTY, np.int32)
             dists = np.full((n, k), np.inf, np.float32)
@@ -490,7 +490,7 @@ class CudaBackend:
     def _exact_graph(self, x, k: int, metric: str) -> KnnGraph:
         """Exact k-NN graph of x among itself, self excluded (small sets and checks)."""
         n = x.shape[0]
-        g = self.exact_knn(x, min(k + 1, n), metric, [(0, x)])
+        g = self.exact_knn(x, min(k + 1, n, MAX_K), metric, [(0, x)])
         ids, dists = drop_self(g.ids, g.dists, np.arange(n))
         return KnnGraph(np.ascontiguousarray(ids[:, :k]), np.ascontiguousarray(dists[:, :k]))
 
