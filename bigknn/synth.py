@@ -7,6 +7,8 @@ size streams to disk in bounded memory; the same seed gives the same rows whatev
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import Iterator
 
 import numpy as np
@@ -15,21 +17,35 @@ BLOCK_ROWS = 65536
 
 
 def synth_blocks(rows: int, dim: int, clusters: int = 200, intrinsic_dim: int = 12, seed: int = 0,
-) -> Iterator[np.ndarray]:
-    """Yield float32 blocks of the clustered set, ``rows`` rows in all."""
+                 threads: int | None = None) -> Iterator[np.ndarray]:
+    """Yield float32 blocks of the clustered set, ``rows`` rows in all, generated on ``threads`` threads
+    (NumPy's generators and matmul release the GIL; each block has its own generator, so the rows do
+    not depend on the thread count)."""
     if rows < 1 or dim < 1 or clusters < 1 or intrinsic_dim < 1:
         raise ValueError("rows, dim, clusters and intrinsic_dim must be positive")
     setup = np.random.default_rng(seed)
     centres = setup.normal(0.0, 4.0, size=(clusters, intrinsic_dim))
     lift = setup.normal(0.0, np.sqrt(1.0 / intrinsic_dim), size=(intrinsic_dim, dim))
-    for start in range(0, rows, BLOCK_ROWS):
+
+    def block(start: int) -> np.ndarray:
         n = min(BLOCK_ROWS, rows - start)
-        # one generator per fixed-size block keeps the output independent of how callers slice it
         rng = np.random.default_rng([seed, start // BLOCK_ROWS])
         labels = rng.integers(0, clusters, size=n)
         low = centres[labels] + rng.normal(size=(n, intrinsic_dim))
         x = low @ lift + rng.normal(0.0, 0.05, size=(n, dim))
-        yield x.astype(np.float32)
+        return x.astype(np.float32)
+
+    workers = threads or min(8, os.cpu_count() or 1)
+    starts = range(0, rows, BLOCK_ROWS)
+    with ThreadPoolExecutor(workers) as pool:
+        ahead = 2 * workers  # blocks in flight: bounded memory whatever the size
+        futures = [pool.submit(block, s) for s in starts[:ahead]]
+        for i in range(len(starts)):
+            out = futures[i].result()
+            futures[i] = None
+            if i + ahead < len(starts):
+                futures.append(pool.submit(block, starts[i + ahead]))
+            yield out
 
 
 def synth(rows: int, dim: int, clusters: int = 200, intrinsic_dim: int = 12, seed: int = 0) -> np.ndarray:

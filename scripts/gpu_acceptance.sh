@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # One device call for the GPU acceptance runs; each step logs under $OUT and a table is printed last.
-#   STEPS="tests sanitizer t1 cli5m t2 t4 kill" bash scripts/gpu_acceptance.sh
+#   STEPS="t2 t4 plan t3 kill tests sanitizer t1 cli5m" bash scripts/gpu_acceptance.sh
 # Needs: PYTHONPATH with bigknn and zarr (see README), a GPU. Data goes to $WORK (default /tmp/bk).
 set -uo pipefail
 OUT=${OUT:-/tmp/bk-out}; WORK=${WORK:-/tmp/bk}; mkdir -p "$OUT" "$WORK"
-STEPS=${STEPS:-"tests sanitizer t1 cli5m t2 t4 kill"}
+STEPS=${STEPS:-"t2 t4 plan t3 kill tests sanitizer t1 cli5m"}
 GPUS=${GPUS:-0}
 T2_ARGS=${T2_ARGS:---list-width 48 --host-mem 32G}  # build options of the T2 / T4 / kill runs
 CLI5M_ARGS=${CLI5M_ARGS:---list-width 48 --samples 16 --iters 18}
+T4_ARGS=${T4_ARGS:---host-mem 32G}
+PLAN_ARGS=${PLAN_ARGS:---list-width 48}  # T7: the width T2 was built with
 B="python3 -m bigknn"
 summary="$OUT/summary.txt"; : > "$summary"
 note() { echo "$*" | tee -a "$summary"; }
@@ -75,12 +77,15 @@ t2one)
 t4)
   step t4
   $B synth $WORK/new100k.fbin --rows 100000 --dim 96 --seed 2 --json > /dev/null
-  cp -r $WORK/t2.knn $WORK/t4.knn
-  $B ingest $WORK/t4.knn --input $WORK/new100k.fbin --backend cuda --gpus $GPUS --host-mem 32G --json > "$OUT/t4_ingest.json"
-  $B eval recall $WORK/t4.knn --backend cuda --rows 0:10000000 --sample 10000 --json > "$OUT/t4_old.json"
-  $B eval recall $WORK/t4.knn --backend cuda --rows 10000000:10100000 --sample 10000 --json > "$OUT/t4_new.json"
-  note "T4 ingest: $(j wall_s phase_s < "$OUT/t4_ingest.json")"
+  $B ingest $WORK/t2.knn --input $WORK/new100k.fbin --backend cuda --gpus $GPUS $T4_ARGS --json > "$OUT/t4_ingest.json"
+  $B eval recall $WORK/t2.knn --backend cuda --rows 0:10000000 --sample 10000 --json > "$OUT/t4_old.json"
+  $B eval recall $WORK/t2.knn --backend cuda --rows 10000000:10100000 --sample 10000 --json > "$OUT/t4_new.json"
+  note "T4 ingest (T2 build took $(j wall_s < "$OUT/t2_build.json")): $(j wall_s phase_s < "$OUT/t4_ingest.json")"
   note "T4 recall old: $(j recall < "$OUT/t4_old.json") new: $(j recall < "$OUT/t4_new.json")" ;;
+plan)
+  step plan
+  $B plan --rows 1000000000 --dim 96 --k 32 $PLAN_ARGS --store $WORK/t2.knn --backend cuda --json > "$OUT/t7_plan.json"
+  note "T7 plan 1B x 96 (rates of the T2 store): $(j shards shard_rows merges estimate_s estimate_h < "$OUT/t7_plan.json")" ;;
 kill)
   step kill
   $B synth $WORK/d4m.fbin --rows 4000000 --dim 96 --seed 3 --json > /dev/null

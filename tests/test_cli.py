@@ -385,3 +385,14 @@ def test_changed_input_file_of_a_finished_store_is_refused_untouched(tmp_path, s
     after = tree_hashes(tmp_path / "store")
     changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
     assert not changed, f"files of the store changed: {changed}"
+
+
+def test_synth_rows_do_not_depend_on_threads():
+    from bigknn.synth import BLOCK_ROWS, synth_blocks
+
+    rows = 2 * BLOCK_ROWS + 123  # a short last block
+    one = np.concatenate(list(synth_blocks(rows, 8, seed=5, threads=1)))
+    many = np.concatenate(list(synth_blocks(rows, 8, seed=5, threads=3)))
+    assert one.shape == (rows, 8)
+    np.testing.assert_array_equal(one, many)
+    assert not np.array_equal(one, np.concatenate(list(synth_blocks(rows, 8, seed=6, threads=3))))
