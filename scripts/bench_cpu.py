@@ -37,6 +37,7 @@ def main() -> None:
     ap.add_argument("--workdir", type=Path, default=None)
     a = ap.parse_args()
     work = a.workdir or Path(tempfile.mkdtemp(prefix="bigknn-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
     data, store = work / "data.fbin", work / "data.knn"
     cli("synth", str(data), "--rows", str(a.rows), "--dim", str(a.dim), "--seed", str(a.seed))
     t = time.perf_counter()

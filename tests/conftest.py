@@ -24,6 +24,7 @@ def cli_env() -> dict:
     env = dict(os.environ)
     env.pop("BIGKNN_DEBUG", None)  # the documented one-line errors, never a traceback
     env["PYTHONUNBUFFERED"] = "1"
+    env["BIGKNN_CHECKPOINT_S"] = "0"  # commit every merge, so kill tests see (and cut) a merge phase in progress
     env.setdefault("COLUMNS", "120")
     return env
 

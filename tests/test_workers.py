@@ -143,12 +143,52 @@ def test_cache_never_evicts_a_result_the_writer_has_not_stored(data, tmp_path):
     from bigknn.pipeline.steps import Ledger
 
     cache = ShardCache(store, Ledger(store), capacity=2, acct=Accounting())
+    asked = []
+    cache.on_pressure = asked.extend
     fresh = KnnGraph(np.zeros((700, 32), np.int32), np.zeros((700, 32), np.float32))
-    cache.put(0, ShardPart(0, np.zeros((700, 16), np.float32), fresh), dirty=True)
+    gen = cache.put(0, ShardPart(0, np.zeros((700, 16), np.float32), fresh), dirty=True)
+    assert cache.dirty() == [0] and cache.snapshot(0) == (fresh, gen)
     for sid in (1, 2, 3):  # more shards than the capacity pass through
         cache.get(sid)
     assert cache.get(0).graph is fresh  # still the unwritten result, not the older graph on disk
-    cache.written(0, fresh)
+    newer = KnnGraph(fresh.ids + 1, fresh.dists)
+    gen2 = cache.put(0, ShardPart(0, np.zeros((700, 16), np.float32), newer), dirty=True)
+    assert gen2 == gen + 1
+    cache.written(0, gen)  # the writer stored the older result: the newer one is still dirty
+    assert cache.dirty() == [0] and cache.get(0).graph is newer
+    assert asked == []  # clean shards made room so far
+    for sid in (1, 2):  # three dirty shards in a cache of two: the writer is asked for the oldest
+        cache.put(sid, ShardPart(700 * sid, np.zeros((700, 16), np.float32), fresh), dirty=True)
+    assert asked == [0] and cache.get(0).graph is newer
+    cache.written(0, gen2)
+    assert cache.dirty() == [1, 2]
     for sid in (1, 2):
         cache.get(sid)
-    assert cache.get(0).graph is not fresh  # once written, it may be evicted and re-read
+    assert cache.get(0).graph is not newer  # once written, it may be evicted and re-read
+
+
+def test_merge_results_are_written_at_checkpoints_not_after_every_merge(data, tmp_path, monkeypatch):
+    """With every shard cached and no checkpoint due, each shard graph is written twice (GNND, then the end
+    of the run), not after each of its merges; the result equals a build that commits every merge."""
+    from bigknn.shards import store as store_module
+
+    writes = []
+    real = store_module.Store.write_graph
+
+    def counting(self, sid, version, graph):
+        writes.append(sid)
+        return real(self, sid, version, graph)
+
+    monkeypatch.setattr(store_module.Store, "write_graph", counting)
+    monkeypatch.setenv("BIGKNN_CHECKPOINT_S", "3600")
+    lazy = build(BuildRequest(input=data, store=tmp_path / "lazy.knn", shard_rows=700, params=GnndParams(k=10)),
+                 [CpuBackend()], Reporter())
+    assert lazy["merges_done"] == 21 and sorted(writes) == sorted(list(range(7)) * 2)
+    writes.clear()
+    monkeypatch.setenv("BIGKNN_CHECKPOINT_S", "0")
+    eager = build(BuildRequest(input=data, store=tmp_path / "eager.knn", shard_rows=700, params=GnndParams(k=10)),
+                  [CpuBackend()], Reporter())
+    assert eager["merges_done"] == 21 and len(writes) == 7 + 2 * 21
+    a, b = Store.open(tmp_path / "lazy.knn"), Store.open(tmp_path / "eager.knn")
+    for sid in range(7):
+        np.testing.assert_array_equal(a.read_graph(sid).ids, b.read_graph(sid).ids)

@@ -84,7 +84,7 @@ gpu_mem_option = click.option("--gpu-mem", "gpu_mem", type=str, default=None,
 gpus_option = click.option("--gpus", type=str, default=None,
                            help="GPUs to use: 'all' or ids like 0,1 (one worker each; default: GPU 0).")
 host_mem_option = click.option("--host-mem", "host_mem", type=str, default=None,
-                               help="Cap on host RAM for cached shards, e.g. 64G (default: 2 shards per worker + 2).")
+                               help="Host RAM for cached shards, e.g. 64G (default: half the machine's RAM).")
 
 
 def parse_bytes(text: str | None) -> int | None:

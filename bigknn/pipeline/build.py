@@ -7,11 +7,9 @@ sharding is redone if it was not committed, shards without a graph get GNND, pai
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,16 +17,16 @@ import numpy as np
 
 from bigknn.backends import Backend
 from bigknn.errors import BadInput
-from bigknn.formats import VectorFile, check_finite_rows, open_vectors
+from bigknn.formats import VectorFile, open_vectors
 from bigknn.graph import ID_DTYPE
-from bigknn.metrics import prepare_rows, stored_dtype
+from bigknn.metrics import stored_dtype
 from bigknn.params import GnndParams
+from bigknn.pipeline.sharding import sha256_of, shard_sizes, stream_shards
 from bigknn.pipeline.steps import Ledger, record_timings, run_pending
 from bigknn.pipeline.workers import Accounting
 from bigknn.progress import Reporter
-from bigknn.shards import Manifest, ShardEntry, Store, WriterLock
+from bigknn.shards import Manifest, Store, WriterLock
 
-READ_ROWS = 1 << 16  # rows per block when streaming an input file
 MAX_ROWS = np.iinfo(ID_DTYPE).max  # ids are int32
 
 
@@ -47,7 +45,6 @@ class BuildRequest:
 def build(req: BuildRequest, backends: list[Backend], reporter: Reporter) -> dict:
     """Build (or resume building) the graph of ``req.input`` into ``req.store``; return a summary."""
     acct = Accounting()
-    t0 = time.perf_counter()
     vf = open_vectors(req.input)
     _check_request(req, vf)
     resuming = Store.exists(req.store)
@@ -62,18 +59,17 @@ def build(req: BuildRequest, backends: list[Backend], reporter: Reporter) -> dic
             else:
                 store = _create_store(req, vf)
                 created_here = True
-            if not store.manifest.shards:
-                t = time.perf_counter()
-                _shard(store, vf, req.metric, reporter)
-                acct.add("shard", time.perf_counter() - t, vf.rows * vf.dim * vf.dtype.itemsize,
-                         vf.rows * vf.dim * vf.dtype.itemsize)
-            run_pending(store, Ledger(store), backends, reporter, acct, req.host_mem)
+            incoming = None
+            if not store.manifest.shards:  # shard, with GNND running on each shard as it is written
+                sizes = shard_sizes(vf.rows, store.manifest.shard_rows, req.params.width())
+                incoming = (stream_shards(store, vf, sizes, acct), sizes)
+            run_pending(store, Ledger(store), backends, reporter, acct, req.host_mem, incoming)
             record_timings(store, acct)
     except BadInput:
         if created_here:  # a refused input (NaN/Inf found while sharding) leaves no store behind
             shutil.rmtree(req.store, ignore_errors=True)
         raise
-    return summary(store, acct, time.perf_counter() - t0, resumed=resuming, backends=backends)
+    return summary(store, acct, time.perf_counter() - acct.t0, resumed=resuming, backends=backends)
 
 
 # ---- checks ---------------------------------------------------------------------------------------
@@ -93,7 +89,7 @@ def fingerprint(vf: VectorFile, with_sha256: bool = True) -> dict:
     """Path, size, mtime, sha256, rows and dtype of an input file (one streaming pass for the hash)."""
     st = os.stat(vf.path)
     return {"path": str(Path(vf.path).resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
-            "sha256": _sha256(vf.path) if with_sha256 else None, "rows": vf.rows,
+            "sha256": sha256_of(vf.path) if with_sha256 else None, "rows": vf.rows,
             "dtype": np.dtype(vf.read_dtype).str, "first_id": 0}
 
 
@@ -108,20 +104,12 @@ def _check_same_build(m: Manifest, req: BuildRequest, vf: VectorFile) -> None:
     if src.get("path") != str(Path(vf.path).resolve()) or src.get("size") != st.st_size:
         diff.insert(0, f"input {src.get('path')}")
     elif src.get("mtime_ns") != st.st_mtime_ns and (src.get("sha256") is None or
-                                                     _sha256(vf.path) != src.get("sha256")):
+                                                     sha256_of(vf.path) != src.get("sha256")):
         raise BadInput(vf.path, f"changed since {req.store} was built from it (sha256 differs); "
                                 "build into a new store")
     if diff:
         raise BadInput(req.store, "holds another build (" + "; ".join(diff) +
                        "); use a new store path or remove this one")
-
-
-def _sha256(path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(16 << 20):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 # ---- steps ----------------------------------------------------------------------------------------
@@ -132,44 +120,12 @@ def _create_store(req: BuildRequest, vf: VectorFile) -> Store:
     return Store.create(req.store, manifest)
 
 
-def shard_sizes(rows: int, shard_rows: int, k: int) -> list[int]:
-    """Balanced contiguous shards of at most ``shard_rows`` rows and more than k rows each (fewer, larger
-    shards where that is impossible)."""
-    count = max(1, min(-(-rows // shard_rows), rows // (k + 1)))
-    base, extra = divmod(rows, count)
-    return [base + (i < extra) for i in range(count)]
-
-
-def _shard(store: Store, vf: VectorFile, metric: str, reporter: Reporter) -> None:
-    """One pass over the input: refuse NaN/Inf rows, write the shards' vectors, and (in a second thread,
-    overlapped) hash the file; the shards and the hash are committed together at the end."""
-    m = store.manifest
-    hashing = ThreadPoolExecutor(1).submit(_sha256, vf.path)  # hashlib releases the GIL
-    sizes = shard_sizes(vf.rows, m.shard_rows, GnndParams(**m.params).width())
-    offset = m.rows  # 0 for a build; ingest appends after the last id
-    start = 0  # row in the input file
-    entries = []
-    with reporter.phase("shard", vf.rows, "rows") as advance:
-        for i, rows in enumerate(sizes):
-            sid = len(m.shards) + i
-            raw = vf.read(start, start + rows)
-            check_finite_rows(vf.path, start, raw)
-            x = prepare_rows(raw, metric)
-            store.write_vectors(sid, x.astype(np.dtype(m.dtype), copy=False))
-            entries.append(ShardEntry(id=sid, offset=offset + start, rows=rows))
-            start += rows
-            advance(rows)
-    m.inputs[-1]["sha256"] = hashing.result()
-    m.shards.extend(entries)
-    store.commit()
-
-
 def summary(store: Store, acct: Accounting, wall: float, resumed: bool, backends: list[Backend]) -> dict:
     m = store.manifest
     n = len(m.shards)
     return {"store": str(store.path), "rows": m.rows, "dim": m.dim, "k": m.k, "metric": m.metric,
             "shards": n, "merges_done": len(m.merged), "merges_total": n * (n - 1) // 2,
             "backend": backends[0].name, "workers": len(backends), "resumed": resumed, "wall_s": round(wall, 3),
-            "phase_s": {p: round(s, 3) for p, s in acct.seconds.items()},
+            "phase_s": {p: round(s, 3) for p, s in acct.seconds.items()}, "phase_wall_s": acct.spans,
             "read_gb": round(acct.bytes_read / 1e9, 3), "written_gb": round(acct.bytes_written / 1e9, 3),
             "busy_frac": {w: round(s / wall, 3) for w, s in acct.busy.items()} if wall > 0 else {}}

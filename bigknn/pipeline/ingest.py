@@ -21,7 +21,8 @@ from bigknn.errors import BadInput
 from bigknn.formats import VECTOR_EXTENSIONS, VectorFile, check_finite, open_vectors
 from bigknn.metrics import prepare_rows
 from bigknn.params import GnndParams
-from bigknn.pipeline.build import MAX_ROWS, fingerprint, shard_sizes
+from bigknn.pipeline.build import MAX_ROWS, fingerprint
+from bigknn.pipeline.sharding import shard_sizes
 from bigknn.pipeline.steps import Ledger, record_timings, run_pending
 from bigknn.pipeline.workers import Accounting
 from bigknn.progress import Reporter

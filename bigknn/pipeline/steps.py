@@ -7,14 +7,20 @@ records into the manifest's ``pending`` section, which readers ignore until the 
 
 from __future__ import annotations
 
+import os
+from typing import Iterable
+
 import numpy as np
 
 from bigknn.backends import Backend
 from bigknn.errors import BadInput
 from bigknn.params import GnndParams
-from bigknn.pipeline.workers import Accounting, pending_pairs, run_gnnd, run_merges
+from bigknn.pipeline.workers import (Accounting, ShardCache, Writer, pending_pairs, run_gnnd, run_merges,
+                                     shards_from_store)
 from bigknn.progress import Reporter
-from bigknn.shards import ShardEntry, Store
+from bigknn.shards import Store
+
+HOST_MEM_FRACTION = 0.5  # of the machine's RAM for cached shards when --host-mem is not given
 
 
 class Ledger:
@@ -49,28 +55,45 @@ class Ledger:
 
 
 def run_pending(store: Store, ledger: Ledger, backends: list[Backend], reporter: Reporter, acct: Accounting,
-                host_mem: int | None = None) -> None:
-    """GNND for every shard without a graph, then GGM for every pending pair."""
-    run_gnnd(store, ledger, backends, reporter, acct)
-    run_merges(store, ledger, pending_pairs(ledger), backends, reporter, acct,
-               cache_shards(store, len(backends), host_mem))
+                host_mem: int | None = None, incoming: tuple[Iterable, list[int]] | None = None) -> None:
+    """GNND for every shard without a graph, then GGM for every pending pair.
+
+    ``incoming``: (stream of (shard, vectors), their sizes) from a sharding pass still running; GNND
+    takes each shard as it arrives. Otherwise the shards without a graph are read from the store."""
+    sizes = [s.rows for s in ledger.shards()] + (incoming[1] if incoming else [])
+    cache = ShardCache(store, ledger, cache_shards(store, max(sizes), len(backends), host_mem), acct)
+    writer = Writer(store, ledger, acct, cache)
+    todo = [s for s in ledger.shards() if ledger.version(s.id) is None]  # before the incoming shards exist
+    try:
+        if incoming:
+            run_gnnd(store, ledger, backends, reporter, acct, cache, writer, incoming[0], sum(incoming[1]),
+                     phase="shard+gnnd")
+        if todo:
+            run_gnnd(store, ledger, backends, reporter, acct, cache, writer, shards_from_store(store, todo, acct),
+                     sum(s.rows for s in todo))
+        run_merges(store, ledger, pending_pairs(ledger), backends, reporter, acct, cache, writer)
+    finally:
+        writer.close()  # what finished is written and committed, also when a worker failed
+        cache.close()
 
 
-def cache_shards(store: Store, workers: int, host_mem: int | None) -> int:
-    """Shards held in host RAM: two per worker plus two being prefetched, or as many as ``host_mem`` holds."""
-    need = 2 * workers
-    if host_mem is None:
-        return need + 2
+def cache_shards(store: Store, biggest: int, workers: int, host_mem: int | None = None) -> int:
+    """Shards held in host RAM: as many as ``host_mem`` (default: half the machine's RAM) holds; at least
+    two per worker plus two being prefetched."""
     m = store.manifest
-    width = GnndParams(**m.params).width()
-    biggest = max(s.rows for s in m.shards + [ShardEntry(**s) if isinstance(s, dict) else s
-                                              for s in (m.pending or {}).get("shards", [])])
-    per_shard = biggest * (m.dim * np.dtype(m.dtype).itemsize + width * 8)
+    per_shard = biggest * (m.dim * np.dtype(m.dtype).itemsize + GnndParams(**m.params).width() * 8)
+    need = 2 * workers + 2
+    if host_mem is None:
+        return max(need, int(physical_memory() * HOST_MEM_FRACTION) // per_shard)
     fits = host_mem // per_shard
-    if fits < need:
+    if fits < 2 * workers:
         raise BadInput(store.path, f"--host-mem {host_mem >> 20} MiB holds {fits} shard(s) of {per_shard >> 20} MiB; "
-                                   f"{workers} worker(s) need {need}: use a smaller --shard-rows")
+                                   f"{workers} worker(s) need {2 * workers}: use a smaller --shard-rows")
     return fits
+
+
+def physical_memory() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def record_timings(store: Store, acct: Accounting) -> None:

@@ -9,6 +9,8 @@ before the committed one are deleted (a reader that loaded the previous manifest
 from __future__ import annotations
 
 import shutil
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +27,10 @@ class Store:
     def __init__(self, path: Path, manifest: Manifest):
         self.path = Path(path)
         self.manifest = manifest
+        # held while the in-memory manifest is changed or written: several threads (sharding, the graph
+        # writer) record progress in it
+        self.lock = threading.RLock()
+        self._deferred = 0
 
     # ---- opening and committing -------------------------------------------------------------
     @staticmethod
@@ -54,10 +60,30 @@ class Store:
         return store
 
     def commit(self) -> None:
-        """Make the current manifest the store's state, then drop graph versions nobody can read."""
-        write_atomic(self.path / MANIFEST, self.manifest.to_json())
-        for shard in self.manifest.shards:
-            self._drop_old_graphs(shard.id, shard.graph)
+        """Make the current manifest the store's state, then drop graph versions nobody can read.
+        Inside ``deferred_commits()`` this does nothing: the block's end commits."""
+        with self.lock:
+            if self._deferred:
+                return
+            write_atomic(self.path / MANIFEST, self.manifest.to_json())
+            for shard in self.manifest.shards:
+                self._drop_old_graphs(shard.id, shard.graph)
+
+    @contextmanager
+    def deferred_commits(self):
+        """Commits inside the block are held back and made once at its end, and not at all if it raises:
+        a multi-step change (the sharding pass) becomes visible whole or not at all."""
+        with self.lock:
+            self._deferred += 1
+        try:
+            yield
+        except BaseException:
+            with self.lock:
+                self._deferred -= 1
+            raise
+        with self.lock:
+            self._deferred -= 1
+            self.commit()
 
     def reload(self) -> None:
         self.manifest = Manifest.from_json((self.path / MANIFEST).read_text())

@@ -1,0 +1,119 @@
+"""The sharding pass: input rows -> checked, prepared shard vectors in the store, streamed to GNND.
+
+One pass over the input file: a reader thread reads each shard's rows, refuses NaN/Inf rows and prepares
+them for the metric; a small pool writes them to the store; another thread hashes the file (hashlib
+releases the GIL). Each shard is handed on, vectors in memory, as soon as it is on disk, so GNND runs on
+the GPU while the rest of the file is still being sharded. The store's commits are held back for the whole
+pass: the shards, the input's sha256 and any graph finished meanwhile become visible in one commit at its
+end, so a crash mid-pass leaves no half-sharded store (the rerun shards again).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import queue
+import threading
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from typing import Iterator
+
+import numpy as np
+
+from bigknn.formats import VectorFile, check_finite_rows
+from bigknn.metrics import prepare_rows
+from bigknn.pipeline.workers import Accounting
+from bigknn.shards import ShardEntry, Store
+
+WRITES_IN_FLIGHT = 2  # shards being written while the next is read
+
+
+def sha256_of(path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(16 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def shard_sizes(rows: int, shard_rows: int, k: int) -> list[int]:
+    """Balanced contiguous shards of at most ``shard_rows`` rows and more than k rows each (fewer, larger
+    shards where that is impossible)."""
+    count = max(1, min(-(-rows // shard_rows), rows // (k + 1)))
+    base, extra = divmod(rows, count)
+    return [base + (i < extra) for i in range(count)]
+
+
+def stream_shards(store: Store, vf: VectorFile, sizes: list[int], acct: Accounting,
+                  ready: int = 2) -> Iterator[tuple[ShardEntry, np.ndarray]]:
+    """Write the input's rows as shards ``sizes`` after the store's last row; yield (shard, vectors) as each
+    is written, at most ``ready`` ahead of the consumer. Commits the shards (and the input's sha256, in
+    ``store.manifest.inputs[-1]``) once all are written; raises BadInput on a NaN/Inf row, committing
+    nothing. Closing the generator early stops the pass, committing nothing."""
+    out: queue.Queue = queue.Queue(maxsize=max(1, ready))
+    stop = threading.Event()
+    done = object()
+
+    def produce() -> None:
+        try:
+            with store.deferred_commits(), ThreadPoolExecutor(1) as hasher, \
+                    ThreadPoolExecutor(WRITES_IN_FLIGHT) as writers:
+                digest = hasher.submit(sha256_of, vf.path)
+                m = store.manifest
+                offset, first, start = m.rows, len(m.shards), 0
+                t = time.perf_counter()
+                in_flight: deque = deque()
+
+                def hand_on(entry, x, fut) -> None:
+                    fut.result()
+                    with store.lock:
+                        m.shards.append(entry)
+                    put((entry, x))
+
+                for i, rows in enumerate(sizes):
+                    raw = vf.read(start, start + rows)
+                    check_finite_rows(vf.path, start, raw)
+                    x = np.ascontiguousarray(prepare_rows(raw, m.metric).astype(np.dtype(m.dtype), copy=False))
+                    entry = ShardEntry(id=first + i, offset=offset + start, rows=rows)
+                    in_flight.append((entry, x, writers.submit(store.write_vectors, entry.id, x)))
+                    start += rows
+                    while len(in_flight) >= WRITES_IN_FLIGHT or (in_flight and in_flight[0][2].done()):
+                        hand_on(*in_flight.popleft())
+                    if stop.is_set():
+                        raise _Stopped
+                while in_flight:
+                    hand_on(*in_flight.popleft())
+                with store.lock:
+                    m.inputs[-1]["sha256"] = digest.result()
+                nbytes = vf.rows * vf.dim * vf.dtype.itemsize
+                acct.add("shard", time.perf_counter() - t, nbytes, nbytes)
+            out.put(done)
+        except _Stopped:
+            pass
+        except BaseException as e:  # noqa: BLE001 - raised in the consumer's thread
+            out.put(e)
+
+    def put(item) -> None:
+        while not stop.is_set():
+            try:
+                out.put(item, timeout=0.2)
+                return
+            except queue.Full:
+                continue
+        raise _Stopped
+
+    with acct.span("shard"):
+        thread = threading.Thread(target=produce, daemon=True, name="shard")
+        thread.start()
+        try:
+            while (item := out.get()) is not done:
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            stop.set()
+            thread.join()
+
+
+class _Stopped(Exception):
+    """The consumer went away: end the pass without committing."""
