@@ -1,11 +1,10 @@
 """The backend-independent halves of GGM (paper 000 §5.1, Alg. 3): set the merge up, and fold it back.
 
 Set-up: the two shards become one local index space [a rows | b rows]. Every list keeps its first
-k - f entries that lie in a or b (entries pointing into other shards cannot be cross-matched, since
-their vectors are not loaded; they wait in the held-back list) and gets f random rows of the other
-shard, marked NEW. f is k/2 (the paper's) for rows whose other shard is at least as large as their own,
-and proportionally fewer for rows of the larger shard (``fill_counts``). After the cross-shard descent,
-each refined list is merged with the row's whole old list (global ids), de-duplicated, sorted, cut to k.
+k - k/2 entries that lie in a or b (entries pointing into other shards cannot be cross-matched, since
+their vectors are not loaded; they wait in the held-back list) and gets k/2 random rows of the other
+shard, marked NEW. After the cross-shard descent, each refined list is merged with the row's whole old
+list (global ids), de-duplicated, sorted, cut to k.
 """
 
 from __future__ import annotations
@@ -22,8 +21,8 @@ from bigknn.graph import EMPTY, ID_DTYPE, KnnGraph, merge_lists
 class MergeSetup:
     ids: np.ndarray  # (na+nb, k) local ids, held part first, random fill after
     dists: np.ndarray  # keys; +inf where still to be computed (the fill)
-    fill_mask: np.ndarray  # True on the random fill entries (they start NEW): the last fill columns of a row
-    fill: int  # the widest fill of any row
+    fill_mask: np.ndarray  # True on the random fill entries (they start NEW): the last `fill` columns
+    fill: int
     part: np.ndarray  # 0 for rows of a, 1 for rows of b
 
 
@@ -34,15 +33,9 @@ def merge_stop_frac(min_update_frac: float, na: int, nb: int) -> float:
     return min_update_frac * min(na, nb) / (na + nb)
 
 
-def fill_counts(k: int, na: int, nb: int) -> tuple[int, int]:
-    """Random rows of the other shard that GGM adds to each list of a, and of b.
-
-    The paper's k/2 where the other shard is at least as large; for rows of the larger shard, k/2 scaled by
-    small/large (at least 1). A row's neighbours in the other shard are about proportional to its size, and
-    a small shard's rows reach the large one's rows through the selective update of their own descent. So a
-    merge of an ingested batch with a big old shard costs about the batch's rows, not the big shard's."""
-    half = max(1, k // 2)
-    return (max(1, min(half, round(half * nb / na))), max(1, min(half, round(half * na / nb))))
+def fill_count(k: int) -> int:
+    """How many entries of each list GGM replaces with random rows of the other shard."""
+    return max(1, k // 2)
 
 
 def to_local(ids: np.ndarray, a: ShardPart, b: ShardPart) -> np.ndarray:
@@ -67,9 +60,8 @@ def to_global(ids: np.ndarray, a: ShardPart, b: ShardPart) -> np.ndarray:
 def start_merge(a: ShardPart, b: ShardPart, rng: np.random.Generator) -> MergeSetup:
     na, nb = a.vectors.shape[0], b.vectors.shape[0]
     k = a.graph.k
-    fill_a, fill_b = fill_counts(k, na, nb)
-    row_fill = np.concatenate([np.full(na, fill_a), np.full(nb, fill_b)])
-    held = (k - row_fill)[:, None]
+    fill = fill_count(k)
+    held = k - fill
     old_ids = np.concatenate([a.graph.ids, b.graph.ids])
     old_d = np.concatenate([a.graph.dists, b.graph.dists])
     local = to_local(old_ids, a, b)
@@ -83,11 +75,11 @@ def start_merge(a: ShardPart, b: ShardPart, rng: np.random.Generator) -> MergeSe
     r = np.broadcast_to(np.arange(n)[:, None], (n, k))
     ids[r[take], rank[take]] = local[take]
     dists[r[take], rank[take]] = old_d[take]
-    fill = max(fill_a, fill_b)
     rand_a = rng.integers(0, nb, size=(na, fill)) + na  # rows of b for lists of a
     rand_b = rng.integers(0, na, size=(nb, fill))  # rows of a for lists of b
-    fill_mask = np.arange(k)[None, :] >= held
-    ids[:, k - fill:] = np.where(fill_mask[:, k - fill:], np.concatenate([rand_a, rand_b]), ids[:, k - fill:])
+    ids[:, held:] = np.concatenate([rand_a, rand_b]).astype(ID_DTYPE)
+    fill_mask = np.zeros((n, k), dtype=bool)
+    fill_mask[:, held:] = True
     part = np.concatenate([np.zeros(na, np.int8), np.ones(nb, np.int8)])
     return MergeSetup(ids, dists, fill_mask, fill, part)
 

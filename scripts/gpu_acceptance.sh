@@ -6,9 +6,9 @@ set -uo pipefail
 OUT=${OUT:-/tmp/bk-out}; WORK=${WORK:-/tmp/bk}; mkdir -p "$OUT" "$WORK"
 STEPS=${STEPS:-"t2 t4 plan t3 kill tests sanitizer t1 cli5m"}
 GPUS=${GPUS:-0}
-T2_ARGS=${T2_ARGS:---list-width 48 --host-mem 32G}  # build options of the T2 / T4 / kill runs
-CLI5M_ARGS=${CLI5M_ARGS:---list-width 48 --samples 16 --iters 18}
-T4_ARGS=${T4_ARGS:---host-mem 32G}
+T2_ARGS=${T2_ARGS:---list-width 48}  # build options of the T2 / T3 / kill runs
+CLI5M_ARGS=${CLI5M_ARGS:---list-width 48 --samples 16 --iters 18}  # shard size: automatic
+T4_ARGS=${T4_ARGS:-}
 PLAN_ARGS=${PLAN_ARGS:---list-width 48}  # T7: the width T2 was built with
 B="python3 -m bigknn"
 summary="$OUT/summary.txt"; : > "$summary"
@@ -47,9 +47,9 @@ t1)
 cli5m)
   step cli5m
   $B synth $WORK/d5m.fbin --rows 5000000 --dim 96 --json > /dev/null
-  $B build $WORK/d5m.fbin -o $WORK/d5m.knn --k 32 --shard-rows 5000000 $CLI5M_ARGS --backend cuda --json > "$OUT/cli5m_build.json"
+  $B build $WORK/d5m.fbin -o $WORK/d5m.knn --k 32 $CLI5M_ARGS --backend cuda --json > "$OUT/cli5m_build.json"
   $B eval recall $WORK/d5m.knn --backend cuda --json > "$OUT/cli5m_eval.json"
-  note "5M CLI build: $(j wall_s phase_s < "$OUT/cli5m_build.json")"
+  note "5M CLI build: $(j shards wall_s phase_s phase_wall_s < "$OUT/cli5m_build.json")"
   note "5M eval:      $(j recall exact_s wall_s < "$OUT/cli5m_eval.json")" ;;
 t2)
   step t2
@@ -58,16 +58,17 @@ t2)
   /usr/bin/time -v $B build $WORK/d10m.fbin -o $WORK/t2.knn --k 32 --shard-rows 1000000 $T2_ARGS --backend cuda --gpus $GPUS --json \
      > "$OUT/t2_build.json" 2> "$OUT/t2_time.log"
   $B eval recall $WORK/t2.knn --backend cuda --json > "$OUT/t2_eval.json"
-  note "T2 build: $(j wall_s phase_s busy_frac read_gb written_gb < "$OUT/t2_build.json")"
+  note "T2 build: $(j wall_s phase_s phase_wall_s busy_frac read_gb written_gb < "$OUT/t2_build.json")"
   note "T2 eval (T5 10K x 10M): $(j recall exact_s wall_s < "$OUT/t2_eval.json")"
   note "T2 peak RSS: $(grep 'Maximum resident' "$OUT/t2_time.log")" ;;
 t3)
   step t3
   [ -f $WORK/d10m.fbin ] || $B synth $WORK/d10m.fbin --rows 10000000 --dim 96 --seed 1 --json > /dev/null
+  sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null
   $B build $WORK/d10m.fbin -o $WORK/t3.knn --k 32 --shard-rows 1000000 $T2_ARGS --backend cuda --gpus all --json \
      > "$OUT/t3_build.json"
   $B eval recall $WORK/t3.knn --backend cuda --json > "$OUT/t3_eval.json"
-  note "T3 build (--gpus all): $(j wall_s phase_s busy_frac < "$OUT/t3_build.json")"
+  note "T3 build (--gpus all): $(j wall_s phase_s phase_wall_s busy_frac read_gb written_gb < "$OUT/t3_build.json")"
   note "T3 eval: $(j recall < "$OUT/t3_eval.json")" ;;
 t2one)
   step t2one
@@ -89,10 +90,11 @@ plan)
 kill)
   step kill
   $B synth $WORK/d4m.fbin --rows 4000000 --dim 96 --seed 3 --json > /dev/null
-  $B build $WORK/d4m.fbin -o $WORK/k.knn --k 32 --shard-rows 500000 $T2_ARGS --backend cuda --json > /dev/null 2>&1 &
+  # checkpoints every second, so that the kill lands between committed merges
+  BIGKNN_CHECKPOINT_S=1 $B build $WORK/d4m.fbin -o $WORK/k.knn --k 32 --shard-rows 500000 $T2_ARGS --backend cuda --json > /dev/null 2>&1 &
   pid=$!
   for _ in $(seq 600); do
-    python3 -c "import json,sys; m=json.load(open('$WORK/k.knn/manifest.json')); sys.exit(0 if len(m['merged'])>=5 else 1)" 2>/dev/null && break
+    python3 -c "import json,sys; m=json.load(open('$WORK/k.knn/manifest.json')); sys.exit(0 if len(m['merged'])>=3 else 1)" 2>/dev/null && break
     kill -0 $pid 2>/dev/null || break; sleep 0.2
   done
   kill -9 $pid; wait $pid 2>/dev/null
@@ -103,4 +105,7 @@ kill)
   $B eval recall $WORK/k2.knn --backend cuda --json > "$OUT/kill_ref_eval.json"
   note "kill mid-merge: at kill $(j merges_done merges_pending < "$OUT/kill_info_before.json"); after merge $(j merges_done < "$OUT/kill_merge.json") recall $(j recall < "$OUT/kill_eval.json") vs uninterrupted $(j recall < "$OUT/kill_ref_eval.json")" ;;
 esac; done
+# at most 8 files come back from the device: the JSON results and logs travel as one archive
+(cd "$OUT" && tar czf results.tgz --exclude=results.tgz --exclude=summary.txt --exclude=run.log * && \
+   find . -maxdepth 1 -type f ! -name results.tgz ! -name summary.txt ! -name run.log -delete)
 echo "================ summary"; cat "$summary"

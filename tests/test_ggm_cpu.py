@@ -105,39 +105,3 @@ def test_merge_ip_metric(backend):
     r = recall_at(ids[rows], x, rows, 10, "ip")
     assert r >= 0.95, f"ip merged recall@10 {r:.4f}"
 
-
-def test_fill_counts_scale_with_the_other_shard():
-    from bigknn.ggm import fill_counts
-
-    assert fill_counts(32, 1000, 1000) == (16, 16)  # the paper's k/2 for equal shards
-    assert fill_counts(32, 10_000, 1000) == (2, 16)  # the big shard's rows get fewer rows of the small one
-    assert fill_counts(32, 1000, 10_000) == (16, 2)
-    assert fill_counts(48, 10**9, 10) == (1, 24) and fill_counts(1, 5, 5) == (1, 1)  # never none
-
-
-def test_unbalanced_merge_setup_and_quality(backend):
-    """An ingest-like merge (10K old rows + 1K new): each row's random fill comes from the other shard, in
-    the proportional amount, after at most k - fill held entries; both sides end with high recall."""
-    from bigknn.ggm import EMPTY, fill_counts, start_merge
-
-    big, small = 10_000, 1000
-    x = synth(big + small, 32, seed=31)
-    params = GnndParams(k=32)
-    ga = backend.gnnd(x[:big], "l2", params, seed=1)
-    gb = shifted(backend.gnnd(x[big:], "l2", params, seed=2), big)
-    a, b = ShardPart(0, x[:big], ga), ShardPart(big, x[big:], gb)
-    setup = start_merge(a, b, np.random.default_rng(0))
-    w = params.width()
-    fill_a, fill_b = fill_counts(w, big, small)
-    assert (setup.fill_mask[:big].sum(1) == fill_a).all() and (setup.fill_mask[big:].sum(1) == fill_b).all()
-    assert (setup.ids[:big][setup.fill_mask[:big]] >= big).all()  # fill of a comes from b, and back
-    assert (setup.ids[big:][setup.fill_mask[big:]] < big).all()
-    held = setup.ids[:big][~setup.fill_mask[:big]]
-    assert ((held == EMPTY) | (held < big)).all()
-    ma, mb = backend.ggm(a, b, "l2", params, seed=3)
-    ids = np.concatenate([ma.ids, mb.ids])
-    check_graph(ids, np.concatenate([ma.dists, mb.dists]), x, "l2")
-    rng = np.random.default_rng(4)
-    for rows in (rng.choice(big, 400, replace=False), big + rng.choice(small, 400, replace=False)):
-        rows = np.sort(rows)
-        assert recall_at(ids[rows], x, rows, 10) >= 0.95

@@ -15,7 +15,7 @@ from bigknn.formats import write_vectors
 from bigknn.params import GnndParams
 from bigknn.pipeline.build import BuildRequest, build
 from bigknn.pipeline.evaluate import recall
-from bigknn.pipeline.workers import PairScheduler
+from bigknn.pipeline.workers import Scheduler
 from bigknn.progress import Reporter
 from bigknn.shards import Store
 from bigknn.synth import synth
@@ -79,26 +79,55 @@ def test_three_workers_merge_every_pair_once_without_sharing_a_shard(data, tmp_p
 
 
 def test_scheduler_prefers_a_pair_that_reuses_a_shard():
-    sched = PairScheduler([(0, 1), (4, 5), (2, 3), (1, 2)])
-    assert sched.take(set()) == (0, 1)
-    sched.release((0, 1))
+    sched = Scheduler([(0, 1), (4, 5), (2, 3), (1, 2)], ready=range(6))
+    assert sched.next_task(set()) == ("merge", (0, 1))
+    assert sched.release((0, 1)) == [0]  # shard 0 has no pair left: final
     # (4, 5) comes first in the list, but (1, 2) reuses shard 1, which the worker still holds
-    assert sched.take({0, 1}) == (1, 2)
+    assert sched.next_task({0, 1}) == ("merge", (1, 2))
     # (2, 3) is blocked by the running (1, 2): the other free pair is handed out
-    assert sched.take({1, 2}) == (4, 5)
+    assert sched.next_task({1, 2}) == ("merge", (4, 5))
 
 
 def test_scheduler_blocks_until_a_shard_is_free():
-    sched = PairScheduler([(0, 1), (1, 2)])
-    first = sched.take(set())
+    sched = Scheduler([(0, 1), (1, 2)], ready=range(3))
+    _, first = sched.next_task(set())
     got = []
-    waiter = threading.Thread(target=lambda: got.append(sched.take(set())))
+    waiter = threading.Thread(target=lambda: got.append(sched.next_task(set())))
     waiter.start()
     time.sleep(0.1)
     assert got == []  # (1, 2) shares shard 1 with the running (0, 1)
     sched.release(first)
     waiter.join(2)
-    assert got == [(1, 2)]
+    assert got == [("merge", (1, 2))]
+
+
+def test_scheduler_runs_gnnd_first_and_merges_once_both_graphs_exist():
+    sched = Scheduler([(0, 1), (0, 2)], ready=[0], feeding=True, queue_limit=1)
+    assert sched.add_shard("shard 1")
+    assert sched.next_task(set()) == ("gnnd", "shard 1")
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(sched.next_task(set())))
+    waiter.start()
+    time.sleep(0.1)
+    assert got == []  # shard 1 has no graph yet, shard 2 has not arrived: nothing to do, but more may come
+    sched.shard_ready(1)
+    waiter.join(2)
+    assert got == [("merge", (0, 1))]
+    assert sched.add_shard("shard 2")
+    full = threading.Thread(target=lambda: got.append(sched.add_shard("one too many")))
+    full.start()
+    time.sleep(0.1)
+    assert len(got) == 1  # the queue holds queue_limit shards: the feeder waits
+    assert sched.next_task(set()) == ("gnnd", "shard 2")  # GNND before the free pair... there is none
+    full.join(2)
+    assert got[1] is True
+    sched.feed_done()
+    assert sched.next_task(set()) == ("gnnd", "one too many")
+    sched.release((0, 1))
+    sched.shard_ready(2)
+    assert sched.next_task(set()) == ("merge", (0, 2))
+    sched.release((0, 2))
+    assert sched.next_task(set()) is None  # all merged, nothing more to come
 
 
 def test_host_memory_budget_is_enforced(data, tmp_path):
@@ -192,3 +221,36 @@ def test_merge_results_are_written_at_checkpoints_not_after_every_merge(data, tm
     a, b = Store.open(tmp_path / "lazy.knn"), Store.open(tmp_path / "eager.knn")
     for sid in range(7):
         np.testing.assert_array_equal(a.read_graph(sid).ids, b.read_graph(sid).ids)
+
+
+def test_checkpoints_commit_merges_while_the_run_goes_on(data, tmp_path, monkeypatch):
+    """A short checkpoint interval: finished merges reach the manifest during the run, in several commits,
+    with fewer graph writes than one per merged shard."""
+    from bigknn.shards import store as store_module
+
+    merged_at_commit, writes = [], []
+    real_commit, real_write = store_module.Store.commit, store_module.Store.write_graph
+
+    def commit(self):
+        merged_at_commit.append(len(self.manifest.merged))
+        return real_commit(self)
+
+    def write(self, sid, version, graph):
+        writes.append(sid)
+        return real_write(self, sid, version, graph)
+
+    monkeypatch.setattr(store_module.Store, "commit", commit)
+    monkeypatch.setattr(store_module.Store, "write_graph", write)
+    monkeypatch.setenv("BIGKNN_CHECKPOINT_S", "0.25")
+
+    class Slow(RecordingBackend):
+        def ggm(self, a, b, metric, params, seed):
+            time.sleep(0.1)
+            return self.cpu.ggm(a, b, metric, params, seed)
+
+    out = build(BuildRequest(input=data, store=tmp_path / "s.knn", shard_rows=700, params=GnndParams(k=10)),
+                [Slow([], set())], Reporter())
+    assert out["merges_done"] == 21
+    during = {n for n in merged_at_commit if 0 < n < 21}
+    assert len(during) >= 2, merged_at_commit  # several checkpoints before the end
+    assert len(writes) < 7 + 2 * 21

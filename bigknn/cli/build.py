@@ -23,8 +23,9 @@ DEFAULTS = GnndParams()
               help="Store directory to create (or to resume).")
 @click.option("--k", type=click.IntRange(min=1), default=DEFAULTS.k, show_default=True, help="Neighbours per row.")
 @click.option("--metric", type=click.Choice(METRICS), default="l2", show_default=True)
-@click.option("--shard-rows", type=click.IntRange(min=2), default=1_000_000, show_default=True,
-              help="Most rows per shard (shards are balanced, contiguous).")
+@click.option("--shard-rows", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Most rows per shard (balanced, contiguous). 0: the largest whose merge fits the GPU "
+                   "memory budget (--gpu-mem, or what is free), 1M on the CPU.")
 @click.option("--iters", type=click.IntRange(min=1), default=DEFAULTS.iters, show_default=True,
               help="GNND iteration cap per shard.")
 @click.option("--merge-iters", type=click.IntRange(min=1), default=DEFAULTS.merge_iters, show_default=True,

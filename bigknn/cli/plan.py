@@ -11,7 +11,7 @@ from bigknn.backends import get_backends
 from bigknn.cli.app import backend_option, cli, emit, gpu_mem_option, gpus_option, json_option, parse_bytes
 from bigknn.formats import open_vectors
 from bigknn.params import GnndParams
-from bigknn.pipeline.plan import calibrate, largest_shard_rows, plan as make_plan, rates_from_store
+from bigknn.pipeline.plan import auto_shard_rows, calibrate, plan as make_plan, rates_from_store
 from bigknn.shards import Store
 
 DTYPES = ("float32", "float16", "uint8", "int8")
@@ -59,8 +59,7 @@ def plan(input: Path | None, rows: int | None, dim: int | None, dtype: str, k: i
     params = GnndParams(k=k, list_width=list_width)
     backends = get_backends(backend, gpus, parse_bytes(gpu_mem))
     if shard_rows is None:
-        budget = parse_bytes(gpu_mem) or _free_gpu_bytes(backends[0])
-        shard_rows = largest_shard_rows(budget, dim, itemsize, params) if budget else 1_000_000
+        shard_rows = auto_shard_rows(backends, dim, itemsize, params, parse_bytes(gpu_mem))
     if store is not None:
         rates = rates_from_store(Store.open(store))
     else:
@@ -69,11 +68,3 @@ def plan(input: Path | None, rows: int | None, dim: int | None, dtype: str, k: i
     emit(make_plan(rows, dim, itemsize, params, min(shard_rows, rows), len(backends), rates, disk_gbps * 1e9),
          as_json, "plan")
 
-
-def _free_gpu_bytes(backend) -> int | None:
-    if backend.name != "cuda":
-        return None
-    import cupy
-
-    with cupy.cuda.Device(backend.device or 0):
-        return int(cupy.cuda.runtime.memGetInfo()[0] * 0.9)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +21,7 @@ from bigknn.formats import VectorFile, open_vectors
 from bigknn.graph import ID_DTYPE
 from bigknn.metrics import stored_dtype
 from bigknn.params import GnndParams
+from bigknn.pipeline.plan import auto_shard_rows
 from bigknn.pipeline.sharding import sha256_of, shard_sizes, stream_shards
 from bigknn.pipeline.steps import Ledger, record_timings, run_pending
 from bigknn.pipeline.workers import Accounting
@@ -35,7 +36,7 @@ class BuildRequest:
     input: Path
     store: Path
     metric: str = "l2"
-    shard_rows: int = 1_000_000
+    shard_rows: int = 0  # 0: automatic (pipeline.plan.auto_shard_rows)
     params: GnndParams = field(default_factory=GnndParams)
     seed: int = 0
     wait_s: float = 0.0
@@ -46,8 +47,12 @@ def build(req: BuildRequest, backends: list[Backend], reporter: Reporter) -> dic
     """Build (or resume building) the graph of ``req.input`` into ``req.store``; return a summary."""
     acct = Accounting()
     vf = open_vectors(req.input)
-    _check_request(req, vf)
     resuming = Store.exists(req.store)
+    if resuming and not req.shard_rows:  # automatic size: the store's, whatever this machine would pick
+        req = replace(req, shard_rows=Store.open(req.store).manifest.shard_rows)
+    elif not req.shard_rows:
+        req = replace(req, shard_rows=auto_shard_rows(backends, vf.dim, vf.read_dtype.itemsize, req.params))
+    _check_request(req, vf)
     if resuming:  # refuse another build before the lock is taken: a refusal writes nothing, .lock included
         _check_same_build(Store.open(req.store).manifest, req, vf)
     created_here = False

@@ -24,7 +24,7 @@ from bigknn.pipeline.schedule import round_robin
 from bigknn.shards import Store
 from bigknn.synth import synth
 
-GPU_BYTES_PER_ROW_EXTRA = 16  # merge bookkeeping beyond the GNND formula (labels, held lists)
+CPU_SHARD_ROWS = 1_000_000  # shard size on the CPU backend, where no device memory bounds it
 DISK_BYTES_PER_S = 2e9  # assumed sequential disk bandwidth when nothing was measured
 
 
@@ -70,14 +70,12 @@ def plan(rows: int, dim: int, itemsize: int, params: GnndParams, shard_rows: int
     compute_s = (gnnd_s + ggm_s) / workers
     io_bytes = rows * row_bytes * 2 + shards * r * graph_row + merges * 2 * shard_bytes + merges * 2 * r * graph_row
     io_s = io_bytes / disk_bytes_per_s
-    p = params.sample_count()
-    gpu_row = row_bytes + 9 * width + 16 * p + 20 + 8 * 64 + GPU_BYTES_PER_ROW_EXTRA
     return {
         "rows": rows, "dim": dim, "k": params.k, "list_width": width, "shards": shards, "shard_rows": r,
         "merges": merges, "rounds": len(round_robin(shards)), "workers": workers,
         "disk_bytes": rows * row_bytes + 2 * rows * graph_row,
         "host_bytes_per_worker": 2 * shard_bytes, "host_bytes_total": (2 * workers + 2) * shard_bytes,
-        "gpu_bytes_per_worker": 2 * r * gpu_row,
+        "gpu_bytes_per_worker": merge_gpu_bytes(r, dim, itemsize, params),
         "io_bytes": io_bytes, "estimate_s": {"gnnd": round(gnnd_s / workers, 1), "ggm": round(ggm_s / workers, 1),
                                             "io": round(io_s, 1), "total": round(max(compute_s, io_s), 1)},
         "estimate_h": round(max(compute_s, io_s) / 3600, 2),
@@ -85,8 +83,26 @@ def plan(rows: int, dim: int, itemsize: int, params: GnndParams, shard_rows: int
     }
 
 
+def merge_gpu_bytes(shard_rows: int, dim: int, itemsize: int, params: GnndParams) -> int:
+    """Device bytes of one GGM of two shards of ``shard_rows`` rows (the CUDA backend's own formula)."""
+    from bigknn.backends.cuda import CudaBackend
+
+    w = params.width()
+    return CudaBackend.ggm_bytes(2 * shard_rows, dim, itemsize, w, w, params.sample_count())
+
+
 def largest_shard_rows(gpu_bytes: int, dim: int, itemsize: int, params: GnndParams) -> int:
     """The biggest shard whose merge (two shards at once) fits ``gpu_bytes``."""
-    width, p = params.width(), params.sample_count()
-    per_row = dim * itemsize + 9 * width + 16 * p + 20 + 8 * 64 + GPU_BYTES_PER_ROW_EXTRA
-    return max(params.width() + 1, int(gpu_bytes // (2 * per_row)))
+    fixed = merge_gpu_bytes(0, dim, itemsize, params)
+    per_row = (merge_gpu_bytes(1 << 20, dim, itemsize, params) - fixed) / (1 << 20)
+    return max(params.width() + 1, int((gpu_bytes - fixed) // per_row))
+
+
+def auto_shard_rows(backends, dim: int, itemsize: int, params: GnndParams, gpu_mem: int | None = None) -> int:
+    """Rows per shard when the user gives none: the largest whose merge fits every GPU's budget (what is
+    free, capped by ``--gpu-mem``). Without a GPU: sized for ``gpu_mem`` when given (planning a GPU job on
+    another machine), else CPU_SHARD_ROWS."""
+    budgets = [b.memory_budget() for b in backends if hasattr(b, "memory_budget")]
+    if not budgets and gpu_mem:
+        budgets = [gpu_mem]
+    return largest_shard_rows(min(budgets), dim, itemsize, params) if budgets else CPU_SHARD_ROWS

@@ -8,6 +8,7 @@ records into the manifest's ``pending`` section, which readers ignore until the 
 from __future__ import annotations
 
 import os
+from itertools import chain
 from typing import Iterable
 
 import numpy as np
@@ -15,7 +16,7 @@ import numpy as np
 from bigknn.backends import Backend
 from bigknn.errors import BadInput
 from bigknn.params import GnndParams
-from bigknn.pipeline.workers import (Accounting, ShardCache, Writer, pending_pairs, run_gnnd, run_merges,
+from bigknn.pipeline.workers import (Accounting, Scheduler, ShardCache, Writer, pending_pairs, run_tasks,
                                      shards_from_store)
 from bigknn.progress import Reporter
 from bigknn.shards import Store
@@ -56,22 +57,25 @@ class Ledger:
 
 def run_pending(store: Store, ledger: Ledger, backends: list[Backend], reporter: Reporter, acct: Accounting,
                 host_mem: int | None = None, incoming: tuple[Iterable, list[int]] | None = None) -> None:
-    """GNND for every shard without a graph, then GGM for every pending pair.
+    """GNND for every shard without a graph and GGM for every pending pair, as one set of tasks: a pair is
+    merged as soon as both its shards have a graph.
 
     ``incoming``: (stream of (shard, vectors), their sizes) from a sharding pass still running; GNND
-    takes each shard as it arrives. Otherwise the shards without a graph are read from the store."""
-    sizes = [s.rows for s in ledger.shards()] + (incoming[1] if incoming else [])
-    cache = ShardCache(store, ledger, cache_shards(store, max(sizes), len(backends), host_mem), acct)
+    takes each shard as it arrives. Shards already in the store without a graph are read from it."""
+    shards = ledger.shards()
+    new_sizes = incoming[1] if incoming else []
+    todo = [s for s in shards if ledger.version(s.id) is None]
+    source = shards_from_store(store, todo, acct) if todo else None
+    if incoming:
+        source = chain(source or (), incoming[0])
+    biggest = max([s.rows for s in shards] + new_sizes)
+    cache = ShardCache(store, ledger, cache_shards(store, biggest, len(backends), host_mem), acct)
     writer = Writer(store, ledger, acct, cache)
-    todo = [s for s in ledger.shards() if ledger.version(s.id) is None]  # before the incoming shards exist
+    sched = Scheduler(pending_pairs(ledger, len(shards) + len(new_sizes)),
+                      ready=[s.id for s in shards if ledger.version(s.id) is not None],
+                      feeding=source is not None, queue_limit=len(backends) + 1)
     try:
-        if incoming:
-            run_gnnd(store, ledger, backends, reporter, acct, cache, writer, incoming[0], sum(incoming[1]),
-                     phase="shard+gnnd")
-        if todo:
-            run_gnnd(store, ledger, backends, reporter, acct, cache, writer, shards_from_store(store, todo, acct),
-                     sum(s.rows for s in todo))
-        run_merges(store, ledger, pending_pairs(ledger), backends, reporter, acct, cache, writer)
+        run_tasks(store, ledger, backends, reporter, acct, cache, writer, sched, source, len(todo) + len(new_sizes))
     finally:
         writer.close()  # what finished is written and committed, also when a worker failed
         cache.close()

@@ -13,11 +13,12 @@
 
 from __future__ import annotations
 
+import math
 import os
 import queue
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ from bigknn.backends import Backend, ShardPart
 from bigknn.graph import ID_DTYPE, KnnGraph
 from bigknn.metrics import kernel_metric
 from bigknn.params import GnndParams
-from bigknn.pipeline.schedule import round_robin
+from bigknn.pipeline import schedule
 from bigknn.progress import Reporter
 from bigknn.shards import ShardEntry, Store
 
@@ -64,6 +65,12 @@ class Accounting:
     def add_busy(self, worker: str, seconds: float) -> None:
         with self.lock:
             self.busy[worker] = self.busy.get(worker, 0.0) + seconds
+
+    def extend_span(self, phase: str, start: float, end: float) -> None:
+        """Widen ``phase``'s span to cover [start, end] (perf_counter times; phases of tasks interleave)."""
+        with self.lock:
+            lo, hi = self.spans.get(phase, [math.inf, -math.inf])
+            self.spans[phase] = [round(min(lo, start - self.t0), 3), round(max(hi, end - self.t0), 3)]
 
     @contextmanager
     def span(self, phase: str) -> Iterator[None]:
@@ -186,38 +193,81 @@ class ShardCache:
         self._pool.shutdown(wait=True)
 
 
-class PairScheduler:
-    """Pending pairs handed out so that no two running merges share a shard."""
+class Scheduler:
+    """The work of a run as tasks for the workers: GNND of each shard that arrives, and the merge of each
+    pending pair once both its shards have a graph ("ready") and no running merge touches either.
 
-    def __init__(self, pairs: list[tuple[int, int]]):
+    GNND comes first (it unblocks pairs and frees the memory of queued shards). Among the pairs, one that
+    shares a shard with the worker's previous pair is preferred (that shard is at hand).
+    """
+
+    def __init__(self, pairs: list[tuple[int, int]], ready: Iterable[int], feeding: bool = False,
+                 queue_limit: int = 2):
         self.pending = list(pairs)
+        self.ready = set(ready)
         self.busy: set[int] = set()
+        self.shards: deque = deque()  # (shard, vectors) waiting for GNND
+        self.feeding = feeding  # more shards will arrive
+        self.queue_limit = queue_limit
         self.cond = threading.Condition()
         self.failed = False
 
-    def take(self, prefer: set[int]) -> tuple[int, int] | None:
+    # -- the feeder's side
+    def add_shard(self, item) -> bool:
+        """Queue a shard for GNND, waiting while ``queue_limit`` wait already; False once the run failed."""
+        with self.cond:
+            while len(self.shards) >= self.queue_limit and not self.failed:
+                self.cond.wait()
+            if self.failed:
+                return False
+            self.shards.append(item)
+            self.cond.notify_all()
+            return True
+
+    def feed_done(self) -> None:
+        with self.cond:
+            self.feeding = False
+            self.cond.notify_all()
+
+    # -- the workers' side
+    def next_task(self, prefer: set[int]) -> tuple[str, object] | None:
+        """("gnnd", (shard, vectors)) or ("merge", (i, j)); None when all is done or the run failed."""
         with self.cond:
             while True:
-                if self.failed or not self.pending:
+                if self.failed:
                     return None
-                free = [p for p in self.pending if p[0] not in self.busy and p[1] not in self.busy]
+                if self.shards:
+                    item = self.shards.popleft()
+                    self.cond.notify_all()
+                    return "gnnd", item
+                free = [p for p in self.pending if p[0] in self.ready and p[1] in self.ready
+                        and p[0] not in self.busy and p[1] not in self.busy]
                 if free:
                     pair = max(free, key=lambda p: (p[0] in prefer) + (p[1] in prefer))
                     self.pending.remove(pair)
                     self.busy.update(pair)
-                    return pair
+                    return "merge", pair
+                if not self.pending and not self.feeding:
+                    return None
                 self.cond.wait()
+
+    def shard_ready(self, sid: int) -> None:
+        with self.cond:
+            self.ready.add(sid)
+            self.cond.notify_all()
+
+    def release(self, pair: tuple[int, int]) -> list[int]:
+        """Free the shards of a finished merge; returns those of them that no pending pair needs any more."""
+        with self.cond:
+            self.busy.difference_update(pair)
+            self.cond.notify_all()
+            return [s for s in pair if not any(s in p for p in self.pending)]
 
     def upcoming(self, prefer: set[int], count: int) -> list[tuple[int, int]]:
         """The pairs likely to be taken next, those reusing ``prefer`` first (for prefetching)."""
         with self.cond:
             ranked = sorted(self.pending, key=lambda p: -((p[0] in prefer) + (p[1] in prefer)))
             return ranked[:count]
-
-    def release(self, pair: tuple[int, int]) -> None:
-        with self.cond:
-            self.busy.difference_update(pair)
-            self.cond.notify_all()
 
     def fail(self) -> None:
         with self.cond:
@@ -240,6 +290,7 @@ class Writer:
         self.error: BaseException | None = None
         self.finished: list[tuple[int, int, int, int]] = []  # merged pairs not yet committed, with gens
         self.written_gen: dict[int, int] = {}
+        self.oldest = 0.0  # when the oldest uncommitted merge finished
         self._lock = threading.Lock()
         self.interval = checkpoint_s()
         cache.on_pressure = lambda sids: self.jobs.put(list(sids))
@@ -253,9 +304,14 @@ class Writer:
     def merged(self, pair: tuple[int, int], gen_i: int, gen_j: int) -> None:
         self._raise()
         with self._lock:
+            first = not self.finished
+            if first:  # the checkpoint clock runs from the oldest merge not yet on disk
+                self.oldest = time.monotonic()
             self.finished.append((*pair, gen_i, gen_j))
         if self.interval <= 0:
             self.jobs.put(list(pair))
+        elif first:
+            self.jobs.put("tick")  # wake the writer to start the clock
 
     def close(self) -> None:
         """Write every dirty shard, commit, stop the thread; raise the first write error."""
@@ -269,17 +325,19 @@ class Writer:
             raise self.error
 
     def _run(self) -> None:
-        last = time.monotonic()
         while True:
             with self._lock:
-                waiting = bool(self.finished)
-            timeout = max(0.0, last + self.interval - time.monotonic()) if waiting else None
+                due = self.oldest + self.interval if self.finished else None
             try:
-                job = self.jobs.get(timeout=timeout)
+                job = self.jobs.get(timeout=None if due is None else max(0.0, due - time.monotonic()))
             except queue.Empty:
                 job = "checkpoint"
+            if job == "tick":
+                continue
             if job is None or job == "checkpoint":
-                sids, last = self.cache.dirty(), time.monotonic()
+                sids = self.cache.dirty()
+                with self._lock:  # merges finishing while this checkpoint writes wait for the next one
+                    self.oldest = time.monotonic()
             else:
                 sids = job
             if self.error is None:
@@ -321,99 +379,91 @@ def shards_from_store(store: Store, shards: list[ShardEntry], acct: Accounting) 
         yield shard, x
 
 
-def run_gnnd(store: Store, ledger, backends: list[Backend], reporter: Reporter, acct: Accounting,
-             cache: ShardCache, writer: Writer, source: Iterable[tuple[ShardEntry, np.ndarray]], rows: int,
-             phase: str = "gnnd") -> None:
-    """GNND for every (shard, vectors) of ``source`` (``rows`` rows in all), shards spread over the workers.
-    Each result goes into the cache with its vectors (merges need no disk read) and is written at once."""
+def run_tasks(store: Store, ledger, backends: list[Backend], reporter: Reporter, acct: Accounting,
+              cache: ShardCache, writer: Writer, sched: Scheduler,
+              source: Iterable[tuple[ShardEntry, np.ndarray]] | None = None, gnnd_count: int = 0) -> None:
+    """Run every task of ``sched`` on the workers: GNND of each (shard, vectors) from ``source`` as it
+    arrives, and the merges. A GNND result goes into the cache with its vectors (its merges need no disk
+    read) and is written at once; a shard whose last pair is merged is written at once too (it is final)."""
     m = store.manifest
     params, metric = GnndParams(**m.params), kernel_metric(m.metric)
-    # one feeder thread keeps the next shards' vectors ready while the workers compute
-    loaded: queue.Queue = queue.Queue(maxsize=len(backends) + 1)
     feed_error: list[BaseException] = []
-    stop = threading.Event()
-
-    def put(item) -> bool:
-        """Queue ``item`` unless the workers have stopped (then nobody would take it)."""
-        while not stop.is_set():
-            try:
-                loaded.put(item, timeout=0.2)
-                return True
-            except queue.Full:
-                continue
-        return False
 
     def feeder() -> None:
         items = iter(source)
         try:
             for item in items:
-                if not put(item):  # the workers failed: end the source (a sharding pass) too
+                if not sched.add_shard(item):  # the workers failed: end the source (a sharding pass) too
                     getattr(items, "close", lambda: None)()
                     return
-        except BaseException as e:  # noqa: BLE001 - raised by the workers below
+        except BaseException as e:  # noqa: BLE001 - raised in the caller's thread below
             feed_error.append(e)
-        for _ in backends:
-            put(None)
-
-    def work(backend: Backend, name: str, advance) -> None:
-        while (item := loaded.get()) is not None:
-            shard, x = item
-            t = time.perf_counter()
-            g = backend.gnnd(x, metric, params, seed=seed_for(m.seed, 0, shard.id))
-            dt = time.perf_counter() - t
-            acct.add("gnnd", dt)
-            acct.add_busy(name, dt)
-            ids = np.where(g.ids >= 0, g.ids.astype(np.int64) + shard.offset, -1).astype(ID_DTYPE)
-            cache.put(shard.id, ShardPart(shard.offset, x, KnnGraph(ids, g.dists)), dirty=True)
-            writer.write_now(shard.id)
-            advance(shard.rows)
-        if feed_error:
-            raise feed_error[0]
-
-    with acct.span(phase), reporter.phase(phase, rows, "rows") as advance:
-        feeding = threading.Thread(target=feeder, daemon=True, name="gnnd-feed")
-        feeding.start()
-        try:
-            _run_workers(backends, lambda b, name: work(b, name, advance))
+            sched.fail()
         finally:
-            stop.set()
-            feeding.join()
+            sched.feed_done()
 
+    def gnnd(backend: Backend, name: str, shard: ShardEntry, x: np.ndarray) -> None:
+        t = time.perf_counter()
+        g = backend.gnnd(x, metric, params, seed=seed_for(m.seed, 0, shard.id))
+        _account(acct, "gnnd", name, t)
+        ids = np.where(g.ids >= 0, g.ids.astype(np.int64) + shard.offset, -1).astype(ID_DTYPE)
+        cache.put(shard.id, ShardPart(shard.offset, x, KnnGraph(ids, g.dists)), dirty=True)
+        writer.write_now(shard.id)
+        sched.shard_ready(shard.id)
 
-def run_merges(store: Store, ledger, pairs: list[tuple[int, int]], backends: list[Backend], reporter: Reporter,
-               acct: Accounting, cache: ShardCache, writer: Writer) -> None:
-    """GGM for every pair in ``pairs`` (each exactly once), spread over the workers."""
-    if not pairs:
-        return
-    m = store.manifest
-    params, metric = GnndParams(**m.params), kernel_metric(m.metric)
-    sched = PairScheduler(pairs)
+    def merge(backend: Backend, name: str, pair: tuple[int, int]) -> None:
+        i, j = pair
+        cache.prefetch(s for p in sched.upcoming(set(pair), cache.capacity) for s in p if s not in pair)
+        a, b = cache.get(i), cache.get(j)
+        t = time.perf_counter()
+        ga, gb = backend.ggm(a, b, metric, params, seed=seed_for(m.seed, 1, i, j))
+        _account(acct, "ggm", name, t)
+        gen_i = cache.put(i, ShardPart(a.offset, a.vectors, ga), dirty=True)
+        gen_j = cache.put(j, ShardPart(b.offset, b.vectors, gb), dirty=True)
+        writer.merged(pair, gen_i, gen_j)
+        for sid in sched.release(pair):
+            writer.write_now(sid)
 
     def work(backend: Backend, name: str, advance) -> None:
         last: set[int] = set(ledger.last_pair() or ())
         try:
-            while (pair := sched.take(last)) is not None:
-                i, j = pair
-                cache.prefetch(s for p in sched.upcoming(set(pair), cache.capacity) for s in p if s not in pair)
-                a, b = cache.get(i), cache.get(j)
-                t = time.perf_counter()
-                ga, gb = backend.ggm(a, b, metric, params, seed=seed_for(m.seed, 1, i, j))
-                dt = time.perf_counter() - t
-                acct.add("ggm", dt)
-                acct.add_busy(name, dt)
-                gen_i = cache.put(i, ShardPart(a.offset, a.vectors, ga), dirty=True)
-                gen_j = cache.put(j, ShardPart(b.offset, b.vectors, gb), dirty=True)
-                writer.merged(pair, gen_i, gen_j)
-                sched.release(pair)
-                advance(1)
-                last = set(pair)
-                cache.wait_for_room(2 * len(backends))
+            while (task := sched.next_task(last)) is not None:
+                kind, what = task
+                if kind == "gnnd":
+                    gnnd(backend, name, *what)
+                    advance(1)
+                else:
+                    merge(backend, name, what)
+                    advance(1)
+                    last = set(what)
+                    cache.wait_for_room(2 * len(backends))
         except BaseException:
             sched.fail()
             raise
 
-    with acct.span("merge"), reporter.phase("merge", len(pairs), "pairs") as advance:
-        _run_workers(backends, lambda b, name: work(b, name, advance))
+    tasks = len(sched.pending) + gnnd_count
+    if not tasks:
+        return
+    feeding = threading.Thread(target=feeder, daemon=True, name="gnnd-feed") if source is not None else None
+    with reporter.phase("build", tasks, "tasks") as advance:
+        if feeding is not None:
+            feeding.start()
+        try:
+            _run_workers(backends, lambda b, name: work(b, name, advance))
+        finally:
+            sched.fail()  # wakes a feeder still waiting to queue a shard
+            if feeding is not None:
+                feeding.join()
+    if feed_error:
+        raise feed_error[0]
+
+
+def _account(acct: Accounting, phase: str, worker: str, t: float) -> None:
+    """Book a backend call that started at ``t``: phase seconds, the worker's busy time, the phase's span."""
+    end = time.perf_counter()
+    acct.add(phase, end - t)
+    acct.add_busy(worker, end - t)
+    acct.extend_span(phase, t, end)
 
 
 def _run_workers(backends: list[Backend], work) -> None:
@@ -436,6 +486,6 @@ def _run_workers(backends: list[Backend], work) -> None:
         raise errors[0]
 
 
-def pending_pairs(ledger) -> list[tuple[int, int]]:
-    done = ledger.done()
-    return [p for rnd in round_robin(len(ledger.shards())) for p in rnd if p not in done and ledger.wanted(*p)]
+def pending_pairs(ledger, shards: int) -> list[tuple[int, int]]:
+    """Pairs of the first ``shards`` shards this run must merge, in round-robin order."""
+    return [p for p in schedule.pending_pairs(shards, ledger.done()) if ledger.wanted(*p)]

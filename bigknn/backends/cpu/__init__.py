@@ -70,9 +70,7 @@ class CpuBackend:
         setup = start_merge(a, b, rng)
         fill = setup.fill_mask
         sq = np.einsum("ij,ij->i", xf, xf)
-        last = np.s_[:, -setup.fill:]  # every fill entry lies in the last setup.fill columns
-        keys = row_keys_local(xf, sq, np.arange(len(xf)), setup.ids[last], metric)
-        setup.dists[last] = np.where(fill[last], keys, setup.dists[last])
+        setup.dists[fill] = row_keys_local(xf, sq, np.arange(len(xf)), setup.ids[:, -setup.fill:], metric).ravel()
         ids, dists, is_new = merge_lists(setup.ids, setup.dists, setup.ids.shape[1], extra=fill)
         state = DescentState(ids, dists, is_new)
         stop = merge_stop_frac(params.min_update_frac, len(a.vectors), len(b.vectors))

@@ -20,7 +20,7 @@ metric / sample-size class / dim-chunk class, cached per process and on disk by 
                    |a|^2 + |b|^2 - 2 a.b (one FMA per dim); afterwards every kept key is recomputed by
                    direct differences and the lists re-sorted, so returned keys are exact.
 * ``ggm_setup``    GGM set-up, one warp per row: global -> local ids (a: [0, na), b: [na, na + nb)), the
-                   first W - f in-pair entries of the old list (stored keys, OLD), f distinct random
+                   first W - W//2 in-pair entries of the old list (stored keys, OLD), W//2 distinct random
                    rows of the other shard (exact keys, NEW), (key, id) sort.
 * ``ggm_finish``   GGM fold-back, one warp per row: the whole old list (global ids, other shards included)
                    plus the refined entries not in it (keys recomputed exactly), sorted, top W, global ids.
@@ -177,6 +177,12 @@ class CudaBackend:
         if self.gpu_mem_bytes is not None:
             budget = min(budget, int(self.gpu_mem_bytes))
         return budget
+
+    def memory_budget(self) -> int:
+        """Bytes of this backend's GPU that one call may plan to use (what shard sizes are chosen from)."""
+        cp = _cupy()
+        with cp.cuda.Device(self.device) if self.device is not None else cp.cuda.Device():
+            return self._budget()
 
     @staticmethod
     def gnnd_bytes(n: int, d: int, itemsize: int, k: int, p: int, slots: int = 64) -> int:
@@ -613,9 +619,9 @@ class CudaBackend:
         """GGM (paper 000 §5.1, Alg. 3) of shards a and b on the GPU; ids in and out are global.
 
         Contract of the CPU reference (bigknn/ggm.py, CpuBackend.ggm): lists W = params.width() wide;
-        set-up keeps the first W - f in-pair entries of each old list and adds f random rows of the other
-        shard (NEW), f from bigknn.ggm.fill_counts (W//2, fewer for rows of the larger shard); cross-shard
-        descent (params.merge_iters, early stop under min_update_frac * n * W updates); each refined list is merged with the row's whole old list (ids of
+        set-up keeps the first W - W//2 in-pair entries of each old list and adds W//2 (at least 1) random
+        rows of the other shard (NEW); cross-shard descent (params.merge_iters, early stop under
+        min_update_frac * n * W updates); each refined list is merged with the row's whole old list (ids of
         other shards included), de-duplicated, sorted, cut to W. Returned keys are exact.
         """
         cp = _cupy()
@@ -671,7 +677,7 @@ class CudaBackend:
         return ids, keys
 
     def _ggm(self, a: ShardPart, b: ShardPart, metric: str, params: GnndParams, seed: int, on_iter=None):
-        from bigknn.ggm import fill_counts
+        from bigknn.ggm import fill_count
 
         cp = _cupy()
         t0 = time.perf_counter()
@@ -689,7 +695,8 @@ class CudaBackend:
             return self._fit_width(a.graph, w), self._fit_width(b.graph, w)
         n = na + nb
         d = int(a.vectors.shape[1])
-        fill_a, fill_b = fill_counts(w, na, nb)
+        fill = fill_count(w)
+        held = w - fill
         p = max(1, min(params.sample_count(), MAX_P))
         same = np.dtype(a.vectors.dtype) == np.dtype(b.vectors.dtype) and np.dtype(a.vectors.dtype) in _CTYPES
         itemsize = np.dtype(a.vectors.dtype).itemsize if same else 4
@@ -727,8 +734,8 @@ class CudaBackend:
         flags = cp.empty((n, w), dtype=cp.uint8)
         seed64 = np.uint64(int(seed) & 0xFFFFFFFFFFFFFFFF)
         mod.get_function(f"ggm_setup<{ct}, {m}>")(grid, (128,), (
-            xd, n32, d32, dp32, na32, a_off, b_off, old_ids, old_keys, np.int32(wo), np.int32(w), np.int32(fill_a),
-            np.int32(fill_b), seed64, ids, keys, flags))
+            xd, n32, d32, dp32, na32, a_off, b_off, old_ids, old_keys, np.int32(wo), np.int32(w), np.int32(held),
+            np.int32(fill), seed64, ids, keys, flags))
         _sync_check(cp)
         norms = None
         if expand:
@@ -756,7 +763,7 @@ class CudaBackend:
         h_ids = self._d2h(out_ids)
         h_keys = self._d2h(out_keys)
         t_end = time.perf_counter()
-        self.last_stats = dict(stats, p=p, slots=1 << log_c, width=w, fill=(fill_a, fill_b), l2_expand=expand,
+        self.last_stats = dict(stats, p=p, slots=1 << log_c, width=w, fill=fill, l2_expand=expand,
                                compile_s=t_c - t0, h2d_s=t_h2d - t_c, setup_s=t_setup - t_h2d, iter_s=t_it - t_setup,
                                finish_s=t_fin - t_it, d2h_s=t_end - t_fin, total_s=t_end - t0)
         return KnnGraph(h_ids[:na], h_keys[:na]), KnnGraph(h_ids[na:], h_keys[na:])

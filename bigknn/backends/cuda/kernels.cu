@@ -323,17 +323,16 @@ __device__ __forceinline__ long long ggm_global(int l, long long a_off, int na, 
     return l < na ? a_off + l : b_off + (l - na);
 }
 
-// GGM 1: set-up, one warp per row (4 per block), w <= 128. fill = fill_a for rows of a, fill_b for rows of b
-// (bigknn.ggm.fill_counts). The first w - fill entries of the row's old list (global ids, wo wide) that lie in
-// a or b keep their stored keys and are flagged OLD; then `fill` distinct random rows of the other shard (all
-// of its rows when it has no more than `fill`), keys computed exactly, flagged NEW; EMPTY padded to w and
-// sorted by (key, id).
+// GGM 1: set-up, one warp per row (4 per block), w <= 128. The first `held` entries of the row's old list
+// (global ids, wo wide) that lie in a or b keep their stored keys and are flagged OLD; then `fill` distinct
+// random rows of the other shard (all of its rows when it has no more than `fill`), keys computed exactly,
+// flagged NEW; EMPTY padded to w and sorted by (key, id).
 template <typename T, int METRIC>
 __global__ void __launch_bounds__(128) ggm_setup(const T* __restrict__ x, int n, int d, int dpad, int na,
                                                  long long a_off, long long b_off, const int* __restrict__ old_ids,
-                                                 const float* __restrict__ old_keys, int wo, int w, int fill_a,
-                                                 int fill_b, u64 seed, int* __restrict__ ids,
-                                                 float* __restrict__ keys, unsigned char* __restrict__ flags) {
+                                                 const float* __restrict__ old_keys, int wo, int w, int held, int fill,
+                                                 u64 seed, int* __restrict__ ids, float* __restrict__ keys,
+                                                 unsigned char* __restrict__ flags) {
     __shared__ float skey[4][128];
     __shared__ int sid[4][128];
     __shared__ unsigned char sflag[4][128];
@@ -345,8 +344,6 @@ __global__ void __launch_bounds__(128) ggm_setup(const T* __restrict__ x, int n,
     unsigned char* F = sflag[warp];
     const int nb = n - na;
     const u32 lt = (1u << lane) - 1u;
-    const int fill = row < na ? fill_a : fill_b;
-    const int held = w - fill;
 
     // held part: in-pair entries of the old list, in list order (ascending keys)
     int count = 0;

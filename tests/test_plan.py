@@ -1,0 +1,59 @@
+"""``bigknn plan`` and automatic shard sizes (issue 3 / 4): shards sized from the GPU memory formula, merge
+counts, and estimates scaled from measured rates."""
+
+from __future__ import annotations
+
+import pytest
+
+from bigknn.params import GnndParams
+from bigknn.pipeline.plan import CPU_SHARD_ROWS, auto_shard_rows, largest_shard_rows, merge_gpu_bytes, plan
+
+from conftest import run_cli, run_json
+
+
+@pytest.mark.parametrize("gib,dim,itemsize,k", [(8, 96, 4, 32), (120, 96, 4, 32), (40, 384, 2, 10), (2, 128, 1, 64)])
+def test_largest_shard_is_the_biggest_whose_merge_fits(gib, dim, itemsize, k):
+    params = GnndParams(k=k)
+    budget = gib << 30
+    r = largest_shard_rows(budget, dim, itemsize, params)
+    assert merge_gpu_bytes(r, dim, itemsize, params) <= budget < merge_gpu_bytes(r + 1000, dim, itemsize, params)
+
+
+def test_auto_shard_rows_without_a_gpu():
+    params = GnndParams(k=32)
+    assert auto_shard_rows([], 96, 4, params) == CPU_SHARD_ROWS
+    assert auto_shard_rows([], 96, 4, params, gpu_mem=8 << 30) == largest_shard_rows(8 << 30, 96, 4, params)
+
+
+def test_plan_scales_measured_rates():
+    params = GnndParams(k=32, list_width=48)
+    rates = {"gnnd_rows_per_s": 2.5e6, "ggm_rows_per_s": 4e6}
+    p = plan(10**9, 96, 4, params, 25_000_000, 1, rates)
+    assert p["shards"] == 40 and p["merges"] == 40 * 39 // 2 and p["rounds"] == 39
+    assert p["estimate_s"]["gnnd"] == pytest.approx(400, rel=0.01)  # 1e9 rows at 2.5M rows/s
+    assert p["estimate_s"]["ggm"] == pytest.approx(780 * 50e6 / 4e6, rel=0.01)  # each merge: 2 shards of rows
+    two = plan(10**9, 96, 4, params, 25_000_000, 2, rates)
+    assert two["estimate_s"]["ggm"] == pytest.approx(p["estimate_s"]["ggm"] / 2, rel=0.01)
+    assert p["gpu_bytes_per_worker"] == merge_gpu_bytes(25_000_000, 96, 4, params)
+
+
+def test_plan_command_calibrates_on_the_cpu():
+    out = run_json("plan", "--rows", 10**9, "--dim", 96, "--k", 32, "--gpu-mem", "120G", "--backend", "cpu",
+                   "--calibrate-rows", 3000)
+    assert out["shard_rows"] * out["shards"] >= 10**9
+    assert out["gpu_bytes_per_worker"] <= 120 << 30
+    assert out["merges"] == out["shards"] * (out["shards"] - 1) // 2
+    assert out["estimate_s"]["total"] > 0 and out["rates"]["source"].startswith("calibration on cpu")
+    code, _, err = run_cli("plan", "--dim", 96)
+    assert code == 2 and "--rows" in err
+
+
+def test_build_picks_the_shard_size_itself(tmp_path):
+    from conftest import write_synth
+
+    data = tmp_path / "x.fbin"
+    write_synth(data, 3000, 16)
+    s = run_json("build", data, "-o", tmp_path / "s.knn", "--k", 10, "--backend", "cpu")
+    assert s["shards"] == 1 and s["rows"] == 3000  # CPU: 1M-row shards
+    again = run_json("build", data, "-o", tmp_path / "s.knn", "--k", 10, "--backend", "cpu")  # resumes
+    assert again["resumed"] is True and again["shards"] == 1
