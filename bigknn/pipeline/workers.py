@@ -406,7 +406,9 @@ def run_tasks(store: Store, ledger, backends: list[Backend], reporter: Reporter,
         t = time.perf_counter()
         g = backend.gnnd(x, metric, params, seed=seed_for(m.seed, 0, shard.id))
         _account(acct, "gnnd", name, t)
-        ids = np.where(g.ids >= 0, g.ids.astype(np.int64) + shard.offset, -1).astype(ID_DTYPE)
+        # local -> global ids in place: int64 temporaries cost ~0.3 s of held GIL per 1M-row shard
+        ids = np.asarray(g.ids, dtype=ID_DTYPE)
+        np.add(ids, shard.offset, out=ids, where=ids >= 0)
         cache.put(shard.id, ShardPart(shard.offset, x, KnnGraph(ids, g.dists)), dirty=True)
         writer.write_now(shard.id)
         sched.shard_ready(shard.id)

@@ -39,7 +39,7 @@ Memory (bytes on the GPU; ``gpu_mem_bytes`` caps the budget, else 92 % of free m
 * gnnd: ``n * (dpad*s + 9kb + 16p + 20 + 8C) + n*d*s`` (the last term only while padding rows),
   kb = GnndParams.width() list entries built (>= k; the store keeps them all, output cuts to k),
   s = element size, dpad = d rounded up to max(16/s, 8), p = samples (<= 32), C = candidate slots per
-  row (64, reduced to 32/16 when the budget is short; MemoryError below that).
+  row (64 in GNND, 128 in GGM; halved while the budget is short, down to 16; MemoryError below that).
 * ggm (n = na + nb rows): gnnd's bytes with k = W, plus ``n * (8*wo + 8*W + 4)`` (old lists wo wide kept
   for the fold-back, output lists, labels). 2 x 1M x 96 f32, W = 32: about 3.7 GB.
 * exact_knn: ``nq*(4d + 8k) + 2 * rows*(d*s + 4d + 4) + qb*tc*4`` for query batch qb and column tile tc
@@ -76,6 +76,7 @@ _CTYPES = {
 _MODULES: dict = {}
 MAX_K = 128
 MAX_P = 32
+GGM_LOG_SLOTS = 7  # candidate slots per row in GGM: 128 (kernels.cu MAX_SLOTS); GNND uses 64
 
 
 def _cupy():
@@ -701,7 +702,10 @@ class CudaBackend:
         same = np.dtype(a.vectors.dtype) == np.dtype(b.vectors.dtype) and np.dtype(a.vectors.dtype) in _CTYPES
         itemsize = np.dtype(a.vectors.dtype).itemsize if same else 4
         budget = self._budget()
-        log_c = 6 if w >= 16 else 5
+        # 128 candidate slots where the budget allows: rows of a small shard merged with a big one receive
+        # hundreds of proposals per iteration, and slot collisions in a 64-slot table cost them ~2 points of
+        # recall against the CPU reference (docs/perf-notes.md)
+        log_c = GGM_LOG_SLOTS if w >= 16 else 5
         while log_c > 4 and self.ggm_bytes(n, d, itemsize, w, wo, p, 1 << log_c) > budget:
             log_c -= 1
         need = self.ggm_bytes(n, d, itemsize, w, wo, p, 1 << log_c)

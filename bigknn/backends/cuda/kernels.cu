@@ -583,6 +583,7 @@ extern "C" __global__ void gnnd_reverse(int n, int p, int* __restrict__ new_s, i
 
 // candidate table: per target row C = 2^logC slots; slot chosen by a hash of the neighbour id and
 // the best (key, id) kept with a 64-bit atomicMin (lock-free; the same id always lands in the same slot)
+#define MAX_SLOTS 128  // largest candidate table per row (logC <= 7); gnnd_merge stages one in shared memory
 __device__ __forceinline__ void emit_candidate(int u, int v, float key, const float* __restrict__ keys, int k,
                                                u64* __restrict__ cand, int logC) {
     if (GNND_MODE != 0) return;
@@ -797,8 +798,8 @@ extern "C" __global__ void __launch_bounds__(128) gnnd_merge(int n, int k, int* 
     __shared__ float lk[4][128];
     __shared__ int li[4][128];
     __shared__ unsigned char lf[4][128];
-    __shared__ float ck[4][64];
-    __shared__ int ci[4][64];
+    __shared__ float ck[4][MAX_SLOTS];
+    __shared__ int ci[4][MAX_SLOTS];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int row = blockIdx.x * 4 + warp;
     if (row >= n) return;
