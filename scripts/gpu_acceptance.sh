@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # One device call for the GPU acceptance runs; each step logs under $OUT and a table is printed last.
-#   STEPS="t2 t4 plan t3 kill tests sanitizer t1 cli5m" bash scripts/gpu_acceptance.sh
+#   STEPS="t2 plan t4 t3 t2one kill tests sanitizer t1 cli5m" bash scripts/gpu_acceptance.sh
 # Needs: PYTHONPATH with bigknn and zarr (see README), a GPU. Data goes to $WORK (default /tmp/bk).
 set -uo pipefail
 OUT=${OUT:-/tmp/bk-out}; WORK=${WORK:-/tmp/bk}; mkdir -p "$OUT" "$WORK"
-STEPS=${STEPS:-"t2 t4 plan t3 kill tests sanitizer t1 cli5m"}
+STEPS=${STEPS:-"t2 plan t4 t3 t2one kill tests sanitizer t1 cli5m"}
 GPUS=${GPUS:-0}
 T2_ARGS=${T2_ARGS:---list-width 48}  # build options of the T2 / T3 / kill runs
 CLI5M_ARGS=${CLI5M_ARGS:---list-width 48 --samples 16 --iters 18}  # shard size: automatic
@@ -72,7 +72,7 @@ t3)
   note "T3 eval: $(j recall < "$OUT/t3_eval.json")" ;;
 t2one)
   step t2one
-  $B build $WORK/d10m.fbin -o $WORK/t2one.knn --k 32 --shard-rows 10000000 $T2_ARGS --backend cuda --json > "$OUT/t2one_build.json"
+  $B build $WORK/d10m.fbin -o $WORK/t2one.knn --k 32 $T2_ARGS --backend cuda --json > "$OUT/t2one_build.json"
   $B eval recall $WORK/t2one.knn --backend cuda --json > "$OUT/t2one_eval.json"
   note "10M one shard: $(j wall_s < "$OUT/t2one_build.json") $(j recall < "$OUT/t2one_eval.json")" ;;
 t4)

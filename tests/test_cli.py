@@ -396,3 +396,17 @@ def test_synth_rows_do_not_depend_on_threads():
     assert one.shape == (rows, 8)
     np.testing.assert_array_equal(one, many)
     assert not np.array_equal(one, np.concatenate(list(synth_blocks(rows, 8, seed=6, threads=3))))
+
+
+def test_nan_in_a_late_shard_stops_the_overlapped_build(tmp_path):
+    """GNND already runs on the first shards when the sharding pass meets a NaN row in the last one: the
+    build stops with the one-line error and exit 2, and leaves no store behind."""
+    x = synth(6000, 16, seed=4)
+    x[5500, 2] = np.nan
+    bad = tmp_path / "late_nan.fbin"
+    write_vectors(bad, x)
+    store = tmp_path / "store"
+    code, out, err = run_cli("build", bad, "-o", store, "--k", 10, "--shard-rows", 1000, "--backend", "cpu")
+    line = assert_one_line_error(code, out, err, bad.name)
+    assert "5500" in line, line
+    assert not store.exists()

@@ -2,8 +2,10 @@
 
 * Shards live in a bounded host cache (vectors + latest graph). Shards arrive there from the sharding pass
   or GNND without a disk read; others are read (prefetched) from the store when a pair needs them.
-* A scheduler hands out pending pairs whose shards no running merge touches (any order of the pairs gives
-  the same all-pairs result), preferring a pair that shares a shard with the worker's last one.
+* A scheduler hands out tasks: GNND of each shard as it arrives (first), and the merge of any pending pair
+  whose shards both have a graph and are touched by no running merge (any order of the pairs gives the
+  same all-pairs result), preferring a pair that shares a shard with the worker's last one. So merges
+  start while the input is still being sharded.
 * Write-back: a GNND graph is written at once. A merge result stays in the cache, newer than the disk
   ("dirty"), and is written at the next checkpoint (every ``checkpoint_s()`` seconds), when the cache must
   make room, or at the end. A shard merged several times between checkpoints is written once. A pair is
@@ -210,15 +212,15 @@ class Scheduler:
         self.feeding = feeding  # more shards will arrive
         self.queue_limit = queue_limit
         self.cond = threading.Condition()
-        self.failed = False
+        self.stopped = False
 
     # -- the feeder's side
     def add_shard(self, item) -> bool:
-        """Queue a shard for GNND, waiting while ``queue_limit`` wait already; False once the run failed."""
+        """Queue a shard for GNND, waiting while ``queue_limit`` wait already; False once the run stopped."""
         with self.cond:
-            while len(self.shards) >= self.queue_limit and not self.failed:
+            while len(self.shards) >= self.queue_limit and not self.stopped:
                 self.cond.wait()
-            if self.failed:
+            if self.stopped:
                 return False
             self.shards.append(item)
             self.cond.notify_all()
@@ -231,10 +233,10 @@ class Scheduler:
 
     # -- the workers' side
     def next_task(self, prefer: set[int]) -> tuple[str, object] | None:
-        """("gnnd", (shard, vectors)) or ("merge", (i, j)); None when all is done or the run failed."""
+        """("gnnd", (shard, vectors)) or ("merge", (i, j)); None when all is done or the run stopped."""
         with self.cond:
             while True:
-                if self.failed:
+                if self.stopped:
                     return None
                 if self.shards:
                     item = self.shards.popleft()
@@ -269,9 +271,10 @@ class Scheduler:
             ranked = sorted(self.pending, key=lambda p: -((p[0] in prefer) + (p[1] in prefer)))
             return ranked[:count]
 
-    def fail(self) -> None:
+    def stop(self) -> None:
+        """End the run (done, or a worker failed): every waiting feeder and worker returns."""
         with self.cond:
-            self.failed = True
+            self.stopped = True
             self.cond.notify_all()
 
 
@@ -398,7 +401,7 @@ def run_tasks(store: Store, ledger, backends: list[Backend], reporter: Reporter,
                     return
         except BaseException as e:  # noqa: BLE001 - raised in the caller's thread below
             feed_error.append(e)
-            sched.fail()
+            sched.stop()
         finally:
             sched.feed_done()
 
@@ -440,7 +443,7 @@ def run_tasks(store: Store, ledger, backends: list[Backend], reporter: Reporter,
                     last = set(what)
                     cache.wait_for_room(2 * len(backends))
         except BaseException:
-            sched.fail()
+            sched.stop()
             raise
 
     tasks = len(sched.pending) + gnnd_count
@@ -453,7 +456,7 @@ def run_tasks(store: Store, ledger, backends: list[Backend], reporter: Reporter,
         try:
             _run_workers(backends, lambda b, name: work(b, name, advance))
         finally:
-            sched.fail()  # wakes a feeder still waiting to queue a shard
+            sched.stop()  # wakes a feeder still waiting to queue a shard
             if feeding is not None:
                 feeding.join()
     if feed_error:
