@@ -39,7 +39,10 @@ Memory (bytes on the GPU; ``gpu_mem_bytes`` caps the budget, else 92 % of free m
 * gnnd: ``n * (dpad*s + 9kb + 16p + 20 + 8C) + n*d*s`` (the last term only while padding rows),
   kb = GnndParams.width() list entries built (>= k; the store keeps them all, output cuts to k),
   s = element size, dpad = d rounded up to max(16/s, 8), p = samples (<= 32), C = candidate slots per
-  row (64 in GNND, 128 in GGM; halved while the budget is short, down to 16; MemoryError below that).
+  row (128, ``LOG_SLOTS``; halved while the budget is short, down to 16; MemoryError below that). Slot
+  collisions drop proposals: with 64 slots the GPU lost 1-2 points of recall against the CPU reference
+  (docs/perf-notes.md). Shard sizes (``bigknn plan``, ``--shard-rows 0``) are computed for 64 slots, so the
+  largest shards run with 64 rather than being made smaller.
 * ggm (n = na + nb rows): gnnd's bytes with k = W, plus ``n * (8*wo + 8*W + 4)`` (old lists wo wide kept
   for the fold-back, output lists, labels). 2 x 1M x 96 f32, W = 32: about 3.7 GB.
 * exact_knn: ``nq*(4d + 8k) + 2 * rows*(d*s + 4d + 4) + qb*tc*4`` for query batch qb and column tile tc
@@ -76,7 +79,7 @@ _CTYPES = {
 _MODULES: dict = {}
 MAX_K = 128
 MAX_P = 32
-GGM_LOG_SLOTS = 7  # candidate slots per row in GGM: 128 (kernels.cu MAX_SLOTS); GNND uses 64
+LOG_SLOTS = 7  # candidate slots per row (kernels.cu MAX_SLOTS): 128; halved while the budget is short
 
 
 def _cupy():
@@ -336,7 +339,7 @@ class CudaBackend:
         p = max(1, min(params.sample_count(), MAX_P))
         itemsize = np.dtype(x.dtype).itemsize if np.dtype(x.dtype) in _CTYPES else 4
         budget = self._budget()
-        log_c = 6 if k >= 16 else 5
+        log_c = LOG_SLOTS if k >= 16 else 5
         while log_c > 4 and self.gnnd_bytes(n, d, itemsize, k, p, 1 << log_c) > budget:
             log_c -= 1
         need = self.gnnd_bytes(n, d, itemsize, k, p, 1 << log_c)
@@ -702,10 +705,7 @@ class CudaBackend:
         same = np.dtype(a.vectors.dtype) == np.dtype(b.vectors.dtype) and np.dtype(a.vectors.dtype) in _CTYPES
         itemsize = np.dtype(a.vectors.dtype).itemsize if same else 4
         budget = self._budget()
-        # 128 candidate slots where the budget allows: rows of a small shard merged with a big one receive
-        # hundreds of proposals per iteration, and slot collisions in a 64-slot table cost them ~2 points of
-        # recall against the CPU reference (docs/perf-notes.md)
-        log_c = GGM_LOG_SLOTS if w >= 16 else 5
+        log_c = LOG_SLOTS if w >= 16 else 5
         while log_c > 4 and self.ggm_bytes(n, d, itemsize, w, wo, p, 1 << log_c) > budget:
             log_c -= 1
         need = self.ggm_bytes(n, d, itemsize, w, wo, p, 1 << log_c)
