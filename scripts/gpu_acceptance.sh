@@ -30,10 +30,13 @@ from bigknn.backends.base import ShardPart
 from bigknn.graph import KnnGraph
 from bigknn.params import GnndParams
 from bigknn.synth import synth
-x = synth(3001, 100, seed=3); be = CudaBackend(); p = GnndParams(k=10, iters=4, merge_iters=3)
-ga = be.gnnd(x[:1500], "l2", p, 0); gb = be.gnnd(x[1500:], "l2", p, 1)
-gb = KnnGraph(np.where(gb.ids >= 0, gb.ids + 1500, -1).astype(np.int32), gb.dists)
-be.ggm(ShardPart(0, x[:1500], ga), ShardPart(1500, x[1500:], gb), "l2", p, 2)
+# shards of more than EXACT_ROWS (2048) rows, so gnnd runs the NN-descent kernels, not the exact path
+x = synth(5201, 100, seed=3); be = CudaBackend(); p = GnndParams(k=10, iters=4, merge_iters=3)
+ga = be.gnnd(x[:2600], "l2", p, 0); gb = be.gnnd(x[2600:], "l2", p, 1)
+assert be.last_stats.get("iters_run"), "gnnd took the exact path"
+gb = KnnGraph(np.where(gb.ids >= 0, gb.ids + 2600, -1).astype(np.int32), gb.dists)
+be.ggm(ShardPart(0, x[:2600], ga), ShardPart(2600, x[2600:], gb), "l2", p, 2)
+be.gnnd(x[:2600].astype(np.uint8), "ip", GnndParams(k=40, iters=3), 4)
 be.exact_knn(x[:37], 11, "l2", [(0, x[:2000]), (2000, x[2000:])])
 print("memcheck workload done")
 PY
