@@ -1,7 +1,9 @@
 """GNND and pairwise merges on one or more workers (one per GPU), with disk I/O overlapped with compute.
 
 * Shards live in a bounded host cache (vectors + latest graph). Shards arrive there from the sharding pass
-  or GNND without a disk read; others are read (prefetched) from the store when a pair needs them.
+  or GNND without a disk read; others are read (prefetched) from the store when a pair needs them. While a
+  GPU merges a pair, the shards of the pairs likely next are copied to it (``CudaBackend.stage``), and a
+  merge's results stay on the GPU for the next pair that reuses the shard.
 * A scheduler hands out tasks: GNND of each shard as it arrives (first), and the merge of any pending pair
   whose shards both have a graph and are touched by no running merge (any order of the pairs gives the
   same all-pairs result), preferring a pair that shares a shard with the worker's last one. So merges
@@ -130,6 +132,11 @@ class ShardCache:
         finally:
             with self._lock:
                 self._loading.pop(sid).set()
+
+    def peek(self, sid: int) -> ShardPart | None:
+        """The cached part of ``sid`` if it is here; never reads."""
+        with self._lock:
+            return self._parts.get(sid)
 
     def put(self, sid: int, part: ShardPart, dirty: bool = False) -> int:
         """Cache ``part``; a dirty put is a new graph not yet on disk. Returns the graph's generation."""
@@ -420,6 +427,11 @@ def run_tasks(store: Store, ledger, backends: list[Backend], reporter: Reporter,
         i, j = pair
         cache.prefetch(s for p in sched.upcoming(set(pair), cache.capacity) for s in p if s not in pair)
         a, b = cache.get(i), cache.get(j)
+        stage = getattr(backend, "stage", None)  # a GPU backend copies the next pair's shards during this merge
+        if stage is not None:
+            upcoming = [cache.peek(s) for p in sched.upcoming(set(pair), 2) for s in p if s not in pair]
+            stage([arr for part in upcoming if part is not None
+                   for arr in (part.vectors, part.graph.ids, part.graph.dists)])
         t = time.perf_counter()
         ga, gb = backend.ggm(a, b, metric, params, seed=seed_for(m.seed, 1, i, j))
         _account(acct, "ggm", name, t)

@@ -58,13 +58,17 @@ Every call frees CuPy's memory pools at its end.
 from __future__ import annotations
 
 import os
+import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterable
 
 import numpy as np
 
 from bigknn.backends.base import ShardPart
+from bigknn.backends.cuda.resident import ResidentCopies
 from bigknn.ggm import merge_stop_frac
 from bigknn.graph import EMPTY, KnnGraph, drop_self
 from bigknn.params import EXACT_ROWS, GnndParams
@@ -150,6 +154,12 @@ def dpad_of(x) -> int:
     return -(-x.shape[1] // align) * align
 
 
+def _report_failure(future) -> None:
+    """An upload ahead that failed only costs the next merge its own upload; say so on stderr."""
+    if future.exception() is not None:
+        print(f"bigknn: note: uploading the next shards ahead failed: {future.exception()!r}", file=sys.stderr)
+
+
 def _sync_check(cp):
     if _check():
         cp.cuda.get_current_stream().synchronize()
@@ -170,7 +180,13 @@ class CudaBackend:
         self.l2_expand = l2_expand
         self.last_stats: dict = {}
         self._staging: list | None = None
+        self._staging_ahead: list | None = None  # pinned buffers of the upload-ahead thread
         self._pool = None
+        self._setup_lock = threading.Lock()
+        self._resident = ResidentCopies()  # device copies kept between calls (resident.py)
+        self._ahead: ThreadPoolExecutor | None = None  # uploads the next pair's shards (stage)
+        self._copy_stream = None
+        self._last_need = 0  # device bytes of the last merge: what uploads ahead must leave free
 
     # ------------------------------------------------------------------ memory
     def _budget(self) -> int:
@@ -178,8 +194,8 @@ class CudaBackend:
         pool = cp.get_default_memory_pool()
         free, _total = cp.cuda.runtime.memGetInfo()
         budget = int((free + pool.free_bytes()) * 0.92)
-        if self.gpu_mem_bytes is not None:
-            budget = min(budget, int(self.gpu_mem_bytes))
+        if self.gpu_mem_bytes is not None:  # copies kept between calls count against the cap too
+            budget = min(budget, int(self.gpu_mem_bytes) - self._resident.nbytes())
         return budget
 
     def memory_budget(self) -> int:
@@ -213,15 +229,19 @@ class CudaBackend:
     _NSTAGE = 3
     _THREADS = 8
 
-    def _stage(self):
-        """Pinned staging buffers (kept for the backend's lifetime) and a copy thread pool."""
-        if self._staging is None:
-            import cupyx
-            from concurrent.futures import ThreadPoolExecutor
+    def _stage(self, ahead: bool = False):
+        """Pinned staging buffers (kept for the backend's lifetime; one set for the calls, one for the
+        upload-ahead thread) and a copy thread pool."""
+        import cupyx
 
-            self._staging = [[cupyx.empty_pinned((self._CHUNK,), dtype=np.uint8), None] for _ in range(self._NSTAGE)]
-            self._pool = ThreadPoolExecutor(self._THREADS)
-        return self._staging
+        with self._setup_lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self._THREADS)
+            attr = "_staging_ahead" if ahead else "_staging"
+            if getattr(self, attr) is None:
+                setattr(self, attr, [[cupyx.empty_pinned((self._CHUNK,), dtype=np.uint8), None]
+                                     for _ in range(self._NSTAGE)])
+            return getattr(self, attr)
 
     def _pcopy(self, dst: np.ndarray, src: np.ndarray):
         """dst[:] = src for flat uint8 arrays, split over threads (NumPy drops the GIL while copying)."""
@@ -234,7 +254,7 @@ class CudaBackend:
         for f in futs:
             f.result()
 
-    def _h2d(self, src: np.ndarray, dst, stream=None):
+    def _h2d(self, src: np.ndarray, dst, stream=None, ahead: bool = False):
         """Copy a contiguous host array into a device array of the same size, queued on ``stream``."""
         cp = _cupy()
         src = np.ascontiguousarray(src)
@@ -245,7 +265,7 @@ class CudaBackend:
         stream = stream if stream is not None else cp.cuda.get_current_stream()
         s8 = src.reshape(-1).view(np.uint8)
         d8 = dst.reshape(-1).view(cp.uint8)
-        bufs = self._stage()
+        bufs = self._stage(ahead)
         for i, a in enumerate(range(0, nbytes, self._CHUNK)):
             buf = bufs[i % len(bufs)]
             if buf[1] is not None:
@@ -283,6 +303,43 @@ class CudaBackend:
             pb[1].synchronize()
             self._pcopy(o8[pa:pe], pb[0][: pe - pa])
         return out
+
+    def _to_device(self, host: np.ndarray, dst, stats: dict) -> None:
+        """dst[:] = host: from the device copy kept between calls if there is one, else uploaded."""
+        cp = _cupy()
+        dev = self._resident.get(host, cp.cuda.get_current_stream())
+        if dev is not None:
+            dst[...] = dev.reshape(dst.shape)
+            stats["resident_hits"] = stats.get("resident_hits", 0) + 1
+        else:
+            self._h2d(host, dst)
+            stats["h2d_bytes"] = stats.get("h2d_bytes", 0) + host.nbytes
+
+    def stage(self, arrays: Iterable[np.ndarray]) -> None:
+        """Start copying host arrays (the next pair's shards) to this GPU on a stream of their own while the
+        current call computes, so the next merge finds them there. Returns at once; arrays already on the
+        GPU are skipped, and copies stop where they would leave less free memory than the last merge used."""
+        todo = [a for a in arrays if isinstance(a, np.ndarray) and a.flags.c_contiguous and not self._resident.has(a)]
+        if not todo:
+            return
+        with self._setup_lock:
+            if self._ahead is None:
+                self._ahead = ThreadPoolExecutor(1, thread_name_prefix="h2d-ahead")
+        self._ahead.submit(self._upload_ahead, todo).add_done_callback(_report_failure)
+
+    def _upload_ahead(self, arrays: list[np.ndarray]) -> None:
+        cp = _cupy()
+        with cp.cuda.Device(self.device) if self.device is not None else cp.cuda.Device():
+            if self._copy_stream is None:
+                self._copy_stream = cp.cuda.Stream(non_blocking=True)
+            for a in arrays:
+                if self._resident.has(a):
+                    continue
+                if self._budget() - a.nbytes < self._last_need + (256 << 20):
+                    return
+                dev = cp.empty(a.shape, dtype=a.dtype)
+                self._h2d(a, dev, self._copy_stream, ahead=True)
+                self._resident.put(a, dev, self._copy_stream.record())
 
     # ------------------------------------------------------------------ GNND
     def gnnd(self, x: np.ndarray, metric: str, params: GnndParams, seed: int) -> KnnGraph:
@@ -339,6 +396,8 @@ class CudaBackend:
         p = max(1, min(params.sample_count(), MAX_P))
         itemsize = np.dtype(x.dtype).itemsize if np.dtype(x.dtype) in _CTYPES else 4
         budget = self._budget()
+        while self.gnnd_bytes(n, d, itemsize, k, p, 1 << LOG_SLOTS) > budget and self._resident.drop_oldest():
+            budget = self._budget()  # copies kept from earlier merges make room first
         log_c = LOG_SLOTS if k >= 16 else 5
         while log_c > 4 and self.gnnd_bytes(n, d, itemsize, k, p, 1 << log_c) > budget:
             log_c -= 1
@@ -647,7 +706,7 @@ class CudaBackend:
         return KnnGraph(np.pad(g.ids, pad, constant_values=EMPTY).astype(np.int32),
                         np.pad(g.dists, pad, constant_values=np.inf).astype(np.float32))
 
-    def _upload_pair(self, va: np.ndarray, vb: np.ndarray):
+    def _upload_pair(self, va: np.ndarray, vb: np.ndarray, stats: dict):
         """Vectors of a and b as one device array (na + nb, dpad) in a kernel dtype: (xd, ctype, d, dpad)."""
         cp = _cupy()
         dt_a, dt_b = np.dtype(va.dtype), np.dtype(vb.dtype)
@@ -657,18 +716,18 @@ class CudaBackend:
         align = max(16 // dt.itemsize, 8)
         dpad = -(-d // align) * align
         raw = cp.empty((na + nb, d), dtype=dt)
-        self._h2d(np.asarray(va, dtype=dt), raw[:na])
-        self._h2d(np.asarray(vb, dtype=dt), raw[na:])
-        if dt == np.float16:
-            raw = raw.view(cp.uint16)
+        for v, rows in ((va, raw[:na]), (vb, raw[na:])):
+            self._to_device(np.asarray(v, dtype=dt), rows, stats)
+        self._resident.put(va, raw[:na])  # the vectors never change: keep them for the shard's next merge
+        self._resident.put(vb, raw[na:])
+        xd = raw.view(cp.uint16) if dt == np.float16 else raw
         if dpad != d:
-            xp = cp.zeros((na + nb, dpad), dtype=raw.dtype)
-            xp[:, :d] = raw
-            del raw
-            raw = xp
-        return raw, _CTYPES[dt], d, dpad
+            xp = cp.zeros((na + nb, dpad), dtype=xd.dtype)
+            xp[:, :d] = xd
+            xd = xp
+        return xd, _CTYPES[dt], d, dpad
 
-    def _upload_lists(self, ga: KnnGraph, gb: KnnGraph, wo: int):
+    def _upload_lists(self, ga: KnnGraph, gb: KnnGraph, wo: int, stats: dict):
         """Old lists of a and b (global ids, keys) as device arrays (na + nb, wo)."""
         cp = _cupy()
         na, nb = ga.rows, gb.rows
@@ -676,8 +735,8 @@ class CudaBackend:
         keys = cp.empty((na + nb, wo), dtype=cp.float32)
         for g, sl in ((ga, slice(0, na)), (gb, slice(na, na + nb))):
             g = self._fit_width(g, wo)
-            self._h2d(np.asarray(g.ids, dtype=np.int32), ids[sl])
-            self._h2d(np.asarray(g.dists, dtype=np.float32), keys[sl])
+            self._to_device(np.asarray(g.ids, dtype=np.int32), ids[sl], stats)
+            self._to_device(np.asarray(g.dists, dtype=np.float32), keys[sl], stats)
         return ids, keys
 
     def _ggm(self, a: ShardPart, b: ShardPart, metric: str, params: GnndParams, seed: int, on_iter=None):
@@ -705,10 +764,13 @@ class CudaBackend:
         same = np.dtype(a.vectors.dtype) == np.dtype(b.vectors.dtype) and np.dtype(a.vectors.dtype) in _CTYPES
         itemsize = np.dtype(a.vectors.dtype).itemsize if same else 4
         budget = self._budget()
+        while self.ggm_bytes(n, d, itemsize, w, wo, p, 1 << LOG_SLOTS) > budget and self._resident.drop_oldest():
+            budget = self._budget()  # copies kept from earlier calls make room first
         log_c = LOG_SLOTS if w >= 16 else 5
         while log_c > 4 and self.ggm_bytes(n, d, itemsize, w, wo, p, 1 << log_c) > budget:
             log_c -= 1
         need = self.ggm_bytes(n, d, itemsize, w, wo, p, 1 << log_c)
+        self._last_need = need
         if need > budget:
             raise MemoryError(f"ggm of {na} + {nb} rows x {d} (lists of {w}) needs {need / 2**30:.2f} GiB of GPU "
                               f"memory, budget {budget / 2**30:.2f} GiB: use smaller shards")
@@ -724,8 +786,9 @@ class CudaBackend:
         mod = _compile(names)
         t_c = time.perf_counter()
 
-        xd, ctype, d, dpad = self._upload_pair(a.vectors, b.vectors)
-        old_ids, old_keys = self._upload_lists(a.graph, b.graph, wo)
+        moved: dict = {"h2d_bytes": 0, "resident_hits": 0}
+        xd, ctype, d, dpad = self._upload_pair(a.vectors, b.vectors, moved)
+        old_ids, old_keys = self._upload_lists(a.graph, b.graph, wo, moved)
         sync()
         t_h2d = time.perf_counter()
 
@@ -766,8 +829,12 @@ class CudaBackend:
         del ids, keys, old_ids, old_keys, xd
         h_ids = self._d2h(out_ids)
         h_keys = self._d2h(out_keys)
+        ga, gb = KnnGraph(h_ids[:na], h_keys[:na]), KnnGraph(h_ids[na:], h_keys[na:])
+        for host, dev in ((ga.ids, out_ids[:na]), (ga.dists, out_keys[:na]), (gb.ids, out_ids[na:]),
+                          (gb.dists, out_keys[na:])):
+            self._resident.put(host, dev)  # the next merge of either shard starts from these
         t_end = time.perf_counter()
-        self.last_stats = dict(stats, p=p, slots=1 << log_c, width=w, fill=fill, l2_expand=expand,
+        self.last_stats = dict(stats, **moved, p=p, slots=1 << log_c, width=w, fill=fill, l2_expand=expand,
                                compile_s=t_c - t0, h2d_s=t_h2d - t_c, setup_s=t_setup - t_h2d, iter_s=t_it - t_setup,
                                finish_s=t_fin - t_it, d2h_s=t_end - t_fin, total_s=t_end - t0)
-        return KnnGraph(h_ids[:na], h_keys[:na]), KnnGraph(h_ids[na:], h_keys[na:])
+        return ga, gb
