@@ -49,8 +49,11 @@ Memory (bytes on the GPU; ``gpu_mem_bytes`` caps the budget, else 92 % of free m
   (tc <= 65536, both picked from what is left of the budget). Host blocks go to two device slots on a
   copy stream, staged through three pinned 32 MiB buffers filled by 8 threads, so the copy of block i+1
   overlaps the GEMM/select work on block i.
-* host: the pinned staging buffers (96 MiB) live as long as the backend object; allocating them costs
-  ~0.3 s on the first large transfer.
+* host: the pinned staging buffers (2 x 96 MiB: calls, and uploads ahead) live as long as the backend
+  object; allocating them costs ~0.3 s on the first large transfer.
+* kept between calls (``resident.py``): a merge's output lists and both shards' vectors, and what ``stage``
+  uploaded ahead for the next pair. They count against ``gpu_mem_bytes``, and a call drops the least
+  recently used of them until its own working set fits.
 
 Every call frees CuPy's memory pools at its end.
 """
