@@ -104,4 +104,3 @@ def test_merge_ip_metric(backend):
     rows = np.sort(np.random.default_rng(1).choice(n, 500, replace=False))
     r = recall_at(ids[rows], x, rows, 10, "ip")
     assert r >= 0.95, f"ip merged recall@10 {r:.4f}"
-

@@ -19,7 +19,7 @@ from bigknn.params import GnndParams
 from bigknn.pipeline.workers import (Accounting, Scheduler, ShardCache, Writer, pending_pairs, run_tasks,
                                      shards_from_store)
 from bigknn.progress import Reporter
-from bigknn.shards import Store
+from bigknn.shards import ShardEntry, Store
 
 HOST_MEM_FRACTION = 0.5  # of the machine's RAM for cached shards when --host-mem is not given
 

@@ -75,15 +75,15 @@ class Store:
         a multi-step change (the sharding pass) becomes visible whole or not at all."""
         with self.lock:
             self._deferred += 1
+        completed = False
         try:
             yield
-        except BaseException:
+            completed = True
+        finally:
             with self.lock:
                 self._deferred -= 1
-            raise
-        with self.lock:
-            self._deferred -= 1
-            self.commit()
+                if completed:
+                    self.commit()
 
     def reload(self) -> None:
         self.manifest = Manifest.from_json((self.path / MANIFEST).read_text())

@@ -16,7 +16,7 @@ import os
 
 import numpy as np
 
-from bigknn.graph import EMPTY, ID_DTYPE, merge_lists, sortable_float_bits
+from bigknn.graph import EMPTY, ID_DTYPE, sortable_float_bits
 
 GATHER_BYTES = 32 << 20  # bytes of gathered sample vectors per cross-matching batch
 THREADS = min(4, os.cpu_count() or 1)

@@ -201,10 +201,14 @@ class CudaBackend:
             budget = min(budget, int(self.gpu_mem_bytes) - self._resident.nbytes())
         return budget
 
+    def _device(self):
+        """This backend's GPU as a context (the current one when no device was given)."""
+        cp = _cupy()
+        return cp.cuda.Device(self.device) if self.device is not None else cp.cuda.Device()
+
     def memory_budget(self) -> int:
         """Bytes of this backend's GPU that one call may plan to use (what shard sizes are chosen from)."""
-        cp = _cupy()
-        with cp.cuda.Device(self.device) if self.device is not None else cp.cuda.Device():
+        with self._device():
             return self._budget()
 
     @staticmethod
@@ -332,7 +336,7 @@ class CudaBackend:
 
     def _upload_ahead(self, arrays: list[np.ndarray]) -> None:
         cp = _cupy()
-        with cp.cuda.Device(self.device) if self.device is not None else cp.cuda.Device():
+        with self._device():
             if self._copy_stream is None:
                 self._copy_stream = cp.cuda.Stream(non_blocking=True)
             for a in arrays:
@@ -346,9 +350,7 @@ class CudaBackend:
 
     # ------------------------------------------------------------------ GNND
     def gnnd(self, x: np.ndarray, metric: str, params: GnndParams, seed: int) -> KnnGraph:
-        cp = _cupy()
-        dev = cp.cuda.Device(self.device) if self.device is not None else cp.cuda.Device()
-        with dev:
+        with self._device():
             try:
                 return self._gnnd(x, metric, params, seed)
             finally:
@@ -567,9 +569,7 @@ class CudaBackend:
         return KnnGraph(np.ascontiguousarray(ids[:, :k]), np.ascontiguousarray(dists[:, :k]))
 
     def exact_knn(self, queries: np.ndarray, k: int, metric: str, blocks: Iterable[tuple[int, np.ndarray]]) -> KnnGraph:
-        cp = _cupy()
-        dev = cp.cuda.Device(self.device) if self.device is not None else cp.cuda.Device()
-        with dev:
+        with self._device():
             try:
                 return self._exact_knn(queries, k, metric, blocks)
             finally:
@@ -690,9 +690,7 @@ class CudaBackend:
         min_update_frac * n * W updates); each refined list is merged with the row's whole old list (ids of
         other shards included), de-duplicated, sorted, cut to W. Returned keys are exact.
         """
-        cp = _cupy()
-        dev = cp.cuda.Device(self.device) if self.device is not None else cp.cuda.Device()
-        with dev:
+        with self._device():
             try:
                 return self._ggm(a, b, metric, params, seed, on_iter)
             finally:
@@ -720,9 +718,10 @@ class CudaBackend:
         dpad = -(-d // align) * align
         raw = cp.empty((na + nb, d), dtype=dt)
         for v, rows in ((va, raw[:na]), (vb, raw[na:])):
-            self._to_device(np.asarray(v, dtype=dt), rows, stats)
-        self._resident.put(va, raw[:na])  # the vectors never change: keep them for the shard's next merge
-        self._resident.put(vb, raw[na:])
+            host = np.asarray(v, dtype=dt)
+            self._to_device(host, rows, stats)
+            if host is v:  # the vectors never change: keep them for the shard's next merge
+                self._resident.put(v, rows)
         xd = raw.view(cp.uint16) if dt == np.float16 else raw
         if dpad != d:
             xp = cp.zeros((na + nb, dpad), dtype=xd.dtype)
