@@ -15,9 +15,11 @@ from pathlib import Path
 
 import numpy as np
 import zarr
+from numpy.typing import DTypeLike
 
 from bigknn.errors import BadInput
 from bigknn.graph import ID_DTYPE, KnnGraph
+from bigknn.shards import chunks
 from bigknn.shards.manifest import MANIFEST, Manifest, write_atomic
 
 CHUNK_BYTES = 16 << 20  # target size of one row chunk on disk
@@ -88,17 +90,29 @@ class Store:
     def reload(self) -> None:
         self.manifest = Manifest.from_json((self.path / MANIFEST).read_text())
 
+    # ---- arrays -------------------------------------------------------------------------------
+    # zarr creates every array's metadata; the chunk bytes go through ``chunks`` (direct file I/O) where
+    # the layout allows it, else through zarr
+    def _write_array(self, name: str, data: np.ndarray, chunk_rows: int, dtype: DTypeLike) -> None:
+        arr = zarr.create_array(store=str(self.path), name=name, shape=data.shape,
+                                chunks=(chunk_rows, data.shape[1]), dtype=dtype, compressors=None,
+                                overwrite=True)
+        if not chunks.write_array(self.path / name, data):
+            arr[:] = data.astype(dtype, copy=False)
+
+    def _read_array(self, name: str, start: int = 0, stop: int | None = None) -> np.ndarray:
+        out = chunks.read_rows(self.path / name, start, stop)
+        if out is None:
+            out = zarr.open_array(store=str(self.path), path=name, mode="r")[start:stop]
+        return out
+
     # ---- vectors ------------------------------------------------------------------------------
     def write_vectors(self, shard_id: int, x: np.ndarray) -> None:
         chunk_rows = max(1, min(x.shape[0], CHUNK_BYTES // max(1, x.shape[1] * x.itemsize)))
-        arr = zarr.create_array(store=str(self.path), name=f"shards/{shard_id}/vectors", shape=x.shape,
-                                chunks=(chunk_rows, x.shape[1]), dtype=x.dtype, compressors=None,
-                                overwrite=True)
-        arr[:] = x
+        self._write_array(f"shards/{shard_id}/vectors", x, chunk_rows, x.dtype)
 
     def read_vectors(self, shard_id: int, start: int = 0, stop: int | None = None) -> np.ndarray:
-        arr = zarr.open_array(store=str(self.path), path=f"shards/{shard_id}/vectors", mode="r")
-        return arr[start:stop]
+        return self._read_array(f"shards/{shard_id}/vectors", start, stop)
 
     def vectors_of(self, global_ids: np.ndarray) -> np.ndarray:
         """Vectors of arbitrary global rows (one read per shard touched)."""
@@ -119,9 +133,7 @@ class Store:
         rows, k = graph.ids.shape
         chunk_rows = max(1, min(rows, CHUNK_BYTES // (k * 4)))
         for name, data, dtype in (("ids", graph.ids, ID_DTYPE), ("dists", graph.dists, np.float32)):
-            arr = zarr.create_array(store=str(self.path), name=f"{base}/{name}", shape=(rows, k),
-                                    chunks=(chunk_rows, k), dtype=dtype, compressors=None, overwrite=True)
-            arr[:] = data.astype(dtype, copy=False)
+            self._write_array(f"{base}/{name}", data, chunk_rows, dtype)
 
     def read_graph(self, shard_id: int, version: int | None = None) -> KnnGraph:
         if version is None:
@@ -129,9 +141,7 @@ class Store:
         if version is None:
             raise ValueError(f"shard {shard_id} has no graph yet")
         base = f"shards/{shard_id}/graph/{version}"
-        ids = zarr.open_array(store=str(self.path), path=f"{base}/ids", mode="r")[:]
-        dists = zarr.open_array(store=str(self.path), path=f"{base}/dists", mode="r")[:]
-        return KnnGraph(ids, dists)
+        return KnnGraph(self._read_array(f"{base}/ids"), self._read_array(f"{base}/dists"))
 
     def _drop_old_graphs(self, shard_id: int, committed: int | None) -> None:
         gdir = self.path / "shards" / str(shard_id) / "graph"

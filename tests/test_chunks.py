@@ -1,0 +1,226 @@
+"""Direct chunk I/O of the store's arrays (bigknn.shards.chunks): bit-exact agreement with zarr in both
+directions (edge chunks, chunks zarr left unwritten as all fill value, row ranges), and the fall back to zarr
+for layouts it does not handle."""
+
+from __future__ import annotations
+
+import json
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+import zarr
+
+import bigknn.shards.store as store_mod
+from bigknn.graph import KnnGraph
+from bigknn.shards import Manifest, ShardEntry, Store, chunks
+
+SMALL_CHUNK_BYTES = 320  # several chunks and an edge chunk for the hundred rows used here
+ROWS = 101
+# (start, stop) row ranges: whole, empty, inside one chunk, across borders, negative, past the end
+RANGES = [(0, None), (0, 0), (5, 5), (9, 3), (3, 17), (7, 41), (39, 41), (40, 81), (-13, None), (-50, -20),
+          (60, 10_000), (100, 101), (101, 200)]
+
+
+@pytest.fixture(autouse=True)
+def small_chunks(monkeypatch):
+    monkeypatch.setattr(store_mod, "CHUNK_BYTES", SMALL_CHUNK_BYTES)
+
+
+@contextmanager
+def zarr_chunk_io_refused():
+    """zarr may still create array metadata, but can neither open an array nor move chunk data: whatever
+    reads or writes inside the block went through the fast path."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("zarr used for chunk data")
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(zarr, "open_array", refuse)
+        m.setattr(zarr.Array, "__getitem__", refuse)
+        m.setattr(zarr.Array, "__setitem__", refuse)
+        yield
+
+
+def new_store(path) -> Store:
+    return Store.create(path, Manifest(dim=6, dtype="<f4", metric="l2", k=5, shard_rows=1000, params={}, seed=0,
+                                       inputs=[]))
+
+
+def zarr_read(array_dir) -> np.ndarray:
+    return zarr.open_array(store=str(array_dir), mode="r")[:]
+
+
+def zarr_write(array_dir, x: np.ndarray, chunk_rows: int, **kwargs) -> None:
+    """An array written the old way: all through zarr."""
+    kwargs.setdefault("compressors", None)
+    arr = zarr.create_array(store=str(array_dir), shape=x.shape, chunks=(chunk_rows, x.shape[1]), dtype=x.dtype,
+                            overwrite=True, **kwargs)
+    arr[:] = x
+
+
+def chunk_files(array_dir) -> dict[str, bytes]:
+    return {str(p.relative_to(array_dir)): p.read_bytes() for p in sorted((array_dir / "c").rglob("*"))
+            if p.is_file()}
+
+
+def assert_identical(a: np.ndarray, b: np.ndarray) -> None:
+    assert a.shape == b.shape and a.dtype == b.dtype
+    assert a.tobytes() == b.tobytes()  # bit-exact: NaN, -0.0
+
+
+def random_rows(rng, rows: int, dim: int, dtype) -> np.ndarray:
+    dtype = np.dtype(dtype)
+    if dtype.kind == "f":
+        x = rng.standard_normal((rows, dim)).astype(dtype)
+        x[1, :3] = [np.nan, np.inf, -0.0]
+        return x
+    info = np.iinfo(dtype)
+    return rng.integers(info.min, info.max, size=(rows, dim), endpoint=True).astype(dtype)
+
+
+def chunk_rows_of(array_dir) -> int:
+    meta = json.loads((array_dir / "zarr.json").read_text())
+    return meta["chunk_grid"]["configuration"]["chunk_shape"][0]
+
+
+# ---- the store writes and reads through the fast path, bit-exact with zarr ----------------------------------
+@pytest.mark.parametrize("dtype", [np.float32, np.uint8, np.int8, np.float16])
+def test_vectors_round_trip_bit_exact_with_zarr(tmp_path, dtype):
+    x = random_rows(np.random.default_rng(0), ROWS, 6, dtype)
+    store = new_store(tmp_path / "s")
+    with zarr_chunk_io_refused():
+        store.write_vectors(0, x)
+        back = store.read_vectors(0)
+        parts = {(start, stop): store.read_vectors(0, start, stop) for start, stop in RANGES}
+    array_dir = tmp_path / "s" / "shards" / "0" / "vectors"
+    chunk_rows = chunk_rows_of(array_dir)
+    assert chunk_rows < ROWS and ROWS % chunk_rows  # several chunks and an edge chunk
+    assert_identical(back, x)
+    assert_identical(zarr_read(array_dir), x)
+    for (start, stop), part in parts.items():
+        assert_identical(part, x[start:stop])
+    # the files are the very ones zarr writes, edge chunk padding included
+    zarr_write(tmp_path / "ref", x, chunk_rows)
+    assert chunk_files(array_dir) == chunk_files(tmp_path / "ref")
+    assert len(chunk_files(array_dir)) == -(-ROWS // chunk_rows)
+
+
+def test_graph_round_trip_bit_exact_with_zarr(tmp_path):
+    rng = np.random.default_rng(1)
+    ids = rng.integers(-1, 1 << 30, size=(ROWS, 7)).astype(np.int32)
+    dists = rng.random((ROWS, 7)).astype(np.float32)
+    dists[ids == -1] = np.inf
+    store = new_store(tmp_path / "s")
+    with zarr_chunk_io_refused():
+        store.write_graph(0, 3, KnnGraph(ids.astype(np.int64), dists))  # converted to int32 on the way
+        back = store.read_graph(0, 3)
+    assert_identical(back.ids, ids)
+    assert_identical(back.dists, dists)
+    for name, want in (("ids", ids), ("dists", dists)):
+        array_dir = tmp_path / "s" / "shards" / "0" / "graph" / "3" / name
+        assert ROWS % chunk_rows_of(array_dir)
+        assert_identical(zarr_read(array_dir), want)
+        zarr_write(tmp_path / f"ref-{name}", want, chunk_rows_of(array_dir))
+        assert chunk_files(array_dir) == chunk_files(tmp_path / f"ref-{name}")
+
+
+def test_rewrite_with_fewer_rows_leaves_no_stale_chunks(tmp_path):
+    rng = np.random.default_rng(2)
+    store = new_store(tmp_path / "s")
+    store.write_vectors(0, random_rows(rng, ROWS, 6, np.float32))
+    x = random_rows(rng, 20, 6, np.float32)
+    store.write_vectors(0, x)
+    assert_identical(store.read_vectors(0), x)
+    assert_identical(zarr_read(tmp_path / "s" / "shards" / "0" / "vectors"), x)
+
+
+# ---- arrays written by zarr, read through the fast path ----------------------------------------------------
+@pytest.mark.parametrize("dtype,fill", [(np.float32, 0), (np.uint8, 0), (np.int32, -1), (np.float32, np.nan),
+                                        (np.float16, -np.inf)])
+def test_zarr_written_array_with_unwritten_fill_chunks(tmp_path, dtype, fill):
+    x = random_rows(np.random.default_rng(3), ROWS, 6, dtype)
+    chunk_rows = 8
+    x[16:24] = fill  # chunk 2 entirely fill value: zarr does not write it
+    x[96:] = fill  # nor the edge chunk
+    array_dir = tmp_path / "a"
+    zarr_write(array_dir, x, chunk_rows, fill_value=fill)
+    files = chunk_files(array_dir)
+    assert "c/2/0" not in files and "c/12/0" not in files and {"c/1/0", "c/3/0", "c/11/0"} <= files.keys()
+    with zarr_chunk_io_refused():
+        whole = chunks.read_rows(array_dir)
+        parts = {(start, stop): chunks.read_rows(array_dir, start, stop) for start, stop in RANGES}
+    assert_identical(whole, x)
+    for (start, stop), part in parts.items():
+        assert_identical(part, x[start:stop])
+
+
+def test_store_reads_vectors_written_the_old_way(tmp_path):
+    """A store written before the fast path: all-zero chunks absent; vectors_of gathers across borders."""
+    store = new_store(tmp_path / "s")
+    x = random_rows(np.random.default_rng(4), ROWS, 6, np.float32)
+    x[40:60] = 0
+    zarr_write(tmp_path / "s" / "shards" / "0" / "vectors", x, 8)
+    assert not (tmp_path / "s" / "shards" / "0" / "vectors" / "c" / "6" / "0").exists()
+    store.manifest.shards = [ShardEntry(0, 0, ROWS)]
+    rows = np.array([100, 0, 47, 7, 8, 55, 56, 63, 64])
+    with zarr_chunk_io_refused():
+        assert_identical(store.read_vectors(0, 7, 65), x[7:65])
+        gathered = store.vectors_of(rows)
+    assert_identical(gathered, x[rows])
+
+
+def test_truncated_chunk_file_is_an_error(tmp_path):
+    x = random_rows(np.random.default_rng(5), ROWS, 6, np.float32)
+    zarr_write(tmp_path / "a", x, 8)
+    chunk = tmp_path / "a" / "c" / "3" / "0"
+    chunk.write_bytes(chunk.read_bytes()[:-4])
+    assert_identical(chunks.read_rows(tmp_path / "a", 0, 24), x[:24])
+    with pytest.raises(OSError, match="shorter"):
+        chunks.read_rows(tmp_path / "a", 20, 40)
+
+
+# ---- layouts the fast path does not handle fall back to zarr -----------------------------------------------
+@pytest.mark.parametrize("layout", [
+    {"compressors": zarr.codecs.ZstdCodec()},
+    {"compressors": None, "chunks": (8, 3)},  # chunked across the width
+    {"compressors": None, "chunk_key_encoding": {"name": "default", "separator": "."}},
+    {"compressors": None, "chunk_key_encoding": {"name": "v2"}},
+    {"compressors": None, "shards": (16, 6)},
+    {"compressors": None, "filters": zarr.codecs.TransposeCodec(order=(1, 0))},
+])
+def test_layouts_not_handled_fall_back(tmp_path, layout):
+    layout = dict(layout)
+    x = random_rows(np.random.default_rng(6), ROWS, 6, np.float32)
+    arr = zarr.create_array(store=str(tmp_path / "a"), shape=x.shape, chunks=layout.pop("chunks", (8, 6)),
+                            dtype=x.dtype, overwrite=True, **layout)
+    arr[:] = x
+    files = {str(p.relative_to(tmp_path / "a")): p.read_bytes() for p in (tmp_path / "a").rglob("*") if p.is_file()}
+    assert chunks.read_rows(tmp_path / "a", 3, 50) is None
+    assert chunks.write_array(tmp_path / "a", np.zeros_like(x)) is False
+    assert {str(p.relative_to(tmp_path / "a")): p.read_bytes()
+            for p in (tmp_path / "a").rglob("*") if p.is_file()} == files  # declined without writing anything
+
+
+def test_store_falls_back_to_zarr_for_a_compressed_layout(tmp_path, monkeypatch):
+    """If the store's arrays were ever created compressed, writes and reads go through zarr and agree."""
+    create_array = zarr.create_array
+
+    def create_compressed(*args, **kwargs):
+        return create_array(*args, **{**kwargs, "compressors": zarr.codecs.ZstdCodec()})
+
+    monkeypatch.setattr(zarr, "create_array", create_compressed)
+    store = new_store(tmp_path / "s")
+    rng = np.random.default_rng(7)
+    x = random_rows(rng, ROWS, 6, np.float32)
+    ids = rng.integers(0, 1000, size=(ROWS, 5)).astype(np.int32)
+    dists = rng.random((ROWS, 5)).astype(np.float32)
+    store.write_vectors(0, x)
+    store.write_graph(0, 1, KnnGraph(ids, dists))
+    array_dir = tmp_path / "s" / "shards" / "0" / "vectors"
+    assert json.loads((array_dir / "zarr.json").read_text())["codecs"][-1]["name"] == "zstd"
+    assert chunks.read_rows(array_dir) is None
+    assert_identical(store.read_vectors(0), x)
+    assert_identical(store.read_vectors(0, 9, 30), x[9:30])
+    g = store.read_graph(0, 1)
+    assert_identical(g.ids, ids)
+    assert_identical(g.dists, dists)
