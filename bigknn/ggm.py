@@ -5,6 +5,16 @@ k - k/2 entries that lie in a or b (entries pointing into other shards cannot be
 their vectors are not loaded; they wait in the held-back list) and gets k/2 random rows of the other
 shard, marked NEW. After the cross-shard descent, each refined list is merged with the row's whole old
 list (global ids), de-duplicated, sorted, cut to k.
+
+Seeded merge (an ingest batch b against an old shard a, ``via`` given): the paper's random fill makes a
+merge cost about na + nb rows of descent, so folding a small batch into every old shard would cost as much
+as the build's merges of those shards. Here the rows of a keep their lists whole and get no fill; each row
+of b is filled first with rows of a two hops away through ``via``, an old shard already merged with b (the
+a-entries of the lists of the row's neighbours in via: the old graph is global, so those lists already hold
+their nearest rows of a). The descent then only refines near b, and old rows learn of new ones through it.
+An old row's list would have empty slots here (only its in-pair entries take part), and an empty slot
+takes any candidate; so its empty slots carry the key of its stored list's last entry (``bound``), and only
+rows of b that would enter its final list are taken and spread further.
 """
 
 from __future__ import annotations
@@ -24,6 +34,17 @@ class MergeSetup:
     fill_mask: np.ndarray  # True on the random fill entries (they start NEW): the last `fill` columns
     fill: int
     part: np.ndarray  # 0 for rows of a, 1 for rows of b
+    bound: np.ndarray  # (na+nb,) key of the descent list's empty slots: +inf, or a seeded merge's old-row bound
+
+
+SEEDED_MAX_RATIO = 0.25  # a batch shard merged seeded has at most this many rows per row of the old shard
+
+
+def seeded_merge_fits(batch_rows: int, old_rows: int) -> bool:
+    """Whether a merge of an ingest batch shard into an old shard runs seeded: the old rows get no fill,
+    which is right while new rows are few among their neighbours (a small batch), not for a batch as big
+    as the store."""
+    return batch_rows <= SEEDED_MAX_RATIO * old_rows
 
 
 def merge_stop_frac(min_update_frac: float, na: int, nb: int) -> float:
@@ -57,31 +78,88 @@ def to_global(ids: np.ndarray, a: ShardPart, b: ShardPart) -> np.ndarray:
     return np.where(ids == EMPTY, EMPTY, out).astype(ID_DTYPE)
 
 
-def start_merge(a: ShardPart, b: ShardPart, rng: np.random.Generator) -> MergeSetup:
+def start_merge(a: ShardPart, b: ShardPart, rng: np.random.Generator, via: ShardPart | None = None) -> MergeSetup:
+    """Lists for the descent: held entries, then the fill (random rows of the other shard; for a seeded
+    merge, rows of b get seeds through ``via`` first and rows of a get no fill)."""
     na, nb = a.vectors.shape[0], b.vectors.shape[0]
     k = a.graph.k
     fill = fill_count(k)
-    held = k - fill
+    fill_a = 0 if via is not None else fill
     old_ids = np.concatenate([a.graph.ids, b.graph.ids])
     old_d = np.concatenate([a.graph.dists, b.graph.dists])
     local = to_local(old_ids, a, b)
     # the first `held` entries of each list that can take part in this merge
+    held = np.concatenate([np.full(na, k - fill_a), np.full(nb, k - fill)])
     in_pair = local != EMPTY
     rank = np.cumsum(in_pair, axis=1) - 1
-    take = in_pair & (rank < held)
+    take = in_pair & (rank < held[:, None])
     n = na + nb
     ids = np.full((n, k), EMPTY, dtype=ID_DTYPE)
     dists = np.full((n, k), np.inf, dtype=np.float32)
     r = np.broadcast_to(np.arange(n)[:, None], (n, k))
     ids[r[take], rank[take]] = local[take]
     dists[r[take], rank[take]] = old_d[take]
-    rand_a = rng.integers(0, nb, size=(na, fill)) + na  # rows of b for lists of a
-    rand_b = rng.integers(0, na, size=(nb, fill))  # rows of a for lists of b
-    ids[:, held:] = np.concatenate([rand_a, rand_b]).astype(ID_DTYPE)
+    fill_b = rng.integers(0, na, size=(nb, fill)).astype(ID_DTYPE)  # rows of a for lists of b
+    if via is not None:
+        seeds = seeds_through(b, a, via, fill)
+        fill_b = np.where(seeds != EMPTY, seeds, fill_b)
+    ids[na:, k - fill:] = fill_b
     fill_mask = np.zeros((n, k), dtype=bool)
-    fill_mask[:, held:] = True
+    fill_mask[na:, k - fill:] = True
+    if fill_a:
+        ids[:na, k - fill_a:] = rng.integers(0, nb, size=(na, fill_a)) + na  # rows of b for lists of a
+        fill_mask[:na, k - fill_a:] = True
     part = np.concatenate([np.zeros(na, np.int8), np.ones(nb, np.int8)])
-    return MergeSetup(ids, dists, fill_mask, fill, part)
+    bound = np.full(n, np.inf, dtype=np.float32)
+    if via is not None:
+        bound[:na] = list_bound(a.graph, k)
+    return MergeSetup(ids, dists, fill_mask, fill, part, bound)
+
+
+def list_bound(g: KnnGraph, w: int) -> np.ndarray:
+    """Per row, the key a candidate must beat to enter a list of ``w`` built from this graph's lists:
+    the w-th stored key (+inf where the stored list is shorter)."""
+    if g.k < w:
+        return np.full(g.rows, np.inf, dtype=np.float32)
+    return np.ascontiguousarray(g.dists[:, w - 1], dtype=np.float32)
+
+
+SEED_ROWS = 4096  # rows of b per batch of two-hop gathers: (rows, w, w) ids in flight
+
+
+def seeds_through(b: ShardPart, a: ShardPart, via: ShardPart, count: int) -> np.ndarray:
+    """Per row of b: up to ``count`` distinct rows of a (local ids, EMPTY padded) two hops away through via.
+
+    Candidates are the a-entries of the lists of the row's neighbours in via, taken by list position first
+    (every neighbour's nearest, then every neighbour's second, ...) and, within a position, by the row's
+    own order of those neighbours (nearest first). The CUDA set-up takes them in the same order."""
+    nb, na, nv = b.graph.rows, a.graph.rows, via.graph.rows
+    out = np.full((nb, count), EMPTY, dtype=ID_DTYPE)
+    for s in range(0, nb, SEED_ROWS):
+        t = b.graph.ids[s:s + SEED_ROWS].astype(np.int64) - via.offset  # (r, w) rows of via, or outside
+        t_ok = (t >= 0) & (t < nv)
+        hop = via.graph.ids[np.where(t_ok, t, 0)].astype(np.int64) - a.offset  # (r, w, wv)
+        hop_ok = t_ok[:, :, None] & (hop >= 0) & (hop < na)
+        cand = np.where(hop_ok, hop, na).transpose(0, 2, 1).reshape(len(t), -1)  # position-major; na = none
+        out[s:s + SEED_ROWS] = _first_distinct(cand, count, na)
+    return out
+
+
+def _first_distinct(cand: np.ndarray, count: int, none: int) -> np.ndarray:
+    """The first ``count`` distinct values of each row other than ``none``, in row order, EMPTY padded."""
+    rows, m = cand.shape
+    order = np.argsort(cand, axis=1, kind="stable")
+    sv = np.take_along_axis(cand, order, axis=1)
+    first = np.ones_like(sv, dtype=bool)
+    first[:, 1:] = sv[:, 1:] != sv[:, :-1]
+    pos = np.where(first & (sv != none), order, m)  # original position of each value's first occurrence
+    pos.sort(axis=1)
+    pos = pos[:, :count]
+    out = np.take_along_axis(cand, np.minimum(pos, m - 1), axis=1)
+    out = np.where(pos < m, out, EMPTY).astype(ID_DTYPE)
+    if out.shape[1] < count:
+        out = np.pad(out, ((0, 0), (0, count - out.shape[1])), constant_values=EMPTY)
+    return out
 
 
 def finish_merge(a: ShardPart, b: ShardPart, ids: np.ndarray, dists: np.ndarray) -> tuple[KnnGraph, KnnGraph]:

@@ -35,7 +35,14 @@ x = synth(5201, 100, seed=3); be = CudaBackend(); p = GnndParams(k=10, iters=4, 
 ga = be.gnnd(x[:2600], "l2", p, 0); gb = be.gnnd(x[2600:], "l2", p, 1)
 assert be.last_stats.get("iters_run"), "gnnd took the exact path"
 gb = KnnGraph(np.where(gb.ids >= 0, gb.ids + 2600, -1).astype(np.int32), gb.dists)
-be.ggm(ShardPart(0, x[:2600], ga), ShardPart(2600, x[2600:], gb), "l2", p, 2)
+ma, mb = be.ggm(ShardPart(0, x[:2600], ga), ShardPart(2600, x[2600:], gb), "l2", p, 2)
+# a seeded merge (an ingest's): a batch of 601 rows (d 100, not a multiple of 32) into shard c through a
+y = synth(3101, 100, seed=4); gc = be.gnnd(y[:2500], "l2", p, 5); gn = be.gnnd(y[2500:], "l2", p, 6)
+gc = KnnGraph(np.where(gc.ids >= 0, gc.ids + 5201, -1).astype(np.int32), gc.dists)
+gn = KnnGraph(np.where(gn.ids >= 0, gn.ids + 7701, -1).astype(np.int32), gn.dists)
+sa, sn = be.ggm(ShardPart(0, x[:2600], ma), ShardPart(7701, y[2500:], gn), "l2", p, 7)
+be.ggm(ShardPart(5201, y[:2500], gc), ShardPart(7701, y[2500:], sn), "l2", p, 8, via=ShardPart(0, x[:2600], sa))
+assert be.last_stats["seeded"]
 be.gnnd(x[:2600].astype(np.uint8), "ip", GnndParams(k=40, iters=3), 4)
 be.exact_knn(x[:37], 11, "l2", [(0, x[:2000]), (2000, x[2000:])])
 print("memcheck workload done")

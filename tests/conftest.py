@@ -157,3 +157,37 @@ def tree_hashes(root: Path) -> dict[str, str]:
 
 def read_manifest(store: Path) -> dict:
     return json.loads((Path(store) / "manifest.json").read_text())
+
+
+def merged_shards(backend, x: np.ndarray, shard_rows: int, params, metric: str = "l2") -> list:
+    """ShardParts of x's rows in shards of ``shard_rows``: GNND each, then GGM of every pair (a built store)."""
+    from bigknn.backends import ShardPart
+    from bigknn.graph import KnnGraph
+
+    parts = []
+    for i, lo in enumerate(range(0, len(x), shard_rows)):
+        g = backend.gnnd(x[lo:lo + shard_rows], metric, params, seed=i)
+        ids = np.where(g.ids >= 0, g.ids.astype(np.int64) + lo, -1).astype(np.int32)
+        parts.append(ShardPart(lo, x[lo:lo + shard_rows], KnnGraph(ids, g.dists)))
+    for i in range(len(parts)):
+        for j in range(i + 1, len(parts)):
+            ga, gb = backend.ggm(parts[i], parts[j], metric, params, seed=100 + 31 * i + j)
+            parts[i] = ShardPart(parts[i].offset, parts[i].vectors, ga)
+            parts[j] = ShardPart(parts[j].offset, parts[j].vectors, gb)
+    return parts
+
+
+def fold_in(backend, old: list, batch, params, seeded: bool, metric: str = "l2") -> tuple[list, object, list]:
+    """An ingest's merges: the batch part against each old part in turn, each merge after the first seeded
+    through the previous old part when ``seeded``. Returns (old parts, batch part, update counts per merge)."""
+    from bigknn.backends import ShardPart
+
+    old, updates = list(old), []
+    for i, part in enumerate(old):
+        via = old[i - 1] if seeded and i > 0 else None
+        counts: list[int] = []
+        ga, gb = backend.ggm(part, batch, metric, params, seed=500 + i, on_iter=counts.append, via=via)
+        old[i] = ShardPart(part.offset, part.vectors, ga)
+        batch = ShardPart(batch.offset, batch.vectors, gb)
+        updates.append(counts)
+    return old, batch, updates

@@ -8,11 +8,12 @@ import pytest
 
 from bigknn.backends import ShardPart
 from bigknn.backends.cpu import CpuBackend
+from bigknn.ggm import seeds_through
 from bigknn.graph import KnnGraph
 from bigknn.params import GnndParams
 from bigknn.synth import synth
 
-from conftest import check_graph, exact_neighbours, recall_at
+from conftest import check_graph, exact_neighbours, fold_in, merged_shards, recall_at
 
 
 def shifted(g: KnnGraph, offset: int) -> KnnGraph:
@@ -104,3 +105,45 @@ def test_merge_ip_metric(backend):
     rows = np.sort(np.random.default_rng(1).choice(n, 500, replace=False))
     r = recall_at(ids[rows], x, rows, 10, "ip")
     assert r >= 0.95, f"ip merged recall@10 {r:.4f}"
+
+
+def test_seeds_through_takes_rows_of_a_two_hops_away_in_order():
+    """Seeds of a row of b: the a-entries of its via-neighbours' lists, by list position first, then by the
+    row's order of those neighbours; distinct, EMPTY padded; rows without via neighbours get none."""
+    a = ShardPart(0, np.zeros((10, 2), np.float32), KnnGraph(np.zeros((10, 3), np.int32), np.zeros((10, 3), np.float32)))
+    via_ids = np.array([[5, 7, 150, 2], [7, 9, 3, -1], [1, 1, 1, 1]], np.int32)
+    via = ShardPart(100, np.zeros((3, 2), np.float32), KnnGraph(via_ids, np.zeros((3, 4), np.float32)))
+    b_ids = np.array([[101, 100, 201], [201, -1, -1]], np.int32)
+    b = ShardPart(200, np.zeros((2, 2), np.float32), KnnGraph(b_ids, np.zeros((2, 3), np.float32)))
+    np.testing.assert_array_equal(seeds_through(b, a, via, 4), [[7, 5, 9, 3], [-1, -1, -1, -1]])
+    np.testing.assert_array_equal(seeds_through(b, a, via, 6), [[7, 5, 9, 3, 2, -1], [-1] * 6])
+
+
+def test_seeded_merges_fold_in_a_small_batch_as_well_as_the_paper_merge_for_less_work(backend):
+    """An ingest of 400 rows into 3 shards of 3000: merges 2 and 3 seeded through the shard before reach
+    the recall of the paper's merges on new and old rows, only improve old lists, and insert far fewer
+    entries (old rows keep their bound, so the descent stays near the batch)."""
+    rows, nb, dim = 3000, 400, 32
+    x = synth(3 * rows + nb, dim, seed=21)
+    params = GnndParams(k=16, list_width=48)
+    old = merged_shards(backend, x[:3 * rows], rows, params)
+    g = backend.gnnd(x[3 * rows:], "l2", params, seed=9)
+    batch = ShardPart(3 * rows, x[3 * rows:], shifted(g, 3 * rows))
+    rng = np.random.default_rng(2)
+    old_rows = np.sort(rng.choice(3 * rows, 500, replace=False))
+    new_rows = np.arange(3 * rows, 3 * rows + nb)
+    truth_old, truth_new = exact_neighbours(x, old_rows, 10), exact_neighbours(x, new_rows, 10)
+    result = {}
+    for seeded in (False, True):
+        parts, b, updates = fold_in(backend, old, batch, params, seeded)
+        ids = np.concatenate([p.graph.ids for p in parts] + [b.graph.ids])
+        check_graph(ids, np.concatenate([p.graph.dists for p in parts] + [b.graph.dists]), x, "l2")
+        for before, after in zip(old, parts):
+            assert np.all(after.graph.dists <= before.graph.dists)
+        result[seeded] = (recall_at(ids[old_rows], x, old_rows, 10, truth=truth_old),
+                          recall_at(ids[new_rows], x, new_rows, 10, truth=truth_new),
+                          sum(sum(u) for u in updates[1:]))
+    (old_p, new_p, work_p), (old_s, new_s, work_s) = result[False], result[True]
+    assert old_s >= old_p - 0.005 and new_s >= new_p - 0.01, f"seeded {result[True]} vs paper {result[False]}"
+    assert new_s >= 0.95 and old_s >= 0.95, f"seeded {result[True]} vs paper {result[False]}"
+    assert work_s < 0.5 * work_p, f"seeded merges inserted {work_s} entries, the paper's {work_p}"

@@ -15,7 +15,7 @@ from bigknn.graph import KnnGraph
 from bigknn.params import GnndParams
 from bigknn.synth import synth
 
-from conftest import check_graph, exact_neighbours, recall_at
+from conftest import check_graph, exact_neighbours, fold_in, merged_shards, recall_at
 
 pytestmark = pytest.mark.gpu
 
@@ -321,3 +321,80 @@ def test_pipeline_build_four_shards_matches_one_shard(backend, tmp_path):
     print(f"GGMTEST pipeline: 4 shards recall@10 {r4:.4f}, one shard {r1:.4f}; {four['phase_s']}")
     assert r4 >= r1 - 0.04, f"4 shards: recall@10 {r4:.4f}, one shard {r1:.4f}"
     assert r4 >= 0.93, f"4 shards: recall@10 {r4:.4f}, one shard {r1:.4f}"
+
+
+def _ingest_case(rows: int, nb: int, dim: int, params: GnndParams, dtype=np.float32):
+    """Three merged old shards of ``rows`` (built on the CPU) and a batch of ``nb`` rows with its graph."""
+    from bigknn.backends.cpu import CpuBackend
+
+    x = synth(3 * rows + nb, dim, seed=int(np.random.default_rng().integers(1 << 30)))
+    if dtype == np.uint8:
+        x = _quantise_u8(x)
+    cpu = CpuBackend()
+    old = merged_shards(cpu, x[:3 * rows], rows, params)
+    batch = ShardPart(3 * rows, x[3 * rows:], shifted(cpu.gnnd(x[3 * rows:], "l2", params, seed=9), 3 * rows))
+    return x, old, batch
+
+
+@pytest.mark.parametrize("dim,dtype", [(37, np.float32), (64, np.uint8)])
+def test_seeded_setup_takes_the_cpu_seeds(backend, dim, dtype):
+    """With no descent (merge_iters 0) a seeded merge's result is its set-up folded back: rows of a keep
+    their lists exactly (no fill), and each row of b gains exactly the seeds the CPU reference picks
+    (two hops through via, in the same order) wherever those fill the row's W/2 slots."""
+    from bigknn.backends.cpu import CpuBackend
+    from bigknn.ggm import fill_count, seeds_through
+
+    built = GnndParams(k=16, list_width=32)
+    params = GnndParams(k=16, list_width=32, merge_iters=0)
+    x, old, batch = _ingest_case(2501, 301, dim, built, dtype)
+    a, via = old[1], old[0]
+    # b has met via (as after an ingest's first merge)
+    _, b_graph = CpuBackend().ggm(via, batch, "l2", built, seed=1)
+    b = ShardPart(batch.offset, batch.vectors, b_graph)
+    ga, gb = backend.ggm(a, b, "l2", params, seed=2, via=via)
+    assert backend.last_stats["seeded"]
+    np.testing.assert_array_equal(ga.dists, a.graph.dists)  # ids of equal keys may swap places
+    np.testing.assert_array_equal(np.sort(ga.ids, axis=1), np.sort(a.graph.ids, axis=1))
+    seeds = seeds_through(b, a, via, fill_count(32))
+    full = (seeds >= 0).all(axis=1)
+    assert full.mean() > 0.5, "the case is meaningful: most rows of b find W/2 seeds"
+    for r in np.nonzero(full)[0]:
+        got = {int(i) for i in gb.ids[r] if a.offset <= i < a.offset + a.graph.rows}
+        want = set((seeds[r] + a.offset).tolist())
+        # the fold-back keeps the best W of old list + seeds: every kept a-entry is a seed, and every seed
+        # closer than the row's W-th key is kept
+        assert got <= want, f"row {r}: a-entries that are not seeds: {sorted(got - want)}"
+        keys = dict(zip(gb.ids[r].tolist(), gb.dists[r].tolist()))
+        kth = gb.dists[r, -1]
+        xs = np.asarray(x, np.float64)
+        for s in want - got:
+            d = ((xs[b.offset + r] - xs[s]) ** 2).sum()
+            assert d >= kth * (1 - 1e-4), f"row {r}: seed {s} at {d} dropped below the W-th key {kth}"
+        assert all(np.isfinite(v) for v in keys.values())
+    _check(gb.ids, gb.dists, x, "l2", first_id=b.offset, allow_empty=True)
+
+
+def test_seeded_merges_match_cpu(backend):
+    """An ingest's merges (batch against three old shards, the 2nd and 3rd seeded): new and old rows reach
+    the CPU reference's recall, old lists only improve, and the seeded merges insert far fewer entries."""
+    from bigknn.backends.cpu import CpuBackend
+
+    params = GnndParams(k=32, list_width=48)
+    x, old, batch = _ingest_case(6001, 700, 96, params)
+    rng = np.random.default_rng(3)
+    samples = {"old": np.sort(rng.choice(3 * 6001, 500, replace=False)), "new": np.arange(3 * 6001, 3 * 6001 + 700)}
+    truth = {k: exact_neighbours(x, r, 10) for k, r in samples.items()}
+    got = {}
+    for name, be in (("cuda", backend), ("cpu", CpuBackend())):
+        parts, b, updates = fold_in(be, old, batch, params, seeded=True)
+        ids = np.concatenate([p.graph.ids for p in parts] + [b.graph.ids])
+        check_graph(ids, np.concatenate([p.graph.dists for p in parts] + [b.graph.dists]), x, "l2")
+        for before, after in zip(old, parts):
+            assert np.all(after.graph.dists <= before.graph.dists)
+        got[name] = {k: recall_at(ids[r], x, r, 10, truth=truth[k]) for k, r in samples.items()}
+        got[name]["work"] = [sum(u) for u in updates]
+    print(f"GGMTEST seeded ingest: {got}")
+    for k in samples:
+        assert got["cuda"][k] >= got["cpu"][k] - 0.01 and got["cuda"][k] >= 0.95, (k, got)
+    w = got["cuda"]["work"]
+    assert max(w[1:]) < 0.5 * w[0], f"seeded merges inserted {w[1:]} entries, the first (paper) merge {w[0]}"

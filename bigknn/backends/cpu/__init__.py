@@ -64,14 +64,16 @@ class CpuBackend:
         return KnnGraph(state.ids, state.dists)
 
     def ggm(self, a: ShardPart, b: ShardPart, metric: str, params: GnndParams, seed: int,
-            on_iter=None) -> tuple[KnnGraph, KnnGraph]:
+            on_iter=None, via: ShardPart | None = None) -> tuple[KnnGraph, KnnGraph]:
         rng = np.random.default_rng(seed)
         xf = as_float(np.concatenate([a.vectors, b.vectors]))
-        setup = start_merge(a, b, rng)
+        setup = start_merge(a, b, rng, via)
         fill = setup.fill_mask
         sq = np.einsum("ij,ij->i", xf, xf)
-        setup.dists[fill] = row_keys_local(xf, sq, np.arange(len(xf)), setup.ids[:, -setup.fill:], metric).ravel()
+        filled = np.nonzero(fill.any(axis=1))[0]  # rows with a fill: the last setup.fill columns
+        setup.dists[filled, -setup.fill:] = row_keys_local(xf, sq, filled, setup.ids[filled, -setup.fill:], metric)
         ids, dists, is_new = merge_lists(setup.ids, setup.dists, setup.ids.shape[1], extra=fill)
+        dists = np.where(ids == EMPTY, setup.bound[:, None], dists)
         state = DescentState(ids, dists, is_new)
         stop = merge_stop_frac(params.min_update_frac, len(a.vectors), len(b.vectors))
         descend(xf, state, metric, params.sample_count(), params.merge_iters, stop, rng,

@@ -21,7 +21,9 @@ metric / sample-size class / dim-chunk class, cached per process and on disk by 
                    direct differences and the lists re-sorted, so returned keys are exact.
 * ``ggm_setup``    GGM set-up, one warp per row: global -> local ids (a: [0, na), b: [na, na + nb)), the
                    first W - W//2 in-pair entries of the old list (stored keys, OLD), W//2 distinct random
-                   rows of the other shard (exact keys, NEW), (key, id) sort.
+                   rows of the other shard (exact keys, NEW), (key, id) sort. Seeded merge: rows of a keep
+                   their whole in-pair list and their bound in the empty slots; rows of b are filled with
+                   rows of a two hops away through ``via`` first (bigknn/ggm.py).
 * ``ggm_finish``   GGM fold-back, one warp per row: the whole old list (global ids, other shards included)
                    plus the refined entries not in it (keys recomputed exactly), sorted, top W, global ids.
 * ``knn_select``   running top-k over cuBLAS dot-product tiles (threshold filter + bitonic sort of the
@@ -190,6 +192,15 @@ class CudaBackend:
         self._ahead: ThreadPoolExecutor | None = None  # uploads the next pair's shards (stage)
         self._copy_stream = None
         self._last_need = 0  # device bytes of the last merge: what uploads ahead must leave free
+        # the CUDA context (~0.6 s on an H200) is made while the caller still reads and checks its input
+        threading.Thread(target=self._make_context, daemon=True, name="cuda-context").start()
+
+    def _make_context(self) -> None:
+        try:
+            with self._device():
+                _cupy().empty(1)
+        except Exception:  # noqa: BLE001 - the first real call meets the same error and reports it
+            pass
 
     # ------------------------------------------------------------------ memory
     def _budget(self) -> int:
@@ -681,18 +692,19 @@ class CudaBackend:
         return cls.gnnd_bytes(n, d, itemsize, w, p, slots) + n * (8 * wo + 8 * w + 4)
 
     def ggm(self, a: ShardPart, b: ShardPart, metric: str, params: GnndParams, seed: int,
-            on_iter=None) -> tuple[KnnGraph, KnnGraph]:
+            on_iter=None, via: ShardPart | None = None) -> tuple[KnnGraph, KnnGraph]:
         """GGM (paper 000 §5.1, Alg. 3) of shards a and b on the GPU; ids in and out are global.
 
         Contract of the CPU reference (bigknn/ggm.py, CpuBackend.ggm): lists W = params.width() wide;
         set-up keeps the first W - W//2 in-pair entries of each old list and adds W//2 (at least 1) random
         rows of the other shard (NEW); cross-shard descent (params.merge_iters, early stop under
         min_update_frac * n * W updates); each refined list is merged with the row's whole old list (ids of
-        other shards included), de-duplicated, sorted, cut to W. Returned keys are exact.
+        other shards included), de-duplicated, sorted, cut to W. Returned keys are exact. ``via``: a seeded
+        merge (rows of a get no fill and keep their bound; rows of b are seeded two hops through via).
         """
         with self._device():
             try:
-                return self._ggm(a, b, metric, params, seed, on_iter)
+                return self._ggm(a, b, metric, params, seed, on_iter, via)
             finally:
                 self._free_pools()
 
@@ -741,7 +753,8 @@ class CudaBackend:
             self._to_device(np.asarray(g.dists, dtype=np.float32), keys[sl], stats)
         return ids, keys
 
-    def _ggm(self, a: ShardPart, b: ShardPart, metric: str, params: GnndParams, seed: int, on_iter=None):
+    def _ggm(self, a: ShardPart, b: ShardPart, metric: str, params: GnndParams, seed: int, on_iter=None,
+             via: ShardPart | None = None):
         from bigknn.ggm import fill_count
 
         cp = _cupy()
@@ -761,7 +774,6 @@ class CudaBackend:
         n = na + nb
         d = int(a.vectors.shape[1])
         fill = fill_count(w)
-        held = w - fill
         p = max(1, min(params.sample_count(), MAX_P))
         same = np.dtype(a.vectors.dtype) == np.dtype(b.vectors.dtype) and np.dtype(a.vectors.dtype) in _CTYPES
         itemsize = np.dtype(a.vectors.dtype).itemsize if same else 4
@@ -771,7 +783,7 @@ class CudaBackend:
         log_c = LOG_SLOTS if w >= 16 else 5
         while log_c > 4 and self.ggm_bytes(n, d, itemsize, w, wo, p, 1 << log_c) > budget:
             log_c -= 1
-        need = self.ggm_bytes(n, d, itemsize, w, wo, p, 1 << log_c)
+        need = self.ggm_bytes(n, d, itemsize, w, wo, p, 1 << log_c) + (via.graph.ids.nbytes if via else 0)
         self._last_need = need
         if need > budget:
             raise MemoryError(f"ggm of {na} + {nb} rows x {d} (lists of {w}) needs {need / 2**30:.2f} GiB of GPU "
@@ -791,6 +803,10 @@ class CudaBackend:
         moved: dict = {"h2d_bytes": 0, "resident_hits": 0}
         xd, ctype, d, dpad = self._upload_pair(a.vectors, b.vectors, moved)
         old_ids, old_keys = self._upload_lists(a.graph, b.graph, wo, moved)
+        via_ids = cp.full((1, 1), EMPTY, dtype=cp.int32)
+        if via is not None:
+            via_ids = cp.empty(via.graph.ids.shape, dtype=cp.int32)
+            self._to_device(np.asarray(via.graph.ids, dtype=np.int32), via_ids, moved)
         sync()
         t_h2d = time.perf_counter()
 
@@ -803,8 +819,10 @@ class CudaBackend:
         flags = cp.empty((n, w), dtype=cp.uint8)
         seed64 = np.uint64(int(seed) & 0xFFFFFFFFFFFFFFFF)
         mod.get_function(f"ggm_setup<{ct}, {m}>")(grid, (128,), (
-            xd, n32, d32, dp32, na32, a_off, b_off, old_ids, old_keys, np.int32(wo), np.int32(w), np.int32(held),
-            np.int32(fill), seed64, ids, keys, flags))
+            xd, n32, d32, dp32, na32, a_off, b_off, old_ids, old_keys, np.int32(wo), np.int32(w), np.int32(fill),
+            np.int32(via is not None), via_ids, np.int64(via.offset if via else 0), np.int32(via_ids.shape[0]),
+            np.int32(via_ids.shape[1]), seed64, ids, keys, flags))
+        del via_ids
         _sync_check(cp)
         norms = None
         if expand:
@@ -836,7 +854,8 @@ class CudaBackend:
                           (gb.dists, out_keys[na:])):
             self._resident.put(host, dev)  # the next merge of either shard starts from these
         t_end = time.perf_counter()
-        self.last_stats = dict(stats, **moved, p=p, slots=1 << log_c, width=w, fill=fill, l2_expand=expand,
+        self.last_stats = dict(stats, **moved, p=p, slots=1 << log_c, width=w, fill=fill, seeded=via is not None,
+                               l2_expand=expand,
                                compile_s=t_c - t0, h2d_s=t_h2d - t_c, setup_s=t_setup - t_h2d, iter_s=t_it - t_setup,
                                finish_s=t_fin - t_it, d2h_s=t_end - t_fin, total_s=t_end - t0)
         return ga, gb

@@ -323,19 +323,44 @@ __device__ __forceinline__ long long ggm_global(int l, long long a_off, int na, 
     return l < na ? a_off + l : b_off + (l - na);
 }
 
-// GGM 1: set-up, one warp per row (4 per block), w <= 128. The first `held` entries of the row's old list
-// (global ids, wo wide) that lie in a or b keep their stored keys and are flagged OLD; then `fill` distinct
-// random rows of the other shard (all of its rows when it has no more than `fill`), keys computed exactly,
-// flagged NEW; EMPTY padded to w and sorted by (key, id).
+// A warp's candidates r (one per lane, < 0: none) appended to the list I[0, total) as NEW entries, in lane
+// order, skipping ids already listed or held by a lower lane, up to `want` entries; returns the new total.
+__device__ __forceinline__ int warp_append_new(int r, int* I, unsigned char* F, int total, int want, int lane) {
+    bool ok = r >= 0;
+    for (int q = 0; q < total; ++q) ok = ok && (I[q] != r);
+    for (int l = 0; l < 32; ++l) {
+        const int o = __shfl_sync(FULL_MASK, r, l);
+        ok = ok && !((l < lane) && (o == r));
+    }
+    const u32 mask = __ballot_sync(FULL_MASK, ok);
+    const int pos = total + __popc(mask & ((1u << lane) - 1u));
+    if (ok && pos < want) {
+        I[pos] = r;
+        F[pos] = 1;
+    }
+    __syncwarp();
+    return min(want, total + __popc(mask));
+}
+
+// GGM 1: set-up, one warp per row (4 per block), w <= 128. The first `held` = w - fill entries of the row's
+// old list (global ids, wo wide) that lie in a or b keep their stored keys and are flagged OLD; then `fill`
+// distinct random rows of the other shard (all of its rows when it has no more than `fill`), keys computed
+// exactly, flagged NEW; EMPTY padded to w and sorted by (key, id).
+// Seeded merge (`seeded`, bigknn/ggm.py): rows of a get no fill, and their empty slots carry the key of the
+// stored list's w-th entry (their bound) instead of +inf; rows of b take their fill first from rows of a two
+// hops away through the shard `via` (via_ids: its lists, wv wide, global ids): the a-entries of the lists of
+// the row's neighbours in via, by list position first, then by the row's own order of those neighbours.
 template <typename T, int METRIC>
 __global__ void __launch_bounds__(128) ggm_setup(const T* __restrict__ x, int n, int d, int dpad, int na,
                                                  long long a_off, long long b_off, const int* __restrict__ old_ids,
-                                                 const float* __restrict__ old_keys, int wo, int w, int held, int fill,
-                                                 u64 seed, int* __restrict__ ids, float* __restrict__ keys,
-                                                 unsigned char* __restrict__ flags) {
+                                                 const float* __restrict__ old_keys, int wo, int w, int fill_n,
+                                                 int seeded, const int* __restrict__ via_ids, long long via_off,
+                                                 int nvia, int wv, u64 seed, int* __restrict__ ids,
+                                                 float* __restrict__ keys, unsigned char* __restrict__ flags) {
     __shared__ float skey[4][128];
     __shared__ int sid[4][128];
     __shared__ unsigned char sflag[4][128];
+    __shared__ int svia[4][128];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int row = blockIdx.x * 4 + warp;
     if (row >= n) return;
@@ -344,6 +369,9 @@ __global__ void __launch_bounds__(128) ggm_setup(const T* __restrict__ x, int n,
     unsigned char* F = sflag[warp];
     const int nb = n - na;
     const u32 lt = (1u << lane) - 1u;
+    const bool in_a = row < na;
+    const int fill = (seeded && in_a) ? 0 : fill_n;
+    const int held = w - fill;
 
     // held part: in-pair entries of the old list, in list order (ascending keys)
     int count = 0;
@@ -369,47 +397,51 @@ __global__ void __launch_bounds__(128) ggm_setup(const T* __restrict__ x, int n,
         count = min(held, count + __popc(mask));
     }
     __syncwarp();
+    const int want = min(count + fill, w);
+    int total = count;
+
+    // seeds two hops away through via (rows of b in a seeded merge)
+    if (seeded && !in_a) {
+        int* V = svia[warp];
+        int nt = 0;
+        for (int base = 0; base < wo; base += 32) {
+            const int j = base + lane;
+            int t = -1;
+            if (j < wo) {
+                const long long g = old_ids[(size_t)row * wo + j];
+                if (g >= via_off && g < via_off + nvia) t = (int)(g - via_off);
+            }
+            const u32 mask = __ballot_sync(FULL_MASK, t >= 0);
+            if (t >= 0) V[nt + __popc(mask & lt)] = t;
+            nt += __popc(mask);
+        }
+        __syncwarp();
+        for (int j = 0; j < wv && total < want; ++j) {
+            for (int q0 = 0; q0 < nt && total < want; q0 += 32) {
+                const int q = q0 + lane;
+                int r = -1;
+                if (q < nt) {
+                    const long long h = via_ids[(size_t)V[q] * wv + j];
+                    if (h >= a_off && h < a_off + na) r = (int)(h - a_off);
+                }
+                total = warp_append_new(r, I, F, total, want, lane);
+            }
+        }
+    }
 
     // random fill from the other shard
     const int lo = row < na ? na : 0;
     const int other = row < na ? nb : na;
-    const int want = min(count + fill, w);
-    int total = count;
     if (other <= fill) {
         for (int base = 0; base < other && total < want; base += 32) {
             const int j = base + lane;
-            const int r = lo + j;
-            bool ok = j < other;
-            if (ok)
-                for (int q = 0; q < count; ++q) ok = ok && (I[q] != r);
-            const u32 mask = __ballot_sync(FULL_MASK, ok);
-            const int pos = total + __popc(mask & lt);
-            if (ok && pos < want) {
-                I[pos] = r;
-                F[pos] = 1;
-            }
-            total = min(want, total + __popc(mask));
-            __syncwarp();
+            total = warp_append_new(j < other ? lo + j : -1, I, F, total, want, lane);
         }
     } else {
         const u64 base64 = mix64(seed ^ (0xD1B54A32D192ED03ull * (u64)(row + 1)));
         for (int attempt = 0; total < want && attempt < 64; ++attempt) {
             const u64 r64 = mix64(base64 + (u64)attempt * 32u + (u64)lane);
-            const int r = lo + (int)(r64 % (u64)other);
-            bool dup = false;
-            for (int q = 0; q < total; ++q) dup |= (I[q] == r);
-            for (int l = 0; l < 32; ++l) {
-                const int o = __shfl_sync(FULL_MASK, r, l);
-                dup |= (l < lane) && (o == r);
-            }
-            const u32 mask = __ballot_sync(FULL_MASK, !dup);
-            const int pos = total + __popc(mask & lt);
-            if (!dup && pos < want) {
-                I[pos] = r;
-                F[pos] = 1;
-            }
-            total = min(want, total + __popc(mask));
-            __syncwarp();
+            total = warp_append_new(lo + (int)(r64 % (u64)other), I, F, total, want, lane);
         }
     }
     __syncwarp();
@@ -417,9 +449,10 @@ __global__ void __launch_bounds__(128) ggm_setup(const T* __restrict__ x, int n,
         const float kv = warp_key<T, METRIC>(x, row, I[j], d, dpad, lane);
         if (lane == 0) K[j] = kv;
     }
+    const float bound = (seeded && in_a && wo >= w) ? old_keys[(size_t)row * wo + w - 1] : INF_F;
     const int KP = next_pow2(w);
     for (int j = total + lane; j < KP; j += 32) {
-        K[j] = INF_F;
+        K[j] = j < w ? bound : INF_F;
         I[j] = -1;
         F[j] = 0;
     }
