@@ -28,6 +28,7 @@ from bigknn.shards import Store
 from bigknn.synth import synth
 
 DIM, K, OLD_ROWS, NEW_ROWS, SHARD_ROWS = 24, 10, 6000, 1500, 2000
+SMALL_ROWS = 400  # a batch small beside a shard: its merges after the first are seeded (bigknn/ggm.py)
 
 
 def bigknn(*args: str) -> list[str]:
@@ -44,10 +45,12 @@ def base(tmp_path_factory) -> dict:
     """A finished store of OLD_ROWS rows and two files of new rows (same distribution, other seeds)."""
     root = tmp_path_factory.mktemp("ingest")
     x = synth(OLD_ROWS + 2 * NEW_ROWS, DIM, seed=4)
-    paths = {"old": root / "old.fbin", "new1": root / "new1.fbin", "new2": root / "new2.fbin"}
+    paths = {"old": root / "old.fbin", "new1": root / "new1.fbin", "new2": root / "new2.fbin",
+             "small": root / "small.fbin"}
     write_vectors(paths["old"], x[:OLD_ROWS])
     write_vectors(paths["new1"], x[OLD_ROWS:OLD_ROWS + NEW_ROWS])
     write_vectors(paths["new2"], x[OLD_ROWS + NEW_ROWS:])
+    write_vectors(paths["small"], x[OLD_ROWS + NEW_ROWS:OLD_ROWS + NEW_ROWS + SMALL_ROWS])
     store = root / "base.knn"
     build(BuildRequest(input=paths["old"], store=store, shard_rows=SHARD_ROWS, params=GnndParams(k=K)),
           [CpuBackend()], Reporter())
@@ -90,6 +93,25 @@ def test_ingest_adds_rows_after_the_last_id_with_good_recall(base, store):
                                   base["x"][OLD_ROWS:OLD_ROWS + NEW_ROWS])
     assert recall_of(store, 0, OLD_ROWS) >= 0.95
     assert recall_of(store, OLD_ROWS, OLD_ROWS + NEW_ROWS) >= 0.95
+
+
+def test_small_batch_merges_are_seeded_through_the_shard_merged_before(base, store):
+    """A batch of 400 rows into shards of 2000: the first merge is the paper's, each later one is seeded
+    through the old shard merged just before it; old and new rows keep recall@10 >= 0.95."""
+    calls = []
+
+    class Spy(CpuBackend):
+        def ggm(self, a, b, metric, params, seed, on_iter=None, via=None):
+            calls.append((a.offset, b.offset, None if via is None else via.offset))
+            return super().ggm(a, b, metric, params, seed, on_iter=on_iter, via=via)
+
+    ingest(store, [base["small"]], [Spy()], Reporter())
+    assert [c[1] for c in calls] == [OLD_ROWS] * 3 and sorted(c[0] for c in calls) == [0, 2000, 4000]
+    assert calls[0][2] is None
+    assert [c[2] for c in calls[1:]] == [c[0] for c in calls[:-1]]
+    check_graph(store, OLD_ROWS + SMALL_ROWS)
+    assert recall_of(store, 0, OLD_ROWS) >= 0.95
+    assert recall_of(store, OLD_ROWS, OLD_ROWS + SMALL_ROWS) >= 0.95
 
 
 def test_reingest_is_a_noop_that_says_so(base, store):
@@ -182,10 +204,12 @@ def test_stale_lock_of_a_dead_process_is_taken_over(base, store):
 
 @pytest.mark.slow
 def test_sigkill_at_random_moments_then_rerun(base, store, tmp_path):
-    """10 trials: kill an ingest at a random moment, rerun it; the result is always whole and good."""
+    """10 trials: kill an ingest at a random moment, rerun it; the result is always whole and good. Odd
+    trials ingest the small batch (seeded merges, which a resumed run seeds from the last committed pair)."""
     rng = random.Random(20261121)
-    cmd_args = ("ingest", "--input", str(base["new1"]), "--backend", "cpu", "--json")
     for trial in range(10):
+        new_rows, name = (NEW_ROWS, "new1") if trial % 2 == 0 else (SMALL_ROWS, "small")
+        cmd_args = ("ingest", "--input", str(base[name]), "--backend", "cpu", "--json")
         s = tmp_path / f"t{trial}.knn"
         shutil.copytree(base["store"], s)
         proc = subprocess.Popen(bigknn(cmd_args[0], str(s), *cmd_args[1:]), stdout=subprocess.DEVNULL,
@@ -195,12 +219,12 @@ def test_sigkill_at_random_moments_then_rerun(base, store, tmp_path):
         proc.wait()
         m = Store.open(s).manifest
         # readers see either the old graph or the new one, never a mix
-        assert m.rows in (OLD_ROWS, OLD_ROWS + NEW_ROWS)
+        assert m.rows in (OLD_ROWS, OLD_ROWS + new_rows)
         rerun = subprocess.run(bigknn(cmd_args[0], str(s), *cmd_args[1:]), capture_output=True, text=True)
         assert rerun.returncode == 0, rerun.stderr
-        check_graph(s, OLD_ROWS + NEW_ROWS)
+        check_graph(s, OLD_ROWS + new_rows)
         assert recall_of(s, 0, OLD_ROWS) >= 0.95
-        assert recall_of(s, OLD_ROWS, OLD_ROWS + NEW_ROWS) >= 0.95
+        assert recall_of(s, OLD_ROWS, OLD_ROWS + new_rows) >= 0.95
 
 
 def test_cron_wrapper_logs_and_exit_codes(base, store, tmp_path):

@@ -178,11 +178,32 @@ def test_old_versions_are_garbage_collected_after_commit(tmp_path):
         assert v in versions_on_disk(store, 0) and v - 1 in versions_on_disk(store, 0)
         store.manifest.shards[0].graph = v
         store.commit()
+        store.close()  # the deletions run in the background; close waits for them
         # after it: the committed version and the one before (a reader may still be on it), nothing older
         assert versions_on_disk(store, 0) == {v - 1, v}
         assert graph_equal(store.read_graph(0, v), graphs[v])
         assert graph_equal(store.read_graph(0, v - 1), graphs[v - 1])
     assert versions_on_disk(store, 1) == {1}  # the other shard is untouched
+
+
+def test_versions_written_between_commits_keep_the_previous_commits_version(tmp_path):
+    """Two versions written between commits (checkpoints): the commit keeps the version the previous commit
+    pointed at (a reader of the previous manifest is on it), and the next commit drops the skipped one."""
+    rng = np.random.default_rng(4)
+    store = new_store(tmp_path / "s", rng)
+    graphs = {1: store.read_graph(0, 1)}
+    for v in (2, 3):
+        graphs[v] = random_graph(rng, 200)
+        store.write_graph(0, v, graphs[v])
+    store.manifest.shards[0].graph = 3
+    store.commit()
+    store.close()
+    assert versions_on_disk(store, 0) == {1, 2, 3}
+    assert graph_equal(store.read_graph(0, 1), graphs[1])
+    store.commit()
+    store.close()
+    assert versions_on_disk(store, 0) == {3}
+    assert graph_equal(Store.open(store.path).read_graph(0), graphs[3])
 
 
 def test_commit_keeps_a_written_but_uncommitted_newer_version(tmp_path):

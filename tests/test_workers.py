@@ -33,7 +33,7 @@ class RecordingBackend:
     def gnnd(self, x, metric, params, seed):
         return self.cpu.gnnd(x, metric, params, seed)
 
-    def ggm(self, a, b, metric, params, seed):
+    def ggm(self, a, b, metric, params, seed, via=None):
         pair = (a.offset, b.offset)
         with self.lock:
             clash = [p for p in self.running if set(p) & set(pair)]
@@ -41,7 +41,7 @@ class RecordingBackend:
             self.running.add(pair)
         time.sleep(0.05)
         try:
-            return self.cpu.ggm(a, b, metric, params, seed)
+            return self.cpu.ggm(a, b, metric, params, seed, via=via)
         finally:
             with self.lock:
                 self.running.discard(pair)
@@ -142,11 +142,11 @@ def test_resume_redoes_only_uncommitted_pairs(data, tmp_path):
     calls = []
 
     class Dies(RecordingBackend):
-        def ggm(self, a, b, metric, params, seed):
+        def ggm(self, a, b, metric, params, seed, via=None):
             if len(calls) == 5:
                 raise RuntimeError("worker died")
             calls.append((a.offset, b.offset))
-            return self.cpu.ggm(a, b, metric, params, seed)
+            return self.cpu.ggm(a, b, metric, params, seed, via=via)
 
     req = BuildRequest(input=data, store=tmp_path / "s.knn", shard_rows=700, params=GnndParams(k=10))
     with pytest.raises(RuntimeError, match="worker died"):
@@ -198,7 +198,7 @@ def test_cache_never_evicts_a_result_the_writer_has_not_stored(data, tmp_path):
 
 def test_merge_results_are_written_at_checkpoints_not_after_every_merge(data, tmp_path, monkeypatch):
     """With every shard cached and no checkpoint due, each shard graph is written twice (GNND, then the end
-    of the run), not after each of its merges; the result equals a build that commits every merge."""
+    of the run), not after each of its merges; the result is as good as a build that commits every merge."""
     from bigknn.shards import store as store_module
 
     writes = []
@@ -218,9 +218,10 @@ def test_merge_results_are_written_at_checkpoints_not_after_every_merge(data, tm
     eager = build(BuildRequest(input=data, store=tmp_path / "eager.knn", shard_rows=700, params=GnndParams(k=10)),
                   [CpuBackend()], Reporter())
     assert eager["merges_done"] == 21 and len(writes) == 7 + 2 * 21
-    a, b = Store.open(tmp_path / "lazy.knn"), Store.open(tmp_path / "eager.knn")
-    for sid in range(7):
-        np.testing.assert_array_equal(a.read_graph(sid).ids, b.read_graph(sid).ids)
+    # the merge order follows thread timing, so the two graphs need not be identical: equally good
+    r_lazy, r_eager = (recall(Store.open(tmp_path / name), CpuBackend(), sample=700, k=10)["recall"]
+                       for name in ("lazy.knn", "eager.knn"))
+    assert r_lazy >= 0.95 and abs(r_lazy - r_eager) <= 0.01, (r_lazy, r_eager)
 
 
 def test_checkpoints_commit_merges_while_the_run_goes_on(data, tmp_path, monkeypatch):
@@ -244,9 +245,9 @@ def test_checkpoints_commit_merges_while_the_run_goes_on(data, tmp_path, monkeyp
     monkeypatch.setenv("BIGKNN_CHECKPOINT_S", "0.25")
 
     class Slow(RecordingBackend):
-        def ggm(self, a, b, metric, params, seed):
+        def ggm(self, a, b, metric, params, seed, via=None):
             time.sleep(0.1)
-            return self.cpu.ggm(a, b, metric, params, seed)
+            return self.cpu.ggm(a, b, metric, params, seed, via=via)
 
     out = build(BuildRequest(input=data, store=tmp_path / "s.knn", shard_rows=700, params=GnndParams(k=10)),
                 [Slow([], set())], Reporter())

@@ -70,6 +70,7 @@ def build(req: BuildRequest, backends: list[Backend], reporter: Reporter) -> dic
                 incoming = (stream_shards(store, vf, sizes, acct), sizes)
             run_pending(store, Ledger(store), backends, reporter, acct, req.host_mem, incoming)
             record_timings(store, acct)
+            store.close()
     except BadInput:
         if created_here:  # a refused input (NaN/Inf found while sharding) leaves no store behind
             shutil.rmtree(req.store, ignore_errors=True)

@@ -29,4 +29,5 @@ def finish(store_path: Path, backends: list[Backend], reporter: Reporter, wait_s
         else:
             run_pending(store, Ledger(store), backends, reporter, acct, host_mem)
         record_timings(store, acct)
+        store.close()
     return summary(store, acct, time.perf_counter() - t0, resumed=True, backends=backends)

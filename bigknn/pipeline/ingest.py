@@ -19,6 +19,7 @@ import numpy as np
 from bigknn.backends import Backend
 from bigknn.errors import BadInput
 from bigknn.formats import VECTOR_EXTENSIONS, VectorFile, check_finite, open_vectors
+from bigknn.ggm import seeded_merge_fits
 from bigknn.metrics import prepare_rows
 from bigknn.params import GnndParams
 from bigknn.pipeline.build import MAX_ROWS, fingerprint
@@ -66,6 +67,14 @@ class IngestLedger(Ledger):
 
     def wanted(self, i: int, j: int) -> bool:
         return j >= self.first_new  # pairs among old shards were merged before
+
+    def seed_shard(self, i: int, j: int, partner: int | None) -> int | None:
+        """A new shard j, small beside the old shard i, is seeded through the old shard it was merged with
+        last (its first merge has none and runs the paper's random fill)."""
+        if i >= self.first_new or j < self.first_new or partner is None or partner >= self.first_new:
+            return None
+        shards = self.shards()
+        return partner if seeded_merge_fits(shards[j].rows, shards[i].rows) else None
 
     def finish(self) -> None:
         """Fold the staged ingest into the visible state (the caller commits)."""
@@ -118,9 +127,10 @@ def ingest(store_path: Path, inputs: list[Path], backends: list[Backend], report
             resume_pending(store, backends, reporter, acct, host_mem)
             report["ingested"].append(fp["path"])
         record_timings(store, acct)
+        store.close()
     report.update({"rows": store.manifest.rows, "shards": len(store.manifest.shards),
                    "wall_s": round(time.perf_counter() - t0, 3),
-                   "phase_s": {p: round(s, 3) for p, s in acct.seconds.items()}})
+                   "phase_s": {p: round(s, 3) for p, s in acct.seconds.items()}, "phase_wall_s": acct.spans})
     return report
 
 

@@ -54,6 +54,11 @@ class Ledger:
         """Pairs this run must merge: all of them for a build."""
         return True
 
+    def seed_shard(self, i: int, j: int, partner: int | None) -> int | None:
+        """The shard the merge of (i, j) is seeded through (bigknn/ggm.py), given the shard j was merged
+        with last; None: the paper's merge (a build's shards are all of one size)."""
+        return None
+
 
 def run_pending(store: Store, ledger: Ledger, backends: list[Backend], reporter: Reporter, acct: Accounting,
                 host_mem: int | None = None, incoming: tuple[Iterable, list[int]] | None = None) -> None:

@@ -12,7 +12,8 @@
   ("dirty"), and is written at the next checkpoint (every ``checkpoint_s()`` seconds), when the cache must
   make room, or at the end. A shard merged several times between checkpoints is written once. A pair is
   committed when the written graphs of both its shards include it; a crash redoes only uncommitted pairs
-  (re-merging a pair whose result one shard already holds is harmless).
+  (re-merging a pair whose result one shard already holds is harmless). A commit (an fsync) never holds up
+  a worker.
 """
 
 from __future__ import annotations
@@ -127,6 +128,7 @@ class ShardCache:
                              self.store.read_graph(sid, self.ledger.version(sid)))
             self.acct.add("read", time.perf_counter() - t,
                           part.vectors.nbytes + part.graph.ids.nbytes + part.graph.dists.nbytes)
+            self.acct.extend_span("read", t, time.perf_counter())
             self.put(sid, part)
             return part
         finally:
@@ -359,25 +361,29 @@ class Writer:
                 return
 
     def _write(self, sids: Iterable[int]) -> None:
+        """Write the cached graphs of ``sids``, record them and the pairs they complete, and commit."""
         snaps = {sid: snap for sid in dict.fromkeys(sids) if (snap := self.cache.snapshot(sid)) is not None}
         t = time.perf_counter()
         versions = {sid: (self.ledger.version(sid) or 0) + 1 for sid in snaps}
         list(self.pool.map(lambda sid: self.store.write_graph(sid, versions[sid], snaps[sid][0]), snaps))
-        with self.store.lock, self._lock:
-            for sid, version in versions.items():
-                self.ledger.set_version(sid, version)
-                self.written_gen[sid] = snaps[sid][1]
-            done = [f for f in self.finished
-                    if self.written_gen.get(f[0], 0) >= f[2] and self.written_gen.get(f[1], 0) >= f[3]]
-            for f in done:
-                self.ledger.add_pair(f[0], f[1])
-                self.finished.remove(f)
+        with self.store.lock:
+            with self._lock:  # not held during the commit: a worker reporting a merge never waits for an fsync
+                for sid, version in versions.items():
+                    self.ledger.set_version(sid, version)
+                    self.written_gen[sid] = snaps[sid][1]
+                done = [f for f in self.finished
+                        if self.written_gen.get(f[0], 0) >= f[2] and self.written_gen.get(f[1], 0) >= f[3]]
+                for f in done:
+                    self.ledger.add_pair(f[0], f[1])
+                    self.finished.remove(f)
             if snaps or done:
                 self.store.commit()
         for sid, (graph, gen) in snaps.items():
             self.cache.written(sid, gen)
         nbytes = sum(g.ids.nbytes + g.dists.nbytes for g, _ in snaps.values())
         self.acct.add("write", time.perf_counter() - t, nbytes_written=nbytes)
+        if snaps:
+            self.acct.extend_span("write", t, time.perf_counter())
 
 
 def shards_from_store(store: Store, shards: list[ShardEntry], acct: Accounting) -> Iterator[tuple[ShardEntry, np.ndarray]]:
@@ -398,6 +404,9 @@ def run_tasks(store: Store, ledger, backends: list[Backend], reporter: Reporter,
     m = store.manifest
     params, metric = GnndParams(**m.params), kernel_metric(m.metric)
     feed_error: list[BaseException] = []
+    partner: dict[int, int] = {}  # the shard each shard was merged with last (seeded merges start from it)
+    if (last := ledger.last_pair()) is not None:
+        partner.update({last[0]: last[1], last[1]: last[0]})
 
     def feeder() -> None:
         items = iter(source)
@@ -432,9 +441,12 @@ def run_tasks(store: Store, ledger, backends: list[Backend], reporter: Reporter,
             upcoming = [cache.peek(s) for p in sched.upcoming(set(pair), 2) for s in p if s not in pair]
             stage([arr for part in upcoming if part is not None
                    for arr in (part.vectors, part.graph.ids, part.graph.dists)])
+        via_sid = ledger.seed_shard(i, j, partner.get(j))
+        via = cache.get(via_sid) if via_sid is not None else None
         t = time.perf_counter()
-        ga, gb = backend.ggm(a, b, metric, params, seed=seed_for(m.seed, 1, i, j))
+        ga, gb = backend.ggm(a, b, metric, params, seed=seed_for(m.seed, 1, i, j), via=via)
         _account(acct, "ggm", name, t)
+        partner.update({i: j, j: i})
         gen_i = cache.put(i, ShardPart(a.offset, a.vectors, ga), dirty=True)
         gen_j = cache.put(j, ShardPart(b.offset, b.vectors, gb), dirty=True)
         writer.merged(pair, gen_i, gen_j)
@@ -462,6 +474,8 @@ def run_tasks(store: Store, ledger, backends: list[Backend], reporter: Reporter,
     if not tasks:
         return
     feeding = threading.Thread(target=feeder, daemon=True, name="gnnd-feed") if source is not None else None
+    # shards that already have a graph (an ingest's old shards) are read while the first GNND runs
+    cache.prefetch(s for p in sched.upcoming(set(), cache.capacity) for s in p if s in sched.ready)
     with reporter.phase("build", tasks, "tasks") as advance:
         if feeding is not None:
             feeding.start()

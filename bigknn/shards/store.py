@@ -2,14 +2,17 @@
 
 Graph writes are copy-on-write: a step writes ``shards/<id>/graph/<v+1>/{ids,dists}``, then commits the
 manifest that points at it. Until that commit every reader sees version v; a crash before it leaves
-an unreferenced version that the next run overwrites. After a commit, versions older than the one
-before the committed one are deleted (a reader that loaded the previous manifest can still finish).
+an unreferenced version that the next run overwrites. After a commit, versions older than the one the
+previous commit pointed at are deleted (a reader that loaded the previous manifest can still finish), in a
+background thread: deleting gigabytes of files is slow on some file systems (online discard) and need
+not hold up the work; ``close()`` waits for it.
 """
 
 from __future__ import annotations
 
 import shutil
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -23,6 +26,7 @@ from bigknn.shards import chunks
 from bigknn.shards.manifest import MANIFEST, Manifest, write_atomic
 
 CHUNK_BYTES = 16 << 20  # target size of one row chunk on disk
+REAPER_THREADS = 4  # stale graph versions deleted at once
 
 
 class Store:
@@ -33,6 +37,8 @@ class Store:
         # writer) record progress in it
         self.lock = threading.RLock()
         self._deferred = 0
+        self._committed = {sh.id: sh.graph for sh in manifest.shards}  # graph versions of the last commit
+        self._reaper: ThreadPoolExecutor | None = None
 
     # ---- opening and committing -------------------------------------------------------------
     @staticmethod
@@ -68,8 +74,19 @@ class Store:
             if self._deferred:
                 return
             write_atomic(self.path / MANIFEST, self.manifest.to_json())
-            for shard in self.manifest.shards:
-                self._drop_old_graphs(shard.id, shard.graph)
+            stale = [d for sh in self.manifest.shards for d in self._stale_graphs(sh.id, self._committed.get(sh.id))]
+            self._committed = {sh.id: sh.graph for sh in self.manifest.shards}
+            if stale:
+                if self._reaper is None:
+                    self._reaper = ThreadPoolExecutor(REAPER_THREADS, thread_name_prefix="reaper")
+                for d in stale:
+                    self._reaper.submit(shutil.rmtree, d, ignore_errors=True)
+
+    def close(self) -> None:
+        """Wait for the deletion of stale graph versions."""
+        if self._reaper is not None:
+            self._reaper.shutdown(wait=True)
+            self._reaper = None
 
     @contextmanager
     def deferred_commits(self):
@@ -89,6 +106,7 @@ class Store:
 
     def reload(self) -> None:
         self.manifest = Manifest.from_json((self.path / MANIFEST).read_text())
+        self._committed = {sh.id: sh.graph for sh in self.manifest.shards}
 
     # ---- arrays -------------------------------------------------------------------------------
     # zarr creates every array's metadata; the chunk bytes go through ``chunks`` (direct file I/O) where
@@ -143,13 +161,12 @@ class Store:
         base = f"shards/{shard_id}/graph/{version}"
         return KnnGraph(self._read_array(f"{base}/ids"), self._read_array(f"{base}/dists"))
 
-    def _drop_old_graphs(self, shard_id: int, committed: int | None) -> None:
+    def _stale_graphs(self, shard_id: int, previous: int | None) -> list[Path]:
+        """Version directories of a shard older than ``previous`` (the version the last commit pointed at)."""
         gdir = self.path / "shards" / str(shard_id) / "graph"
-        if committed is None or not gdir.is_dir():
-            return
-        for entry in gdir.iterdir():
-            if entry.name.isdigit() and int(entry.name) < committed - 1:
-                shutil.rmtree(entry, ignore_errors=True)
+        if previous is None or not gdir.is_dir():
+            return []
+        return [e for e in gdir.iterdir() if e.name.isdigit() and int(e.name) < previous]
 
     # ---- accounting ---------------------------------------------------------------------------
     def disk_bytes(self) -> int:
