@@ -6,12 +6,13 @@ their vectors are not loaded; they wait in the held-back list) and gets k/2 rand
 shard, marked NEW. After the cross-shard descent, each refined list is merged with the row's whole old
 list (global ids), de-duplicated, sorted, cut to k.
 
-Seeded merge (an ingest batch b against an old shard a, ``via`` given): the paper's random fill makes a
+Seeded merge (an ingest batch b against an old shard a, ``vias`` given): the paper's random fill makes a
 merge cost about na + nb rows of descent, so folding a small batch into every old shard would cost as much
 as the build's merges of those shards. Here the rows of a keep their lists whole and get no fill; each row
-of b is filled first with rows of a two hops away through ``via``, an old shard already merged with b (the
-a-entries of the lists of the row's neighbours in via: the old graph is global, so those lists already hold
-their nearest rows of a). The descent then only refines near b, and old rows learn of new ones through it.
+of b is filled first with rows of a two hops away through ``vias``, old shards already merged with b (the
+a-entries of the lists of the row's neighbours in them: the old graph is global, so those lists already
+hold their nearest rows of a). Several vias, not one: a row has only ~W/S neighbours in each of S shards,
+and one poorly merged via would pass its weakness on to every later merge. The descent then only refines near b, and old rows learn of new ones through it.
 An old row's list would have empty slots here (only its in-pair entries take part), and an empty slot
 takes any candidate; so its empty slots carry the key of its stored list's last entry (``bound``), and only
 rows of b that would enter its final list are taken and spread further.
@@ -38,6 +39,7 @@ class MergeSetup:
 
 
 SEEDED_MAX_RATIO = 0.25  # a batch shard merged seeded has at most this many rows per row of the old shard
+SEED_SHARDS = 4  # old shards a seeded merge draws seeds through: those merged with the batch last
 
 
 def seeded_merge_fits(batch_rows: int, old_rows: int) -> bool:
@@ -78,13 +80,13 @@ def to_global(ids: np.ndarray, a: ShardPart, b: ShardPart) -> np.ndarray:
     return np.where(ids == EMPTY, EMPTY, out).astype(ID_DTYPE)
 
 
-def start_merge(a: ShardPart, b: ShardPart, rng: np.random.Generator, via: ShardPart | None = None) -> MergeSetup:
+def start_merge(a: ShardPart, b: ShardPart, rng: np.random.Generator, vias: list[ShardPart] | None = None) -> MergeSetup:
     """Lists for the descent: held entries, then the fill (random rows of the other shard; for a seeded
-    merge, rows of b get seeds through ``via`` first and rows of a get no fill)."""
+    merge, rows of b get seeds through ``vias`` first and rows of a get no fill)."""
     na, nb = a.vectors.shape[0], b.vectors.shape[0]
     k = a.graph.k
     fill = fill_count(k)
-    fill_a = 0 if via is not None else fill
+    fill_a = 0 if vias else fill
     old_ids = np.concatenate([a.graph.ids, b.graph.ids])
     old_d = np.concatenate([a.graph.dists, b.graph.dists])
     local = to_local(old_ids, a, b)
@@ -100,8 +102,8 @@ def start_merge(a: ShardPart, b: ShardPart, rng: np.random.Generator, via: Shard
     ids[r[take], rank[take]] = local[take]
     dists[r[take], rank[take]] = old_d[take]
     fill_b = rng.integers(0, na, size=(nb, fill)).astype(ID_DTYPE)  # rows of a for lists of b
-    if via is not None:
-        seeds = seeds_through(b, a, via, fill)
+    if vias:
+        seeds = seeds_through(b, a, vias, fill)
         fill_b = np.where(seeds != EMPTY, seeds, fill_b)
     ids[na:, k - fill:] = fill_b
     fill_mask = np.zeros((n, k), dtype=bool)
@@ -111,7 +113,7 @@ def start_merge(a: ShardPart, b: ShardPart, rng: np.random.Generator, via: Shard
         fill_mask[:na, k - fill_a:] = True
     part = np.concatenate([np.zeros(na, np.int8), np.ones(nb, np.int8)])
     bound = np.full(n, np.inf, dtype=np.float32)
-    if via is not None:
+    if vias:
         bound[:na] = list_bound(a.graph, k)
     return MergeSetup(ids, dists, fill_mask, fill, part, bound)
 
@@ -127,20 +129,27 @@ def list_bound(g: KnnGraph, w: int) -> np.ndarray:
 SEED_ROWS = 4096  # rows of b per batch of two-hop gathers: (rows, w, w) ids in flight
 
 
-def seeds_through(b: ShardPart, a: ShardPart, via: ShardPart, count: int) -> np.ndarray:
-    """Per row of b: up to ``count`` distinct rows of a (local ids, EMPTY padded) two hops away through via.
+def seeds_through(b: ShardPart, a: ShardPart, vias: list[ShardPart], count: int) -> np.ndarray:
+    """Per row of b: up to ``count`` distinct rows of a (local ids, EMPTY padded) two hops away through vias.
 
-    Candidates are the a-entries of the lists of the row's neighbours in via, taken by list position first
-    (every neighbour's nearest, then every neighbour's second, ...) and, within a position, by the row's
-    own order of those neighbours (nearest first). The CUDA set-up takes them in the same order."""
-    nb, na, nv = b.graph.rows, a.graph.rows, via.graph.rows
+    Candidates are the a-entries of the lists of the row's neighbours in the vias (lists of one width),
+    taken by list position first (every neighbour's nearest, then every neighbour's second, ...) and, within
+    a position, by the row's own order of those neighbours (nearest first). The CUDA set-up takes them in
+    the same order."""
+    wv = vias[0].graph.k
+    if any(v.graph.k != wv for v in vias):
+        raise ValueError(f"seeded merge: via lists of widths {[v.graph.k for v in vias]}; they must be equal")
+    nb, na = b.graph.rows, a.graph.rows
     out = np.full((nb, count), EMPTY, dtype=ID_DTYPE)
     for s in range(0, nb, SEED_ROWS):
-        t = b.graph.ids[s:s + SEED_ROWS].astype(np.int64) - via.offset  # (r, w) rows of via, or outside
-        t_ok = (t >= 0) & (t < nv)
-        hop = via.graph.ids[np.where(t_ok, t, 0)].astype(np.int64) - a.offset  # (r, w, wv)
-        hop_ok = t_ok[:, :, None] & (hop >= 0) & (hop < na)
-        cand = np.where(hop_ok, hop, na).transpose(0, 2, 1).reshape(len(t), -1)  # position-major; na = none
+        g = b.graph.ids[s:s + SEED_ROWS].astype(np.int64)  # (r, w) global ids
+        hop = np.full(g.shape + (wv,), EMPTY, dtype=np.int64)  # (r, w, wv) lists of the row's via neighbours
+        for via in vias:
+            t = g - via.offset
+            t_ok = (t >= 0) & (t < via.graph.rows)
+            hop[t_ok] = via.graph.ids[t[t_ok]]
+        hop = np.where(hop >= 0, hop - a.offset, -1)
+        cand = np.where((hop >= 0) & (hop < na), hop, na).transpose(0, 2, 1).reshape(len(g), -1)  # na: none
         out[s:s + SEED_ROWS] = _first_distinct(cand, count, na)
     return out
 

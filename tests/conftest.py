@@ -179,14 +179,16 @@ def merged_shards(backend, x: np.ndarray, shard_rows: int, params, metric: str =
 
 def fold_in(backend, old: list, batch, params, seeded: bool, metric: str = "l2") -> tuple[list, object, list]:
     """An ingest's merges: the batch part against each old part in turn, each merge after the first seeded
-    through the previous old part when ``seeded``. Returns (old parts, batch part, update counts per merge)."""
+    through the old parts merged before it (the last SEED_SHARDS) when ``seeded``. Returns (old parts, batch
+    part, update counts per merge)."""
     from bigknn.backends import ShardPart
+    from bigknn.ggm import SEED_SHARDS
 
     old, updates = list(old), []
     for i, part in enumerate(old):
-        via = old[i - 1] if seeded and i > 0 else None
+        vias = old[:i][-SEED_SHARDS:] if seeded else []
         counts: list[int] = []
-        ga, gb = backend.ggm(part, batch, metric, params, seed=500 + i, on_iter=counts.append, via=via)
+        ga, gb = backend.ggm(part, batch, metric, params, seed=500 + i, on_iter=counts.append, vias=vias)
         old[i] = ShardPart(part.offset, part.vectors, ga)
         batch = ShardPart(batch.offset, batch.vectors, gb)
         updates.append(counts)

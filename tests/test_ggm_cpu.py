@@ -108,15 +108,23 @@ def test_merge_ip_metric(backend):
 
 
 def test_seeds_through_takes_rows_of_a_two_hops_away_in_order():
-    """Seeds of a row of b: the a-entries of its via-neighbours' lists, by list position first, then by the
-    row's order of those neighbours; distinct, EMPTY padded; rows without via neighbours get none."""
-    a = ShardPart(0, np.zeros((10, 2), np.float32), KnnGraph(np.zeros((10, 3), np.int32), np.zeros((10, 3), np.float32)))
-    via_ids = np.array([[5, 7, 150, 2], [7, 9, 3, -1], [1, 1, 1, 1]], np.int32)
-    via = ShardPart(100, np.zeros((3, 2), np.float32), KnnGraph(via_ids, np.zeros((3, 4), np.float32)))
-    b_ids = np.array([[101, 100, 201], [201, -1, -1]], np.int32)
-    b = ShardPart(200, np.zeros((2, 2), np.float32), KnnGraph(b_ids, np.zeros((2, 3), np.float32)))
-    np.testing.assert_array_equal(seeds_through(b, a, via, 4), [[7, 5, 9, 3], [-1, -1, -1, -1]])
-    np.testing.assert_array_equal(seeds_through(b, a, via, 6), [[7, 5, 9, 3, 2, -1], [-1] * 6])
+    """Seeds of a row of b: the a-entries of its via-neighbours' lists (in any of the vias), by list position
+    first, then by the row's order of those neighbours; distinct, EMPTY padded; rows without via neighbours
+    get none."""
+    def part(offset, ids):
+        ids = np.asarray(ids, np.int32)
+        return ShardPart(offset, np.zeros((len(ids), 2), np.float32), KnnGraph(ids, np.zeros(ids.shape, np.float32)))
+
+    a = part(0, np.zeros((10, 4)))
+    via = part(100, [[5, 7, 150, 2], [7, 9, 3, -1], [1, 1, 1, 1]])
+    other = part(300, [[8, 6, 4, 0]])
+    b = part(200, [[101, 100, 201], [201, -1, -1]])
+    np.testing.assert_array_equal(seeds_through(b, a, [via], 4), [[7, 5, 9, 3], [-1, -1, -1, -1]])
+    np.testing.assert_array_equal(seeds_through(b, a, [via], 6), [[7, 5, 9, 3, 2, -1], [-1] * 6])
+    b2 = part(200, [[101, 300, 100], [300, -1, -1]])  # neighbours in two vias, in the row's order
+    np.testing.assert_array_equal(seeds_through(b2, a, [via, other], 7), [[7, 8, 5, 9, 6, 3, 4], [8, 6, 4, 0, -1, -1, -1]])
+    with pytest.raises(ValueError, match="widths"):
+        seeds_through(b2, a, [via, part(300, [[8, 6]])], 4)
 
 
 def test_seeded_merges_fold_in_a_small_batch_as_well_as_the_paper_merge_for_less_work(backend):

@@ -340,22 +340,25 @@ def _ingest_case(rows: int, nb: int, dim: int, params: GnndParams, dtype=np.floa
 def test_seeded_setup_takes_the_cpu_seeds(backend, dim, dtype):
     """With no descent (merge_iters 0) a seeded merge's result is its set-up folded back: rows of a keep
     their lists exactly (no fill), and each row of b gains exactly the seeds the CPU reference picks
-    (two hops through via, in the same order) wherever those fill the row's W/2 slots."""
+    (two hops through two vias, in the same order) wherever those fill the row's W/2 slots."""
     from bigknn.backends.cpu import CpuBackend
     from bigknn.ggm import fill_count, seeds_through
 
     built = GnndParams(k=16, list_width=32)
     params = GnndParams(k=16, list_width=32, merge_iters=0)
     x, old, batch = _ingest_case(2501, 301, dim, built, dtype)
-    a, via = old[1], old[0]
-    # b has met via (as after an ingest's first merge)
-    _, b_graph = CpuBackend().ggm(via, batch, "l2", built, seed=1)
-    b = ShardPart(batch.offset, batch.vectors, b_graph)
-    ga, gb = backend.ggm(a, b, "l2", params, seed=2, via=via)
-    assert backend.last_stats["seeded"]
+    a = old[1]
+    # b has met old[0] and old[2] (as after an ingest's first merges)
+    vias, b = [], batch
+    for k, old_part in enumerate((old[0], old[2])):
+        g_old, g_b = CpuBackend().ggm(old_part, b, "l2", built, seed=1 + k)
+        vias.append(ShardPart(old_part.offset, old_part.vectors, g_old))
+        b = ShardPart(b.offset, b.vectors, g_b)
+    ga, gb = backend.ggm(a, b, "l2", params, seed=2, vias=vias)
+    assert backend.last_stats["seeded"] == 2
     np.testing.assert_array_equal(ga.dists, a.graph.dists)  # ids of equal keys may swap places
     np.testing.assert_array_equal(np.sort(ga.ids, axis=1), np.sort(a.graph.ids, axis=1))
-    seeds = seeds_through(b, a, via, fill_count(32))
+    seeds = seeds_through(b, a, vias, fill_count(32))
     full = (seeds >= 0).all(axis=1)
     assert full.mean() > 0.5, "the case is meaningful: most rows of b find W/2 seeds"
     for r in np.nonzero(full)[0]:

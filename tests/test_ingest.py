@@ -46,11 +46,12 @@ def base(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("ingest")
     x = synth(OLD_ROWS + 2 * NEW_ROWS, DIM, seed=4)
     paths = {"old": root / "old.fbin", "new1": root / "new1.fbin", "new2": root / "new2.fbin",
-             "small": root / "small.fbin"}
+             "small": root / "small.fbin", "small2": root / "small2.fbin"}
     write_vectors(paths["old"], x[:OLD_ROWS])
     write_vectors(paths["new1"], x[OLD_ROWS:OLD_ROWS + NEW_ROWS])
     write_vectors(paths["new2"], x[OLD_ROWS + NEW_ROWS:])
     write_vectors(paths["small"], x[OLD_ROWS + NEW_ROWS:OLD_ROWS + NEW_ROWS + SMALL_ROWS])
+    write_vectors(paths["small2"], x[OLD_ROWS + NEW_ROWS + SMALL_ROWS:OLD_ROWS + NEW_ROWS + 2 * SMALL_ROWS])
     store = root / "base.knn"
     build(BuildRequest(input=paths["old"], store=store, shard_rows=SHARD_ROWS, params=GnndParams(k=K)),
           [CpuBackend()], Reporter())
@@ -95,23 +96,30 @@ def test_ingest_adds_rows_after_the_last_id_with_good_recall(base, store):
     assert recall_of(store, OLD_ROWS, OLD_ROWS + NEW_ROWS) >= 0.95
 
 
-def test_small_batch_merges_are_seeded_through_the_shard_merged_before(base, store):
+def test_small_batch_merges_are_seeded_through_the_shards_merged_before(base, store):
     """A batch of 400 rows into shards of 2000: the first merge is the paper's, each later one is seeded
-    through the old shard merged just before it; old and new rows keep recall@10 >= 0.95."""
+    through the old shards merged before it, in merge order; old and new rows keep recall@10 >= 0.95."""
     calls = []
 
     class Spy(CpuBackend):
-        def ggm(self, a, b, metric, params, seed, on_iter=None, via=None):
-            calls.append((a.offset, b.offset, None if via is None else via.offset))
-            return super().ggm(a, b, metric, params, seed, on_iter=on_iter, via=via)
+        def ggm(self, a, b, metric, params, seed, on_iter=None, vias=None):
+            calls.append((a.offset, b.offset, [v.offset for v in vias or []]))
+            return super().ggm(a, b, metric, params, seed, on_iter=on_iter, vias=vias)
 
     ingest(store, [base["small"]], [Spy()], Reporter())
     assert [c[1] for c in calls] == [OLD_ROWS] * 3 and sorted(c[0] for c in calls) == [0, 2000, 4000]
-    assert calls[0][2] is None
-    assert [c[2] for c in calls[1:]] == [c[0] for c in calls[:-1]]
+    assert calls[0][2] == []
+    assert [c[2] for c in calls[1:]] == [[c[0] for c in calls[:n]] for n in (1, 2)]
     check_graph(store, OLD_ROWS + SMALL_ROWS)
     assert recall_of(store, 0, OLD_ROWS) >= 0.95
     assert recall_of(store, OLD_ROWS, OLD_ROWS + SMALL_ROWS) >= 0.95
+    # a second batch meets the full shards first (its paper merge), the earlier small batch last
+    calls.clear()
+    ingest(store, [base["small2"]], [Spy()], Reporter())
+    assert [c[1] for c in calls] == [OLD_ROWS + SMALL_ROWS] * 4
+    assert calls[0][0] in (0, 2000, 4000) and calls[0][2] == [] and calls[-1][0] == OLD_ROWS
+    check_graph(store, OLD_ROWS + 2 * SMALL_ROWS)
+    assert recall_of(store, OLD_ROWS + SMALL_ROWS, OLD_ROWS + 2 * SMALL_ROWS) >= 0.95
 
 
 def test_reingest_is_a_noop_that_says_so(base, store):

@@ -33,7 +33,7 @@ class RecordingBackend:
     def gnnd(self, x, metric, params, seed):
         return self.cpu.gnnd(x, metric, params, seed)
 
-    def ggm(self, a, b, metric, params, seed, via=None):
+    def ggm(self, a, b, metric, params, seed, vias=None):
         pair = (a.offset, b.offset)
         with self.lock:
             clash = [p for p in self.running if set(p) & set(pair)]
@@ -41,7 +41,7 @@ class RecordingBackend:
             self.running.add(pair)
         time.sleep(0.05)
         try:
-            return self.cpu.ggm(a, b, metric, params, seed, via=via)
+            return self.cpu.ggm(a, b, metric, params, seed, vias=vias)
         finally:
             with self.lock:
                 self.running.discard(pair)
@@ -142,11 +142,11 @@ def test_resume_redoes_only_uncommitted_pairs(data, tmp_path):
     calls = []
 
     class Dies(RecordingBackend):
-        def ggm(self, a, b, metric, params, seed, via=None):
+        def ggm(self, a, b, metric, params, seed, vias=None):
             if len(calls) == 5:
                 raise RuntimeError("worker died")
             calls.append((a.offset, b.offset))
-            return self.cpu.ggm(a, b, metric, params, seed, via=via)
+            return self.cpu.ggm(a, b, metric, params, seed, vias=vias)
 
     req = BuildRequest(input=data, store=tmp_path / "s.knn", shard_rows=700, params=GnndParams(k=10))
     with pytest.raises(RuntimeError, match="worker died"):
@@ -245,9 +245,9 @@ def test_checkpoints_commit_merges_while_the_run_goes_on(data, tmp_path, monkeyp
     monkeypatch.setenv("BIGKNN_CHECKPOINT_S", "0.25")
 
     class Slow(RecordingBackend):
-        def ggm(self, a, b, metric, params, seed, via=None):
+        def ggm(self, a, b, metric, params, seed, vias=None):
             time.sleep(0.1)
-            return self.cpu.ggm(a, b, metric, params, seed, via=via)
+            return self.cpu.ggm(a, b, metric, params, seed, vias=vias)
 
     out = build(BuildRequest(input=data, store=tmp_path / "s.knn", shard_rows=700, params=GnndParams(k=10)),
                 [Slow([], set())], Reporter())

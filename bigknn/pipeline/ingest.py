@@ -19,7 +19,7 @@ import numpy as np
 from bigknn.backends import Backend
 from bigknn.errors import BadInput
 from bigknn.formats import VECTOR_EXTENSIONS, VectorFile, check_finite, open_vectors
-from bigknn.ggm import seeded_merge_fits
+from bigknn.ggm import SEED_SHARDS, seeded_merge_fits
 from bigknn.metrics import prepare_rows
 from bigknn.params import GnndParams
 from bigknn.pipeline.build import MAX_ROWS, fingerprint
@@ -59,8 +59,8 @@ class IngestLedger(Ledger):
     def done(self) -> set[tuple[int, int]]:
         return {(a, b) for a, b in self.pending["merged"]}
 
-    def last_pair(self) -> tuple[int, int] | None:
-        return tuple(self.pending["merged"][-1]) if self.pending["merged"] else None
+    def history(self) -> list:
+        return self.pending["merged"]
 
     def add_pair(self, i: int, j: int) -> None:
         self.pending["merged"].append([i, j])
@@ -68,13 +68,19 @@ class IngestLedger(Ledger):
     def wanted(self, i: int, j: int) -> bool:
         return j >= self.first_new  # pairs among old shards were merged before
 
-    def seed_shard(self, i: int, j: int, partner: int | None) -> int | None:
-        """A new shard j, small beside the old shard i, is seeded through the old shard it was merged with
+    def ordered(self, pairs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """Old shards first, the largest first: a new shard's first merge (the paper's, the anchor of the
+        seeded ones after it) should meet a full shard, not an earlier small batch."""
+        rows = [s.rows for s in self.shards()]
+        return sorted(pairs, key=lambda p: (p[0] >= self.first_new, -rows[p[0]]))
+
+    def seed_shards(self, i: int, j: int, merged_with: list[int]) -> list[int]:
+        """A new shard j, small beside the old shard i, is seeded through the old shards it was merged with
         last (its first merge has none and runs the paper's random fill)."""
-        if i >= self.first_new or j < self.first_new or partner is None or partner >= self.first_new:
-            return None
         shards = self.shards()
-        return partner if seeded_merge_fits(shards[j].rows, shards[i].rows) else None
+        if i >= self.first_new or j < self.first_new or not seeded_merge_fits(shards[j].rows, shards[i].rows):
+            return []
+        return [s for s in merged_with if s < self.first_new][-SEED_SHARDS:]
 
     def finish(self) -> None:
         """Fold the staged ingest into the visible state (the caller commits)."""

@@ -47,17 +47,25 @@ class Ledger:
 
     def last_pair(self) -> tuple[int, int] | None:
         """The pair committed last: a resumed run prefers the same next pair as the killed one would."""
-        merged = self.store.manifest.merged
+        merged = self.history()
         return tuple(merged[-1]) if merged else None
+
+    def history(self) -> list:
+        """The pairs committed so far, in commit order."""
+        return self.store.manifest.merged
 
     def wanted(self, i: int, j: int) -> bool:
         """Pairs this run must merge: all of them for a build."""
         return True
 
-    def seed_shard(self, i: int, j: int, partner: int | None) -> int | None:
-        """The shard the merge of (i, j) is seeded through (bigknn/ggm.py), given the shard j was merged
-        with last; None: the paper's merge (a build's shards are all of one size)."""
-        return None
+    def ordered(self, pairs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """The order in which pairs are preferred (round-robin rounds, for a build)."""
+        return pairs
+
+    def seed_shards(self, i: int, j: int, merged_with: list[int]) -> list[int]:
+        """The shards the merge of (i, j) is seeded through (bigknn/ggm.py), given the shards j was merged
+        with, in order; none: the paper's merge (a build's shards are all of one size)."""
+        return []
 
 
 def run_pending(store: Store, ledger: Ledger, backends: list[Backend], reporter: Reporter, acct: Accounting,

@@ -404,9 +404,14 @@ def run_tasks(store: Store, ledger, backends: list[Backend], reporter: Reporter,
     m = store.manifest
     params, metric = GnndParams(**m.params), kernel_metric(m.metric)
     feed_error: list[BaseException] = []
-    partner: dict[int, int] = {}  # the shard each shard was merged with last (seeded merges start from it)
-    if (last := ledger.last_pair()) is not None:
-        partner.update({last[0]: last[1], last[1]: last[0]})
+    merged_with: dict[int, list[int]] = {}  # the shards each shard was merged with, in order (seeded merges)
+
+    def record(i: int, j: int) -> None:
+        merged_with.setdefault(i, []).append(j)
+        merged_with.setdefault(j, []).append(i)
+
+    for i, j in ledger.history():
+        record(i, j)
 
     def feeder() -> None:
         items = iter(source)
@@ -441,12 +446,11 @@ def run_tasks(store: Store, ledger, backends: list[Backend], reporter: Reporter,
             upcoming = [cache.peek(s) for p in sched.upcoming(set(pair), 2) for s in p if s not in pair]
             stage([arr for part in upcoming if part is not None
                    for arr in (part.vectors, part.graph.ids, part.graph.dists)])
-        via_sid = ledger.seed_shard(i, j, partner.get(j))
-        via = cache.get(via_sid) if via_sid is not None else None
+        vias = [cache.get(s) for s in ledger.seed_shards(i, j, merged_with.get(j, []))]
         t = time.perf_counter()
-        ga, gb = backend.ggm(a, b, metric, params, seed=seed_for(m.seed, 1, i, j), via=via)
+        ga, gb = backend.ggm(a, b, metric, params, seed=seed_for(m.seed, 1, i, j), vias=vias)
         _account(acct, "ggm", name, t)
-        partner.update({i: j, j: i})
+        record(i, j)
         gen_i = cache.put(i, ShardPart(a.offset, a.vectors, ga), dirty=True)
         gen_j = cache.put(j, ShardPart(b.offset, b.vectors, gb), dirty=True)
         writer.merged(pair, gen_i, gen_j)
@@ -518,5 +522,5 @@ def _run_workers(backends: list[Backend], work) -> None:
 
 
 def pending_pairs(ledger, shards: int) -> list[tuple[int, int]]:
-    """Pairs of the first ``shards`` shards this run must merge, in round-robin order."""
-    return [p for p in schedule.pending_pairs(shards, ledger.done()) if ledger.wanted(*p)]
+    """Pairs of the first ``shards`` shards this run must merge, in the ledger's order (a build: round-robin)."""
+    return ledger.ordered([p for p in schedule.pending_pairs(shards, ledger.done()) if ledger.wanted(*p)])

@@ -64,10 +64,10 @@ class CpuBackend:
         return KnnGraph(state.ids, state.dists)
 
     def ggm(self, a: ShardPart, b: ShardPart, metric: str, params: GnndParams, seed: int,
-            on_iter=None, via: ShardPart | None = None) -> tuple[KnnGraph, KnnGraph]:
+            on_iter=None, vias: list[ShardPart] | None = None) -> tuple[KnnGraph, KnnGraph]:
         rng = np.random.default_rng(seed)
         xf = as_float(np.concatenate([a.vectors, b.vectors]))
-        setup = start_merge(a, b, rng, via)
+        setup = start_merge(a, b, rng, vias)
         fill = setup.fill_mask
         sq = np.einsum("ij,ij->i", xf, xf)
         filled = np.nonzero(fill.any(axis=1))[0]  # rows with a fill: the last setup.fill columns

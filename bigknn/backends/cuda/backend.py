@@ -23,7 +23,7 @@ metric / sample-size class / dim-chunk class, cached per process and on disk by 
                    first W - W//2 in-pair entries of the old list (stored keys, OLD), W//2 distinct random
                    rows of the other shard (exact keys, NEW), (key, id) sort. Seeded merge: rows of a keep
                    their whole in-pair list and their bound in the empty slots; rows of b are filled with
-                   rows of a two hops away through ``via`` first (bigknn/ggm.py).
+                   rows of a two hops away through ``vias`` first (bigknn/ggm.py).
 * ``ggm_finish``   GGM fold-back, one warp per row: the whole old list (global ids, other shards included)
                    plus the refined entries not in it (keys recomputed exactly), sorted, top W, global ids.
 * ``knn_select``   running top-k over cuBLAS dot-product tiles (threshold filter + bitonic sort of the
@@ -89,6 +89,7 @@ _MODULES: dict = {}
 MAX_K = 128
 MAX_P = 32
 LOG_SLOTS = 7  # candidate slots per row (kernels.cu MAX_SLOTS): 128; halved while the budget is short
+MAX_VIAS = 8  # shards a seeded merge may draw seeds through (ggm_setup numbers them in a byte; a loop per entry)
 
 
 def _cupy():
@@ -692,19 +693,19 @@ class CudaBackend:
         return cls.gnnd_bytes(n, d, itemsize, w, p, slots) + n * (8 * wo + 8 * w + 4)
 
     def ggm(self, a: ShardPart, b: ShardPart, metric: str, params: GnndParams, seed: int,
-            on_iter=None, via: ShardPart | None = None) -> tuple[KnnGraph, KnnGraph]:
+            on_iter=None, vias: list[ShardPart] | None = None) -> tuple[KnnGraph, KnnGraph]:
         """GGM (paper 000 §5.1, Alg. 3) of shards a and b on the GPU; ids in and out are global.
 
         Contract of the CPU reference (bigknn/ggm.py, CpuBackend.ggm): lists W = params.width() wide;
         set-up keeps the first W - W//2 in-pair entries of each old list and adds W//2 (at least 1) random
         rows of the other shard (NEW); cross-shard descent (params.merge_iters, early stop under
         min_update_frac * n * W updates); each refined list is merged with the row's whole old list (ids of
-        other shards included), de-duplicated, sorted, cut to W. Returned keys are exact. ``via``: a seeded
-        merge (rows of a get no fill and keep their bound; rows of b are seeded two hops through via).
+        other shards included), de-duplicated, sorted, cut to W. Returned keys are exact. ``vias``: a seeded
+        merge (rows of a get no fill and keep their bound; rows of b are seeded two hops through vias).
         """
         with self._device():
             try:
-                return self._ggm(a, b, metric, params, seed, on_iter, via)
+                return self._ggm(a, b, metric, params, seed, on_iter, vias)
             finally:
                 self._free_pools()
 
@@ -754,7 +755,7 @@ class CudaBackend:
         return ids, keys
 
     def _ggm(self, a: ShardPart, b: ShardPart, metric: str, params: GnndParams, seed: int, on_iter=None,
-             via: ShardPart | None = None):
+             vias: list[ShardPart] | None = None):
         from bigknn.ggm import fill_count
 
         cp = _cupy()
@@ -783,7 +784,10 @@ class CudaBackend:
         log_c = LOG_SLOTS if w >= 16 else 5
         while log_c > 4 and self.ggm_bytes(n, d, itemsize, w, wo, p, 1 << log_c) > budget:
             log_c -= 1
-        need = self.ggm_bytes(n, d, itemsize, w, wo, p, 1 << log_c) + (via.graph.ids.nbytes if via else 0)
+        vias = list(vias or [])
+        if len(vias) > MAX_VIAS or len({v.graph.k for v in vias}) > 1:
+            raise ValueError(f"CUDA ggm seeds through at most {MAX_VIAS} shards with lists of one width")
+        need = self.ggm_bytes(n, d, itemsize, w, wo, p, 1 << log_c) + sum(v.graph.ids.nbytes for v in vias)
         self._last_need = need
         if need > budget:
             raise MemoryError(f"ggm of {na} + {nb} rows x {d} (lists of {w}) needs {need / 2**30:.2f} GiB of GPU "
@@ -803,10 +807,13 @@ class CudaBackend:
         moved: dict = {"h2d_bytes": 0, "resident_hits": 0}
         xd, ctype, d, dpad = self._upload_pair(a.vectors, b.vectors, moved)
         old_ids, old_keys = self._upload_lists(a.graph, b.graph, wo, moved)
-        via_ids = cp.full((1, 1), EMPTY, dtype=cp.int32)
-        if via is not None:
-            via_ids = cp.empty(via.graph.ids.shape, dtype=cp.int32)
-            self._to_device(np.asarray(via.graph.ids, dtype=np.int32), via_ids, moved)
+        via_lists = []
+        for v in vias:
+            via_lists.append(cp.empty(v.graph.ids.shape, dtype=cp.int32))
+            self._to_device(np.asarray(v.graph.ids, dtype=np.int32), via_lists[-1], moved)
+        via_ptrs = cp.asarray([arr.data.ptr for arr in via_lists] or [0], dtype=cp.uint64)
+        via_offs = cp.asarray([v.offset for v in vias] or [0], dtype=cp.int64)
+        via_rows = cp.asarray([v.graph.rows for v in vias] or [0], dtype=cp.int32)
         sync()
         t_h2d = time.perf_counter()
 
@@ -820,10 +827,10 @@ class CudaBackend:
         seed64 = np.uint64(int(seed) & 0xFFFFFFFFFFFFFFFF)
         mod.get_function(f"ggm_setup<{ct}, {m}>")(grid, (128,), (
             xd, n32, d32, dp32, na32, a_off, b_off, old_ids, old_keys, np.int32(wo), np.int32(w), np.int32(fill),
-            np.int32(via is not None), via_ids, np.int64(via.offset if via else 0), np.int32(via_ids.shape[0]),
-            np.int32(via_ids.shape[1]), seed64, ids, keys, flags))
-        del via_ids
+            np.int32(bool(vias)), via_ptrs, via_offs, via_rows, np.int32(len(vias)),
+            np.int32(vias[0].graph.k if vias else 0), seed64, ids, keys, flags))
         _sync_check(cp)
+        del via_lists, via_ptrs, via_offs, via_rows
         norms = None
         if expand:
             norms = cp.empty((n,), dtype=cp.float32)
@@ -854,7 +861,7 @@ class CudaBackend:
                           (gb.dists, out_keys[na:])):
             self._resident.put(host, dev)  # the next merge of either shard starts from these
         t_end = time.perf_counter()
-        self.last_stats = dict(stats, **moved, p=p, slots=1 << log_c, width=w, fill=fill, seeded=via is not None,
+        self.last_stats = dict(stats, **moved, p=p, slots=1 << log_c, width=w, fill=fill, seeded=len(vias),
                                l2_expand=expand,
                                compile_s=t_c - t0, h2d_s=t_h2d - t_c, setup_s=t_setup - t_h2d, iter_s=t_it - t_setup,
                                finish_s=t_fin - t_it, d2h_s=t_end - t_fin, total_s=t_end - t0)

@@ -348,19 +348,23 @@ __device__ __forceinline__ int warp_append_new(int r, int* I, unsigned char* F, 
 // exactly, flagged NEW; EMPTY padded to w and sorted by (key, id).
 // Seeded merge (`seeded`, bigknn/ggm.py): rows of a get no fill, and their empty slots carry the key of the
 // stored list's w-th entry (their bound) instead of +inf; rows of b take their fill first from rows of a two
-// hops away through the shard `via` (via_ids: its lists, wv wide, global ids): the a-entries of the lists of
-// the row's neighbours in via, by list position first, then by the row's own order of those neighbours.
+// hops away through the shards `vias` (n_vias <= MAX_VIAS; via q holds global rows [via_offs[q], +via_rows[q])
+// and its lists, wv wide, global ids, at address via_ptrs[q]): the a-entries of the lists of the row's
+// neighbours in the vias, by list position first, then by the row's own order of those neighbours.
 template <typename T, int METRIC>
 __global__ void __launch_bounds__(128) ggm_setup(const T* __restrict__ x, int n, int d, int dpad, int na,
                                                  long long a_off, long long b_off, const int* __restrict__ old_ids,
                                                  const float* __restrict__ old_keys, int wo, int w, int fill_n,
-                                                 int seeded, const int* __restrict__ via_ids, long long via_off,
-                                                 int nvia, int wv, u64 seed, int* __restrict__ ids,
+                                                 int seeded, const unsigned long long* __restrict__ via_ptrs,
+                                                 const long long* __restrict__ via_offs,
+                                                 const int* __restrict__ via_rows, int n_vias, int wv,
+                                                 u64 seed, int* __restrict__ ids,
                                                  float* __restrict__ keys, unsigned char* __restrict__ flags) {
     __shared__ float skey[4][128];
     __shared__ int sid[4][128];
     __shared__ unsigned char sflag[4][128];
     __shared__ int svia[4][128];
+    __shared__ unsigned char sviaq[4][128];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int row = blockIdx.x * 4 + warp;
     if (row >= n) return;
@@ -403,16 +407,24 @@ __global__ void __launch_bounds__(128) ggm_setup(const T* __restrict__ x, int n,
     // seeds two hops away through via (rows of b in a seeded merge)
     if (seeded && !in_a) {
         int* V = svia[warp];
+        unsigned char* VQ = sviaq[warp];
         int nt = 0;
         for (int base = 0; base < wo; base += 32) {
             const int j = base + lane;
-            int t = -1;
+            int t = -1, vq = 0;
             if (j < wo) {
                 const long long g = old_ids[(size_t)row * wo + j];
-                if (g >= via_off && g < via_off + nvia) t = (int)(g - via_off);
+                for (int q = 0; q < n_vias && t < 0; ++q)
+                    if (g >= via_offs[q] && g < via_offs[q] + via_rows[q]) {
+                        t = (int)(g - via_offs[q]);
+                        vq = q;
+                    }
             }
             const u32 mask = __ballot_sync(FULL_MASK, t >= 0);
-            if (t >= 0) V[nt + __popc(mask & lt)] = t;
+            if (t >= 0) {
+                V[nt + __popc(mask & lt)] = t;
+                VQ[nt + __popc(mask & lt)] = (unsigned char)vq;
+            }
             nt += __popc(mask);
         }
         __syncwarp();
@@ -421,7 +433,8 @@ __global__ void __launch_bounds__(128) ggm_setup(const T* __restrict__ x, int n,
                 const int q = q0 + lane;
                 int r = -1;
                 if (q < nt) {
-                    const long long h = via_ids[(size_t)V[q] * wv + j];
+                    const int* list = reinterpret_cast<const int*>(via_ptrs[VQ[q]]);
+                    const long long h = list[(size_t)V[q] * wv + j];
                     if (h >= a_off && h < a_off + na) r = (int)(h - a_off);
                 }
                 total = warp_append_new(r, I, F, total, want, lane);
