@@ -17,26 +17,32 @@ BLOCK_ROWS = 65536
 
 
 def synth_blocks(rows: int, dim: int, clusters: int = 200, intrinsic_dim: int = 12, seed: int = 0,
-                 threads: int | None = None) -> Iterator[np.ndarray]:
+                 threads: int | None = None, first_row: int = 0) -> Iterator[np.ndarray]:
     """Yield float32 blocks of the clustered set, ``rows`` rows in all, generated on ``threads`` threads
     (NumPy's generators and matmul release the GIL; each block has its own generator, so the rows do
-    not depend on the thread count)."""
-    if rows < 1 or dim < 1 or clusters < 1 or intrinsic_dim < 1:
-        raise ValueError("rows, dim, clusters and intrinsic_dim must be positive")
+    not depend on the thread count).
+
+    ``first_row``: yield rows [first_row, first_row + rows) of the set of first_row + rows rows instead: new
+    rows from the same distribution (the clusters come from the seed) as a set of first_row rows, e.g. the
+    batch an ingest benchmark folds into a store built from that set."""
+    if rows < 1 or dim < 1 or clusters < 1 or intrinsic_dim < 1 or first_row < 0:
+        raise ValueError("rows, dim, clusters and intrinsic_dim must be positive, first_row not negative")
     setup = np.random.default_rng(seed)
     centres = setup.normal(0.0, 4.0, size=(clusters, intrinsic_dim))
     lift = setup.normal(0.0, np.sqrt(1.0 / intrinsic_dim), size=(intrinsic_dim, dim))
+    end = first_row + rows
 
     def block(start: int) -> np.ndarray:
-        n = min(BLOCK_ROWS, rows - start)
+        n = min(BLOCK_ROWS, end - start)
         rng = np.random.default_rng([seed, start // BLOCK_ROWS])
         labels = rng.integers(0, clusters, size=n)
         low = centres[labels] + rng.normal(size=(n, intrinsic_dim))
         x = low @ lift + rng.normal(0.0, 0.05, size=(n, dim))
-        return x.astype(np.float32)
+        skip = max(0, first_row - start)
+        return x[skip:].astype(np.float32)
 
     workers = threads or min(8, os.cpu_count() or 1)
-    starts = range(0, rows, BLOCK_ROWS)
+    starts = range(first_row - first_row % BLOCK_ROWS, end, BLOCK_ROWS)
     with ThreadPoolExecutor(workers) as pool:
         ahead = 2 * workers  # blocks in flight: bounded memory whatever the size
         futures = [pool.submit(block, s) for s in starts[:ahead]]

@@ -41,7 +41,7 @@ y = synth(3101, 100, seed=4); gc = be.gnnd(y[:2500], "l2", p, 5); gn = be.gnnd(y
 gc = KnnGraph(np.where(gc.ids >= 0, gc.ids + 5201, -1).astype(np.int32), gc.dists)
 gn = KnnGraph(np.where(gn.ids >= 0, gn.ids + 7701, -1).astype(np.int32), gn.dists)
 sa, sn = be.ggm(ShardPart(0, x[:2600], ma), ShardPart(7701, y[2500:], gn), "l2", p, 7)
-be.ggm(ShardPart(5201, y[:2500], gc), ShardPart(7701, y[2500:], sn), "l2", p, 8, via=ShardPart(0, x[:2600], sa))
+be.ggm(ShardPart(5201, y[:2500], gc), ShardPart(7701, y[2500:], sn), "l2", p, 8, vias=[ShardPart(0, x[:2600], sa)])
 assert be.last_stats["seeded"]
 be.gnnd(x[:2600].astype(np.uint8), "ip", GnndParams(k=40, iters=3), 4)
 be.exact_knn(x[:37], 11, "l2", [(0, x[:2000]), (2000, x[2000:])])
@@ -87,7 +87,8 @@ t2one)
   note "10M one shard: $(j wall_s < "$OUT/t2one_build.json") $(j recall < "$OUT/t2one_eval.json")" ;;
 t4)
   step t4
-  $B synth $WORK/new100k.fbin --rows 100000 --dim 96 --seed 2 --json > /dev/null
+  # new rows of the T2 set's own distribution (same seed: same clusters), as a daily ingest brings
+  $B synth $WORK/new100k.fbin --rows 100000 --dim 96 --seed 1 --first-row 10000000 --json > /dev/null
   $B ingest $WORK/t2.knn --input $WORK/new100k.fbin --backend cuda --gpus $GPUS $T4_ARGS --json > "$OUT/t4_ingest.json"
   $B eval recall $WORK/t2.knn --backend cuda --rows 0:10000000 --sample 10000 --json > "$OUT/t4_old.json"
   $B eval recall $WORK/t2.knn --backend cuda --rows 10000000:10100000 --sample 10000 --json > "$OUT/t4_new.json"

@@ -410,3 +410,20 @@ def test_nan_in_a_late_shard_stops_the_overlapped_build(tmp_path):
     line = assert_one_line_error(code, out, err, bad.name)
     assert "5500" in line, line
     assert not store.exists()
+
+
+@pytest.mark.parametrize("first", [0, 1000, 65536, 65536 + 77])  # BLOCK_ROWS = 65536: on and off a border
+def test_synth_first_row_continues_the_same_set(tmp_path, first):
+    """``--first-row N`` writes rows N.. of the larger set: the tail of one longer stream, whatever N is,
+    drawn from the same clusters as a file of N rows."""
+    from bigknn.synth import synth_blocks
+
+    rows = 2000
+    longer = np.concatenate(list(synth_blocks(first + rows, 8, seed=5, threads=2)))
+    tail = np.concatenate(list(synth_blocks(rows, 8, seed=5, threads=3, first_row=first)))
+    assert tail.shape == (rows, 8)
+    np.testing.assert_array_equal(tail, longer[first:])
+    out = tmp_path / "new.fbin"
+    res = run_json("synth", out, "--rows", rows, "--dim", 8, "--seed", 5, "--first-row", first)
+    assert res["first_row"] == first
+    np.testing.assert_array_equal(open_vectors(out).read(0, rows), longer[first:])

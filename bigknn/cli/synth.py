@@ -25,8 +25,12 @@ FLOAT_DTYPES = {".fbin": np.float32, ".npy": np.float32, ".f16bin": np.float16}
 @click.option("--clusters", type=click.IntRange(min=1), default=200, show_default=True)
 @click.option("--intrinsic-dim", type=click.IntRange(min=1), default=12, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--first-row", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Write rows FIRST_ROW.. of a larger set: more rows of the distribution of a file of "
+                   "FIRST_ROW rows with the same seed (a batch to ingest into its store).")
 @json_option
-def synth(out: Path, rows: int, dim: int, clusters: int, intrinsic_dim: int, seed: int, as_json: bool) -> None:
+def synth(out: Path, rows: int, dim: int, clusters: int, intrinsic_dim: int, seed: int, first_row: int,
+          as_json: bool) -> None:
     """Write clustered vectors with low intrinsic dimension (the DESIGN.md benchmark data) to OUT.
 
     The dtype follows OUT's extension: .fbin/.npy float32, .f16bin float16, .u8bin/.i8bin
@@ -36,6 +40,7 @@ def synth(out: Path, rows: int, dim: int, clusters: int, intrinsic_dim: int, see
     Examples:
       bigknn synth data.fbin --rows 100000 --dim 96
       bigknn synth data.u8bin --rows 1000000 --dim 128 --seed 3
+      bigknn synth new.fbin --rows 10000 --dim 96 --first-row 100000   # new rows for data.fbin's store
     """
     ext = out.suffix.lower()
     if ext not in FLOAT_DTYPES and ext not in INT_CENTRE:
@@ -45,7 +50,7 @@ def synth(out: Path, rows: int, dim: int, clusters: int, intrinsic_dim: int, see
     reporter = reporter_for(as_json)
     with vectors_writer(out, rows, dim, dtype) as mm, reporter.phase("synth", rows, "rows") as advance:
         start = 0
-        for block in synth_blocks(rows, dim, clusters, intrinsic_dim, seed):
+        for block in synth_blocks(rows, dim, clusters, intrinsic_dim, seed, first_row=first_row):
             if ext in INT_CENTRE:
                 centre, _, lo, hi = INT_CENTRE[ext]
                 block = np.clip(np.rint(block * INT_SCALE + centre), lo, hi)
@@ -53,5 +58,5 @@ def synth(out: Path, rows: int, dim: int, clusters: int, intrinsic_dim: int, see
             start += len(block)
             advance(len(block))
     emit({"file": str(out), "rows": rows, "dim": dim, "dtype": np.dtype(dtype).name, "clusters": clusters,
-          "intrinsic_dim": intrinsic_dim, "seed": seed, "wall_s": round(time.perf_counter() - t0, 3)},
+          "intrinsic_dim": intrinsic_dim, "seed": seed, "first_row": first_row, "wall_s": round(time.perf_counter() - t0, 3)},
          as_json, "synth")
