@@ -38,15 +38,16 @@ class MergeSetup:
     bound: np.ndarray  # (na+nb,) key of the descent list's empty slots: +inf, or a seeded merge's old-row bound
 
 
-SEEDED_MAX_RATIO = 0.25  # a batch shard merged seeded has at most this many rows per row of the old shard
+SEEDED_MAX_FRACTION = 0.1  # an ingest merges seeded while its new rows are at most this share of the old ones
 SEED_SHARDS = 4  # old shards a seeded merge draws seeds through: those merged with the batch last
 
 
-def seeded_merge_fits(batch_rows: int, old_rows: int) -> bool:
-    """Whether a merge of an ingest batch shard into an old shard runs seeded: the old rows get no fill,
-    which is right while new rows are few among their neighbours (a small batch), not for a batch as big
-    as the store."""
-    return batch_rows <= SEEDED_MAX_RATIO * old_rows
+def seeded_merge_fits(batch_rows: int, store_rows: int) -> bool:
+    """Whether an ingest of ``batch_rows`` into a store of ``store_rows`` merges seeded. The old rows get no
+    fill, which is right while new rows are few among their neighbours: about batch / store of them, in
+    every old shard alike (a small shard of an earlier batch included: its rows' lists reach into the whole
+    store, so the paper's merge finds little there, and seeds through the old shards find it)."""
+    return batch_rows <= SEEDED_MAX_FRACTION * store_rows
 
 
 def merge_stop_frac(min_update_frac: float, na: int, nb: int) -> float:

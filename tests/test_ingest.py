@@ -28,7 +28,7 @@ from bigknn.shards import Store
 from bigknn.synth import synth
 
 DIM, K, OLD_ROWS, NEW_ROWS, SHARD_ROWS = 24, 10, 6000, 1500, 2000
-SMALL_ROWS = 400  # a batch small beside a shard: its merges after the first are seeded (bigknn/ggm.py)
+SMALL_ROWS = 400  # a batch small beside the store: its merges after the first are seeded (bigknn/ggm.py)
 
 
 def bigknn(*args: str) -> list[str]:
@@ -113,11 +113,12 @@ def test_small_batch_merges_are_seeded_through_the_shards_merged_before(base, st
     check_graph(store, OLD_ROWS + SMALL_ROWS)
     assert recall_of(store, 0, OLD_ROWS) >= 0.95
     assert recall_of(store, OLD_ROWS, OLD_ROWS + SMALL_ROWS) >= 0.95
-    # a second batch meets the full shards first (its paper merge), the earlier small batch last
+    # a second batch meets the full shards first (its paper merge), the earlier small batch last, seeded too
     calls.clear()
     ingest(store, [base["small2"]], [Spy()], Reporter())
     assert [c[1] for c in calls] == [OLD_ROWS + SMALL_ROWS] * 4
     assert calls[0][0] in (0, 2000, 4000) and calls[0][2] == [] and calls[-1][0] == OLD_ROWS
+    assert calls[-1][2] == [c[0] for c in calls[:3]]
     check_graph(store, OLD_ROWS + 2 * SMALL_ROWS)
     assert recall_of(store, OLD_ROWS + SMALL_ROWS, OLD_ROWS + 2 * SMALL_ROWS) >= 0.95
 

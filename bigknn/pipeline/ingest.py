@@ -75,10 +75,10 @@ class IngestLedger(Ledger):
         return sorted(pairs, key=lambda p: (p[0] >= self.first_new, -rows[p[0]]))
 
     def seed_shards(self, i: int, j: int, merged_with: list[int]) -> list[int]:
-        """A new shard j, small beside the old shard i, is seeded through the old shards it was merged with
-        last (its first merge has none and runs the paper's random fill)."""
-        shards = self.shards()
-        if i >= self.first_new or j < self.first_new or not seeded_merge_fits(shards[j].rows, shards[i].rows):
+        """The merge of a new shard j into an old shard i, in an ingest small beside the store, is seeded
+        through the old shards j was merged with last (its first merge has none: the paper's random fill)."""
+        new_rows = sum(s.rows for s in self.new)
+        if i >= self.first_new or j < self.first_new or not seeded_merge_fits(new_rows, self.store.manifest.rows):
             return []
         return [s for s in merged_with if s < self.first_new][-SEED_SHARDS:]
 
