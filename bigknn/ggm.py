@@ -12,10 +12,11 @@ as the build's merges of those shards. Here the rows of a keep their lists whole
 of b is filled first with rows of a two hops away through ``vias``, old shards already merged with b (the
 a-entries of the lists of the row's neighbours in them: the old graph is global, so those lists already
 hold their nearest rows of a). Several vias, not one: a row has only ~W/S neighbours in each of S shards,
-and one poorly merged via would pass its weakness on to every later merge. The descent then only refines near b, and old rows learn of new ones through it.
-An old row's list would have empty slots here (only its in-pair entries take part), and an empty slot
-takes any candidate; so its empty slots carry the key of its stored list's last entry (``bound``), and only
-rows of b that would enter its final list are taken and spread further.
+and one poorly merged via would pass its weakness on to every later merge. The descent then only refines
+near b, and old rows learn of new ones through it. An old row's list would have empty slots here (only its
+in-pair entries take part), and an empty slot takes any candidate; so its empty slots carry the key of its
+stored list's last entry (``bound``), and only rows of b that would enter its final list are taken and
+spread further.
 """
 
 from __future__ import annotations
