@@ -150,7 +150,7 @@ def seeds_through(b: ShardPart, a: ShardPart, vias: list[ShardPart], count: int)
             t = g - via.offset
             t_ok = (t >= 0) & (t < via.graph.rows)
             hop[t_ok] = via.graph.ids[t[t_ok]]
-        hop = np.where(hop >= 0, hop - a.offset, -1)
+        hop -= a.offset  # EMPTY stays negative
         cand = np.where((hop >= 0) & (hop < na), hop, na).transpose(0, 2, 1).reshape(len(g), -1)  # na: none
         out[s:s + SEED_ROWS] = _first_distinct(cand, count, na)
     return out

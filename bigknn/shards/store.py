@@ -37,7 +37,7 @@ class Store:
         # writer) record progress in it
         self.lock = threading.RLock()
         self._deferred = 0
-        self._committed = {sh.id: sh.graph for sh in manifest.shards}  # graph versions of the last commit
+        self._committed = self._graph_versions()  # of the last commit
         self._reaper: ThreadPoolExecutor | None = None
 
     # ---- opening and committing -------------------------------------------------------------
@@ -75,7 +75,7 @@ class Store:
                 return
             write_atomic(self.path / MANIFEST, self.manifest.to_json())
             stale = [d for sh in self.manifest.shards for d in self._stale_graphs(sh.id, self._committed.get(sh.id))]
-            self._committed = {sh.id: sh.graph for sh in self.manifest.shards}
+            self._committed = self._graph_versions()
             if stale:
                 if self._reaper is None:
                     self._reaper = ThreadPoolExecutor(REAPER_THREADS, thread_name_prefix="reaper")
@@ -106,7 +106,10 @@ class Store:
 
     def reload(self) -> None:
         self.manifest = Manifest.from_json((self.path / MANIFEST).read_text())
-        self._committed = {sh.id: sh.graph for sh in self.manifest.shards}
+        self._committed = self._graph_versions()
+
+    def _graph_versions(self) -> dict[int, int | None]:
+        return {sh.id: sh.graph for sh in self.manifest.shards}
 
     # ---- arrays -------------------------------------------------------------------------------
     # zarr creates every array's metadata; the chunk bytes go through ``chunks`` (direct file I/O) where

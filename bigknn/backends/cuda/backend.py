@@ -334,6 +334,19 @@ class CudaBackend:
             self._h2d(host, dst)
             stats["h2d_bytes"] = stats.get("h2d_bytes", 0) + host.nbytes
 
+    def _device_array(self, host: np.ndarray, stats: dict):
+        """``host`` on the device, C-contiguous: the copy kept between calls if there is one (used as it is,
+        not copied), else uploaded."""
+        cp = _cupy()
+        dev = self._resident.get(host, cp.cuda.get_current_stream())
+        if dev is not None:
+            stats["resident_hits"] = stats.get("resident_hits", 0) + 1
+            return cp.ascontiguousarray(dev)
+        dev = cp.empty(host.shape, dtype=host.dtype)
+        self._h2d(host, dev)
+        stats["h2d_bytes"] = stats.get("h2d_bytes", 0) + host.nbytes
+        return dev
+
     def stage(self, arrays: Iterable[np.ndarray]) -> None:
         """Start copying host arrays (the next pair's shards) to this GPU on a stream of their own while the
         current call computes, so the next merge finds them there. Returns at once; arrays already on the
@@ -778,16 +791,18 @@ class CudaBackend:
         p = max(1, min(params.sample_count(), MAX_P))
         same = np.dtype(a.vectors.dtype) == np.dtype(b.vectors.dtype) and np.dtype(a.vectors.dtype) in _CTYPES
         itemsize = np.dtype(a.vectors.dtype).itemsize if same else 4
-        budget = self._budget()
-        while self.ggm_bytes(n, d, itemsize, w, wo, p, 1 << LOG_SLOTS) > budget and self._resident.drop_oldest():
-            budget = self._budget()  # copies kept from earlier calls make room first
-        log_c = LOG_SLOTS if w >= 16 else 5
-        while log_c > 4 and self.ggm_bytes(n, d, itemsize, w, wo, p, 1 << log_c) > budget:
-            log_c -= 1
         vias = list(vias or [])
         if len(vias) > MAX_VIAS or len({v.graph.k for v in vias}) > 1:
             raise ValueError(f"CUDA ggm seeds through at most {MAX_VIAS} shards with lists of one width")
-        need = self.ggm_bytes(n, d, itemsize, w, wo, p, 1 << log_c) + sum(v.graph.ids.nbytes for v in vias)
+        via_bytes = sum(v.graph.ids.nbytes for v in vias)  # their lists, if they must be uploaded
+        budget = self._budget()
+        while (self.ggm_bytes(n, d, itemsize, w, wo, p, 1 << LOG_SLOTS) + via_bytes > budget
+               and self._resident.drop_oldest()):
+            budget = self._budget()  # copies kept from earlier calls make room first
+        log_c = LOG_SLOTS if w >= 16 else 5
+        while log_c > 4 and self.ggm_bytes(n, d, itemsize, w, wo, p, 1 << log_c) + via_bytes > budget:
+            log_c -= 1
+        need = self.ggm_bytes(n, d, itemsize, w, wo, p, 1 << log_c) + via_bytes
         self._last_need = need
         if need > budget:
             raise MemoryError(f"ggm of {na} + {nb} rows x {d} (lists of {w}) needs {need / 2**30:.2f} GiB of GPU "
@@ -807,10 +822,7 @@ class CudaBackend:
         moved: dict = {"h2d_bytes": 0, "resident_hits": 0}
         xd, ctype, d, dpad = self._upload_pair(a.vectors, b.vectors, moved)
         old_ids, old_keys = self._upload_lists(a.graph, b.graph, wo, moved)
-        via_lists = []
-        for v in vias:
-            via_lists.append(cp.empty(v.graph.ids.shape, dtype=cp.int32))
-            self._to_device(np.asarray(v.graph.ids, dtype=np.int32), via_lists[-1], moved)
+        via_lists = [self._device_array(np.asarray(v.graph.ids, dtype=np.int32), moved) for v in vias]
         via_ptrs = cp.asarray([arr.data.ptr for arr in via_lists] or [0], dtype=cp.uint64)
         via_offs = cp.asarray([v.offset for v in vias] or [0], dtype=cp.int64)
         via_rows = cp.asarray([v.graph.rows for v in vias] or [0], dtype=cp.int32)
