@@ -18,6 +18,7 @@ ID_DTYPE = np.int32
 class KnnGraph:
     ids: np.ndarray  # (rows, k) int32
     dists: np.ndarray  # (rows, k) float32, ascending per row
+    report: dict | None = None  # how the descent that made it ended (bigknn/recall.py Stopper.report)
 
     @property
     def rows(self) -> int:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-MIN_LIST = 32  # NN-Descent converges poorly on short lists: graphs are built at least this wide
+MIN_LIST = 48  # NN-Descent converges poorly on short lists: graphs are built at least this wide
+AUTO_SAMPLES = 16  # largest automatic p: 2p = 32 samples per list keep the cross-match in its small tile class
 EXACT_ROWS = 2048  # shards up to this size get their exact graph: too few rows for NN-Descent to mix well
 
 
@@ -13,16 +14,20 @@ class GnndParams:
     """GNND (paper 000 §4) and GGM (§5.1) knobs.
 
     k: neighbours per row the user asked for; graphs are built and stored ``width()`` wide and cut to k
-    on output (export, eval). samples: p, the NEW and the OLD samples taken per list per iteration (reverse
-    samples fill each sample list up to 2p). iters: iteration cap. min_update_frac: stop once an
-    iteration changes fewer than this fraction of the n*k list entries. merge_iters: iteration cap of GGM.
+    on output (export, eval). recall: the recall@10 each descent (GNND of a shard, GGM of a pair) aims at,
+    measured on a probe of its rows after every iteration (bigknn/recall.py); lists widen where it stalls
+    below. 0: no target, the experts' fixed behaviour: ``iters`` iterations or the update-fraction rule.
+    samples: p, the NEW and the OLD samples taken per list per iteration (reverse samples fill each sample
+    list up to 2p). iters: iteration cap. min_update_frac: without a target, stop once an iteration changes
+    fewer than this fraction of the n*k list entries. merge_iters: iteration cap of GGM.
     """
 
     k: int = 32
+    recall: float = 0.99
     samples: int = 0  # 0: automatic, see sample_count()
-    iters: int = 12
+    iters: int = 60
     min_update_frac: float = 0.05
-    merge_iters: int = 8
+    merge_iters: int = 30
     list_width: int = 0  # 0: automatic, see width()
 
     def width(self) -> int:
@@ -31,8 +36,11 @@ class GnndParams:
         near 0.985 (docs/perf-notes.md)."""
         return max(self.k, self.list_width or MIN_LIST)
 
-    def sample_count(self) -> int:
-        return self.samples if self.samples > 0 else max(4, min(32, self.width() // 4))
+    def sample_count(self, width: int = 0) -> int:
+        """p for lists of ``width`` entries (default: ``width()``): the user's, or a third of the width up to
+        AUTO_SAMPLES. The cross-match costs ~(2p)^2 per list whatever the width, so a fixed p keeps the cost of
+        wider lists about linear (p = 24 doubled the sample tile and made lists of 96 cost 5x lists of 64)."""
+        return self.samples if self.samples > 0 else max(4, min(AUTO_SAMPLES, (width or self.width()) // 3))
 
     def to_dict(self) -> dict:
         return asdict(self)

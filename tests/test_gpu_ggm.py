@@ -401,3 +401,32 @@ def test_seeded_merges_match_cpu(backend):
         assert got["cuda"][k] >= got["cpu"][k] - 0.01 and got["cuda"][k] >= 0.95, (k, got)
     w = got["cuda"]["work"]
     assert max(w[1:]) < 0.5 * w[0], f"seeded merges inserted {w[1:]} entries, the first (paper) merge {w[0]}"
+
+
+# ----------------------------------------------------------------------------- recall-targeted merges
+@pytest.mark.parametrize("dim,metric", [(200, "l2"), (384, "ip"), (96, "l2")])
+def test_targeted_merge_meets_target_and_matches_cpu(backend, dim, metric):
+    """A merge with the default target (0.99) on fresh data: it stops on the target (wide float32 rows go
+    through the half-precision descent, whose keys the fold-back makes exact), reaches the recall of a
+    one-shard build, and the CPU reference with the same parameters reaches the same."""
+    from bigknn.backends.cpu import CpuBackend
+    from bigknn.backends.cuda import backend as cuda_module
+
+    na, nb = 6007, 5003
+    x = synth(na + nb, dim, seed=int(np.random.default_rng().integers(1 << 30)))
+    if metric == "ip":
+        x = (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+    params = GnndParams(k=10)
+    a = ShardPart(0, x[:na], backend.gnnd(x[:na], metric, params, seed=1))
+    b = ShardPart(na, x[na:], shifted(backend.gnnd(x[na:], metric, params, seed=2), na))
+    ma, mb = backend.ggm(a, b, metric, params, seed=3)
+    assert backend.last_stats["half"] == (dim >= cuda_module.HALF_MIN_DIM)
+    assert ma.report["stop"] == "target met", ma.report
+    ids, dists = np.concatenate([ma.ids, mb.ids]), np.concatenate([ma.dists, mb.dists])
+    _check(ids, dists, x, metric)
+    rows = np.sort(np.random.default_rng(7).choice(na + nb, 1000, replace=False))
+    truth = exact_neighbours(x, rows, 10, metric)
+    r_gpu = recall_at(ids[rows], x, rows, 10, metric, truth=truth)
+    ca, cb = CpuBackend().ggm(a, b, metric, params, seed=3)
+    r_cpu = recall_at(np.concatenate([ca.ids, cb.ids])[rows], x, rows, 10, metric, truth=truth)
+    assert r_gpu >= 0.985 and abs(r_gpu - r_cpu) <= 0.01, (r_gpu, r_cpu, ma.report)

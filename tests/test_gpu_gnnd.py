@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bigknn.params import GnndParams
+from bigknn.params import MIN_LIST, GnndParams
 from bigknn.synth import synth
 
 pytestmark = pytest.mark.gpu
@@ -143,7 +143,7 @@ def test_gnnd_invariants(backend, n, d, k, dtype, metric):
     params = GnndParams(k=k, iters=10, min_update_frac=0.001)
     g = backend.gnnd(x, metric, params, seed=3)
     w = params.width()  # lists are built and returned w >= k wide; the first k are the answer
-    assert w == max(k, 32)
+    assert w == max(k, MIN_LIST)
     _check_graph(x, g, w, metric)
     if k >= 5:
         at = min(k, 10)
@@ -275,3 +275,53 @@ def test_exact_knn_device_blocks_and_self(backend):
     assert (g.ids[:, 0] == np.arange(100)).all()
     exact = _exact_top(x, np.arange(100), 10, "l2")
     assert _recall(g.ids[:, 1:], exact, 10) == 1.0
+
+
+# ----------------------------------------------------------------------------- recall-targeted GNND
+TARGET_CASES = [
+    # d, dtype, metric: float32 rows of >= HALF_MIN_DIM dims descend on half-precision copies
+    (384, np.float32, "ip"),
+    (161, np.float32, "l2"),
+    (96, np.float32, "l2"),
+    (128, np.uint8, "l2"),
+    (200, np.float16, "l2"),
+]
+
+
+@pytest.mark.parametrize("d,dtype,metric", TARGET_CASES)
+def test_gnnd_meets_recall_target(backend, d, dtype, metric):
+    """Defaults (recall target 0.99) on fresh data of odd size: the descent stops on the target, its probe's
+    estimate agrees with an exact check, every returned key is exact (the half-precision path recomputes
+    them), and the CPU reference with the same parameters reaches the same recall."""
+    from bigknn.backends.cpu import CpuBackend
+    from bigknn.backends.cuda import backend as cuda_module
+
+    n = 12007
+    x = synth(n, d, seed=int(np.random.default_rng().integers(1 << 30)))
+    if metric == "ip":
+        x = _normalise(x)
+    x = _quantise(x, dtype)
+    params = GnndParams(k=10)
+    g = backend.gnnd(x, metric, params, seed=4)
+    assert backend.last_stats["half"] == (dtype == np.float32 and d >= cuda_module.HALF_MIN_DIM)
+    assert g.report["stop"] == "target met", g.report
+    _check_graph(x, g, params.width(), metric)
+    rows = np.random.default_rng(1).choice(n, 1000, replace=False)
+    exact = _exact_top(x, rows, 10, metric)
+    r = _recall(g.ids[rows], exact, 10)
+    assert r >= 0.985, f"recall@10 {r:.4f} ({g.report})"
+    assert abs(r - g.report["estimate"]["recall"]) <= 0.012, (r, g.report)
+    ref = CpuBackend().gnnd(x, metric, params, seed=4)
+    assert abs(_recall(ref.ids[rows], exact, 10) - r) <= 0.01
+
+
+def test_gnnd_widens_where_it_stalls(backend):
+    """iid Gaussian rows (high intrinsic dimension) stall below a 0.99 target: the lists widen, the result
+    is cut back to the width asked for, and the report says why the descent ended."""
+    x = np.random.default_rng().standard_normal((9001, 64)).astype(np.float32)
+    params = GnndParams(k=8, iters=40)
+    g = backend.gnnd(x, "l2", params, seed=2)
+    _check_graph(x, g, params.width(), "l2")
+    assert g.report["widened"] >= 1 and g.report["width"] > params.width(), g.report
+    exact = _exact_top(x, np.arange(500), 8, "l2")
+    assert _recall(g.ids[:500], exact, 8) >= 0.8

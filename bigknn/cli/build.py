@@ -26,6 +26,11 @@ DEFAULTS = GnndParams()
 @click.option("--shard-rows", type=click.IntRange(min=0), default=0, show_default=True,
               help="Most rows per shard (balanced, contiguous). 0: the largest whose merge fits the GPU "
                    "memory budget (--gpu-mem, or what is free), 1M on the CPU.")
+@click.option("--recall", type=click.FloatRange(min=0.0, max=1.0, max_open=True), default=DEFAULTS.recall,
+              show_default=True,
+              help="Target recall@10: every shard's GNND and every merge iterate until an estimate on a sample "
+                   "of their rows reaches it (widening lists where progress stalls). 0: no target; --iters "
+                   "and the update-fraction rule alone decide (experts).")
 @click.option("--iters", type=click.IntRange(min=1), default=DEFAULTS.iters, show_default=True,
               help="GNND iteration cap per shard.")
 @click.option("--merge-iters", type=click.IntRange(min=1), default=DEFAULTS.merge_iters, show_default=True,
@@ -41,7 +46,7 @@ DEFAULTS = GnndParams()
 @host_mem_option
 @wait_option
 @json_option
-def build(input: Path, store: Path, k: int, metric: str, shard_rows: int, iters: int, merge_iters: int,
+def build(input: Path, store: Path, k: int, metric: str, shard_rows: int, recall: float, iters: int, merge_iters: int,
           samples: int, list_width: int, seed: int, backend: str, gpus: str | None, gpu_mem: str | None, host_mem: str | None,
           wait_s: float, as_json: bool) -> None:
     """Build the k-NN graph of INPUT (.fbin .u8bin .i8bin .f16bin .fvecs .bvecs .ivecs .npy) into a store.
@@ -55,9 +60,11 @@ def build(input: Path, store: Path, k: int, metric: str, shard_rows: int, iters:
       bigknn build data.fbin -o data.knn --k 32
       bigknn build data.fbin -o data.knn --k 32 --shard-rows 25000 --backend cpu
       bigknn build emb.npy -o emb.knn --metric cosine --k 16 --json
+      bigknn build data.fbin -o data.knn --recall 0.995
       bigknn build deep10m.fbin -o deep.knn --shard-rows 1000000 --gpus all --host-mem 64G
     """
-    params = GnndParams(k=k, samples=samples, iters=iters, merge_iters=merge_iters, list_width=list_width)
+    params = GnndParams(k=k, recall=recall, samples=samples, iters=iters, merge_iters=merge_iters,
+                        list_width=list_width)
     req = BuildRequest(input=input, store=store, metric=metric, shard_rows=shard_rows, params=params,
                        seed=seed, wait_s=wait_s, host_mem=parse_bytes(host_mem))
     result = run_build(req, get_backends(backend, gpus, parse_bytes(gpu_mem)), reporter_for(as_json))

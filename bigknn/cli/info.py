@@ -21,14 +21,15 @@ def describe(store: Store) -> dict:
             "merges_pending": total - len(m.merged),
             "complete": bool(n) and built == n and len(m.merged) == total,
             "inputs": [i["path"] for i in m.inputs], "disk_bytes": store.disk_bytes(),
-            "timings_s": m.timings}
+            "timings_s": m.timings, "recall_estimate": m.estimate}
 
 
 @cli.command()
 @click.argument("store", type=click.Path(path_type=Path))
 @json_option
 def info(store: Path, as_json: bool) -> None:
-    """Shards, rows, k, metric, merges done and pending, disk use.
+    """Shards, rows, k, metric, merges done and pending, disk use, and the build's recall@10 estimate
+    (sample size, 95 % interval, the target it was built for).
 
     \b
     Examples:

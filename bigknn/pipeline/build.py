@@ -21,6 +21,7 @@ from bigknn.formats import VectorFile, open_vectors
 from bigknn.graph import ID_DTYPE
 from bigknn.metrics import stored_dtype
 from bigknn.params import GnndParams
+from bigknn.pipeline.estimate import SampleTruth, record_estimate
 from bigknn.pipeline.plan import auto_shard_rows
 from bigknn.pipeline.sharding import sha256_of, shard_sizes, stream_shards
 from bigknn.pipeline.steps import Ledger, record_timings, run_pending
@@ -65,10 +66,14 @@ def build(req: BuildRequest, backends: list[Backend], reporter: Reporter) -> dic
                 store = _create_store(req, vf)
                 created_here = True
             incoming = None
+            sample = SampleTruth.draw(vf, store.manifest, req.seed) if (
+                req.params.recall > 0 and store.manifest.estimate is None) else None
             if not store.manifest.shards:  # shard, with GNND running on each shard as it is written
                 sizes = shard_sizes(vf.rows, store.manifest.shard_rows, req.params.width())
                 incoming = (stream_shards(store, vf, sizes, acct), sizes)
-            run_pending(store, Ledger(store), backends, reporter, acct, req.host_mem, incoming)
+            run_pending(store, Ledger(store), backends, reporter, acct, req.host_mem, incoming, sample)
+            if sample is not None:
+                record_estimate(store, backends[0], sample)
             record_timings(store, acct)
             store.close()
     except BadInput:
@@ -134,4 +139,5 @@ def summary(store: Store, acct: Accounting, wall: float, resumed: bool, backends
             "backend": backends[0].name, "workers": len(backends), "resumed": resumed, "wall_s": round(wall, 3),
             "phase_s": {p: round(s, 3) for p, s in acct.seconds.items()}, "phase_wall_s": acct.spans,
             "read_gb": round(acct.bytes_read / 1e9, 3), "written_gb": round(acct.bytes_written / 1e9, 3),
-            "busy_frac": {w: round(s / wall, 3) for w, s in acct.busy.items()} if wall > 0 else {}}
+            "busy_frac": {w: round(s / wall, 3) for w, s in acct.busy.items()} if wall > 0 else {},
+            "recall_estimate": m.estimate}

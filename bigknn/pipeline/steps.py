@@ -16,6 +16,7 @@ import numpy as np
 from bigknn.backends import Backend
 from bigknn.errors import BadInput
 from bigknn.params import GnndParams
+from bigknn.pipeline.estimate import SampleTruth
 from bigknn.pipeline.workers import (Accounting, Scheduler, ShardCache, Writer, pending_pairs, run_tasks,
                                      shards_from_store)
 from bigknn.progress import Reporter
@@ -69,12 +70,14 @@ class Ledger:
 
 
 def run_pending(store: Store, ledger: Ledger, backends: list[Backend], reporter: Reporter, acct: Accounting,
-                host_mem: int | None = None, incoming: tuple[Iterable, list[int]] | None = None) -> None:
+                host_mem: int | None = None, incoming: tuple[Iterable, list[int]] | None = None,
+                sample: SampleTruth | None = None) -> None:
     """GNND for every shard without a graph and GGM for every pending pair, as one set of tasks: a pair is
     merged as soon as both its shards have a graph.
 
     ``incoming``: (stream of (shard, vectors), their sizes) from a sharding pass still running; GNND
-    takes each shard as it arrives. Shards already in the store without a graph are read from it."""
+    takes each shard as it arrives. Shards already in the store without a graph are read from it. ``sample``:
+    the build's recall sample, whose exact neighbours GNND's workers gather from each shard they see."""
     shards = ledger.shards()
     new_sizes = incoming[1] if incoming else []
     todo = [s for s in shards if ledger.version(s.id) is None]
@@ -88,7 +91,8 @@ def run_pending(store: Store, ledger: Ledger, backends: list[Backend], reporter:
                       ready=[s.id for s in shards if ledger.version(s.id) is not None],
                       feeding=source is not None, queue_limit=len(backends) + 1)
     try:
-        run_tasks(store, ledger, backends, reporter, acct, cache, writer, sched, source, len(todo) + len(new_sizes))
+        run_tasks(store, ledger, backends, reporter, acct, cache, writer, sched, source, len(todo) + len(new_sizes),
+                  sample)
     finally:
         writer.close()  # what finished is written and committed, also when a worker failed
         cache.close()

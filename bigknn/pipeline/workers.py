@@ -397,7 +397,8 @@ def shards_from_store(store: Store, shards: list[ShardEntry], acct: Accounting) 
 
 def run_tasks(store: Store, ledger, backends: list[Backend], reporter: Reporter, acct: Accounting,
               cache: ShardCache, writer: Writer, sched: Scheduler,
-              source: Iterable[tuple[ShardEntry, np.ndarray]] | None = None, gnnd_count: int = 0) -> None:
+              source: Iterable[tuple[ShardEntry, np.ndarray]] | None = None, gnnd_count: int = 0,
+              sample=None) -> None:
     """Run every task of ``sched`` on the workers: GNND of each (shard, vectors) from ``source`` as it
     arrives, and the merges. A GNND result goes into the cache with its vectors (its merges need no disk
     read) and is written at once; a shard whose last pair is merged is written at once too (it is final)."""
@@ -429,6 +430,8 @@ def run_tasks(store: Store, ledger, backends: list[Backend], reporter: Reporter,
     def gnnd(backend: Backend, name: str, shard: ShardEntry, x: np.ndarray) -> None:
         t = time.perf_counter()
         g = backend.gnnd(x, metric, params, seed=seed_for(m.seed, 0, shard.id))
+        if sample is not None:  # the recall sample's exact neighbours among this shard's rows, while in memory
+            sample.add(backend, shard.id, shard.offset, x)
         _account(acct, "gnnd", name, t)
         # local -> global ids in place: int64 temporaries cost ~0.3 s of held GIL per 1M-row shard
         ids = np.asarray(g.ids, dtype=ID_DTYPE)

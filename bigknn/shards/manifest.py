@@ -36,6 +36,9 @@ class Manifest:
     # an ingest in progress: its inputs, new shards, staged graph versions and merged pairs; invisible to
     # readers until the ingest's final commit folds it into the fields above
     pending: dict | None = None
+    # the build's recall estimate on its sample (bigknn/pipeline/estimate.py): recall, low, high, rows, at,
+    # target, graph_rows (rows of the graph it was measured on: an ingest since leaves it about fewer rows)
+    estimate: dict | None = None
 
     @property
     def rows(self) -> int:

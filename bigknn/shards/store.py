@@ -164,6 +164,13 @@ class Store:
         base = f"shards/{shard_id}/graph/{version}"
         return KnnGraph(self._read_array(f"{base}/ids"), self._read_array(f"{base}/dists"))
 
+    def read_graph_rows(self, shard_id: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, keys) of a few scattered local rows of a shard's committed graph, one small read per row."""
+        base = f"shards/{shard_id}/graph/{self.manifest.shards[shard_id].graph}"
+        ids = [self._read_array(f"{base}/ids", int(r), int(r) + 1) for r in rows]
+        keys = [self._read_array(f"{base}/dists", int(r), int(r) + 1) for r in rows]
+        return np.concatenate(ids), np.concatenate(keys)
+
     def _stale_graphs(self, shard_id: int, previous: int | None) -> list[Path]:
         """Version directories of a shard older than ``previous`` (the version the last commit pointed at)."""
         gdir = self.path / "shards" / str(shard_id) / "graph"

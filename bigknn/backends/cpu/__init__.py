@@ -7,11 +7,12 @@ from typing import Iterable
 import numpy as np
 
 from bigknn.backends.base import ShardPart
-from bigknn.backends.cpu.descent import DescentState, descend, exact_l2_keys, row_keys_local
+from bigknn.backends.cpu.descent import DescentState, Target, cut, descend, exact_l2_keys, row_keys_local
 from bigknn.backends.cpu.exact import exact_knn
 from bigknn.ggm import finish_merge, merge_stop_frac, start_merge
 from bigknn.graph import EMPTY, ID_DTYPE, KnnGraph, drop_self, merge_lists
 from bigknn.params import EXACT_ROWS, GnndParams
+from bigknn.recall import Stopper, make_probe
 
 
 def as_float(x: np.ndarray) -> np.ndarray:
@@ -48,6 +49,22 @@ def random_init(x: np.ndarray, k: int, metric: str, rng: np.random.Generator) ->
     return DescentState(ids, dists, np.ones_like(ids, dtype=bool))
 
 
+def recall_target(xf: np.ndarray, metric: str, params: GnndParams, seed: int,
+                  pad_key: np.ndarray | float = np.inf) -> Target | None:
+    """The recall target of a descent over the rows of ``xf`` (None without one): a probe of its rows with
+    their exact neighbours among ``xf`` (drawn from its own generator, so the descent's draws stay those of
+    an untargeted run)."""
+    if params.recall <= 0:
+        return None
+
+    def exact(rows, m):
+        g = exact_knn(xf[rows], m, metric, [(0, xf)])
+        return g.ids, g.dists
+
+    probe = make_probe(len(xf), params.width(), exact, np.random.default_rng((seed, 1)))
+    return Target(probe, Stopper(params.recall, params.width()), params.sample_count, pad_key)
+
+
 class CpuBackend:
     name = "cpu"
 
@@ -56,12 +73,15 @@ class CpuBackend:
         if len(xf) <= EXACT_ROWS:
             return exact_graph(xf, params.width(), metric)
         rng = np.random.default_rng(seed)
-        state = random_init(xf, params.width(), metric, rng)
+        width = params.width()
+        state = random_init(xf, width, metric, rng)
+        target = recall_target(xf, metric, params, seed)
         descend(xf, state, metric, params.sample_count(), params.iters, params.min_update_frac, rng,
-                on_iter=on_iter)
+                on_iter=on_iter, target=target)
+        cut(state, width)
         if metric == "l2":
             exact_l2_keys(xf, state)
-        return KnnGraph(state.ids, state.dists)
+        return KnnGraph(state.ids, state.dists, target.stopper.report() if target else None)
 
     def ggm(self, a: ShardPart, b: ShardPart, metric: str, params: GnndParams, seed: int,
             on_iter=None, vias: list[ShardPart] | None = None) -> tuple[KnnGraph, KnnGraph]:
@@ -76,11 +96,16 @@ class CpuBackend:
         dists = np.where(ids == EMPTY, setup.bound[:, None], dists)
         state = DescentState(ids, dists, is_new)
         stop = merge_stop_frac(params.min_update_frac, len(a.vectors), len(b.vectors))
+        width = ids.shape[1]
+        target = None if vias else recall_target(xf, metric, params, seed, setup.bound)
         descend(xf, state, metric, params.sample_count(), params.merge_iters, stop, rng,
-                part=setup.part, on_iter=on_iter)
+                part=setup.part, on_iter=on_iter, target=target)
+        cut(state, width)
         if metric == "l2":
             exact_l2_keys(xf, state)
-        return finish_merge(a, b, state.ids, state.dists)
+        ga, gb = finish_merge(a, b, state.ids, state.dists)
+        ga.report = gb.report = target.stopper.report() if target else None
+        return ga, gb
 
     def exact_knn(self, queries: np.ndarray, k: int, metric: str,
                   blocks: Iterable[tuple[int, np.ndarray]]) -> KnnGraph:

@@ -9,14 +9,15 @@ one batched merge, which gives the same lists up to the order in which equal key
 
 from __future__ import annotations
 
+import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-
-import os
+from typing import Callable
 
 import numpy as np
 
 from bigknn.graph import EMPTY, ID_DTYPE, sortable_float_bits
+from bigknn.recall import Probe, Stopper
 
 GATHER_BYTES = 32 << 20  # bytes of gathered sample vectors per cross-matching batch
 THREADS = min(4, os.cpu_count() or 1)
@@ -62,27 +63,65 @@ def exact_l2_keys(x: np.ndarray, state: DescentState) -> None:
         state.is_new[s:s + step] = np.take_along_axis(state.is_new[s:s + step], order, axis=1)
 
 
+@dataclass
+class Target:
+    """A recall target for a descent: its probe, the stopper, p for a given list width, and the key of the
+    empty slots a widening adds (+inf, or a seeded merge's per-row bound)."""
+
+    probe: Probe
+    stopper: Stopper
+    samples_at: Callable[[int], int]
+    pad_key: np.ndarray | float = np.inf
+
+
 def descend(x: np.ndarray, state: DescentState, metric: str, samples: int, iters: int,
             min_update_frac: float, rng: np.random.Generator, part: np.ndarray | None = None,
-            on_iter=None) -> list[int]:
+            on_iter=None, target: Target | None = None) -> list[int]:
     """Refine ``state`` in place; return the update count of each iteration.
 
     ``part``: optional per-row label; when given, only pairs with different labels are matched
-    (GGM's cross-shard-only mode).
+    (GGM's cross-shard-only mode). ``target``: stop by the probe's recall estimate instead of the update
+    fraction, and widen the lists (``state`` grows) where it stalls; the caller cuts them back.
     """
-    n, k = state.ids.shape
     sq = np.einsum("ij,ij->i", x, x) if metric == "l2" else None
     history: list[int] = []
     for _ in range(iters):
+        n, k = state.ids.shape
         new_s, old_s = _sample(state, samples, rng, part)
         targets, cands, keys = _cross_match(x, sq, new_s, old_s, metric, part)
         updates = _insert(state, targets, cands, keys)
         history.append(updates)
         if on_iter is not None:
             on_iter(updates)
-        if updates < min_update_frac * n * k:
+        if target is None:
+            if updates < min_update_frac * n * k:
+                break
+            continue
+        rows = target.probe.rows
+        action = target.stopper.after(target.probe.measure(state.ids[rows], state.dists[rows]))
+        if action == "stop":
             break
+        if action == "widen":
+            widen(state, target.stopper.width, target.pad_key)
+            samples = target.samples_at(target.stopper.width)
     return history
+
+
+def widen(state: DescentState, width: int, pad_key: np.ndarray | float) -> None:
+    """Grow every list to ``width`` entries: empty slots (id EMPTY, key ``pad_key``, OLD) at the end."""
+    n, k = state.ids.shape
+    extra = width - k
+    key = np.broadcast_to(np.asarray(pad_key, np.float32).reshape(-1, 1), (n, 1))
+    state.ids = np.concatenate([state.ids, np.full((n, extra), EMPTY, ID_DTYPE)], axis=1)
+    state.dists = np.concatenate([state.dists, np.repeat(key, extra, axis=1)], axis=1)
+    state.is_new = np.concatenate([state.is_new, np.zeros((n, extra), bool)], axis=1)
+
+
+def cut(state: DescentState, width: int) -> None:
+    """Keep the first ``width`` entries of every list (after a widened descent)."""
+    state.ids = np.ascontiguousarray(state.ids[:, :width])
+    state.dists = np.ascontiguousarray(state.dists[:, :width])
+    state.is_new = np.ascontiguousarray(state.is_new[:, :width])
 
 
 def _sample(state: DescentState, p: int, rng: np.random.Generator,

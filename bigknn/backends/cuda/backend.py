@@ -62,6 +62,7 @@ Every call frees CuPy's memory pools at its end.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import threading
@@ -74,9 +75,11 @@ import numpy as np
 
 from bigknn.backends.base import ShardPart
 from bigknn.backends.cuda.resident import ResidentCopies
+from bigknn.backends.cuda.target import MAX_P, DeviceTarget
 from bigknn.ggm import merge_stop_frac
 from bigknn.graph import EMPTY, KnnGraph, drop_self
 from bigknn.params import EXACT_ROWS, GnndParams
+from bigknn.recall import Stopper, make_probe
 
 _KERNEL_FILE = Path(__file__).with_name("kernels.cu")
 _CTYPES = {
@@ -87,7 +90,8 @@ _CTYPES = {
 }
 _MODULES: dict = {}
 MAX_K = 128
-MAX_P = 32
+HALF_MIN_DIM = 128  # float32 rows at least this wide descend on half-precision copies (_half_rows)
+HALF_RANGE = 2.0 ** 14  # largest magnitude after scaling (half's largest finite value is 65504)
 LOG_SLOTS = 7  # candidate slots per row (kernels.cu MAX_SLOTS): 128; halved while the budget is short
 MAX_VIAS = 8  # shards a seeded merge may draw seeds through (ggm_setup numbers them in a byte; a loop per entry)
 
@@ -425,13 +429,17 @@ class CudaBackend:
 
         p = max(1, min(params.sample_count(), MAX_P))
         itemsize = np.dtype(x.dtype).itemsize if np.dtype(x.dtype) in _CTYPES else 4
+        ct = ctype_of(x)
+        half = ct == "float" and d >= HALF_MIN_DIM  # the descent reads half-precision copies (see _half_rows)
+        half_bytes = n * d * 2 if half else 0
         budget = self._budget()
-        while self.gnnd_bytes(n, d, itemsize, k, p, 1 << LOG_SLOTS) > budget and self._resident.drop_oldest():
+        while (self.gnnd_bytes(n, d, itemsize, k, p, 1 << LOG_SLOTS) + half_bytes > budget
+               and self._resident.drop_oldest()):
             budget = self._budget()  # copies kept from earlier merges make room first
         log_c = LOG_SLOTS if k >= 16 else 5
-        while log_c > 4 and self.gnnd_bytes(n, d, itemsize, k, p, 1 << log_c) > budget:
+        while log_c > 4 and self.gnnd_bytes(n, d, itemsize, k, p, 1 << log_c) + half_bytes > budget:
             log_c -= 1
-        need = self.gnnd_bytes(n, d, itemsize, k, p, 1 << log_c)
+        need = self.gnnd_bytes(n, d, itemsize, k, p, 1 << log_c) + half_bytes
         if need > budget:
             raise MemoryError(f"gnnd of {n} x {d} rows (k={k}) needs {need / 2**30:.2f} GiB of GPU memory, "
                               f"budget {budget / 2**30:.2f} GiB: use smaller shards")
@@ -439,35 +447,43 @@ class CudaBackend:
         kb = k
         sync = cp.cuda.get_current_stream().synchronize
         expand = m == 0 and self._l2_expand()
-        ct = ctype_of(x)
-        names = (f"gnnd_init<{ct}, {m}>", self._cross_name(ct, m, p, dpad_of(x), expand))
+        wct = "unsigned short" if half else ct
+        names = (f"gnnd_init<{wct}, {m}>", self._cross_name(wct, m, p, dpad_of(x), expand),
+                 f"gnnd_finalize<{ct}, {m}>")
         if expand:
-            names += (f"gnnd_norms<{ct}>", f"gnnd_finalize<{ct}, {m}>")
+            names += (f"gnnd_norms<{wct}>",)
         mod = _compile(names)  # one NVRTC run
         t_c = time.perf_counter()
         xd, ctype, d, dpad = self._prepare_rows(x)
+        xw, key_scale = self._half_rows(xd) if half else (xd, 1.0)
         sync()
         t_h2d = time.perf_counter()
-        ids, keys, flags = self._init_graph(xd, ctype, d, dpad, m, kb, seed)
+        ids, keys, flags = self._init_graph(xw, wct, d, dpad, m, kb, seed)
         norms = None
         if expand:
             norms = cp.empty((n,), dtype=cp.float32)
-            mod.get_function(f"gnnd_norms<{ct}>")(((n * 32 + 255) // 256,), (256,),
-                                                  (xd, np.int32(n), np.int32(d), np.int32(dpad), norms))
+            mod.get_function(f"gnnd_norms<{wct}>")(((n * 32 + 255) // 256,), (256,),
+                                                   (xw, np.int32(n), np.int32(d), np.int32(dpad), norms))
         sync()
         t_init = time.perf_counter()
-        stats = self._iterate(xd, ctype, dpad, m, ids, keys, flags, p, int(params.iters),
-                              float(params.min_update_frac), labels=None, log_c=log_c, norms=norms)
-        if expand:
-            # the lists hold norm-expansion keys: make them exact and re-sort
+        target = self._target(xd, d, metric, params, seed, lambda w, q: self.gnnd_bytes(
+            n, d, itemsize, w, q, 1 << log_c) + half_bytes <= self._budget(), key_scale)
+        stats, ids, keys, flags = self._iterate(xw, wct, dpad, m, ids, keys, flags, p, int(params.iters),
+                                                float(params.min_update_frac), labels=None, log_c=log_c,
+                                                norms=norms, target=target)
+        del xw
+        ids, keys = self._cut(ids, kb), self._cut(keys, kb)
+        if expand or half:
+            # the lists hold norm-expansion or half-precision keys: make them exact and re-sort
             mod.get_function(f"gnnd_finalize<{ct}, {m}>")(((n + 3) // 4,), (128,), (
                 xd, np.int32(n), np.int32(d), np.int32(dpad), np.int32(kb), ids, keys))
             _sync_check(cp)
         sync()
         t_it = time.perf_counter()
-        out = KnnGraph(self._d2h(ids), self._d2h(keys))
+        out = KnnGraph(self._d2h(ids), self._d2h(keys), target.stopper.report() if target else None)
         t_end = time.perf_counter()
-        self.last_stats = dict(stats, p=p, slots=1 << log_c, k_built=kb, l2_expand=expand, compile_s=t_c - t0,
+        self.last_stats = dict(stats, p=p, slots=1 << log_c, k_built=kb, l2_expand=expand, half=half,
+                               compile_s=t_c - t0,
                                h2d_s=t_h2d - t_c,
                                init_s=t_init - t_h2d, iter_s=t_it - t_init, d2h_s=t_end - t_it, total_s=t_end - t0)
         return out
@@ -504,7 +520,8 @@ class CudaBackend:
         return ids, keys, flags
 
     def _iterate(self, xd, ctype: str, dpad: int, m: int, ids, keys, flags, p: int, iters: int,
-                 min_update_frac: float, labels=None, log_c: int = 6, norms=None, on_iter=None) -> dict:
+                 min_update_frac: float, labels=None, log_c: int = 6, norms=None, on_iter=None,
+                 target: "DeviceTarget | None" = None):
         """GNND iterations on a device graph (ids/keys sorted by (key, id) per row, flags 1 = NEW).
 
         ``labels`` (n,) int32 on the device, optional, two classes (GGM's shards a and b): cross-shard mode.
@@ -513,7 +530,9 @@ class CudaBackend:
         equal labels are never compared.
         ``norms`` (n,) float32 squared row norms, optional (l2 only): distances by the norm expansion; the
         keys left in the lists are then approximate, and gnnd_finalize must make them exact.
-        Updates ids/keys/flags in place; returns per-iteration update counts.
+        ``target``: stop by the probe's recall estimate (bigknn/recall.py) instead of the update fraction,
+        widening the lists where it stalls (new, wider arrays replace ids/keys/flags; the caller cuts them).
+        Returns (stats with per-iteration update counts, ids, keys, flags).
         """
         cp = _cupy()
         n, k = ids.shape
@@ -569,9 +588,27 @@ class CudaBackend:
             counts.append(u)
             if on_iter is not None:
                 on_iter(u)
-            if u < threshold:
+            if target is None:
+                if u < threshold:
+                    break
+                continue
+            action = target.after_iteration(ids, keys)
+            if action == "stop":
                 break
+            if action == "widen":
+                ids, keys, flags = target.widen(ids, keys, flags)
+                k32 = np.int32(ids.shape[1])
+                if target.p != p:
+                    p, p32, s2 = target.p, np.int32(target.p), 2 * target.p
+                    cross_name = self._cross_name(ctype, m, p, dpad, expand, cross=labels is not None)
+                    maxn, tr, tc = self._cross_shape(p)
+                    nt = (maxn // tr) * (2 * maxn // tc)
+                    k_cross = _compile((cross_name,)).get_function(cross_name)
+                    new_s = cp.empty((n, s2), dtype=cp.int32)
+                    old_s = cp.empty((n, s2), dtype=cp.int32)
         out = {"iters_run": len(counts), "updates": counts}
+        if target is not None:
+            out["recall_target"] = target.stopper.report()
         if self.profile:
             ms: dict = {}
             cross_iter = []
@@ -583,7 +620,44 @@ class CudaBackend:
                         cross_iter.append(round(t, 2))
             out["kernel_ms"] = {key: round(v, 2) for key, v in ms.items()}
             out["cross_ms_per_iter"] = cross_iter
-        return out
+        return out, ids, keys, flags
+
+    @staticmethod
+    def _cut(arr, width: int):
+        """The first ``width`` columns of a device list array (after a widened descent)."""
+        return arr if arr.shape[1] == width else _cupy().ascontiguousarray(arr[:, :width])
+
+    @staticmethod
+    def _half_rows(xd):
+        """A half-precision copy of float32 rows, scaled by a power of two into half's range: (copy viewed as
+        uint16, factor of its keys). Wide rows make the cross-match a gather of random rows (1M x 64 samples
+        x 384 floats is 98 GB an iteration); halves move half of it. Ranks change only between near-equal
+        keys, and every kept key is recomputed from the float32 rows at the end (gnnd_finalize)."""
+        cp = _cupy()
+        amax = float(cp.abs(xd).max())
+        scale = 2.0 ** math.floor(math.log2(HALF_RANGE / amax)) if amax > 0 else 1.0
+        out = cp.empty(xd.shape, dtype=cp.float16)
+        step = max(1, (64 << 20) // (4 * xd.shape[1]))
+        for i in range(0, xd.shape[0], step):
+            out[i:i + step] = xd[i:i + step] * np.float32(scale)
+        return out.view(cp.uint16), scale * scale
+
+    def _target(self, xd, d: int, metric: str, params: GnndParams, seed: int, fits,
+                key_scale: float = 1.0) -> "DeviceTarget | None":
+        """The recall target of a descent over the device rows ``xd`` (local ids; None without a target):
+        a probe of its rows with their exact neighbours among ``xd`` (bigknn/recall.py). ``fits(width, p)``:
+        whether lists of that width still fit the memory budget."""
+        if params.recall <= 0:
+            return None
+        cp = _cupy()
+        rows_all = xd.view(cp.float16)[:, :d] if xd.dtype == cp.uint16 else xd[:, :d]
+
+        def exact(rows, k):
+            g = self._exact_knn(rows_all[cp.asarray(rows)], k, metric, [(0, rows_all)])
+            return g.ids, g.dists
+
+        probe = make_probe(xd.shape[0], params.width(), exact, np.random.default_rng((seed, 1)))
+        return DeviceTarget(probe, Stopper(params.recall, params.width()), params, fits, key_scale)
 
     # ------------------------------------------------------------------ exact k-NN
     def _exact_graph(self, x, k: int, metric: str) -> KnnGraph:
@@ -794,15 +868,17 @@ class CudaBackend:
         vias = list(vias or [])
         if len(vias) > MAX_VIAS or len({v.graph.k for v in vias}) > 1:
             raise ValueError(f"CUDA ggm seeds through at most {MAX_VIAS} shards with lists of one width")
-        via_bytes = sum(v.graph.ids.nbytes for v in vias)  # their lists, if they must be uploaded
+        extra_bytes = sum(v.graph.ids.nbytes for v in vias)  # the vias' lists, if they must be uploaded
+        half = not (same and itemsize != 4) and d >= HALF_MIN_DIM  # float32 rows: the descent reads halves
+        extra_bytes += n * d * 2 if half else 0  # (and the half-precision copy, while it lives)
         budget = self._budget()
-        while (self.ggm_bytes(n, d, itemsize, w, wo, p, 1 << LOG_SLOTS) + via_bytes > budget
+        while (self.ggm_bytes(n, d, itemsize, w, wo, p, 1 << LOG_SLOTS) + extra_bytes > budget
                and self._resident.drop_oldest()):
             budget = self._budget()  # copies kept from earlier calls make room first
         log_c = LOG_SLOTS if w >= 16 else 5
-        while log_c > 4 and self.ggm_bytes(n, d, itemsize, w, wo, p, 1 << log_c) + via_bytes > budget:
+        while log_c > 4 and self.ggm_bytes(n, d, itemsize, w, wo, p, 1 << log_c) + extra_bytes > budget:
             log_c -= 1
-        need = self.ggm_bytes(n, d, itemsize, w, wo, p, 1 << log_c) + via_bytes
+        need = self.ggm_bytes(n, d, itemsize, w, wo, p, 1 << log_c) + extra_bytes
         self._last_need = need
         if need > budget:
             raise MemoryError(f"ggm of {na} + {nb} rows x {d} (lists of {w}) needs {need / 2**30:.2f} GiB of GPU "
@@ -811,11 +887,12 @@ class CudaBackend:
         sync = cp.cuda.get_current_stream().synchronize
         expand = m == 0 and self._l2_expand()
         ct = _CTYPES[np.dtype(a.vectors.dtype)] if same else "float"
+        wct = "unsigned short" if half else ct
         dpad0 = -(-d // max(16 // itemsize, 8)) * max(16 // itemsize, 8)
-        names = (f"ggm_setup<{ct}, {m}>", f"ggm_finish<{ct}, {m}>",
-                 self._cross_name(ct, m, p, dpad0, expand, cross=True))
+        names = (f"ggm_setup<{wct}, {m}>", f"ggm_finish<{ct}, {m}>",
+                 self._cross_name(wct, m, p, dpad0, expand, cross=True))
         if expand:
-            names += (f"gnnd_norms<{ct}>",)
+            names += (f"gnnd_norms<{wct}>",)
         mod = _compile(names)
         t_c = time.perf_counter()
 
@@ -826,6 +903,10 @@ class CudaBackend:
         via_ptrs = cp.asarray([arr.data.ptr for arr in via_lists] or [0], dtype=cp.uint64)
         via_offs = cp.asarray([v.offset for v in vias] or [0], dtype=cp.int64)
         via_rows = cp.asarray([v.graph.rows for v in vias] or [0], dtype=cp.int32)
+        # the set-up and the descent see the half-precision rows and keys in their scale; the fold-back
+        # (ggm_finish) recomputes the refined keys from the float32 rows and keeps the old keys as stored
+        xw, key_scale = self._half_rows(xd) if half else (xd, 1.0)
+        setup_keys = old_keys * np.float32(key_scale) if half else old_keys
         sync()
         t_h2d = time.perf_counter()
 
@@ -837,23 +918,26 @@ class CudaBackend:
         keys = cp.empty((n, w), dtype=cp.float32)
         flags = cp.empty((n, w), dtype=cp.uint8)
         seed64 = np.uint64(int(seed) & 0xFFFFFFFFFFFFFFFF)
-        mod.get_function(f"ggm_setup<{ct}, {m}>")(grid, (128,), (
-            xd, n32, d32, dp32, na32, a_off, b_off, old_ids, old_keys, np.int32(wo), np.int32(w), np.int32(fill),
+        mod.get_function(f"ggm_setup<{wct}, {m}>")(grid, (128,), (
+            xw, n32, d32, dp32, na32, a_off, b_off, old_ids, setup_keys, np.int32(wo), np.int32(w), np.int32(fill),
             np.int32(bool(vias)), via_ptrs, via_offs, via_rows, np.int32(len(vias)),
             np.int32(vias[0].graph.k if vias else 0), seed64, ids, keys, flags))
         _sync_check(cp)
-        del via_lists, via_ptrs, via_offs, via_rows
+        del via_lists, via_ptrs, via_offs, via_rows, setup_keys
         norms = None
         if expand:
             norms = cp.empty((n,), dtype=cp.float32)
-            mod.get_function(f"gnnd_norms<{ct}>")(((n * 32 + 255) // 256,), (256,), (xd, n32, d32, dp32, norms))
+            mod.get_function(f"gnnd_norms<{wct}>")(((n * 32 + 255) // 256,), (256,), (xw, n32, d32, dp32, norms))
         sync()
         t_setup = time.perf_counter()
 
-        stats = self._iterate(xd, ctype, dpad, m, ids, keys, flags, p, int(params.merge_iters),
-                              merge_stop_frac(params.min_update_frac, na, nb), labels=labels, log_c=log_c,
-                              norms=norms,
-                              on_iter=on_iter)
+        target = None if vias else self._target(xd, d, metric, params, seed, lambda wd, q: self.ggm_bytes(
+            n, d, itemsize, wd, wo, q, 1 << log_c) + extra_bytes <= self._budget(), key_scale)
+        stats, ids, keys, flags = self._iterate(xw, wct, dpad, m, ids, keys, flags, p, int(params.merge_iters),
+                                                merge_stop_frac(params.min_update_frac, na, nb), labels=labels,
+                                                log_c=log_c, norms=norms, on_iter=on_iter, target=target)
+        ids = self._cut(ids, w)
+        del xw
         sync()
         t_it = time.perf_counter()
         del flags, norms, labels
@@ -868,13 +952,14 @@ class CudaBackend:
         del ids, keys, old_ids, old_keys, xd
         h_ids = self._d2h(out_ids)
         h_keys = self._d2h(out_keys)
-        ga, gb = KnnGraph(h_ids[:na], h_keys[:na]), KnnGraph(h_ids[na:], h_keys[na:])
+        report = target.stopper.report() if target else None
+        ga, gb = KnnGraph(h_ids[:na], h_keys[:na], report), KnnGraph(h_ids[na:], h_keys[na:], report)
         for host, dev in ((ga.ids, out_ids[:na]), (ga.dists, out_keys[:na]), (gb.ids, out_ids[na:]),
                           (gb.dists, out_keys[na:])):
             self._resident.put(host, dev)  # the next merge of either shard starts from these
         t_end = time.perf_counter()
         self.last_stats = dict(stats, **moved, p=p, slots=1 << log_c, width=w, fill=fill, seeded=len(vias),
-                               l2_expand=expand,
+                               l2_expand=expand, half=half,
                                compile_s=t_c - t0, h2d_s=t_h2d - t_c, setup_s=t_setup - t_h2d, iter_s=t_it - t_setup,
                                finish_s=t_fin - t_it, d2h_s=t_end - t_fin, total_s=t_end - t0)
         return ga, gb

@@ -1,0 +1,55 @@
+"""A recall target on the GPU: the probe rows' lists are read off the device after each iteration, and
+the lists are widened in place of a stall (bigknn/recall.py decides; this module moves the arrays)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from bigknn.params import GnndParams
+from bigknn.recall import Probe, Stopper
+
+MAX_P = 32  # largest p the cross-match kernels are built for
+
+
+class DeviceTarget:
+    """Probe + stopper of one descent on the device. ``fits(width, p)``: whether lists of ``width`` with p
+    samples still fit the memory budget (a widening that does not fit ends the descent instead)."""
+
+    def __init__(self, probe: Probe, stopper: Stopper, params: GnndParams, fits: Callable[[int, int], bool],
+                 key_scale: float = 1.0):
+        import cupy as cp
+
+        self.probe = probe
+        self.stopper = stopper
+        self.params = params
+        self.fits = fits
+        self.key_scale = key_scale  # the lists' keys are the true keys times this (half-precision descent)
+        self.rows = cp.asarray(probe.rows)
+        self.p = self.samples(stopper.width)
+
+    def samples(self, width: int) -> int:
+        return max(1, min(self.params.sample_count(width), MAX_P))
+
+    def after_iteration(self, ids, keys) -> str:
+        """"stop", "go" or "widen", from the probe rows' current lists."""
+        keys = keys[self.rows].get() / np.float32(self.key_scale)
+        action = self.stopper.after(self.probe.measure(ids[self.rows].get(), keys))
+        if action == "widen" and not self.fits(self.stopper.width, self.samples(self.stopper.width)):
+            self.stopper.reason = "stalled; wider lists do not fit the GPU memory budget"
+            return "stop"
+        return action
+
+    def widen(self, ids, keys, flags):
+        """Lists grown to the stopper's width: empty slots (id -1, key +inf, OLD) at the end of each row."""
+        import cupy as cp
+
+        n, k = ids.shape
+        w = self.stopper.width
+        out = (cp.full((n, w), -1, dtype=cp.int32), cp.full((n, w), np.inf, dtype=cp.float32),
+               cp.zeros((n, w), dtype=cp.uint8))
+        for new, old in zip(out, (ids, keys, flags)):
+            new[:, :k] = old
+        self.p = self.samples(w)
+        return out

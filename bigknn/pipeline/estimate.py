@@ -1,0 +1,90 @@
+"""The recall estimate a build records: exact top-10 of a fixed sample of rows, found while the data passes.
+
+The sample is drawn before sharding; each shard's vectors, as GNND takes them (in memory, straight from the
+sharding pass), also give the sample's exact neighbours among that shard's rows, so the truth costs no extra
+pass over the input. After the merges the sample rows' final lists are read from the store and compared
+(bigknn/recall.py): the estimate, its interval and the sample size go into the manifest, the summary and
+``bigknn info``. A resumed build folds in the shards the killed run had not yet seen, from the store.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from bigknn.backends import Backend
+from bigknn.formats import VectorFile
+from bigknn.graph import EMPTY, merge_lists
+from bigknn.metrics import kernel_metric, prepare_rows
+from bigknn.recall import ESTIMATE_ROWS, RECALL_AT, Estimate, estimate
+from bigknn.shards import Manifest, Store
+
+
+class SampleTruth:
+    """Exact top-(m+1) of ``rows`` (global ids, sorted) over the shards folded in so far."""
+
+    def __init__(self, rows: np.ndarray, vectors: np.ndarray, metric: str, k: int):
+        self.rows = rows
+        self.vectors = vectors
+        self.metric = kernel_metric(metric)
+        self.m = min(RECALL_AT, k)
+        self.ids = np.full((len(rows), self.m + 1), EMPTY, np.int32)
+        self.keys = np.full((len(rows), self.m + 1), np.inf, np.float32)
+        self.covered: set[int] = set()
+        self._lock = threading.Lock()
+
+    @classmethod
+    def draw(cls, vf: VectorFile, m: Manifest, seed: int, size: int = ESTIMATE_ROWS) -> "SampleTruth":
+        """A seeded sample of the input's rows, read (memory-mapped, row by row) and prepared as stored."""
+        rows = np.sort(np.random.default_rng((seed, 2)).choice(vf.rows, size=min(size, vf.rows), replace=False))
+        raw = np.concatenate([vf.read(int(r), int(r) + 1) for r in rows])
+        x = prepare_rows(raw, m.metric).astype(np.dtype(m.dtype), copy=False)
+        return cls(rows.astype(np.int64), np.ascontiguousarray(x), m.metric, m.k)
+
+    def add(self, backend: Backend, shard_id: int, offset: int, x: np.ndarray) -> None:
+        """Fold the exact neighbours among one shard's rows (global ids from ``offset``) into the truth."""
+        g = backend.exact_knn(self.vectors, self.m + 1, self.metric, [(offset, x)])
+        with self._lock:
+            if shard_id in self.covered:
+                return
+            self.ids, self.keys = merge_lists(np.concatenate([self.ids, g.ids], axis=1),
+                                              np.concatenate([self.keys, g.dists], axis=1), self.m + 1)
+            self.covered.add(shard_id)
+
+    def complete(self, store: Store, backend: Backend) -> None:
+        """Fold in every committed shard not seen yet (a resumed run), reading it from the store."""
+        for s in store.manifest.shards:
+            if s.id not in self.covered:
+                self.add(backend, s.id, s.offset, store.read_vectors(s.id))
+
+    def measure(self, store: Store) -> Estimate:
+        """Recall@m of the store's committed graph on the sample."""
+        truth, kth = self._without_self()
+        got_ids = np.empty((len(self.rows), self.m), np.int64)
+        got_keys = np.empty((len(self.rows), self.m), np.float32)
+        for s in store.manifest.shards:
+            sel = np.nonzero((self.rows >= s.offset) & (self.rows < s.offset + s.rows))[0]
+            if sel.size:
+                ids, keys = store.read_graph_rows(s.id, self.rows[sel] - s.offset)
+                got_ids[sel], got_keys[sel] = ids[:, :self.m], keys[:, :self.m]
+        return estimate(got_ids, got_keys, truth, kth)
+
+    def _without_self(self) -> tuple[np.ndarray, np.ndarray]:
+        is_self = self.ids == self.rows[:, None]
+        drop = np.where(is_self.any(axis=1), is_self.argmax(axis=1), self.m)
+        keep = np.ones(self.ids.shape, bool)
+        keep[np.arange(len(self.rows)), drop] = False
+        ids = self.ids[keep].reshape(len(self.rows), self.m)
+        keys = self.keys[keep].reshape(len(self.rows), self.m)
+        return ids, keys[:, -1].copy()
+
+
+def record_estimate(store: Store, backend: Backend, sample: SampleTruth) -> dict:
+    """Complete the sample's truth, measure the committed graph, and commit the estimate to the manifest."""
+    sample.complete(store, backend)
+    est = sample.measure(store)
+    target = store.manifest.params.get("recall", 0.0)
+    store.manifest.estimate = dict(est.to_dict(), at=RECALL_AT, target=target, graph_rows=store.manifest.rows)
+    store.commit()
+    return store.manifest.estimate
