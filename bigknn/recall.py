@@ -17,7 +17,7 @@ from typing import Callable
 
 import numpy as np
 
-from bigknn.graph import EMPTY
+from bigknn.graph import EMPTY, ID_DTYPE, merge_lists
 
 RECALL_AT = 10  # the recall the target and every estimate speak of: recall@10 (or @k where k < 10)
 PROBE_ROWS = 1000  # rows of a descent's probe: an interval of about +-0.002 at recall 0.99
@@ -56,6 +56,27 @@ def estimate(got_ids: np.ndarray, got_keys: np.ndarray, truth_ids: np.ndarray, k
     return interval(per_row)
 
 
+def new_entry_recall(got_ids: np.ndarray, got_keys: np.ndarray, truth_ids: np.ndarray, kth_key: np.ndarray,
+                     to_find: np.ndarray) -> Estimate:
+    """The share of the truth entries marked ``to_find`` that ``got`` holds, per row that has any (a row's
+    misses may be made good by ties: other rows at the m-th key). Over a whole build every entry of a final
+    list is found by exactly one descent (GNND of its shard, or the merge with its shard), so holding each
+    descent to the target on what it had to find holds the build to it; measured over all entries, a late
+    merge, whose truth is mostly its old list, would stop with much of the little it had to find missed."""
+    m = truth_ids.shape[1]
+    ids, keys = np.asarray(got_ids)[:, :m], np.asarray(got_keys)[:, :m]
+    found = (truth_ids[:, :, None] == ids[:, None, :]).any(axis=2)
+    in_truth = (ids[:, :, None] == truth_ids[:, None, :]).any(axis=2)
+    slack = TIE_RTOL * np.maximum(1.0, np.abs(kth_key))
+    ties = (~in_truth & (ids != EMPTY) & (keys <= (kth_key + slack)[:, None])).sum(axis=1)
+    count = to_find.sum(axis=1)
+    hits = (to_find & found).sum(axis=1) + np.minimum(ties, (to_find & ~found).sum(axis=1))
+    has = count > 0
+    if not has.any():  # nothing to find: the old lists are already the answer
+        return Estimate(1.0, 1.0, 1.0, 0)
+    return interval(hits[has] / count[has])
+
+
 def interval(per_row: np.ndarray) -> Estimate:
     """Mean and 95 % normal interval of per-row recalls."""
     n = len(per_row)
@@ -66,15 +87,38 @@ def interval(per_row: np.ndarray) -> Estimate:
 
 @dataclass
 class Probe:
-    """A descent's sample: local ``rows``, their exact top-m local ids and the m-th key of each."""
+    """A descent's sample: local ``rows``, their exact top-m ids and the m-th key of each.
+
+    A merge's probe also holds what its descent cannot see: the probe rows' old lists (``outside``: global
+    ids and keys), and the offsets that turn the descent's local ids global (``na``, ``offsets``): a row's
+    answer after the merge is the best of its old list and the rows of the other shard, so that is both the
+    truth and what the measurement merges the descent's lists with."""
 
     rows: np.ndarray
     truth_ids: np.ndarray
     kth_key: np.ndarray
+    outside: tuple[np.ndarray, np.ndarray] | None = None
+    na: int = 0
+    offsets: tuple[int, int] = (0, 0)
 
     def measure(self, row_ids: np.ndarray, row_keys: np.ndarray) -> Estimate:
         """The estimate from the probe rows' current lists (``row_ids``/``row_keys``: (len(rows), W))."""
-        return estimate(row_ids, row_keys, self.truth_ids, self.kth_key)
+        if self.outside is None:
+            return estimate(row_ids, row_keys, self.truth_ids, self.kth_key)
+        a_off, b_off = self.offsets
+        local = np.asarray(row_ids).astype(np.int64)
+        glob = np.where(local < self.na, local + a_off, local - self.na + b_off)
+        glob = np.where(local == EMPTY, EMPTY, glob).astype(ID_DTYPE)
+        ids, keys = merge_lists(np.concatenate([glob, self.outside[0]], axis=1),
+                                np.concatenate([np.asarray(row_keys), self.outside[1]], axis=1),
+                                self.truth_ids.shape[1])
+        return new_entry_recall(ids, keys, self.truth_ids, self.kth_key, self.to_find)
+
+    @property
+    def to_find(self) -> np.ndarray:
+        """(rows, m) True where a merge probe's truth entry lies in the row's other shard: what the merge must
+        find (its other entries were in the old list already)."""
+        return ~(self.truth_ids[:, :, None] == self.outside[0][:, None, :]).any(axis=2) & (self.truth_ids != EMPTY)
 
 
 ExactFn = Callable[[np.ndarray, int], tuple[np.ndarray, np.ndarray]]  # (queries, m) -> exact (ids, keys)
@@ -89,6 +133,38 @@ def make_probe(n: int, width: int, exact: ExactFn, rng: np.random.Generator, siz
     ids, keys = exact(rows, m + 1)
     ids, keys = _without_self(np.asarray(ids), np.asarray(keys), rows, m)
     return Probe(rows, ids, keys[:, -1].copy())
+
+
+PairExactFn = Callable[[np.ndarray, int, bool], tuple[np.ndarray, np.ndarray]]
+# (local rows of [a | b], m, whether the other shard is b) -> exact top-m among the other shard's rows
+# (global ids, keys)
+
+
+def make_merge_probe(a, b, width: int, exact: PairExactFn, rng: np.random.Generator,
+                     size: int = PROBE_ROWS) -> Probe:
+    """The probe of a merge of shards ``a`` and ``b`` (ShardParts; local rows [a | b]): each probe row's truth
+    is the best m of its old list and the exact m nearest rows of the other shard. Rows of the same shard
+    are never compared in a merge (paper 000 §5.1): those the old list no longer holds were pushed out by
+    closer rows of shards merged before, and are no loss."""
+    na, nb = len(a.vectors), len(b.vectors)
+    rows = np.sort(rng.choice(na + nb, size=min(size, na + nb), replace=False))
+    m = min(RECALL_AT, width)
+    in_a = rows < na
+    out_ids = np.full((len(rows), max(a.graph.k, b.graph.k)), EMPTY, ID_DTYPE)
+    out_keys = np.full(out_ids.shape, np.inf, np.float32)
+    ex_ids = np.full((len(rows), m), EMPTY, ID_DTYPE)
+    ex_keys = np.full((len(rows), m), np.inf, np.float32)
+    for mine, own, other_rows, first in ((in_a, a, nb, 0), (~in_a, b, na, na)):
+        if not mine.any():
+            continue
+        local = rows[mine]
+        out_ids[mine, :own.graph.k] = own.graph.ids[local - first]
+        out_keys[mine, :own.graph.k] = own.graph.dists[local - first]
+        ids, keys = exact(local, min(m, other_rows), own is a)
+        ex_ids[mine, :ids.shape[1]], ex_keys[mine, :ids.shape[1]] = ids, keys
+    truth, keys = merge_lists(np.concatenate([out_ids, ex_ids], axis=1),
+                              np.concatenate([out_keys, ex_keys], axis=1), m)
+    return Probe(rows, truth, keys[:, -1].copy(), (out_ids, out_keys), na, (a.offset, b.offset))
 
 
 def _without_self(ids: np.ndarray, keys: np.ndarray, rows: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
@@ -111,7 +187,8 @@ class Stopper:
     def __init__(self, target: float, width: int):
         self.target = target
         self.width = width
-        self.history: list[float] = []
+        self.history: list[float] = []  # estimates since the last widening
+        self.trace: list[float] = []  # every estimate, for the report
         self.reason = "iteration cap"
         self.last: Estimate | None = None
         self.widened = 0
@@ -119,6 +196,7 @@ class Stopper:
     def after(self, est: Estimate) -> str:
         self.last = est
         self.history.append(est.recall)
+        self.trace.append(round(est.recall, 4))
         if est.low >= self.target:
             self.reason = "target met"
             return "stop"
@@ -134,6 +212,18 @@ class Stopper:
             return "widen"
         return "go"
 
+    def stalled(self) -> bool:
+        """Whether the descent ended below its target with nowhere left to widen: its rows are too spread
+        out for NN-Descent (iid-like, high intrinsic dimension), and the caller computes the exact graph."""
+        return self.reason.startswith("stalled")
+
+    def exact_instead(self) -> None:
+        """Record that the exact graph replaced the stalled descent's (its recall is 1 by construction)."""
+        got = self.last.recall if self.last else 0.0
+        self.reason = f"exact graph: the descent stalled at {got:.3f} with lists of {self.width}"
+        rows = self.last.rows if self.last else 0
+        self.last = Estimate(1.0, 1.0, 1.0, rows)
+
     def report(self) -> dict:
         return {"target": self.target, "stop": self.reason, "width": self.width, "widened": self.widened,
-                "estimate": self.last.to_dict() if self.last else None}
+                "estimate": self.last.to_dict() if self.last else None, "trace": self.trace}

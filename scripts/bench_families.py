@@ -116,7 +116,7 @@ def bench_bf(x, metric, family, device, out) -> None:
 
     cuvs_metric = {"l2": "sqeuclidean", "ip": "inner_product"}[metric]
     t0 = time.perf_counter()
-    xd = cp.asarray(x)
+    xd = cp.asarray(x) if x.dtype in (np.float32, np.float16) else cp.asarray(x, dtype=cp.float32)  # its dtypes
     index = brute_force.build(xd, metric=cuvs_metric)
     _, nbrs = brute_force.search(index, xd, 11)
     ids = cp.asnumpy(cp.asarray(nbrs))

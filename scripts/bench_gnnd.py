@@ -15,6 +15,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 
 import numpy as np
 
@@ -75,7 +76,7 @@ def bench_gnnd(backend, x, metric, workload, k, iters_list, p_list, out, min_upd
         _emit(rec, out)
 
 
-def bench_ggm(backend, rows, dim, k, list_width, repeats, out, seed=0):
+def bench_ggm(backend, rows, dim, k, list_width, repeats, out, seed=0, variants=("{}",)):
     """One T2 merge: two shards of ``rows`` x dim (synth, one set of 2 * rows split in halves), each built
     by gnnd with GnndParams defaults (k, list_width), then CudaBackend.ggm timed ``repeats`` times (same
     inputs). Recall@10 of the union's rows: before (shard graphs) and after the merge."""
@@ -96,7 +97,8 @@ def bench_ggm(backend, rows, dim, k, list_width, repeats, out, seed=0):
     before = np.concatenate([ga.ids, gb.ids])
     r_before = recall_at10(backend, x, before, "l2")
     del before
-    for rep in range(repeats):
+    for variant, rep in [(v, r) for v in variants for r in range(repeats)]:
+        params = replace(GnndParams(k=k, list_width=list_width), **json.loads(variant))
         t0 = time.perf_counter()
         ma, mb = backend.ggm(a, b, "l2", params, seed=3 + rep)
         dt = time.perf_counter() - t0
@@ -107,6 +109,7 @@ def bench_ggm(backend, rows, dim, k, list_width, repeats, out, seed=0):
                "min_update_frac": params.min_update_frac, "device": _device_name(), "repeat": rep,
                "time_s": round(dt, 4), "recall@10": round(recall_at10(backend, x, ids, "l2"), 4),
                "recall@10_before": round(r_before, 4), "gnnd_shard_s": round(gnnd_s or 0.0, 4),
+               "variant": variant, "report": ma.report,
                "iters_run": stats.get("iters_run"), "updates": stats.get("updates"),
                "phases_s": {key: round(stats.get(key, 0.0), 4)
                             for key in ("h2d_s", "setup_s", "iter_s", "finish_s", "d2h_s")},
@@ -163,6 +166,8 @@ def main(argv=None):
     ap.add_argument("--profile", action="store_true", help="time each GNND kernel with events")
     ap.add_argument("--min-update-frac", type=float, default=0.0, help="stop rule for the t1/u8/cos sweeps")
     ap.add_argument("--ggm-repeats", type=int, default=2, help="timed merges of the ggm workload")
+    ap.add_argument("--merge-variants", default="{}",
+                    help="';'-separated JSON dicts of GnndParams overrides for the ggm workload's merges")
     ap.add_argument("--out", default=None, help="also append the JSON lines to this file")
     args = ap.parse_args(argv)
 
@@ -204,7 +209,8 @@ def main(argv=None):
         bench_exact(backend, args.exact_rows, args.exact_queries, 96, 10, out)
     if "ggm" in work:
         for lw in widths:
-            bench_ggm(backend, args.rows, 96, args.k, lw, args.ggm_repeats, out)
+            bench_ggm(backend, args.rows, 96, args.k, lw, args.ggm_repeats, out,
+                      variants=args.merge_variants.split(";"))
     if out:
         out.close()
     return 0

@@ -181,8 +181,9 @@ def test_gnnd_returns_lists_of_width(backend):
 
 def test_gnnd_small_n_is_exact(backend):
     x = synth(20, 16, seed=2)
-    g = backend.gnnd(x, "l2", GnndParams(k=32), seed=0)
-    assert g.ids.shape == (20, 32)
+    params = GnndParams(k=32)
+    g = backend.gnnd(x, "l2", params, seed=0)
+    assert g.ids.shape == (20, params.width())
     assert (g.ids[:, 19:] == -1).all() and np.isinf(g.dists[:, 19:]).all()
     _check_graph(x, type(g)(g.ids[:, :19].copy(), g.dists[:, :19].copy()), 19, "l2")
 
@@ -315,13 +316,16 @@ def test_gnnd_meets_recall_target(backend, d, dtype, metric):
     assert abs(_recall(ref.ids[rows], exact, 10) - r) <= 0.01
 
 
-def test_gnnd_widens_where_it_stalls(backend):
+@pytest.mark.parametrize("n,d", [(9001, 64), (30011, 128)])
+def test_gnnd_widens_where_it_stalls(backend, n, d):
     """iid Gaussian rows (high intrinsic dimension) stall below a 0.99 target: the lists widen, the result
-    is cut back to the width asked for, and the report says why the descent ended."""
-    x = np.random.default_rng().standard_normal((9001, 64)).astype(np.float32)
-    params = GnndParams(k=8, iters=40)
+    is cut back to the width asked for, and where even the widest lists stall the exact graph replaces the
+    descent's; either way the target holds and the report says how the descent ended."""
+    x = np.random.default_rng().standard_normal((n, d)).astype(np.float32)
+    params = GnndParams(k=8)
     g = backend.gnnd(x, "l2", params, seed=2)
     _check_graph(x, g, params.width(), "l2")
     assert g.report["widened"] >= 1 and g.report["width"] > params.width(), g.report
-    exact = _exact_top(x, np.arange(500), 8, "l2")
-    assert _recall(g.ids[:500], exact, 8) >= 0.8
+    assert g.report["stop"] == "target met" or g.report["stop"].startswith("exact graph"), g.report
+    exact = _exact_top(x, np.arange(500), 10, "l2")
+    assert _recall(g.ids[:500], exact, 10) >= 0.985, g.report

@@ -58,6 +58,7 @@ class Accounting:
     bytes_written: int = 0
     busy: dict = field(default_factory=dict)  # worker name -> seconds inside backend calls
     spans: dict = field(default_factory=dict)  # phase -> [start, end] seconds since t0
+    descents: dict = field(default_factory=dict)  # "gnnd" / "ggm" -> how recall-targeted descents ended
     t0: float = field(default_factory=time.perf_counter)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -66,6 +67,18 @@ class Accounting:
             self.seconds[phase] = self.seconds.get(phase, 0.0) + seconds
             self.bytes_read += nbytes_read
             self.bytes_written += nbytes_written
+
+    def add_descent(self, phase: str, report: dict | None) -> None:
+        """Count a descent's iterations, widenings and how it ended (bigknn/recall.py Stopper.report)."""
+        if report is None:
+            return
+        with self.lock:
+            d = self.descents.setdefault(phase, {"count": 0, "iterations": 0, "widened": 0, "stops": {}})
+            d["count"] += 1
+            d["iterations"] += len(report["trace"])
+            d["widened"] += report["widened"]
+            reason = report["stop"].split(":")[0]
+            d["stops"][reason] = d["stops"].get(reason, 0) + 1
 
     def add_busy(self, worker: str, seconds: float) -> None:
         with self.lock:
@@ -433,6 +446,7 @@ def run_tasks(store: Store, ledger, backends: list[Backend], reporter: Reporter,
         if sample is not None:  # the recall sample's exact neighbours among this shard's rows, while in memory
             sample.add(backend, shard.id, shard.offset, x)
         _account(acct, "gnnd", name, t)
+        acct.add_descent("gnnd", g.report)
         # local -> global ids in place: int64 temporaries cost ~0.3 s of held GIL per 1M-row shard
         ids = np.asarray(g.ids, dtype=ID_DTYPE)
         np.add(ids, shard.offset, out=ids, where=ids >= 0)
@@ -453,6 +467,7 @@ def run_tasks(store: Store, ledger, backends: list[Backend], reporter: Reporter,
         t = time.perf_counter()
         ga, gb = backend.ggm(a, b, metric, params, seed=seed_for(m.seed, 1, i, j), vias=vias)
         _account(acct, "ggm", name, t)
+        acct.add_descent("ggm", ga.report)
         record(i, j)
         gen_i = cache.put(i, ShardPart(a.offset, a.vectors, ga), dirty=True)
         gen_j = cache.put(j, ShardPart(b.offset, b.vectors, gb), dirty=True)

@@ -12,7 +12,7 @@ from bigknn.backends.cpu.exact import exact_knn
 from bigknn.ggm import finish_merge, merge_stop_frac, start_merge
 from bigknn.graph import EMPTY, ID_DTYPE, KnnGraph, drop_self, merge_lists
 from bigknn.params import EXACT_ROWS, GnndParams
-from bigknn.recall import Stopper, make_probe
+from bigknn.recall import Stopper, make_merge_probe, make_probe
 
 
 def as_float(x: np.ndarray) -> np.ndarray:
@@ -49,19 +49,30 @@ def random_init(x: np.ndarray, k: int, metric: str, rng: np.random.Generator) ->
     return DescentState(ids, dists, np.ones_like(ids, dtype=bool))
 
 
-def recall_target(xf: np.ndarray, metric: str, params: GnndParams, seed: int,
-                  pad_key: np.ndarray | float = np.inf) -> Target | None:
+def recall_target(xf: np.ndarray, metric: str, params: GnndParams, seed: int, pad_key: np.ndarray | float = np.inf,
+                  pair: tuple[ShardPart, ShardPart] | None = None) -> Target | None:
     """The recall target of a descent over the rows of ``xf`` (None without one): a probe of its rows with
-    their exact neighbours among ``xf`` (drawn from its own generator, so the descent's draws stay those of
-    an untargeted run)."""
+    their exact neighbours among ``xf``, or for the merge of ``pair`` (xf = [a | b]) among their old lists and
+    the other shard (bigknn/recall.py). Drawn from its own generator, so the descent's draws stay those of an
+    untargeted run."""
     if params.recall <= 0:
         return None
+    rng = np.random.default_rng((seed, 1))
+    if pair is None:
+        def exact(rows, m):
+            g = exact_knn(xf[rows], m, metric, [(0, xf)])
+            return g.ids, g.dists
 
-    def exact(rows, m):
-        g = exact_knn(xf[rows], m, metric, [(0, xf)])
-        return g.ids, g.dists
+        probe = make_probe(len(xf), params.width(), exact, rng)
+    else:
+        a, b = pair
 
-    probe = make_probe(len(xf), params.width(), exact, np.random.default_rng((seed, 1)))
+        def exact(rows, m, other_is_b):
+            other = b if other_is_b else a
+            g = exact_knn(xf[rows], m, metric, [(other.offset, other.vectors)])
+            return g.ids, g.dists
+
+        probe = make_merge_probe(a, b, params.width(), exact, rng)
     return Target(probe, Stopper(params.recall, params.width()), params.sample_count, pad_key)
 
 
@@ -78,6 +89,10 @@ class CpuBackend:
         target = recall_target(xf, metric, params, seed)
         descend(xf, state, metric, params.sample_count(), params.iters, params.min_update_frac, rng,
                 on_iter=on_iter, target=target)
+        if target is not None and target.stopper.stalled():
+            target.stopper.exact_instead()
+            g = exact_graph(xf, width, metric)
+            return KnnGraph(g.ids, g.dists, target.stopper.report())
         cut(state, width)
         if metric == "l2":
             exact_l2_keys(xf, state)
@@ -97,7 +112,7 @@ class CpuBackend:
         state = DescentState(ids, dists, is_new)
         stop = merge_stop_frac(params.min_update_frac, len(a.vectors), len(b.vectors))
         width = ids.shape[1]
-        target = None if vias else recall_target(xf, metric, params, seed, setup.bound)
+        target = None if vias else recall_target(xf, metric, params, seed, setup.bound, pair=(a, b))
         descend(xf, state, metric, params.sample_count(), params.merge_iters, stop, rng,
                 part=setup.part, on_iter=on_iter, target=target)
         cut(state, width)

@@ -79,7 +79,7 @@ from bigknn.backends.cuda.target import MAX_P, DeviceTarget
 from bigknn.ggm import merge_stop_frac
 from bigknn.graph import EMPTY, KnnGraph, drop_self
 from bigknn.params import EXACT_ROWS, GnndParams
-from bigknn.recall import Stopper, make_probe
+from bigknn.recall import Stopper, make_merge_probe, make_probe
 
 _KERNEL_FILE = Path(__file__).with_name("kernels.cu")
 _CTYPES = {
@@ -472,6 +472,12 @@ class CudaBackend:
                                                 float(params.min_update_frac), labels=None, log_c=log_c,
                                                 norms=norms, target=target)
         del xw
+        if target is not None and target.stopper.stalled():  # NN-Descent cannot reach the target here
+            del ids, keys, flags, norms
+            target.stopper.exact_instead()
+            g = self._exact_graph(self._numeric(xd, d), kb, metric)
+            self.last_stats = dict(stats, p=p, k_built=kb, half=half, exact=True, total_s=time.perf_counter() - t0)
+            return KnnGraph(g.ids, g.dists, target.stopper.report())
         ids, keys = self._cut(ids, kb), self._cut(keys, kb)
         if expand or half:
             # the lists hold norm-expansion or half-precision keys: make them exact and re-sort
@@ -628,6 +634,12 @@ class CudaBackend:
         return arr if arr.shape[1] == width else _cupy().ascontiguousarray(arr[:, :width])
 
     @staticmethod
+    def _numeric(xd, d: int):
+        """Device rows as prepared for the kernels (padded, halves viewed as uint16) back as (n, d) numbers."""
+        cp = _cupy()
+        return xd.view(cp.float16)[:, :d] if xd.dtype == cp.uint16 else xd[:, :d]
+
+    @staticmethod
     def _half_rows(xd):
         """A half-precision copy of float32 rows, scaled by a power of two into half's range: (copy viewed as
         uint16, factor of its keys). Wide rows make the cross-match a gather of random rows (1M x 64 samples
@@ -642,21 +654,33 @@ class CudaBackend:
             out[i:i + step] = xd[i:i + step] * np.float32(scale)
         return out.view(cp.uint16), scale * scale
 
-    def _target(self, xd, d: int, metric: str, params: GnndParams, seed: int, fits,
-                key_scale: float = 1.0) -> "DeviceTarget | None":
+    def _target(self, xd, d: int, metric: str, params: GnndParams, seed: int, fits, key_scale: float = 1.0,
+                pair: tuple[ShardPart, ShardPart] | None = None) -> "DeviceTarget | None":
         """The recall target of a descent over the device rows ``xd`` (local ids; None without a target):
-        a probe of its rows with their exact neighbours among ``xd`` (bigknn/recall.py). ``fits(width, p)``:
-        whether lists of that width still fit the memory budget."""
+        a probe of its rows with their exact neighbours among ``xd``, or for the merge of ``pair`` (xd = [a | b])
+        among their old lists and the other shard (bigknn/recall.py). ``fits(width, p)``: whether lists of
+        that width still fit the memory budget."""
         if params.recall <= 0:
             return None
         cp = _cupy()
-        rows_all = xd.view(cp.float16)[:, :d] if xd.dtype == cp.uint16 else xd[:, :d]
+        rows_all = self._numeric(xd, d)
+        rng = np.random.default_rng((seed, 1))
+        if pair is None:
+            def exact(rows, k):
+                g = self._exact_knn(rows_all[cp.asarray(rows)], k, metric, [(0, rows_all)])
+                return g.ids, g.dists
 
-        def exact(rows, k):
-            g = self._exact_knn(rows_all[cp.asarray(rows)], k, metric, [(0, rows_all)])
-            return g.ids, g.dists
+            probe = make_probe(xd.shape[0], params.width(), exact, rng)
+        else:
+            a, b = pair
+            na = len(a.vectors)
 
-        probe = make_probe(xd.shape[0], params.width(), exact, np.random.default_rng((seed, 1)))
+            def exact(rows, k, other_is_b):
+                block = (b.offset, rows_all[na:]) if other_is_b else (a.offset, rows_all[:na])
+                g = self._exact_knn(rows_all[cp.asarray(rows)], k, metric, [block])
+                return g.ids, g.dists
+
+            probe = make_merge_probe(a, b, params.width(), exact, rng)
         return DeviceTarget(probe, Stopper(params.recall, params.width()), params, fits, key_scale)
 
     # ------------------------------------------------------------------ exact k-NN
@@ -932,7 +956,7 @@ class CudaBackend:
         t_setup = time.perf_counter()
 
         target = None if vias else self._target(xd, d, metric, params, seed, lambda wd, q: self.ggm_bytes(
-            n, d, itemsize, wd, wo, q, 1 << log_c) + extra_bytes <= self._budget(), key_scale)
+            n, d, itemsize, wd, wo, q, 1 << log_c) + extra_bytes <= self._budget(), key_scale, pair=(a, b))
         stats, ids, keys, flags = self._iterate(xw, wct, dpad, m, ids, keys, flags, p, int(params.merge_iters),
                                                 merge_stop_frac(params.min_update_frac, na, nb), labels=labels,
                                                 log_c=log_c, norms=norms, on_iter=on_iter, target=target)

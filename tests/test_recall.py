@@ -1,0 +1,143 @@
+"""Recall-targeted builds (bigknn/recall.py, bigknn/pipeline/estimate.py): the estimate, the stop rules, the
+CPU descent meeting its target, and the estimate a build records against `bigknn eval recall`."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from bigknn.backends.cpu import CpuBackend
+from bigknn.graph import EMPTY
+from bigknn.params import GnndParams
+from bigknn.recall import MAX_WIDTH, STALL_ITERS, Estimate, Stopper, estimate, make_probe
+from bigknn.synth import synth
+from conftest import exact_neighbours, recall_at, run_json, write_synth
+
+
+# ---- the estimate ------------------------------------------------------------------------------
+def test_estimate_counts_hits_ties_and_empty_slots():
+    truth = np.array([[1, 2, 3], [4, 5, 6]])
+    kth = np.array([3.0, 6.0], np.float32)
+    got = np.array([[3, 2, 1, 9], [4, 9, EMPTY, 8]])
+    # row 0: all three; row 1: 4, and 9 at key 6.0 ties the exact 3rd key, EMPTY never counts
+    keys = np.array([[3, 2, 1, 9], [4, 6.0, np.inf, 1.0]], np.float32)
+    est = estimate(got, keys, truth, kth)
+    assert est.rows == 2
+    assert est.recall == pytest.approx((3 / 3 + 2 / 3) / 2)
+    assert est.low < est.recall < est.high
+
+
+def test_interval_narrows_with_more_rows():
+    rng = np.random.default_rng(0)
+    truth = rng.integers(0, 1000, size=(4000, 10))
+    got = truth.copy()
+    got[rng.random(got.shape) < 0.05] = 5000  # 5 % misses
+    kth = np.zeros(4000, np.float32)
+    keys = np.ones(got.shape, np.float32)
+    small = estimate(got[:200], keys[:200], truth[:200], kth[:200])
+    big = estimate(got, keys, truth, kth)
+    assert abs(big.recall - 0.95) < 0.01
+    assert big.high - big.low < (small.high - small.low) / 3
+
+
+def test_make_probe_drops_self_even_among_duplicates():
+    x = np.concatenate([np.zeros((5, 4), np.float32), np.eye(4, dtype=np.float32) * 10])
+    backend = CpuBackend()
+
+    def exact(rows, m):
+        g = backend.exact_knn(x[rows], m, "l2", [(0, x)])
+        return g.ids, g.dists
+
+    probe = make_probe(len(x), 3, exact, np.random.default_rng(1), size=len(x))
+    assert probe.truth_ids.shape == (len(x), 3)
+    assert not (probe.truth_ids == probe.rows[:, None]).any()
+
+
+# ---- the stop rules ----------------------------------------------------------------------------
+def _est(r: float, half: float = 0.001) -> Estimate:
+    return Estimate(r, r - half, r + half, 1000)
+
+
+def test_stopper_stops_on_the_lower_bound_not_the_mean():
+    s = Stopper(0.99, 48)
+    assert s.after(_est(0.991, half=0.002)) == "go"  # mean above, interval reaches below
+    assert s.after(_est(0.993, half=0.002)) == "stop"
+    assert s.report()["stop"] == "target met"
+
+
+def test_stopper_widens_on_a_stall_and_gives_up_at_the_widest():
+    s = Stopper(0.99, 48)
+    actions = [s.after(_est(0.9)) for _ in range(STALL_ITERS + 1)]
+    assert actions[-1] == "widen" and s.width == 80 and s.widened == 1
+    while s.width < MAX_WIDTH:
+        for _ in range(STALL_ITERS):
+            assert s.after(_est(0.9)) == "go"
+        assert s.after(_est(0.9)) == "widen"
+    for _ in range(STALL_ITERS):
+        s.after(_est(0.9))
+    assert s.after(_est(0.9)) == "stop" and s.stalled()
+    s.exact_instead()
+    assert s.report()["estimate"]["recall"] == 1.0 and s.report()["stop"].startswith("exact graph")
+
+
+def test_stopper_widens_when_the_pace_cannot_close_the_gap():
+    s = Stopper(0.99, 48)
+    # 0.01 gained per 3 iterations, 0.5 short: ten such spans would not close it
+    actions = [s.after(_est(0.4 + 0.0034 * i)) for i in range(STALL_ITERS + 1)]
+    assert actions[-1] == "widen"
+    s2 = Stopper(0.99, 48)
+    actions = [s2.after(_est(0.95 + 0.006 * i)) for i in range(STALL_ITERS + 1)]
+    assert "widen" not in actions  # 0.018 gained, 0.022 short: on pace
+
+
+# ---- the CPU descent ---------------------------------------------------------------------------
+def test_cpu_gnnd_meets_its_target_where_fixed_rules_fall_short():
+    x = synth(6007, 48, seed=int(np.random.default_rng().integers(1 << 30)))
+    rows = np.sort(np.random.default_rng(2).choice(len(x), 500, replace=False))
+    truth = exact_neighbours(x, rows, 10)
+    fixed = CpuBackend().gnnd(x, "l2", GnndParams(k=10, recall=0, iters=2), seed=1)
+    g = CpuBackend().gnnd(x, "l2", GnndParams(k=10, recall=0.99), seed=1)
+    r_fixed = recall_at(fixed.ids[rows], x, rows, 10, truth=truth)
+    r = recall_at(g.ids[rows], x, rows, 10, truth=truth)
+    assert fixed.report is None and g.report["stop"] == "target met"
+    assert r >= 0.985 > r_fixed, (r, r_fixed, g.report)
+    assert abs(r - g.report["estimate"]["recall"]) <= 0.015
+    assert g.ids.shape == (len(x), GnndParams(k=10).width())
+
+
+def test_cpu_gnnd_falls_back_to_the_exact_graph_where_descent_stalls():
+    x = np.random.default_rng().standard_normal((3001, 96)).astype(np.float32)  # iid: no structure to descend
+    params = GnndParams(k=5, recall=0.999, iters=200)
+    g = CpuBackend().gnnd(x, "l2", params, seed=3)
+    rows = np.arange(300)
+    truth = exact_neighbours(x, rows, 10)
+    assert g.ids.shape == (len(x), params.width())
+    assert g.report["stop"] == "target met" or g.report["stop"].startswith("exact graph"), g.report
+    assert recall_at(g.ids[rows], x, rows, 10, truth=truth) >= 0.995
+
+
+# ---- the build's recorded estimate --------------------------------------------------------------
+@pytest.mark.slow
+def test_build_records_an_estimate_that_eval_confirms(tmp_path):
+    src = tmp_path / "d.fbin"
+    write_synth(src, 12000, 32, seed=5)
+    out = run_json("build", src, "-o", tmp_path / "s.knn", "--k", 10, "--shard-rows", 4000, "--backend", "cpu")
+    est = out["recall_estimate"]
+    assert est["target"] == 0.99 and est["rows"] == 2000 and est["graph_rows"] == 12000
+    assert est["low"] <= est["recall"] <= est["high"]
+    info = run_json("info", tmp_path / "s.knn")
+    assert info["recall_estimate"] == est
+    measured = run_json("eval", "recall", tmp_path / "s.knn", "--backend", "cpu")["recall"]
+    assert measured >= 0.985 and abs(measured - est["recall"]) <= 0.005, (measured, est)
+    manifest = json.loads((tmp_path / "s.knn" / "manifest.json").read_text())
+    assert manifest["estimate"] == est
+
+
+def test_recall_zero_keeps_the_fixed_rules(tmp_path):
+    src = tmp_path / "d.fbin"
+    write_synth(src, 3000, 16, seed=6)
+    out = run_json("build", src, "-o", tmp_path / "s.knn", "--k", 5, "--shard-rows", 1500, "--backend", "cpu",
+                   "--recall", 0, "--iters", 3, "--merge-iters", 2)
+    assert out["recall_estimate"] is None
