@@ -41,9 +41,10 @@ _FENCE = re.compile(r"^(```|~~~).*?^\1", re.M | re.S)
 _PARAGRAPH = re.compile(r"\n\s*\n")
 _SPACE = re.compile(r"\s+")
 # one left-to-right pass over source code: comments and string literals, the earliest match first
-_PY = re.compile(r"(?P<c>#[^\n]*)|[rRbBuUfF]{0,2}(?P<q>\"\"\"|\'\'\')(?P<s>.*?)(?P=q)"
-                 r"|[rRbBuUfF]{0,2}(?P<d>[\"\'])(?P<l>(?:\\.|(?!(?P=d))[^\\\n])*)(?P=d)", re.S)
-_C = re.compile(r"(?P<c>//[^\n]*)|/\*(?P<b>.*?)\*/|\"(?P<l>(?:\\.|[^\"\\\n])*)\"", re.S)
+_PY = re.compile(r'(?P<c>#[^\n]*)|"""(?P<s>.*?)"""|' r"'''(?P<t>.*?)'''|"
+                 r'"(?P<d>[^"\\\n]*(?:\\.[^"\\\n]*)*)"|' r"'(?P<e>[^'\\\n]*(?:\\.[^'\\\n]*)*)'", re.S)
+_C = re.compile(r'(?P<c>//[^\n]*)|/\*(?P<b>.*?)\*/|"(?P<d>[^"\\\n]*(?:\\.[^"\\\n]*)*)"', re.S)
+_STARS = re.compile(r"(?m)^\s*\*+ ?")
 
 
 def text_roots() -> list[str]:
@@ -84,15 +85,14 @@ def _blocks(path: str) -> Iterator[str]:
         return
     kind, run, end = "", "", 0
     for m in (_PY if path.endswith(PY_SUFFIXES) else _C).finditer(text):
-        new = "c" if m.group("c") else "s"
-        piece = (m.group("c").lstrip("#/!").strip() if new == "c" else
-                 re.sub(r"(?m)^\s*\*+ ?", "", m.group("b")) if m.groupdict().get("b") is not None else
-                 m.group("s") if m.groupdict().get("s") is not None else m.group("l"))
+        new, piece = ("c" if m.lastgroup == "c" else "s"), m.group(m.lastgroup)
+        piece = piece.lstrip("#/!").strip() if new == "c" else _STARS.sub("", piece) if m.lastgroup == "b" else piece
         gap = text[end:m.start()]
-        if new == kind and not gap.strip(" \t\r\n\\"):  # a comment's next line, or implicit concatenation
+        if new == kind and not gap.strip(" \t\r\n\\rbufRBUF"):  # a comment's next line; implicit concatenation
             run += ("\n\n" if gap.count("\n") > 1 else "\n") + piece if new == "c" else piece
         else:
-            yield from _PARAGRAPH.split(run)
+            if len(run) >= MIN_CHARS:  # most literals are short: names, keys, formats
+                yield from _PARAGRAPH.split(run)
             run = piece
         kind, end = new, m.end()
     yield from _PARAGRAPH.split(run)
