@@ -133,6 +133,8 @@ def write_family(family: str, out: Path, rows: int, seed: int, threads: int | No
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         import text_family
 
+        if not (text_family.MODEL_DIR / "model.safetensors").exists():
+            raise SystemExit(f"text: no model in {text_family.MODEL_DIR}: run scripts/package_model.sh and carry .model")
         texts, found = text_family.passages(rows, seed, text_roots, threads)
         t1 = time.perf_counter()
         if len(texts) < rows:
