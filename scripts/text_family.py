@@ -85,8 +85,13 @@ def _blocks(path: str) -> Iterator[str]:
         return
     kind, run, end = "", "", 0
     for m in (_PY if path.endswith(PY_SUFFIXES) else _C).finditer(text):
-        new, piece = ("c" if m.lastgroup == "c" else "s"), m.group(m.lastgroup)
-        piece = piece.lstrip("#/!").strip() if new == "c" else _STARS.sub("", piece) if m.lastgroup == "b" else piece
+        new, piece = ("s" if m.lastgroup in "stde" else "c"), m.group(m.lastgroup)  # a string, or a comment
+        if m.lastgroup == "c":
+            piece = piece.lstrip("#/!").strip()
+        elif m.lastgroup == "b":
+            piece = _STARS.sub("", piece)
+        else:  # a literal's escaped newlines and tabs: paragraph breaks and spaces, as printed
+            piece = piece.replace("\\n", "\n").replace("\\t", " ")
         gap = text[end:m.start()]
         if new == kind and not gap.strip(" \t\r\n\\rbufRBUF"):  # a comment's next line; implicit concatenation
             run += ("\n\n" if gap.count("\n") > 1 else "\n") + piece if new == "c" else piece
