@@ -1,8 +1,8 @@
 """The `text` benchmark family: real sentence embeddings of prose found on the machine itself.
 
 Passages: string literals (docstrings, messages) and comment blocks of Python and C/C++/CUDA sources, and
-paragraphs of ``.md``/``.rst``/``.txt`` files, under this Python's stdlib and site-packages and the system's
-C and CUDA headers (sorted paths), whitespace-collapsed, kept when they read like prose (>= 40 chars, >= 6
+paragraphs of ``.md``/``.rst``/``.txt`` files, under this Python's stdlib and site-packages, the system's
+C and CUDA headers and /usr/share/doc (sorted paths), whitespace-collapsed, kept when they read like prose (>= 40 chars, >= 6
 words, mostly letters), cut at sentence ends when longer than 600 chars, deduplicated (case- and
 spacing-blind, as the uncased model sees them), then a seeded shuffle. The same machine image gives the
 same passages.
@@ -32,7 +32,7 @@ PY_SUFFIXES = (".py", ".pyi", ".pyx", ".pxd")
 C_SUFFIXES = (".h", ".hpp", ".cuh", ".c", ".cc", ".cpp", ".cu")
 DOC_SUFFIXES = (".md", ".rst", ".txt")
 SUFFIXES = PY_SUFFIXES + C_SUFFIXES + DOC_SUFFIXES
-EXTRA_ROOTS = ("/usr/include", "/usr/local/cuda/include")
+EXTRA_ROOTS = ("/usr/include", "/usr/local/cuda/include", "/usr/share/doc")
 MAX_FILE_BYTES = 2 << 20
 MIN_CHARS, MAX_CHARS = 40, 600  # passage length bounds; longer paragraphs are cut at sentence ends
 _WORD = re.compile(r"[A-Za-z][a-z]+")
@@ -48,8 +48,8 @@ _STARS = re.compile(r"(?m)^\s*\*+ ?")
 
 
 def text_roots() -> list[str]:
-    """This interpreter's stdlib and site-packages folders, and the system's C and CUDA headers (those
-    that exist, sorted)."""
+    """This interpreter's stdlib and site-packages folders, the system's C and CUDA headers and package docs
+    (those that exist, sorted)."""
     paths = sysconfig.get_paths()
     roots = {paths["stdlib"], paths["purelib"], paths["platlib"], *site.getsitepackages(), *EXTRA_ROOTS}
     return sorted(r for r in roots if os.path.isdir(r))
