@@ -2,10 +2,10 @@
 
 Passages: string literals (docstrings, messages) and comment blocks of Python and C/C++/CUDA sources, and
 paragraphs of ``.md``/``.rst``/``.txt`` files, under this Python's stdlib and site-packages, the system's
-C and CUDA headers and /usr/share/doc (sorted paths), whitespace-collapsed, kept when they read like prose (>= 40 chars, >= 6
-words, mostly letters), cut at sentence ends when longer than 600 chars, deduplicated (case- and
-spacing-blind, as the uncased model sees them), then a seeded shuffle. The same machine image gives the
-same passages.
+C and CUDA headers and /usr/share/doc (sorted paths), whitespace-collapsed, kept when they read like prose
+(>= 40 chars, >= 6 words, mostly letters), cut at sentence ends when longer than 600 chars, deduplicated
+(case- and spacing-blind, as the uncased model sees them), then a seeded shuffle. The same machine image
+gives the same passages.
 Embedded by the model packaged by ``scripts/package_model.sh`` (all-MiniLM-L6-v2, fp16 on CUDA, float32
 on CPU), mean pooled, unit norm. torch and sentence-transformers are needed here, never by bigknn.
 """
