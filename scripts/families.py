@@ -133,6 +133,8 @@ def write_family(family: str, out: Path, rows: int, seed: int, threads: int | No
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         import text_family
 
+        if not (text_family.MODEL_DIR / "model.safetensors").exists():
+            raise SystemExit(f"text: no model in {text_family.MODEL_DIR}: run scripts/package_model.sh, carry .model")
         texts, found = text_family.passages(rows, seed, text_roots, threads)
         t1 = time.perf_counter()
         if len(texts) < rows:
@@ -167,6 +169,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--text-root", action="append", default=None,
                     help="text: read prose under this folder (repeatable) instead of the Python and system folders")
     args = ap.parse_args(argv)
+    if args.rows < 1:
+        ap.error("--rows must be positive")
     jobs = [(f, args.out / f"{f}{EXT[f]}") for f in EXT] if args.family == "all" else [(args.family, args.out)]
     for family, out in jobs:
         rec = write_family(family, out, args.rows, args.seed, args.threads, args.passages, args.text_root)

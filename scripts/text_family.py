@@ -1,11 +1,11 @@
 """The `text` benchmark family: real sentence embeddings of prose found on the machine itself.
 
 Passages: string literals (docstrings, messages) and comment blocks of Python and C/C++/CUDA sources, and
-paragraphs of ``.md``/``.rst``/``.txt`` files, under this Python's stdlib and site-packages and the system's
-C and CUDA headers (sorted paths), whitespace-collapsed, kept when they read like prose (>= 40 chars, >= 6
-words, mostly letters), cut at sentence ends when longer than 600 chars, deduplicated (case- and
-spacing-blind, as the uncased model sees them), then a seeded shuffle. The same machine image gives the
-same passages.
+paragraphs of ``.md``/``.rst``/``.txt`` files, under this Python's stdlib and site-packages, the system's
+C and CUDA headers and /usr/share/doc (sorted paths), whitespace-collapsed, kept when they read like prose
+(>= 40 chars, >= 6 words, mostly letters), cut at sentence ends when longer than 600 chars, deduplicated
+(case- and spacing-blind, as the uncased model sees them), then a seeded shuffle. The same machine image
+gives the same passages.
 Embedded by the model packaged by ``scripts/package_model.sh`` (all-MiniLM-L6-v2, fp16 on CUDA, float32
 on CPU), mean pooled, unit norm. torch and sentence-transformers are needed here, never by bigknn.
 """
@@ -32,7 +32,7 @@ PY_SUFFIXES = (".py", ".pyi", ".pyx", ".pxd")
 C_SUFFIXES = (".h", ".hpp", ".cuh", ".c", ".cc", ".cpp", ".cu")
 DOC_SUFFIXES = (".md", ".rst", ".txt")
 SUFFIXES = PY_SUFFIXES + C_SUFFIXES + DOC_SUFFIXES
-EXTRA_ROOTS = ("/usr/include", "/usr/local/cuda/include")
+EXTRA_ROOTS = ("/usr/include", "/usr/local/cuda/include", "/usr/share/doc")
 MAX_FILE_BYTES = 2 << 20
 MIN_CHARS, MAX_CHARS = 40, 600  # passage length bounds; longer paragraphs are cut at sentence ends
 _WORD = re.compile(r"[A-Za-z][a-z]+")
@@ -41,14 +41,15 @@ _FENCE = re.compile(r"^(```|~~~).*?^\1", re.M | re.S)
 _PARAGRAPH = re.compile(r"\n\s*\n")
 _SPACE = re.compile(r"\s+")
 # one left-to-right pass over source code: comments and string literals, the earliest match first
-_PY = re.compile(r"(?P<c>#[^\n]*)|[rRbBuUfF]{0,2}(?P<q>\"\"\"|\'\'\')(?P<s>.*?)(?P=q)"
-                 r"|[rRbBuUfF]{0,2}(?P<d>[\"\'])(?P<l>(?:\\.|(?!(?P=d))[^\\\n])*)(?P=d)", re.S)
-_C = re.compile(r"(?P<c>//[^\n]*)|/\*(?P<b>.*?)\*/|\"(?P<l>(?:\\.|[^\"\\\n])*)\"", re.S)
+_PY = re.compile(r'(?P<c>#[^\n]*)|"""(?P<s>.*?)"""|' r"'''(?P<t>.*?)'''|"
+                 r'"(?P<d>[^"\\\n]*(?:\\.[^"\\\n]*)*)"|' r"'(?P<e>[^'\\\n]*(?:\\.[^'\\\n]*)*)'", re.S)
+_C = re.compile(r'(?P<c>//[^\n]*)|/\*(?P<b>.*?)\*/|"(?P<d>[^"\\\n]*(?:\\.[^"\\\n]*)*)"', re.S)
+_STARS = re.compile(r"(?m)^\s*\*+ ?")
 
 
 def text_roots() -> list[str]:
-    """This interpreter's stdlib and site-packages folders, and the system's C and CUDA headers (those
-    that exist, sorted)."""
+    """This interpreter's stdlib and site-packages folders, the system's C and CUDA headers and package docs
+    (those that exist, sorted)."""
     paths = sysconfig.get_paths()
     roots = {paths["stdlib"], paths["purelib"], paths["platlib"], *site.getsitepackages(), *EXTRA_ROOTS}
     return sorted(r for r in roots if os.path.isdir(r))
@@ -84,15 +85,19 @@ def _blocks(path: str) -> Iterator[str]:
         return
     kind, run, end = "", "", 0
     for m in (_PY if path.endswith(PY_SUFFIXES) else _C).finditer(text):
-        new = "c" if m.group("c") else "s"
-        piece = (m.group("c").lstrip("#/!").strip() if new == "c" else
-                 re.sub(r"(?m)^\s*\*+ ?", "", m.group("b")) if m.groupdict().get("b") is not None else
-                 m.group("s") if m.groupdict().get("s") is not None else m.group("l"))
+        new, piece = ("s" if m.lastgroup in "stde" else "c"), m.group(m.lastgroup)  # a string, or a comment
+        if m.lastgroup == "c":
+            piece = piece.lstrip("#/!").strip()
+        elif m.lastgroup == "b":
+            piece = _STARS.sub("", piece)
+        else:  # a literal's escaped newlines and tabs: paragraph breaks and spaces, as printed
+            piece = piece.replace("\\n", "\n").replace("\\t", " ")
         gap = text[end:m.start()]
-        if new == kind and not gap.strip(" \t\r\n\\"):  # a comment's next line, or implicit concatenation
+        if new == kind and not gap.strip(" \t\r\n\\rbufRBUF"):  # a comment's next line; implicit concatenation
             run += ("\n\n" if gap.count("\n") > 1 else "\n") + piece if new == "c" else piece
         else:
-            yield from _PARAGRAPH.split(run)
+            if len(run) >= MIN_CHARS:  # most literals are short: names, keys, formats
+                yield from _PARAGRAPH.split(run)
             run = piece
         kind, end = new, m.end()
     yield from _PARAGRAPH.split(run)
@@ -148,7 +153,7 @@ def passages(rows: int, seed: int, roots: list[str] | None = None, workers: int 
                     "passage_chars_mean": round(float(np.mean([len(p) for p in chosen])), 1) if chosen else 0}
 
 
-def embed(texts: list[str], out: np.ndarray, model_dir: Path = MODEL_DIR, batch: int = 1024) -> dict:
+def embed(texts: list[str], out: np.ndarray, model_dir: Path = MODEL_DIR, batch: int | None = None) -> dict:
     """Embed ``texts`` into ``out`` (rows, 384), unit norm in float32 before the cast to out's dtype."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -159,6 +164,7 @@ def embed(texts: list[str], out: np.ndarray, model_dir: Path = MODEL_DIR, batch:
     cuda = torch.cuda.is_available()
     model = sentence_transformers.SentenceTransformer(str(model_dir), device="cuda" if cuda else "cpu")
     model = model.half() if cuda else model.float()
+    batch = batch or (1024 if cuda else 32)  # encode sorts by length: small CPU batches pad little
     step, t0 = 1 << 17, time.perf_counter()
     for start in range(0, len(texts), step):
         x = model.encode(texts[start:start + step], batch_size=batch, convert_to_numpy=True,
