@@ -3,7 +3,8 @@
 Inputs can be far bigger than RAM, so nothing here reads a whole file: every reader checks the header
 against the file size and returns a memory map; callers pull rows in blocks through ``VectorFile.read``
 or ``VectorFile.chunks``. Every defect of an input file is reported as one ``BadInput`` line naming the
-file (exit code 2), never as a numpy traceback halfway through a build.
+file (exit code 2), never as a numpy traceback halfway through a build. Every writer writes a temporary
+file and renames it (``bigknn.atomic``): a file appears whole or not at all.
 
 Formats, chosen by extension (case-insensitive):
 
@@ -18,16 +19,18 @@ All multi-byte values are little-endian.
 
 from __future__ import annotations
 
+import io
 import os
 import stat
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
 import numpy as np
 
-from bigknn.errors import BadInput
+from bigknn.atomic import atomic_path
+from bigknn.errors import BadInput, disk_full_named
 
 BIN_DTYPES: dict[str, np.dtype] = {
     ".fbin": np.dtype("<f4"),
@@ -136,24 +139,24 @@ def vectors_writer(path: str | os.PathLike, rows: int, dim: int, dtype: np.dtype
     """Yield a writable memmap of a new ``.*bin`` or ``.npy`` file's values, so that sets bigger than RAM
     can be written block by block; the file appears under ``path`` only when the block exits cleanly."""
     dtype = np.dtype(dtype)
-    ext = _writable_extension(path, rows, dim, dtype)
-    tmp = f"{os.fspath(path)}.tmp"
-    try:
-        if ext == ".npy":
-            out = np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=(rows, dim))
-        else:
-            with open(tmp, "wb") as f:
-                f.write(_bin_header(rows, dim))
-                f.truncate(_HEADER_BYTES + rows * dim * dtype.itemsize)
-            out = np.memmap(tmp, dtype=dtype, mode="r+", offset=_HEADER_BYTES, shape=(rows, dim))
+    if _writable_extension(path, rows, dim, dtype) == ".npy":
+        with npy_writer(path, dtype, (rows, dim)) as out:
+            yield out
+        return
+    with _mapped_output(path, _bin_header(rows, dim), [(dtype, (rows, dim))]) as (out,):
         yield out
-        out.flush()
-        del out
-        os.replace(tmp, path)
-    except BaseException:
-        with suppress(FileNotFoundError):
-            os.remove(tmp)
-        raise
+
+
+@contextmanager
+def npy_writer(path: str | os.PathLike, dtype: np.dtype | type, shape: tuple[int, int]) -> Iterator[np.memmap]:
+    """Yield a writable memmap of a new C-order ``.npy`` file; it appears under ``path`` only when the block
+    exits cleanly."""
+    dtype = np.dtype(dtype)
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        header, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": tuple(shape)})
+    with _mapped_output(path, header.getvalue(), [(dtype, shape)]) as (out,):
+        yield out
 
 
 @contextmanager
@@ -162,22 +165,9 @@ def truth_writer(path: str | os.PathLike, rows: int, k: int) -> Iterator[tuple[n
     appears under ``path`` only when the block exits cleanly."""
     if Path(path).suffix.lower() != TRUTH_EXTENSION:
         raise ValueError(f"ground truth is written as {TRUTH_EXTENSION}, not {path}")
-    tmp = f"{os.fspath(path)}.tmp"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(_bin_header(rows, k))
-            f.truncate(_HEADER_BYTES + rows * k * 8)
-        ids = np.memmap(tmp, dtype="<i4", mode="r+", offset=_HEADER_BYTES, shape=(rows, k))
-        dists = np.memmap(tmp, dtype="<f4", mode="r+", offset=_HEADER_BYTES + rows * k * 4, shape=(rows, k))
+    with _mapped_output(path, _bin_header(rows, k), [(np.dtype("<i4"), (rows, k)), (np.dtype("<f4"), (rows, k))]) \
+            as (ids, dists):
         yield ids, dists
-        ids.flush()
-        dists.flush()
-        del ids, dists
-        os.replace(tmp, path)
-    except BaseException:
-        with suppress(FileNotFoundError):
-            os.remove(tmp)
-        raise
 
 
 def write_truth(path: str | os.PathLike, ids: np.ndarray, dists: np.ndarray) -> None:
@@ -318,15 +308,25 @@ def _bin_header(rows: int, dim: int) -> bytes:
 
 @contextmanager
 def _atomic_write(path: str | os.PathLike) -> Iterator[BinaryIO]:
-    """Write to ``path + '.tmp'``, sync, then rename over ``path``: a crash never leaves a half file there."""
-    tmp = f"{os.fspath(path)}.tmp"
-    try:
-        with open(tmp, "wb") as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with suppress(FileNotFoundError):
-            os.remove(tmp)
-        raise
+    """A file object whose bytes appear under ``path`` only when the block exits cleanly (bigknn.atomic)."""
+    with atomic_path(path) as tmp, disk_full_named(path, None), open(tmp, "wb") as f:
+        yield f
+
+
+@contextmanager
+def _mapped_output(path: str | os.PathLike, header: bytes,
+                   arrays: list[tuple[np.dtype, tuple[int, int]]]) -> Iterator[list[np.memmap]]:
+    """Writable memmaps of the arrays laid out one after the other behind ``header`` in a new file that
+    appears under ``path`` only when the block exits cleanly. The file is allocated in full first, so a
+    full disk is an error here and not a SIGBUS in the middle of the writes."""
+    size = len(header) + sum(np.dtype(dtype).itemsize * rows * cols for dtype, (rows, cols) in arrays)
+    with atomic_path(path, size) as tmp:
+        with disk_full_named(path, size), open(tmp, "r+b") as f:
+            f.write(header)
+        maps, offset = [], len(header)
+        for dtype, shape in arrays:
+            maps.append(np.memmap(tmp, dtype=dtype, mode="r+", offset=offset, shape=shape))
+            offset += maps[-1].nbytes
+        yield maps
+        for m in maps:
+            m.flush()

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -54,18 +52,3 @@ class Manifest:
             raise ValueError(f"store format {raw.get('format')} is not supported (this bigknn reads {FORMAT_VERSION})")
         raw["shards"] = [ShardEntry(**s) for s in raw["shards"]]
         return cls(**raw)
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Replace ``path`` so that a reader (or a crash) sees the old or the new file, never a mix."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)

@@ -20,10 +20,11 @@ import numpy as np
 import zarr
 from numpy.typing import DTypeLike
 
-from bigknn.errors import BadInput
+from bigknn.atomic import write_atomic
+from bigknn.errors import BadInput, disk_full_named
 from bigknn.graph import ID_DTYPE, KnnGraph
 from bigknn.shards import chunks
-from bigknn.shards.manifest import MANIFEST, Manifest, write_atomic
+from bigknn.shards.manifest import MANIFEST, Manifest
 
 CHUNK_BYTES = 16 << 20  # target size of one row chunk on disk
 REAPER_THREADS = 4  # stale graph versions deleted at once
@@ -115,11 +116,12 @@ class Store:
     # zarr creates every array's metadata; the chunk bytes go through ``chunks`` (direct file I/O) where
     # the layout allows it, else through zarr
     def _write_array(self, name: str, data: np.ndarray, chunk_rows: int, dtype: DTypeLike) -> None:
-        arr = zarr.create_array(store=str(self.path), name=name, shape=data.shape,
-                                chunks=(chunk_rows, data.shape[1]), dtype=dtype, compressors=None,
-                                overwrite=True)
-        if not chunks.write_array(self.path / name, data):
-            arr[:] = data.astype(dtype, copy=False)
+        with disk_full_named(self.path / name, data.shape[0] * data.shape[1] * np.dtype(dtype).itemsize):
+            arr = zarr.create_array(store=str(self.path), name=name, shape=data.shape,
+                                    chunks=(chunk_rows, data.shape[1]), dtype=dtype, compressors=None,
+                                    overwrite=True)
+            if not chunks.write_array(self.path / name, data):
+                arr[:] = data.astype(dtype, copy=False)
 
     def _read_array(self, name: str, start: int = 0, stop: int | None = None) -> np.ndarray:
         out = chunks.read_rows(self.path / name, start, stop)
