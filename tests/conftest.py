@@ -43,6 +43,18 @@ def run_json(*args, cwd: Path | None = None) -> dict:
     return json.loads(out)
 
 
+def assert_one_line_error(code: int, out: str, err: str, *names: str, exit_code: int = 2) -> str:
+    """Exit code 2 (bad input), nothing on stdout, exactly one line on stderr naming every one of ``names``."""
+    assert code == exit_code, f"exit {code}, stderr: {err!r}"
+    lines = err.strip("\n").split("\n")
+    assert len(lines) == 1 and lines[0].strip(), f"stderr is not one line: {err!r}"
+    assert "Traceback" not in err
+    for name in names:
+        assert name in lines[0], f"{name!r} not named in {lines[0]!r}"
+    assert out == "", f"unexpected stdout {out!r}"
+    return lines[0]
+
+
 @pytest.fixture
 def cli():
     """The CLI runner as a fixture: ``cli("build", ...) -> (code, stdout, stderr)``."""

@@ -8,7 +8,6 @@ sharding is redone if it was not committed, shards without a graph get GNND, pai
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -27,6 +26,7 @@ from bigknn.pipeline.steps import Ledger, record_timings, run_pending
 from bigknn.pipeline.workers import Accounting
 from bigknn.progress import Reporter
 from bigknn.shards import Manifest, Store, WriterLock
+from bigknn.shards.creation import NewStore
 
 MAX_ROWS = np.iinfo(ID_DTYPE).max  # ids are int32
 
@@ -44,7 +44,11 @@ class BuildRequest:
 
 
 def build(req: BuildRequest, backends: list[Backend], reporter: Reporter) -> dict:
-    """Build (or resume building) the graph of ``req.input`` into ``req.store``; return a summary."""
+    """Build (or resume building) the graph of ``req.input`` into ``req.store``; return a summary.
+
+    A new store goes only into a new path or an empty directory. A bad row found while sharding takes back
+    a store this run created, exactly what it created (``NewStore``); an interruption or a failure keeps
+    the store, so that the same command resumes it."""
     acct = Accounting()
     vf = open_vectors(req.input)
     resuming = Store.exists(req.store)
@@ -55,15 +59,15 @@ def build(req: BuildRequest, backends: list[Backend], reporter: Reporter) -> dic
     _check_request(req, vf)
     if resuming:  # refuse another build before the lock is taken: a refusal writes nothing, .lock included
         _check_same_build(Store.open(req.store).manifest, req, vf)
-    created_here = False
-    try:
-        with WriterLock(req.store, req.wait_s):
-            if Store.exists(req.store):  # again, under the lock: another writer may have created it meanwhile
-                store = Store.open(req.store)
-                _check_same_build(store.manifest, req, vf)
-            else:
-                store = _create_store(req, vf)
-                created_here = True
+    new_store = None if resuming else NewStore(req.store)  # refuses a path that is not new or empty
+    with WriterLock(req.store, req.wait_s):
+        if Store.exists(req.store):  # again, under the lock: another writer may have created it meanwhile
+            store = Store.open(req.store)
+            _check_same_build(store.manifest, req, vf)
+            new_store = None
+        else:
+            store = _create_store(req, vf)
+        try:
             incoming = None
             if not store.manifest.shards:  # shard, with GNND running on each shard as it is written
                 sizes = shard_sizes(vf.rows, store.manifest.shard_rows, req.params.width())
@@ -71,10 +75,11 @@ def build(req: BuildRequest, backends: list[Backend], reporter: Reporter) -> dic
             run_pending(store, Ledger(store), backends, reporter, acct, req.host_mem, incoming)
             record_timings(store, acct)
             store.close()
-    except BadInput:
-        if created_here:  # a refused input (NaN/Inf found while sharding) leaves no store behind
-            shutil.rmtree(req.store, ignore_errors=True)
-        raise
+        except BadInput:
+            if new_store is not None:  # a row refused while sharding: no store is left behind
+                store.close()
+                new_store.undo()
+            raise
     return summary(store, acct, time.perf_counter() - acct.t0, resumed=resuming, backends=backends)
 
 

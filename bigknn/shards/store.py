@@ -24,6 +24,7 @@ from bigknn.atomic import write_atomic
 from bigknn.errors import BadInput, disk_full_named
 from bigknn.graph import ID_DTYPE, KnnGraph
 from bigknn.shards import chunks
+from bigknn.shards.creation import check_new_store_path
 from bigknn.shards.manifest import MANIFEST, Manifest
 
 CHUNK_BYTES = 16 << 20  # target size of one row chunk on disk
@@ -61,7 +62,10 @@ class Store:
 
     @classmethod
     def create(cls, path: Path, manifest: Manifest) -> "Store":
+        """A new store at ``path``: a missing path or an empty directory (but for the lock file of the writer
+        creating it), never among other files."""
         path = Path(path)
+        check_new_store_path(path, own_lock=True)
         group = zarr.open_group(str(path), mode="a")
         group.attrs["bigknn"] = {"format": manifest.format}
         store = cls(path, manifest)
