@@ -7,7 +7,6 @@ sharding is redone if it was not committed, shards without a graph get GNND, pai
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -16,12 +15,12 @@ import numpy as np
 
 from bigknn.backends import Backend
 from bigknn.errors import BadInput
-from bigknn.formats import VectorFile, open_vectors
+from bigknn.formats import VectorFile, file_sha256, open_vectors
 from bigknn.graph import ID_DTYPE
 from bigknn.metrics import stored_dtype
 from bigknn.params import GnndParams
 from bigknn.pipeline.plan import auto_shard_rows
-from bigknn.pipeline.sharding import sha256_of, shard_sizes, stream_shards
+from bigknn.pipeline.sharding import shard_sizes, stream_shards
 from bigknn.pipeline.steps import Ledger, record_timings, run_pending
 from bigknn.pipeline.workers import Accounting
 from bigknn.progress import Reporter
@@ -96,12 +95,10 @@ def _check_request(req: BuildRequest, vf: VectorFile) -> None:
         raise BadInput(req.input, f"--shard-rows {req.shard_rows} must exceed k = {k}")
 
 
-def fingerprint(vf: VectorFile, with_sha256: bool = True) -> dict:
-    """Path, size, mtime, sha256, rows and dtype of an input file (one streaming pass for the hash)."""
-    st = os.stat(vf.path)
-    return {"path": str(Path(vf.path).resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
-            "sha256": sha256_of(vf.path) if with_sha256 else None, "rows": vf.rows,
-            "dtype": np.dtype(vf.read_dtype).str, "first_id": 0}
+def fingerprint(vf: VectorFile, sha256: str | None) -> dict:
+    """Path, size, mtime, sha256, rows and dtype of an input file as it was opened."""
+    return {"path": str(Path(vf.path).resolve()), "size": vf.state.size, "mtime_ns": vf.state.mtime_ns,
+            "sha256": sha256, "rows": vf.rows, "dtype": np.dtype(vf.read_dtype).str, "first_id": 0}
 
 
 def _check_same_build(m: Manifest, req: BuildRequest, vf: VectorFile) -> None:
@@ -111,11 +108,10 @@ def _check_same_build(m: Manifest, req: BuildRequest, vf: VectorFile) -> None:
             "seed": m.seed}
     diff = [f"{key} {have[key]} (asked {want[key]})" for key in want if have[key] != want[key]]
     src = m.inputs[0] if m.inputs else {}
-    st = os.stat(vf.path)
-    if src.get("path") != str(Path(vf.path).resolve()) or src.get("size") != st.st_size:
+    if src.get("path") != str(Path(vf.path).resolve()) or src.get("size") != vf.state.size:
         diff.insert(0, f"input {src.get('path')}")
-    elif src.get("mtime_ns") != st.st_mtime_ns and (src.get("sha256") is None or
-                                                     sha256_of(vf.path) != src.get("sha256")):
+    elif src.get("mtime_ns") != vf.state.mtime_ns and (src.get("sha256") is None or
+                                                        file_sha256(vf) != src.get("sha256")):
         raise BadInput(vf.path, f"changed since {req.store} was built from it (sha256 differs); "
                                 "build into a new store")
     if diff:
@@ -127,7 +123,7 @@ def _check_same_build(m: Manifest, req: BuildRequest, vf: VectorFile) -> None:
 def _create_store(req: BuildRequest, vf: VectorFile) -> Store:
     manifest = Manifest(dim=vf.dim, dtype=stored_dtype(req.metric, vf.read_dtype).str, metric=req.metric,
                         k=req.params.k, shard_rows=req.shard_rows, params=req.params.to_dict(),
-                        seed=req.seed, inputs=[fingerprint(vf, with_sha256=False)])
+                        seed=req.seed, inputs=[fingerprint(vf, sha256=None)])  # the sharding pass records it
     return Store.create(req.store, manifest)
 
 

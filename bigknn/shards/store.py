@@ -15,6 +15,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterable
 
 import numpy as np
 import zarr
@@ -140,6 +141,13 @@ class Store:
 
     def read_vectors(self, shard_id: int, start: int = 0, stop: int | None = None) -> np.ndarray:
         return self._read_array(f"shards/{shard_id}/vectors", start, stop)
+
+    def remove_uncommitted_shards(self, ids: Iterable[int]) -> None:
+        """Delete the arrays of shards that no commit refers to (written by a step that was then refused)."""
+        for sid in ids:
+            if sid < len(self.manifest.shards):
+                raise ValueError(f"shard {sid} is committed; only uncommitted shards can be removed")
+            shutil.rmtree(self.path / "shards" / str(sid), ignore_errors=True)
 
     def vectors_of(self, global_ids: np.ndarray) -> np.ndarray:
         """Vectors of arbitrary global rows (one read per shard touched)."""
