@@ -52,6 +52,8 @@ _HEADER = np.dtype("<u4")
 _HEADER_BYTES = 2 * _HEADER.itemsize
 _VECS_DIM = np.dtype("<i4")
 _SCAN_ROWS = 1 << 22  # rows per block when scanning every *vecs row's dim field (bounds the temporaries)
+# a row's squared norm above this lets a squared L2 distance |a|^2 + |b|^2 - 2ab overflow float32 to inf
+MAX_SQUARED_NORM = float(np.finfo(np.float32).max) / 4
 CHECK_CHUNK_ROWS = 1 << 16  # rows per block of a checking pass
 HASH_BLOCK_BYTES = 16 << 20
 
@@ -164,22 +166,32 @@ def open_vectors(path: str | os.PathLike) -> VectorFile:
         return _open_npy(path, f, state)
 
 
-def check_finite_rows(path: str | os.PathLike, start: int, block: np.ndarray) -> None:
-    """Refuse a block (rows ``start``... of ``path``) holding NaN or Inf, naming the first bad row."""
-    if not np.issubdtype(block.dtype, np.floating):
+def check_rows(path: str | os.PathLike, start: int, block: np.ndarray) -> None:
+    """Refuse a block (rows ``start``... of ``path``) holding NaN or Inf, or a row so large that distances
+    overflow float32 (they would come out as inf: an empty neighbour slot), naming the first bad row."""
+    if not np.issubdtype(block.dtype, np.floating) or not block.size:
         return
-    bad = ~np.isfinite(block).all(axis=1)
+    peak = np.abs(block).max(axis=1)  # NaN and Inf propagate
+    bad = ~np.isfinite(peak)
     if bad.any():
         raise BadInput(path, f"row {start + int(np.argmax(bad))} holds NaN or Inf values")
+    suspects = np.flatnonzero(np.square(peak, dtype=np.float64) * block.shape[1] > MAX_SQUARED_NORM)
+    if suspects.size:  # only rows whose largest value could reach the limit get the exact norm
+        norms = np.square(block[suspects], dtype=np.float64).sum(axis=1)
+        over = norms > MAX_SQUARED_NORM
+        if over.any():
+            i = int(np.argmax(over))
+            raise BadInput(path, f"row {start + int(suspects[i])} has squared norm {norms[i]:.3g}, above "
+                                 f"{MAX_SQUARED_NORM:.3g}: its distances would overflow float32 (scale the data down)")
 
 
 def check_and_hash(vf: VectorFile, chunk_rows: int = CHECK_CHUNK_ROWS) -> str:
-    """One pass over the opened file: refuse a bad row (``check_finite_rows``) and return the sha256 of the file's
+    """One pass over the opened file: refuse a bad row (``check_rows``) and return the sha256 of the file's
     bytes, hashed block by block as the rows are checked, from the same mapping the rows come from."""
     digest = hashlib.sha256()
     for start, block in vf.chunks(chunk_rows):
         digest.update(vf.file_bytes(start, start + len(block)))
-        check_finite_rows(vf.path, start, block)
+        check_rows(vf.path, start, block)
     return digest.hexdigest()
 
 
@@ -365,6 +377,7 @@ def _open_npy(path: str | os.PathLike, f: BinaryIO, state: FileState) -> VectorF
     if n == 0 or d == 0:
         raise BadInput(path, f"array has shape {shape}; rows and dim must be positive")
     offset = f.tell()
+    _check_size(path, state.size, offset + n * d * dtype.itemsize, f"header shape {shape}")
     raw = np.memmap(f, dtype=np.uint8, mode="r")
     data = raw[offset:].view(dtype).reshape((n, d), order="F" if fortran else "C")
     return VectorFile(str(path), n, d, dtype, data, raw, offset, state)

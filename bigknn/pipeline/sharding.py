@@ -1,7 +1,7 @@
 """The sharding pass: input rows -> checked, prepared shard vectors in the store, streamed to GNND.
 
-One pass over the input file: a reader thread reads each shard's rows, refuses NaN/Inf rows and
-prepares them for the metric; a small pool writes them to the store; another thread
+One pass over the input file: a reader thread reads each shard's rows, refuses bad rows (NaN/Inf, norms
+that overflow) and prepares them for the metric; a small pool writes them to the store; another thread
 hashes the file's bytes from the same mapping (hashlib releases the GIL), and a file that changed while
 it was read is refused. Each shard is handed on, vectors in memory, as soon as it is on disk, so GNND
 runs on the GPU while the rest of the file is still being sharded. The store's commits are held back for the whole
@@ -20,7 +20,7 @@ from typing import Iterator
 
 import numpy as np
 
-from bigknn.formats import VectorFile, check_finite_rows, file_sha256
+from bigknn.formats import VectorFile, check_rows, file_sha256
 from bigknn.metrics import prepare_rows
 from bigknn.pipeline.workers import Accounting
 from bigknn.shards import ShardEntry, Store
@@ -40,7 +40,7 @@ def stream_shards(store: Store, vf: VectorFile, sizes: list[int], acct: Accounti
                   ready: int = 2) -> Iterator[tuple[ShardEntry, np.ndarray]]:
     """Write the input's rows as shards ``sizes`` after the store's last row; yield (shard, vectors) as each
     is written, at most ``ready`` ahead of the consumer. Commits the shards (and the input's sha256, in
-    ``store.manifest.inputs[-1]``) once all are written; raises BadInput on a NaN/Inf row or a file that
+    ``store.manifest.inputs[-1]``) once all are written; raises BadInput on a bad row or a file that
     changed meanwhile, committing nothing. Closing the generator early stops the pass, committing nothing."""
     out: queue.Queue = queue.Queue(maxsize=max(1, ready))
     stop = threading.Event()
@@ -64,7 +64,7 @@ def stream_shards(store: Store, vf: VectorFile, sizes: list[int], acct: Accounti
 
                 for i, rows in enumerate(sizes):
                     raw = vf.read(start, start + rows)
-                    check_finite_rows(vf.path, start, raw)
+                    check_rows(vf.path, start, raw)
                     x = np.ascontiguousarray(prepare_rows(raw, m.metric).astype(np.dtype(m.dtype), copy=False))
                     entry = ShardEntry(id=first + i, offset=offset + start, rows=rows)
                     in_flight.append((entry, x, writers.submit(store.write_vectors, entry.id, x)))

@@ -1,0 +1,91 @@
+"""Issue 11, Deliver 6: bad input and bad usage exit 2 before anything is written, with one line naming the
+file; SIGTERM stops a run like SIGINT; a full disk is one line naming the path and the bytes needed, with
+the last commit intact; a malformed manifest or ground truth is a refusal, not a traceback or a wrong
+number."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bigknn.formats import read_truth, write_truth, write_vectors
+from bigknn.shards import WriterLock
+from bigknn.synth import synth
+
+from conftest import assert_one_line_error, cli_env, read_manifest, run_cli, run_json, tree_hashes
+
+ROWS, DIM = 2000, 8
+BUILD = ("--k", 5, "--shard-rows", 1000, "--backend", "cpu")
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("validation")
+    write_vectors(d / "base.fbin", synth(ROWS, DIM, seed=4))
+    run_json("build", d / "base.fbin", "-o", d / "store", *BUILD)
+    return d / "store"
+
+
+@pytest.fixture
+def store(built, tmp_path) -> Path:
+    shutil.copytree(built, tmp_path / "store")
+    return tmp_path / "store"
+
+
+def edit_manifest(store: Path, edit) -> None:
+    path = store / "manifest.json"
+    path.write_text(json.dumps(edit(json.loads(path.read_text()))))
+
+
+# ---- values -------------------------------------------------------------------------------------
+def test_build_refuses_a_row_whose_squared_norm_overflows_float32(tmp_path):
+    """Reproduction: finite values near 1e20 passed validation and exported as id -1 / inf."""
+    x = synth(ROWS, DIM, seed=4)
+    x[1234] = 1e20
+    write_vectors(tmp_path / "big.fbin", x)
+    code, out, err = run_cli("build", tmp_path / "big.fbin", "-o", tmp_path / "store", *BUILD)
+    line = assert_one_line_error(code, out, err, "big.fbin", "row 1234")
+    assert "overflow" in line
+    assert not (tmp_path / "store").exists()
+
+
+def test_ingest_refuses_a_row_whose_squared_norm_overflows_float32(store, tmp_path):
+    x = synth(300, DIM, seed=5)
+    x[77, 0] = 3e19  # one value is enough: 9e38 > float32's max
+    write_vectors(tmp_path / "big.fbin", x)
+    before = tree_hashes(store)
+    code, out, err = run_cli("ingest", store, "--input", tmp_path / "big.fbin", "--backend", "cpu")
+    assert_one_line_error(code, out, err, "big.fbin", "row 77")
+    assert tree_hashes(store) == before
+
+
+def test_large_values_below_the_limit_export_without_empty_slots(tmp_path):
+    """Regression guard (passes on the old code too): rows with squared norms up to 1e37, a little under the
+    limit (float32's max / 4), are accepted, and no distance overflows to an empty slot (id -1, inf)."""
+    x = synth(ROWS, DIM, seed=6).astype(np.float64)
+    x *= np.sqrt(1e37) / np.linalg.norm(x, axis=1).max()
+    write_vectors(tmp_path / "large.fbin", x.astype(np.float32))
+    run_json("build", tmp_path / "large.fbin", "-o", tmp_path / "store", *BUILD)
+    run_json("export", tmp_path / "store", "-o", tmp_path / "g.ibin")
+    ids, dists = read_truth(tmp_path / "g.ibin")
+    assert (np.asarray(ids) >= 0).all() and np.isfinite(dists).all()
+
+
+def test_npy_with_trailing_bytes_is_refused(tmp_path):
+    path = tmp_path / "x.npy"
+    np.save(path, synth(ROWS, DIM, seed=7))
+    with open(path, "ab") as f:
+        f.write(b"\0" * 12)
+    code, out, err = run_cli("build", path, "-o", tmp_path / "store", *BUILD)
+    line = assert_one_line_error(code, out, err, "x.npy")
+    assert "trailing bytes" in line
+    assert not (tmp_path / "store").exists()
