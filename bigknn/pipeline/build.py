@@ -21,7 +21,8 @@ from bigknn.metrics import stored_dtype
 from bigknn.params import GnndParams
 from bigknn.pipeline.plan import auto_shard_rows
 from bigknn.pipeline.sharding import shard_sizes, stream_shards
-from bigknn.pipeline.steps import Ledger, record_timings, run_pending
+from bigknn.pipeline.steps import (Ledger, cache_shards, check_merge_count, record_timings, run_pending,
+                                   smallest_shard_rows)
 from bigknn.pipeline.workers import Accounting
 from bigknn.progress import Reporter
 from bigknn.shards import Manifest, Store, WriterLock
@@ -45,9 +46,9 @@ class BuildRequest:
 def build(req: BuildRequest, backends: list[Backend], reporter: Reporter) -> dict:
     """Build (or resume building) the graph of ``req.input`` into ``req.store``; return a summary.
 
-    A new store goes only into a new path or an empty directory. A bad row found while sharding takes back
-    a store this run created, exactly what it created (``NewStore``); an interruption or a failure keeps
-    the store, so that the same command resumes it."""
+    Every refusal of the input or the request comes before anything is written (the lock file included),
+    except a bad row found while sharding: then a store this run created is taken back whole (``NewStore``).
+    An interruption or a failure keeps the store, so that the same command resumes it."""
     acct = Accounting()
     vf = open_vectors(req.input)
     resuming = Store.exists(req.store)
@@ -56,8 +57,13 @@ def build(req: BuildRequest, backends: list[Backend], reporter: Reporter) -> dic
     elif not req.shard_rows:
         req = replace(req, shard_rows=auto_shard_rows(backends, vf.dim, vf.read_dtype.itemsize, req.params))
     _check_request(req, vf)
+    manifest = Store.open(req.store).manifest if resuming else _new_manifest(req, vf)
     if resuming:  # refuse another build before the lock is taken: a refusal writes nothing, .lock included
-        _check_same_build(Store.open(req.store).manifest, req, vf)
+        _check_same_build(manifest, req, vf)
+    sizes = [s.rows for s in manifest.shards] or shard_sizes(vf.rows, req.shard_rows, req.params.width())
+    cache_shards(manifest, req.store, max(sizes), len(backends), req.host_mem)
+    check_merge_count(req.store, len(sizes), len(sizes) * (len(sizes) - 1) // 2,
+                      f"use --shard-rows {smallest_shard_rows(vf.rows):,} or more", reporter)
     new_store = None if resuming else NewStore(req.store)  # refuses a path that is not new or empty
     with WriterLock(req.store, req.wait_s):
         if Store.exists(req.store):  # again, under the lock: another writer may have created it meanwhile
@@ -65,11 +71,10 @@ def build(req: BuildRequest, backends: list[Backend], reporter: Reporter) -> dic
             _check_same_build(store.manifest, req, vf)
             new_store = None
         else:
-            store = _create_store(req, vf)
+            store = Store.create(req.store, manifest)
         try:
             incoming = None
             if not store.manifest.shards:  # shard, with GNND running on each shard as it is written
-                sizes = shard_sizes(vf.rows, store.manifest.shard_rows, req.params.width())
                 incoming = (stream_shards(store, vf, sizes, acct), sizes)
             run_pending(store, Ledger(store), backends, reporter, acct, req.host_mem, incoming)
             record_timings(store, acct)
@@ -120,11 +125,10 @@ def _check_same_build(m: Manifest, req: BuildRequest, vf: VectorFile) -> None:
 
 
 # ---- steps ----------------------------------------------------------------------------------------
-def _create_store(req: BuildRequest, vf: VectorFile) -> Store:
-    manifest = Manifest(dim=vf.dim, dtype=stored_dtype(req.metric, vf.read_dtype).str, metric=req.metric,
-                        k=req.params.k, shard_rows=req.shard_rows, params=req.params.to_dict(),
-                        seed=req.seed, inputs=[fingerprint(vf, sha256=None)])  # the sharding pass records it
-    return Store.create(req.store, manifest)
+def _new_manifest(req: BuildRequest, vf: VectorFile) -> Manifest:
+    return Manifest(dim=vf.dim, dtype=stored_dtype(req.metric, vf.read_dtype).str, metric=req.metric,
+                    k=req.params.k, shard_rows=req.shard_rows, params=req.params.to_dict(), seed=req.seed,
+                    inputs=[fingerprint(vf, sha256=None)])  # the sharding pass records the sha256
 
 
 def summary(store: Store, acct: Accounting, wall: float, resumed: bool, backends: list[Backend]) -> dict:

@@ -25,7 +25,7 @@ from bigknn.metrics import prepare_rows
 from bigknn.params import GnndParams
 from bigknn.pipeline.build import MAX_ROWS, fingerprint
 from bigknn.pipeline.sharding import shard_sizes
-from bigknn.pipeline.steps import Ledger, record_timings, run_pending
+from bigknn.pipeline.steps import Ledger, cache_shards, check_merge_count, record_timings, run_pending
 from bigknn.pipeline.workers import Accounting
 from bigknn.progress import Reporter
 from bigknn.shards import ShardEntry, Store, WriterLock
@@ -110,11 +110,12 @@ def ingest(store_path: Path, inputs: list[Path], backends: list[Backend], report
     acct = Accounting()
     store = Store.open(store_path)
     report = {"store": str(store_path), "ingested": [], "skipped": [], "still_being_written": [], "rows_added": 0}
-    # every check runs before the lock is taken, so a refused input leaves the store untouched
+    # every check runs before the lock is taken, so a refused input or request leaves the store untouched
     _check_finished(store)
     files = [vf for p in inputs if (vf := _open_input(p, listed, report, reporter)) is not None]
     for vf in files:  # headers of every file first: fail fast
         _check_compatible(store, vf)
+    _check_resources(store, [vf for vf in files if _seen(store, vf) is None], len(backends), host_mem, reporter)
     checked = []
     t = time.perf_counter()
     for vf in files:
@@ -194,6 +195,26 @@ def _unchanged(vf: VectorFile, watching: bool, report: dict, reporter: Reporter)
 def _skip_growing(path: Path, change: str, report: dict, reporter: Reporter) -> None:
     report["still_being_written"].append(str(path))
     reporter.note(f"{path}: {change}: still being written; skipped (the next run takes it)")
+
+
+def _check_resources(store: Store, new: list[VectorFile], workers: int, host_mem: int | None,
+                     reporter: Reporter) -> None:
+    """Refuse, before anything is written, an ingest whose shards do not fit ``host_mem`` or whose merges
+    cannot finish (the new files' shards against every shard, a pending ingest's included)."""
+    m = store.manifest
+    width = GnndParams(**m.params).width()
+    pending = m.pending["shards"] if m.pending else []
+    sizes = [s.rows for s in m.shards] + [s["rows"] for s in pending]
+    shards, merges = len(sizes), len(pending) * len(m.shards) + len(pending) * (len(pending) - 1) // 2
+    merges -= len(m.pending["merged"]) if m.pending else 0
+    for vf in new:
+        new_sizes = shard_sizes(vf.rows, m.shard_rows, width)
+        merges += len(new_sizes) * shards + len(new_sizes) * (len(new_sizes) - 1) // 2
+        shards += len(new_sizes)
+        sizes += new_sizes
+    cache_shards(m, store.path, max(sizes), workers, host_mem)
+    check_merge_count(store.path, shards, merges, "ingest smaller files, or rebuild with a larger --shard-rows",
+                      reporter)
 
 
 def _check_compatible(store: Store, vf: VectorFile) -> None:

@@ -89,3 +89,26 @@ def test_npy_with_trailing_bytes_is_refused(tmp_path):
     line = assert_one_line_error(code, out, err, "x.npy")
     assert "trailing bytes" in line
     assert not (tmp_path / "store").exists()
+
+
+# ---- usage: refused before anything is written -------------------------------------------------
+@pytest.mark.parametrize("command", ["ingest", "merge"])
+def test_host_mem_too_small_is_refused_before_anything_is_written(store, tmp_path, command):
+    """Reproduction: `ingest --host-mem 1M` exited 2 after it had committed a pending ingest."""
+    write_vectors(tmp_path / "day1.fbin", synth(300, DIM, seed=8))
+    args = ["--input", tmp_path / "day1.fbin"] if command == "ingest" else []
+    before = tree_hashes(store)  # the lock file included: not even it is rewritten
+    code, out, err = run_cli(command, store, *args, "--host-mem", "1K", "--backend", "cpu")
+    assert_one_line_error(code, out, err, str(store), "--host-mem")
+    assert tree_hashes(store) == before
+
+
+def test_a_merge_count_that_cannot_finish_is_refused_without_a_prompt(tmp_path):
+    """Reproduction: `--shard-rows 11 --k 10` planned 183,315 merges without a word (here 5,000 rows give
+    151 shards and 11,325 merges). The old code starts merging: the timeout fails it."""
+    write_vectors(tmp_path / "x.fbin", synth(5000, 4, seed=9))
+    code, out, err = run_cli("build", tmp_path / "x.fbin", "-o", tmp_path / "store", "--k", 10, "--shard-rows", 11,
+                             "--backend", "cpu", timeout=60)
+    line = assert_one_line_error(code, out, err, "11,325 merges", "--shard-rows")
+    assert "store" in line
+    assert not (tmp_path / "store").exists()
