@@ -1,4 +1,4 @@
-"""Error types that map to the CLI's exit codes (0 ok, 1 failure, 2 bad usage or input)."""
+"""Error types that map to the CLI's exit codes (0 ok, 1 failure, 2 bad usage or input, 128 + N for signal N)."""
 
 from __future__ import annotations
 
@@ -45,6 +45,16 @@ class DiskFull(BigknnError):
         need = f"needs {needed:,} bytes" if needed is not None else "needs more space"
         super().__init__(f"{self.path}: no space left on device (this write {need}, {_free_bytes(Path(path)):,} "
                          "bytes free); free some space and rerun (a store keeps its last commit)")
+
+
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM, raised in the main thread so that both unwind alike (context managers release the
+    lock, temporary files are removed) and the CLI exits 128 + the signal number. A BaseException, like
+    KeyboardInterrupt, so that no ``except Exception`` swallows it."""
+
+    def __init__(self, signum: int):
+        self.signum = signum
+        super().__init__(signum)
 
 
 @contextmanager

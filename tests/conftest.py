@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -53,6 +54,25 @@ def assert_one_line_error(code: int, out: str, err: str, *names: str, exit_code:
         assert name in lines[0], f"{name!r} not named in {lines[0]!r}"
     assert out == "", f"unexpected stdout {out!r}"
     return lines[0]
+
+
+def wait_until_it_opens(proc: subprocess.Popen, path: Path, timeout: float = 60.0) -> None:
+    """Wait until the process ``proc`` holds ``path`` open (e.g. a command that took or waits for the
+    store's lock: it is past its start-up and its checks)."""
+    deadline = time.monotonic() + timeout
+    target = str(Path(path).resolve())
+    while not _holds_open(proc.pid, target):
+        assert proc.poll() is None, f"the process ended before it opened {path}: {proc.communicate()}"
+        assert time.monotonic() < deadline, f"the process never opened {path}"
+        time.sleep(0.02)
+
+
+def _holds_open(pid: int, target: str) -> bool:
+    fd_dir = Path(f"/proc/{pid}/fd")
+    try:
+        return any(os.readlink(fd_dir / fd) == target for fd in os.listdir(fd_dir))
+    except OSError:  # a descriptor closed while listing, or the process ended
+        return False
 
 
 @pytest.fixture

@@ -15,7 +15,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -29,7 +28,7 @@ from bigknn.progress import Reporter
 from bigknn.shards import WriterLock
 from bigknn.synth import synth
 
-from conftest import assert_one_line_error, cli_env, read_manifest, run_json, tree_hashes
+from conftest import assert_one_line_error, cli_env, read_manifest, run_json, tree_hashes, wait_until_it_opens
 
 ROWS, DIM, NEW = 2000, 8, 300
 
@@ -76,22 +75,10 @@ def ingest_waiting_for_the_lock(store: Path, *args):
         proc = subprocess.Popen([sys.executable, "-m", "bigknn", "ingest", str(store), *map(str, args),
                                  "--wait", "60", "--backend", "cpu", "--json"],
                                 env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 60
-        while not _holds_open(proc.pid, store / ".lock"):
-            assert proc.poll() is None, f"the ingest ended before waiting for the lock: {proc.communicate()}"
-            assert time.monotonic() < deadline, "the ingest never waited for the lock"
-            time.sleep(0.02)
+        wait_until_it_opens(proc, store / ".lock")
         yield outcome
     out, err = proc.communicate(timeout=120)
     outcome.update(code=proc.returncode, out=out, err=err)
-
-
-def _holds_open(pid: int, path: Path) -> bool:
-    fd_dir = Path(f"/proc/{pid}/fd")
-    try:
-        return any(os.readlink(fd_dir / fd) == str(path.resolve()) for fd in os.listdir(fd_dir))
-    except OSError:  # a descriptor closed while listing, or the process ended
-        return False
 
 
 def test_a_file_replaced_during_the_ingest_is_refused(store, tmp_path):

@@ -21,7 +21,8 @@ from bigknn.formats import read_truth, write_truth, write_vectors
 from bigknn.shards import WriterLock
 from bigknn.synth import synth
 
-from conftest import assert_one_line_error, cli_env, read_manifest, run_cli, run_json, tree_hashes
+from conftest import (assert_one_line_error, cli_env, read_manifest, run_cli, run_json, tree_hashes,
+                      wait_until_it_opens)
 
 ROWS, DIM = 2000, 8
 BUILD = ("--k", 5, "--shard-rows", 1000, "--backend", "cpu")
@@ -112,3 +113,48 @@ def test_a_merge_count_that_cannot_finish_is_refused_without_a_prompt(tmp_path):
     line = assert_one_line_error(code, out, err, "11,325 merges", "--shard-rows")
     assert "store" in line
     assert not (tmp_path / "store").exists()
+
+
+# ---- signals ------------------------------------------------------------------------------------
+def test_sigterm_mid_build_exits_143_with_the_last_commit_intact(tmp_path):
+    """Reproduction: SIGTERM exited silently. It now unwinds like Ctrl-C: one line, exit 128 + 15, the lock
+    free, the last commit readable, and `merge` finishes the build."""
+    write_vectors(tmp_path / "x.fbin", synth(2000, DIM, seed=10))
+    store = tmp_path / "store"
+    proc = subprocess.Popen([sys.executable, "-m", "bigknn", "build", str(tmp_path / "x.fbin"), "-o", str(store),
+                             "--k", "5", "--shard-rows", "250", "--backend", "cpu"],
+                            env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not _merged(store):  # the build is past its first commits, mid-merges
+        assert proc.poll() is None, f"the build ended before it was signalled: {proc.communicate()}"
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    line = assert_one_line_error(proc.returncode, out, err, "SIGTERM", exit_code=143)
+    assert "interrupted" in line
+    with WriterLock(store):  # free at once
+        pass
+    m = read_manifest(store)
+    assert len(m["shards"]) == 8 and len(m["merged"]) < 28
+    done = run_json("merge", store, "--backend", "cpu")
+    assert done["merges_done"] == 28
+
+
+def test_sigint_while_waiting_for_the_lock_exits_130_with_one_line(store):
+    """Ctrl-C used to print a blank line and 'aborted' with exit 1; both signals now exit 128 + N."""
+    with WriterLock(store):
+        proc = subprocess.Popen([sys.executable, "-m", "bigknn", "merge", str(store), "--wait", "60",
+                                 "--backend", "cpu"], env=cli_env(), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        wait_until_it_opens(proc, store / ".lock")  # started, handlers installed, waiting for the lock
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    assert_one_line_error(proc.returncode, out, err, "SIGINT", exit_code=130)
+
+
+def _merged(store: Path) -> bool:
+    try:
+        return bool(read_manifest(store)["merged"])
+    except (OSError, ValueError, KeyError):
+        return False
