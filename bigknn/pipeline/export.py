@@ -31,9 +31,7 @@ def export(store: Store, out: Path, fmt: str) -> dict:
     """Write the finished graph to ``out`` (and ``<stem>.dists.npy`` for npy), each file under a temporary
     name renamed into place only when complete: a failed export leaves any previous file byte-identical."""
     m = store.manifest
-    pending = len(m.shards) * (len(m.shards) - 1) // 2 - len(m.merged)
-    if any(s.graph is None for s in m.shards) or pending:
-        raise BadInput(store.path, "the graph is not finished; run `bigknn merge` first")
+    m.require_complete(store.path)
     out = Path(out)
     if not out.parent.is_dir():
         raise BadInput(out, f"no such directory {out.parent}")

@@ -111,7 +111,7 @@ def ingest(store_path: Path, inputs: list[Path], backends: list[Backend], report
     store = Store.open(store_path)
     report = {"store": str(store_path), "ingested": [], "skipped": [], "still_being_written": [], "rows_added": 0}
     # every check runs before the lock is taken, so a refused input or request leaves the store untouched
-    _check_finished(store)
+    store.manifest.require_complete(store.path)
     files = [vf for p in inputs if (vf := _open_input(p, listed, report, reporter)) is not None]
     for vf in files:  # headers of every file first: fail fast
         _check_compatible(store, vf)
@@ -125,7 +125,7 @@ def ingest(store_path: Path, inputs: list[Path], backends: list[Backend], report
     acct.add("read", time.perf_counter() - t, sum(vf.state.size for vf, _ in checked))
     with WriterLock(store_path, wait_s):
         store = Store.open(store_path)  # re-read: another writer may have committed while we waited
-        _check_finished(store)
+        store.manifest.require_complete(store.path)
         if store.manifest.pending:
             report["resumed"] = store.manifest.pending["inputs"][0]["path"]
             resume_pending(store, backends, reporter, acct, host_mem)
@@ -227,13 +227,6 @@ def _check_compatible(store: Store, vf: VectorFile) -> None:
                                 f"{np.dtype(want).name}")
     if m.rows + vf.rows > MAX_ROWS:
         raise BadInput(vf.path, f"would take the store past {MAX_ROWS} rows (int32 ids)")
-
-
-def _check_finished(store: Store) -> None:
-    m = store.manifest
-    n = len(m.shards)
-    if not n or any(s.graph is None for s in m.shards) or len(m.merged) != n * (n - 1) // 2:
-        raise BadInput(store.path, "the store's build is not finished; run `bigknn merge` first")
 
 
 def _seen(store: Store, vf: VectorFile) -> dict | None:

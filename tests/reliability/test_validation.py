@@ -158,3 +158,56 @@ def _merged(store: Path) -> bool:
         return bool(read_manifest(store)["merged"])
     except (OSError, ValueError, KeyError):
         return False
+
+
+# ---- malformed stores and ground truth ----------------------------------------------------------
+MANIFEST_DAMAGE = {
+    "a JSON list": lambda m: [m],
+    "shard rows as a string": lambda m: {**m, "shards": [{**m["shards"][0], "rows": str(m["shards"][0]["rows"])},
+                                                         *m["shards"][1:]]},
+    "a missing field": lambda m: {k: v for k, v in m.items() if k != "dim"},
+    "a graph version as a string": lambda m: {**m, "shards": [{**s, "graph": "1"} for s in m["shards"]]},
+    "a merged pair that is not a pair": lambda m: {**m, "merged": [[0]]},
+}
+
+
+@pytest.mark.parametrize("damage", MANIFEST_DAMAGE)
+def test_malformed_manifest_is_a_one_line_refusal(store, damage):
+    """Reproduction: a manifest that is a JSON list, or a shard `rows` that is a string, gave a traceback
+    (exit 1); a graph version or a merged pair of the wrong type was accepted silently. (A missing field
+    was refused before too: a regression guard.)"""
+    edit_manifest(store, MANIFEST_DAMAGE[damage])
+    code, out, err = run_cli("info", store)
+    assert_one_line_error(code, out, err, str(store / "manifest.json"))
+
+
+@pytest.mark.parametrize("command", [("eval", "recall"), ("export",), ("merge",), ("ingest",)])
+def test_every_command_refuses_a_malformed_manifest(store, tmp_path, command):
+    edit_manifest(store, MANIFEST_DAMAGE["shard rows as a string"])
+    extra = {"eval": ["--k", 5], "export": ["-o", tmp_path / "g.ibin"],
+             "ingest": ["--input", tmp_path / "day.fbin"]}.get(command[0], [])
+    write_vectors(tmp_path / "day.fbin", synth(300, DIM, seed=11))
+    before = tree_hashes(store)
+    code, out, err = run_cli(*command, store, *extra)
+    assert_one_line_error(code, out, err, str(store / "manifest.json"))
+    assert tree_hashes(store) == before and not (tmp_path / "g.ibin").exists()
+
+
+@pytest.mark.parametrize("bad_id", [ROWS + 5, -3])
+def test_eval_with_truth_ids_outside_the_store_is_refused(built, tmp_path, bad_id):
+    """Reproduction: `eval --truth` with out-of-range ids read uninitialised memory."""
+    rows = np.arange(ROWS)
+    ids = (rows[:, None] + np.arange(12)[None, :]) % ROWS  # self first, then 11 other rows
+    ids[700, 4] = bad_id
+    write_truth(tmp_path / "gt.ibin", ids, np.zeros(ids.shape))
+    code, out, err = run_cli("eval", "recall", built, "--truth", tmp_path / "gt.ibin", "--k", 5, "--backend", "cpu")
+    line = assert_one_line_error(code, out, err, "gt.ibin")
+    assert f"id {bad_id}" in line and "row 700" in line
+
+
+def test_eval_recall_of_an_unfinished_store_is_refused(store):
+    """Reproduction: `eval recall` on an unfinished store reported 0.25 with exit 0."""
+    edit_manifest(store, lambda m: {**m, "merged": m["merged"][:-1]})
+    code, out, err = run_cli("eval", "recall", store, "--k", 5, "--backend", "cpu")
+    line = assert_one_line_error(code, out, err, str(store))
+    assert "not finished" in line and "bigknn merge" in line
