@@ -211,3 +211,81 @@ def test_eval_recall_of_an_unfinished_store_is_refused(store):
     code, out, err = run_cli("eval", "recall", store, "--k", 5, "--backend", "cpu")
     line = assert_one_line_error(code, out, err, str(store))
     assert "not finished" in line and "bigknn merge" in line
+
+
+# ---- a full disk (a small tmpfs in a private mount namespace) -----------------------------------
+SMALL_FS_PRELUDE = """
+import json, os, shutil, subprocess, sys
+from pathlib import Path
+p = json.loads(sys.argv[1])
+mnt = Path(p["mount"])
+subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={p['size_kb']}k", "tmpfs", str(mnt)], check=True)
+def cli(*args):
+    r = subprocess.run([sys.executable, "-m", "bigknn", *map(str, args)], capture_output=True, text=True)
+    return r.returncode, r.stdout, r.stderr
+def fill_leaving(nbytes):
+    (mnt / "filler").write_bytes(bytes(max(0, shutil.disk_usage(mnt).free - nbytes)))
+result = {}
+"""
+
+
+def in_small_fs(tmp_path: Path, size_kb: int, body: str, **params) -> dict:
+    """Run ``body`` (Python) with a tmpfs of ``size_kb`` KiB mounted at ``params['mount']``, in a user and
+    mount namespace of its own (no root needed); the body fills ``result``, which is returned."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    script = SMALL_FS_PRELUDE + textwrap.dedent(body) + "\nprint(json.dumps(result))\n"
+    args = json.dumps({"mount": str(mount), "size_kb": size_kb, **{k: str(v) for k, v in params.items()}})
+    proc = subprocess.run(["unshare", "-rm", sys.executable, "-c", script, args], env=cli_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def small_fs_available(tmp_path_factory) -> None:
+    d = tmp_path_factory.mktemp("probe")
+    try:
+        probe = subprocess.run(["unshare", "-rm", "mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(d)],
+                               capture_output=True, timeout=30)
+    except FileNotFoundError:
+        pytest.skip("no `unshare` here: the full-disk tests need a private tmpfs")
+    if probe.returncode:
+        pytest.skip(f"cannot mount a tmpfs in a user namespace here: {probe.stderr.decode().strip()}")
+
+
+def test_disk_full_during_ingest_names_the_path_and_keeps_the_last_commit(small_fs_available, built, tmp_path):
+    """Reproduction: disk full said `OSError: [Errno 28]` with no path or hint."""
+    write_vectors(tmp_path / "day1.fbin", synth(1000, DIM, seed=12))
+    result = in_small_fs(tmp_path, 4096, """
+        shutil.copytree(p["store"], mnt / "store")
+        manifest = (mnt / "store" / "manifest.json").read_bytes()
+        fill_leaving(200 << 10)  # room for the new rows, not for their graph
+        result["first"] = cli("ingest", mnt / "store", "--input", p["input"], "--backend", "cpu")
+        result["info"] = cli("info", mnt / "store", "--json")
+        (mnt / "filler").unlink()
+        result["again"] = cli("ingest", mnt / "store", "--input", p["input"], "--backend", "cpu", "--json")
+    """, store=built, input=tmp_path / "day1.fbin")
+    code, out, err = result["first"]
+    line = assert_one_line_error(code, out, err, str(tmp_path / "small" / "store"), exit_code=1)
+    assert "no space left on device" in line and "needs" in line and "bytes" in line
+    code, out, _ = result["info"]
+    info = json.loads(out)
+    assert code == 0 and info["complete"] is True and info["rows"] == ROWS  # the last commit, readable
+    code, out, err = result["again"]
+    assert code == 0, err
+    assert json.loads(out)["rows"] == ROWS + 1000
+
+
+def test_disk_full_export_names_the_file_and_keeps_the_previous_one(small_fs_available, built, tmp_path):
+    result = in_small_fs(tmp_path, 64, """
+        (mnt / "g.ibin").write_bytes(b"the previous export")
+        result["first"] = cli("export", p["store"], "-o", mnt / "g.ibin")
+        result["previous"] = (mnt / "g.ibin").read_text()
+        result["names"] = sorted(os.listdir(mnt))
+    """, store=built)
+    code, out, err = result["first"]
+    needed = 8 + ROWS * 5 * 8
+    line = assert_one_line_error(code, out, err, str(tmp_path / "small" / "g.ibin"), f"{needed:,}", exit_code=1)
+    assert "no space left on device" in line
+    assert result["previous"] == "the previous export" and result["names"] == ["g.ibin"]
