@@ -1,4 +1,14 @@
-"""Error types that map to the CLI's exit codes (0 ok, 1 failure, 2 bad usage or input)."""
+"""Error types that map to the CLI's exit codes (0 ok, 1 failure, 2 bad usage or input, 128 + N for signal N)."""
+
+from __future__ import annotations
+
+import errno
+import shutil
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 class BigknnError(Exception):
@@ -22,3 +32,46 @@ class StoreBusy(BigknnError):
     """Another writer holds the store's lock."""
 
     exit_code = 1
+
+
+class DiskFull(BigknnError):
+    """No space left for a write (exit code 1): the message names the file, the bytes the write needed and
+    what is free, so the user knows how much to free before rerunning."""
+
+    exit_code = 1
+
+    def __init__(self, path: object, needed: int | None):
+        self.path = str(path)
+        need = f"needs {needed:,} bytes" if needed is not None else "needs more space"
+        super().__init__(f"{self.path}: no space left on device (this write {need}, {_free_bytes(Path(path)):,} "
+                         "bytes free); free some space and rerun (a store keeps its last commit)")
+
+
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM, raised in the main thread so that both unwind alike (context managers release the
+    lock, temporary files are removed) and the CLI exits 128 + the signal number. A BaseException, like
+    KeyboardInterrupt, so that no ``except Exception`` swallows it."""
+
+    def __init__(self, signum: int):
+        self.signum = signum
+        super().__init__(signum)
+
+
+@contextmanager
+def disk_full_named(path: object, needed: int | None) -> Iterator[None]:
+    """Turn a full disk (ENOSPC, EDQUOT) inside the block into ``DiskFull`` naming ``path``: the OS error
+    alone names no file (a ``write`` has none) and no size."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno not in _DISK_FULL:
+            raise
+        raise DiskFull(path, needed) from None
+
+
+def _free_bytes(path: Path) -> int:
+    """Free bytes on the file system holding ``path`` (its nearest existing ancestor)."""
+    for p in (path, *path.absolute().parents):
+        if p.exists():
+            return shutil.disk_usage(p).free
+    return 0

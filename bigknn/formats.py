@@ -1,9 +1,10 @@
 """Streaming readers and writers for the vector and ground-truth file formats.
 
-Inputs can be far bigger than RAM, so nothing here reads a whole file: every reader checks the header
-against the file size and returns a memory map; callers pull rows in blocks through ``VectorFile.read``
-or ``VectorFile.chunks``. Every defect of an input file is reported as one ``BadInput`` line naming the
-file (exit code 2), never as a numpy traceback halfway through a build.
+Inputs can be far bigger than RAM, so nothing here reads a whole file: every reader opens the file once,
+checks the header against the file size and returns a memory map; callers pull rows in blocks through
+``VectorFile.read`` or ``VectorFile.chunks``. Every defect of an input file is reported as one ``BadInput``
+line naming the file (exit code 2), never as a numpy traceback halfway through a build. Every writer
+writes a temporary file and renames it (``bigknn.atomic``): a file appears whole or not at all.
 
 Formats, chosen by extension (case-insensitive):
 
@@ -18,16 +19,19 @@ All multi-byte values are little-endian.
 
 from __future__ import annotations
 
+import hashlib
+import io
 import os
 import stat
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
 import numpy as np
 
-from bigknn.errors import BadInput
+from bigknn.atomic import atomic_path
+from bigknn.errors import BadInput, disk_full_named
 
 BIN_DTYPES: dict[str, np.dtype] = {
     ".fbin": np.dtype("<f4"),
@@ -48,22 +52,73 @@ _HEADER = np.dtype("<u4")
 _HEADER_BYTES = 2 * _HEADER.itemsize
 _VECS_DIM = np.dtype("<i4")
 _SCAN_ROWS = 1 << 22  # rows per block when scanning every *vecs row's dim field (bounds the temporaries)
+# a row's squared norm above this lets a squared L2 distance |a|^2 + |b|^2 - 2ab overflow float32 to inf
+MAX_SQUARED_NORM = float(np.finfo(np.float32).max) / 4
+CHECK_CHUNK_ROWS = 1 << 16  # rows per block of a checking pass
+HASH_BLOCK_BYTES = 16 << 20
+
+
+@dataclass(frozen=True)
+class FileState:
+    """What the path named when it was looked at: a change in any field means the file was appended to,
+    rewritten or replaced since (inode and device tell a replacement by ``mv``, which keeps the mtime)."""
+
+    size: int
+    mtime_ns: int
+    ino: int
+    dev: int
+
+    @classmethod
+    def of(cls, st: os.stat_result) -> "FileState":
+        return cls(st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev)
+
+    def change_to(self, now: "FileState | None") -> str | None:
+        """How the file changed from this state to ``now`` (None: it did not; ``now`` None: it is gone)."""
+        if now is None:
+            return "was removed"
+        if (now.ino, now.dev) != (self.ino, self.dev):
+            return "was replaced by another file"
+        if now.size != self.size:
+            return f"changed size from {self.size} to {now.size} bytes"
+        if now.mtime_ns != self.mtime_ns:
+            return "was modified"
+        return None
+
+
+def file_state(path: str | os.PathLike) -> FileState | None:
+    """The state of whatever ``path`` names now, None if nothing."""
+    try:
+        return FileState.of(os.stat(path))
+    except FileNotFoundError:
+        return None
 
 
 @dataclass
 class VectorFile:
-    """An opened vector file: its shape and stored dtype, and a read-only memory map of its values."""
+    """An opened vector file: its shape and stored dtype, and read-only views of one memory map of it.
+
+    The file is opened once: ``raw`` (every byte of the file) and ``data`` (its values) view the same
+    mapping, so what is checked, hashed and read are the same bytes; ``state`` is the file as opened, and
+    ``changed()`` tells whether the path still names exactly that file."""
 
     path: str
     rows: int
     dim: int
     dtype: np.dtype  # the values as stored in the file
     data: np.ndarray  # np.memmap (or a strided view of one), shape (rows, dim); no data read yet
+    raw: np.ndarray  # np.memmap of the whole file as uint8
+    header_bytes: int  # bytes before the first row
+    state: FileState
 
     @property
     def read_dtype(self) -> np.dtype:
         """What ``read`` returns: the stored dtype, except float64 which comes back as float32."""
         return np.dtype(np.float32) if self.dtype == np.float64 else self.dtype
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of the file per row (a *vecs row includes its dim field)."""
+        return (self.raw.size - self.header_bytes) // self.rows
 
     def read(self, start: int, stop: int) -> np.ndarray:
         """Rows [start, stop) as a fresh C-contiguous array, so callers never hold on to the mapping."""
@@ -78,42 +133,85 @@ class VectorFile:
         for start in range(0, self.rows, chunk_rows):
             yield start, self.read(start, min(start + chunk_rows, self.rows))
 
+    def file_bytes(self, start: int, stop: int) -> np.ndarray:
+        """The file's bytes from row ``start`` to row ``stop`` (the header too when ``start`` is 0), so that
+        consecutive row ranges cover every byte of the file once, in file order (in a Fortran-order .npy
+        these bytes hold columns, not those rows: the byte count is what matters for hashing)."""
+        lo = 0 if start == 0 else self.header_bytes + start * self.row_bytes
+        return self.raw[lo:self.header_bytes + stop * self.row_bytes]
+
+    def changed(self) -> str | None:
+        """How the path's file changed since it was opened (None: it is the same, unchanged file)."""
+        return self.state.change_to(file_state(self.path))
+
+    def check_unchanged(self) -> None:
+        """Refuse (exit 2) a file that changed since it was opened: what was read (or hashed) may be a mix
+        of two versions, or not what the path names any more."""
+        if (change := self.changed()) is not None:
+            raise BadInput(self.path, f"{change} while it was being read; rerun once it is complete")
+
 
 def open_vectors(path: str | os.PathLike) -> VectorFile:
     """Open a vector file after checking its extension, header and size; reads only the header."""
     ext = _extension(path, VECTOR_EXTENSIONS)
-    size = _file_size(path)
-    if ext in BIN_DTYPES:
-        return _open_bin(path, size, BIN_DTYPES[ext])
-    if ext in VECS_DTYPES:
-        return _open_vecs(path, size, VECS_DTYPES[ext])
-    return _open_npy(path)
+    with _open_regular(path) as (f, state):
+        if ext in BIN_DTYPES:
+            dtype = BIN_DTYPES[ext]
+            n, d = _bin_shape(path, f, state.size, dtype.itemsize, dim_name="d")
+            raw = np.memmap(f, dtype=np.uint8, mode="r")
+            data = raw[_HEADER_BYTES:].view(dtype).reshape(n, d)
+            return VectorFile(str(path), n, d, dtype, data, raw, _HEADER_BYTES, state)
+        if ext in VECS_DTYPES:
+            return _open_vecs(path, f, state, VECS_DTYPES[ext])
+        return _open_npy(path, f, state)
 
 
-def check_finite(vf: VectorFile, chunk_rows: int = 1 << 16) -> None:
-    """Refuse float data holding NaN or Inf, which would silently poison every distance it touches."""
-    if not np.issubdtype(vf.dtype, np.floating):
+def check_rows(path: str | os.PathLike, start: int, block: np.ndarray) -> None:
+    """Refuse a block (rows ``start``... of ``path``) holding NaN or Inf, or a row so large that distances
+    overflow float32 (they would come out as inf: an empty neighbour slot), naming the first bad row."""
+    if not np.issubdtype(block.dtype, np.floating) or not block.size:
         return
-    for start, block in vf.chunks(chunk_rows):
-        check_finite_rows(vf.path, start, block)
-
-
-def check_finite_rows(path: str | os.PathLike, start: int, block: np.ndarray) -> None:
-    """Refuse a block (rows ``start``... of ``path``) holding NaN or Inf, naming the first bad row."""
-    if not np.issubdtype(block.dtype, np.floating):
-        return
-    bad = ~np.isfinite(block).all(axis=1)
+    peak = np.abs(block).max(axis=1)  # NaN and Inf propagate
+    bad = ~np.isfinite(peak)
     if bad.any():
         raise BadInput(path, f"row {start + int(np.argmax(bad))} holds NaN or Inf values")
+    suspects = np.flatnonzero(np.square(peak, dtype=np.float64) * block.shape[1] > MAX_SQUARED_NORM)
+    if suspects.size:  # only rows whose largest value could reach the limit get the exact norm
+        norms = np.square(block[suspects], dtype=np.float64).sum(axis=1)
+        over = norms > MAX_SQUARED_NORM
+        if over.any():
+            i = int(np.argmax(over))
+            raise BadInput(path, f"row {start + int(suspects[i])} has squared norm {norms[i]:.3g}, above "
+                                 f"{MAX_SQUARED_NORM:.3g}: its distances would overflow float32 (scale the data down)")
+
+
+def check_and_hash(vf: VectorFile, chunk_rows: int = CHECK_CHUNK_ROWS) -> str:
+    """One pass over the opened file: refuse a bad row (``check_rows``) and return the sha256 of the file's
+    bytes, hashed block by block as the rows are checked, from the same mapping the rows come from."""
+    digest = hashlib.sha256()
+    for start, block in vf.chunks(chunk_rows):
+        digest.update(vf.file_bytes(start, start + len(block)))
+        check_rows(vf.path, start, block)
+    return digest.hexdigest()
+
+
+def file_sha256(vf: VectorFile) -> str:
+    """sha256 of the opened file's bytes, read from its mapping (not from the path, which may name another
+    file by now); hashlib releases the GIL, so this can run beside the reads of the rows."""
+    digest = hashlib.sha256()
+    for start in range(0, vf.raw.size, HASH_BLOCK_BYTES):
+        digest.update(vf.raw[start:start + HASH_BLOCK_BYTES])
+    return digest.hexdigest()
 
 
 def read_truth(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
     """Ground truth of an ``.ibin`` file: ids (n, k) int32 and distances (n, k) float32, both memory-mapped."""
     _extension(path, (TRUTH_EXTENSION,))
-    size = _file_size(path)
-    n, k = _bin_shape(path, size, cell_bytes=8, dim_name="k")
-    ids = np.memmap(path, dtype="<i4", mode="r", offset=_HEADER_BYTES, shape=(n, k))
-    dists = np.memmap(path, dtype="<f4", mode="r", offset=_HEADER_BYTES + n * k * 4, shape=(n, k))
+    with _open_regular(path) as (f, state):
+        n, k = _bin_shape(path, f, state.size, cell_bytes=8, dim_name="k")
+        raw = np.memmap(f, dtype=np.uint8, mode="r")
+    ids = raw[_HEADER_BYTES:_HEADER_BYTES + n * k * 4].view("<i4").reshape(n, k)
+    dists = raw[_HEADER_BYTES + n * k * 4:].view("<f4").reshape(n, k)
     return ids, dists
 
 
@@ -136,24 +234,24 @@ def vectors_writer(path: str | os.PathLike, rows: int, dim: int, dtype: np.dtype
     """Yield a writable memmap of a new ``.*bin`` or ``.npy`` file's values, so that sets bigger than RAM
     can be written block by block; the file appears under ``path`` only when the block exits cleanly."""
     dtype = np.dtype(dtype)
-    ext = _writable_extension(path, rows, dim, dtype)
-    tmp = f"{os.fspath(path)}.tmp"
-    try:
-        if ext == ".npy":
-            out = np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=(rows, dim))
-        else:
-            with open(tmp, "wb") as f:
-                f.write(_bin_header(rows, dim))
-                f.truncate(_HEADER_BYTES + rows * dim * dtype.itemsize)
-            out = np.memmap(tmp, dtype=dtype, mode="r+", offset=_HEADER_BYTES, shape=(rows, dim))
+    if _writable_extension(path, rows, dim, dtype) == ".npy":
+        with npy_writer(path, dtype, (rows, dim)) as out:
+            yield out
+        return
+    with _mapped_output(path, _bin_header(rows, dim), [(dtype, (rows, dim))]) as (out,):
         yield out
-        out.flush()
-        del out
-        os.replace(tmp, path)
-    except BaseException:
-        with suppress(FileNotFoundError):
-            os.remove(tmp)
-        raise
+
+
+@contextmanager
+def npy_writer(path: str | os.PathLike, dtype: np.dtype | type, shape: tuple[int, int]) -> Iterator[np.memmap]:
+    """Yield a writable memmap of a new C-order ``.npy`` file; it appears under ``path`` only when the block
+    exits cleanly."""
+    dtype = np.dtype(dtype)
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        header, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": tuple(shape)})
+    with _mapped_output(path, header.getvalue(), [(dtype, shape)]) as (out,):
+        yield out
 
 
 @contextmanager
@@ -162,22 +260,9 @@ def truth_writer(path: str | os.PathLike, rows: int, k: int) -> Iterator[tuple[n
     appears under ``path`` only when the block exits cleanly."""
     if Path(path).suffix.lower() != TRUTH_EXTENSION:
         raise ValueError(f"ground truth is written as {TRUTH_EXTENSION}, not {path}")
-    tmp = f"{os.fspath(path)}.tmp"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(_bin_header(rows, k))
-            f.truncate(_HEADER_BYTES + rows * k * 8)
-        ids = np.memmap(tmp, dtype="<i4", mode="r+", offset=_HEADER_BYTES, shape=(rows, k))
-        dists = np.memmap(tmp, dtype="<f4", mode="r+", offset=_HEADER_BYTES + rows * k * 4, shape=(rows, k))
+    with _mapped_output(path, _bin_header(rows, k), [(np.dtype("<i4"), (rows, k)), (np.dtype("<f4"), (rows, k))]) \
+            as (ids, dists):
         yield ids, dists
-        ids.flush()
-        dists.flush()
-        del ids, dists
-        os.replace(tmp, path)
-    except BaseException:
-        with suppress(FileNotFoundError):
-            os.remove(tmp)
-        raise
 
 
 def write_truth(path: str | os.PathLike, ids: np.ndarray, dists: np.ndarray) -> None:
@@ -209,60 +294,61 @@ def _extension(path: str | os.PathLike, accepted: tuple[str, ...]) -> str:
     return ext
 
 
-def _file_size(path: str | os.PathLike) -> int:
-    """Size in bytes of an existing, non-empty regular file."""
+@contextmanager
+def _open_regular(path: str | os.PathLike) -> Iterator[tuple[BinaryIO, FileState]]:
+    """The file opened once (its reads and its memory map go through this one descriptor) and its state,
+    refusing anything but an existing, non-empty regular file. O_NONBLOCK: opening a FIFO must not hang."""
     try:
-        st = os.stat(path)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         raise BadInput(path, "no such file") from None
     except OSError as e:
         raise BadInput(path, f"cannot read ({e.strerror})") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise BadInput(path, "not a regular file")
-    if st.st_size == 0:
-        raise BadInput(path, "empty file (0 bytes)")
-    return st.st_size
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise BadInput(path, "not a regular file")
+        if st.st_size == 0:
+            raise BadInput(path, "empty file (0 bytes)")
+        yield f, FileState.of(st)
 
 
-def _head(path: str | os.PathLike, size: int, nbytes: int) -> bytes:
+def _head(path: str | os.PathLike, f: BinaryIO, size: int, nbytes: int) -> bytes:
     """The first ``nbytes`` bytes (a header), refusing files too short to hold it."""
     if size < nbytes:
         raise BadInput(path, f"file is {size} bytes, shorter than its {nbytes}-byte header")
     try:
-        with open(path, "rb") as f:
-            return f.read(nbytes)
+        return os.pread(f.fileno(), nbytes, 0)
     except OSError as e:
         raise BadInput(path, f"cannot read ({e.strerror})") from None
 
 
-def _bin_shape(path: str | os.PathLike, size: int, cell_bytes: int, dim_name: str) -> tuple[int, int]:
-    """(n, d) of a uint32 n, uint32 d header, checked against the file size (cell_bytes per n*d cell)."""
-    n, d = (int(v) for v in np.frombuffer(_head(path, size, _HEADER_BYTES), dtype=_HEADER))
-    if n == 0 or d == 0:
-        raise BadInput(path, f"header says n={n}, {dim_name}={d}; both must be positive")
-    expected = _HEADER_BYTES + n * d * cell_bytes
+def _check_size(path: str | os.PathLike, size: int, expected: int, shape: str) -> None:
     if size != expected:
         defect = "truncated" if size < expected else "trailing bytes"
-        raise BadInput(path, f"header n={n}, {dim_name}={d} needs {expected} bytes but the file has {size} ({defect})")
+        raise BadInput(path, f"{shape} needs {expected} bytes but the file has {size} ({defect})")
+
+
+def _bin_shape(path: str | os.PathLike, f: BinaryIO, size: int, cell_bytes: int, dim_name: str) -> tuple[int, int]:
+    """(n, d) of a uint32 n, uint32 d header, checked against the file size (cell_bytes per n*d cell)."""
+    n, d = (int(v) for v in np.frombuffer(_head(path, f, size, _HEADER_BYTES), dtype=_HEADER))
+    if n == 0 or d == 0:
+        raise BadInput(path, f"header says n={n}, {dim_name}={d}; both must be positive")
+    _check_size(path, size, _HEADER_BYTES + n * d * cell_bytes, f"header n={n}, {dim_name}={d}")
     return n, d
 
 
-def _open_bin(path: str | os.PathLike, size: int, dtype: np.dtype) -> VectorFile:
-    n, d = _bin_shape(path, size, dtype.itemsize, dim_name="d")
-    data = np.memmap(path, dtype=dtype, mode="r", offset=_HEADER_BYTES, shape=(n, d))
-    return VectorFile(str(path), n, d, dtype, data)
-
-
-def _open_vecs(path: str | os.PathLike, size: int, dtype: np.dtype) -> VectorFile:
+def _open_vecs(path: str | os.PathLike, f: BinaryIO, state: FileState, dtype: np.dtype) -> VectorFile:
     """A *vecs file mapped as records (int32 d, d values); the values field is a strided view, no copy."""
-    d = int(np.frombuffer(_head(path, size, _VECS_DIM.itemsize), dtype=_VECS_DIM)[0])
+    d = int(np.frombuffer(_head(path, f, state.size, _VECS_DIM.itemsize), dtype=_VECS_DIM)[0])
     if d <= 0:
         raise BadInput(path, f"first row says d={d}; it must be positive")
     row_bytes = _VECS_DIM.itemsize + d * dtype.itemsize
-    if size % row_bytes:
-        raise BadInput(path, f"size {size} bytes is not a multiple of the row size {row_bytes} bytes (d={d})")
-    n = size // row_bytes
-    records = np.memmap(path, dtype=np.dtype([("d", _VECS_DIM), ("x", dtype, (d,))]), mode="r", shape=(n,))
+    if state.size % row_bytes:
+        raise BadInput(path, f"size {state.size} bytes is not a multiple of the row size {row_bytes} bytes (d={d})")
+    n = state.size // row_bytes
+    raw = np.memmap(f, dtype=np.uint8, mode="r")
+    records = raw.view(np.dtype([("d", _VECS_DIM), ("x", dtype, (d,))]))
     # every row repeats its dim: scanning them all (touching every page) catches corrupt or mis-typed files
     dims = records["d"]
     for start in range(0, n, _SCAN_ROWS):
@@ -270,25 +356,34 @@ def _open_vecs(path: str | os.PathLike, size: int, dtype: np.dtype) -> VectorFil
         if bad.size:
             row = start + int(bad[0])
             raise BadInput(path, f"row {row} says d={int(dims[row])} but row 0 says d={d} (inconsistent row dims)")
-    return VectorFile(str(path), n, d, dtype, records["x"])
+    return VectorFile(str(path), n, d, dtype, records["x"], raw, 0, state)
 
 
-def _open_npy(path: str | os.PathLike) -> VectorFile:
+def _open_npy(path: str | os.PathLike, f: BinaryIO, state: FileState) -> VectorFile:
     try:
-        data = np.load(path, mmap_mode="r")
+        version = np.lib.format.read_magic(f)
+        read_header = _NPY_HEADER_READERS.get(version)
+        if read_header is None:
+            raise ValueError(f"format version {version} is not supported")
+        shape, fortran, dtype = read_header(f)
     except (OSError, ValueError, EOFError) as e:
         raise BadInput(path, f"not a readable .npy file ({' '.join(str(e).split())})") from None
-    if not isinstance(data, np.ndarray):
-        raise BadInput(path, "not a single .npy array")
-    if data.ndim != 2:
-        raise BadInput(path, f"array has shape {data.shape}; expected 2-D (rows, dim)")
-    if data.dtype not in NPY_DTYPES:
+    if len(shape) != 2:
+        raise BadInput(path, f"array has shape {shape}; expected 2-D (rows, dim)")
+    if dtype not in NPY_DTYPES:
         accepted = ", ".join(str(t) for t in NPY_DTYPES)
-        raise BadInput(path, f"dtype {data.dtype} is not accepted; accepted: {accepted}")
-    n, d = data.shape
+        raise BadInput(path, f"dtype {dtype} is not accepted; accepted: {accepted}")
+    n, d = shape
     if n == 0 or d == 0:
-        raise BadInput(path, f"array has shape {data.shape}; rows and dim must be positive")
-    return VectorFile(str(path), n, d, data.dtype, data)
+        raise BadInput(path, f"array has shape {shape}; rows and dim must be positive")
+    offset = f.tell()
+    _check_size(path, state.size, offset + n * d * dtype.itemsize, f"header shape {shape}")
+    raw = np.memmap(f, dtype=np.uint8, mode="r")
+    data = raw[offset:].view(dtype).reshape((n, d), order="F" if fortran else "C")
+    return VectorFile(str(path), n, d, dtype, data, raw, offset, state)
+
+
+_NPY_HEADER_READERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
 
 
 # --- writers -------------------------------------------------------------------------------------
@@ -318,15 +413,25 @@ def _bin_header(rows: int, dim: int) -> bytes:
 
 @contextmanager
 def _atomic_write(path: str | os.PathLike) -> Iterator[BinaryIO]:
-    """Write to ``path + '.tmp'``, sync, then rename over ``path``: a crash never leaves a half file there."""
-    tmp = f"{os.fspath(path)}.tmp"
-    try:
-        with open(tmp, "wb") as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with suppress(FileNotFoundError):
-            os.remove(tmp)
-        raise
+    """A file object whose bytes appear under ``path`` only when the block exits cleanly (bigknn.atomic)."""
+    with atomic_path(path) as tmp, disk_full_named(path, None), open(tmp, "wb") as f:
+        yield f
+
+
+@contextmanager
+def _mapped_output(path: str | os.PathLike, header: bytes,
+                   arrays: list[tuple[np.dtype, tuple[int, int]]]) -> Iterator[list[np.memmap]]:
+    """Writable memmaps of the arrays laid out one after the other behind ``header`` in a new file that
+    appears under ``path`` only when the block exits cleanly. The file is allocated in full first, so a
+    full disk is an error here and not a SIGBUS in the middle of the writes."""
+    size = len(header) + sum(np.dtype(dtype).itemsize * rows * cols for dtype, (rows, cols) in arrays)
+    with atomic_path(path, size) as tmp:
+        with disk_full_named(path, size), open(tmp, "r+b") as f:
+            f.write(header)
+        maps, offset = [], len(header)
+        for dtype, shape in arrays:
+            maps.append(np.memmap(tmp, dtype=dtype, mode="r+", offset=offset, shape=shape))
+            offset += maps[-1].nbytes
+        yield maps
+        for m in maps:
+            m.flush()

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +42,37 @@ def run_json(*args, cwd: Path | None = None) -> dict:
     code, out, err = run_cli(*args, "--json", cwd=cwd)
     assert code == 0, f"bigknn {' '.join(map(str, args))} exited {code}: {err}"
     return json.loads(out)
+
+
+def assert_one_line_error(code: int, out: str, err: str, *names: str, exit_code: int = 2) -> str:
+    """Exit code 2 (bad input), nothing on stdout, exactly one line on stderr naming every one of ``names``."""
+    assert code == exit_code, f"exit {code}, stderr: {err!r}"
+    lines = err.strip("\n").split("\n")
+    assert len(lines) == 1 and lines[0].strip(), f"stderr is not one line: {err!r}"
+    assert "Traceback" not in err
+    for name in names:
+        assert name in lines[0], f"{name!r} not named in {lines[0]!r}"
+    assert out == "", f"unexpected stdout {out!r}"
+    return lines[0]
+
+
+def wait_until_it_opens(proc: subprocess.Popen, path: Path, timeout: float = 60.0) -> None:
+    """Wait until the process ``proc`` holds ``path`` open (e.g. a command that took or waits for the
+    store's lock: it is past its start-up and its checks)."""
+    deadline = time.monotonic() + timeout
+    target = str(Path(path).resolve())
+    while not _holds_open(proc.pid, target):
+        assert proc.poll() is None, f"the process ended before it opened {path}: {proc.communicate()}"
+        assert time.monotonic() < deadline, f"the process never opened {path}"
+        time.sleep(0.02)
+
+
+def _holds_open(pid: int, target: str) -> bool:
+    fd_dir = Path(f"/proc/{pid}/fd")
+    try:
+        return any(os.readlink(fd_dir / fd) == target for fd in os.listdir(fd_dir))
+    except OSError:  # a descriptor closed while listing, or the process ended
+        return False
 
 
 @pytest.fixture

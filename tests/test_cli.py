@@ -18,21 +18,9 @@ from bigknn.formats import open_vectors, read_truth, write_truth, write_vectors
 from bigknn.shards import WriterLock
 from bigknn.synth import synth
 
-from conftest import exact_neighbours, read_manifest, recall_at, run_cli, run_json, tree_hashes
+from conftest import assert_one_line_error, exact_neighbours, read_manifest, recall_at, run_cli, run_json, tree_hashes
 
 ROWS, DIM, K, SHARD_ROWS = 8000, 32, 10, 2000
-
-
-def assert_one_line_error(code: int, out: str, err: str, *names: str, exit_code: int = 2) -> str:
-    """Exit code 2 (bad input), nothing on stdout, exactly one line on stderr naming every one of ``names``."""
-    assert code == exit_code, f"exit {code}, stderr: {err!r}"
-    lines = err.strip("\n").split("\n")
-    assert len(lines) == 1 and lines[0].strip(), f"stderr is not one line: {err!r}"
-    assert "Traceback" not in err
-    for name in names:
-        assert name in lines[0], f"{name!r} not named in {lines[0]!r}"
-    assert out == "", f"unexpected stdout {out!r}"
-    return lines[0]
 
 
 # ---- one finished l2 build shared by the read-only tests ---------------------------------------

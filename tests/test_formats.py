@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 
 import numpy as np
@@ -10,7 +11,7 @@ import pytest
 from bigknn.errors import BadInput
 from bigknn.formats import (
     VECTOR_EXTENSIONS,
-    check_finite,
+    check_and_hash,
     open_vectors,
     truth_writer,
     vectors_writer,
@@ -309,22 +310,28 @@ def test_npy_wrong_ndim_or_dtype(tmp_path):
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
 @pytest.mark.parametrize("ext,dtype", [(".fbin", "<f4"), (".f16bin", "<f2")])
-def test_check_finite_names_the_first_bad_row(tmp_path, bad, ext, dtype):
+def test_check_names_the_first_non_finite_row(tmp_path, bad, ext, dtype):
     x = random_rows(dtype)
     x[23, 4] = bad
     x[31, 0] = bad
     path = tmp_path / f"x{ext}"
     write_vectors(path, x)
     with pytest.raises(BadInput) as info:
-        check_finite(open_vectors(path), chunk_rows=10)  # the bad row sits mid-chunk
+        check_and_hash(open_vectors(path), chunk_rows=10)  # the bad row sits mid-chunk
     msg = checked_message(info.value, path)
     assert msg.endswith("row 23 holds NaN or Inf values")
 
 
-def test_check_finite_passes_clean_and_integer_files(tmp_path):
-    path = tmp_path / "x.fbin"
-    write_vectors(path, random_rows("<f4"))
-    check_finite(open_vectors(path), chunk_rows=10)
-    path = tmp_path / "x.u8bin"
-    write_vectors(path, random_rows("u1"))
-    check_finite(open_vectors(path))
+@pytest.mark.parametrize("name,dtype", [("x.fbin", "<f4"), ("x.u8bin", "u1"), ("x.fvecs", "<f4")])
+def test_check_and_hash_passes_clean_files_and_hashes_every_byte(tmp_path, name, dtype):
+    path = tmp_path / name
+    write_vecs(path, random_rows(dtype)) if name.endswith("vecs") else write_vectors(path, random_rows(dtype))
+    want = hashlib.sha256(path.read_bytes()).hexdigest()
+    assert check_and_hash(open_vectors(path), chunk_rows=10) == want
+    assert check_and_hash(open_vectors(path)) == want
+
+
+def test_check_and_hash_covers_a_fortran_order_npy(tmp_path):
+    path = tmp_path / "x.npy"
+    np.save(path, np.asfortranarray(random_rows("<f4")))
+    assert check_and_hash(open_vectors(path), chunk_rows=10) == hashlib.sha256(path.read_bytes()).hexdigest()

@@ -14,6 +14,7 @@ import time
 import numpy as np
 import pytest
 
+import bigknn.atomic as atomic_mod
 import bigknn.shards.manifest as manifest_mod
 from bigknn.errors import BadInput, StoreBusy
 from bigknn.graph import KnnGraph
@@ -125,7 +126,7 @@ def test_crash_before_commit_leaves_previous_state(tmp_path, monkeypatch):
     def crash(*args, **kwargs):
         raise OSError("simulated crash before the rename")
 
-    monkeypatch.setattr(manifest_mod.os, "replace", crash)
+    monkeypatch.setattr(atomic_mod.os, "replace", crash)
     with pytest.raises(OSError, match="simulated crash"):
         store.commit()
     monkeypatch.undo()
@@ -148,6 +149,7 @@ def test_crash_before_commit_leaves_previous_state(tmp_path, monkeypatch):
     assert graph_equal(final.read_graph(0), g3)
     assert graph_equal(final.read_graph(0, 1), g1)  # the previous version stays readable
     assert not (tmp_path / "s" / "manifest.json.tmp").exists()
+    assert not list((tmp_path / "s").glob(".manifest.json.*"))  # the failed commit's temporary file is gone
 
 
 def test_unreferenced_version_with_other_shape_is_overwritten(tmp_path):

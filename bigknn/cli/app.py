@@ -1,9 +1,11 @@
-"""The click group, exit codes (0 ok, 1 failure, 2 bad usage or input) and output helpers."""
+"""The click group, exit codes (0 ok, 1 failure, 2 bad usage or input, 130 SIGINT, 143 SIGTERM) and output
+helpers."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 
 import click
@@ -11,8 +13,10 @@ from rich.console import Console
 from rich.table import Table
 
 from bigknn import __version__
-from bigknn.errors import BigknnError
+from bigknn.errors import BigknnError, Interrupted
 from bigknn.progress import Reporter, RichReporter
+
+INTERRUPTS = (signal.SIGINT, signal.SIGTERM)  # both stop a run cleanly, exit code 128 + the signal number
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -30,7 +34,10 @@ def cli() -> None:
 
 
 def main() -> None:
-    """Console entry point: one-line errors and the documented exit codes."""
+    """Console entry point: one-line errors and the documented exit codes. SIGINT and SIGTERM unwind alike
+    (the lock is released, temporary files removed, the last commit stays) and exit 128 + the signal."""
+    for signum in INTERRUPTS:
+        signal.signal(signum, _interrupt)
     try:
         cli.main(standalone_mode=False)
     except click.exceptions.Exit as e:
@@ -44,14 +51,22 @@ def main() -> None:
     except BigknnError as e:
         click.echo(f"bigknn: error: {e}", err=True)
         sys.exit(e.exit_code)
-    except KeyboardInterrupt:
-        click.echo("bigknn: interrupted; rerun the same command to resume", err=True)
-        sys.exit(1)
+    except Interrupted as e:
+        click.echo(f"bigknn: interrupted by {signal.Signals(e.signum).name}; rerun the same command (a build, "
+                   "merge or ingest resumes from its last commit)", err=True)
+        sys.exit(128 + e.signum)
     except Exception as e:  # noqa: BLE001 - the CLI's last line of defence: one line, exit 1
         if os.environ.get("BIGKNN_DEBUG"):
             raise
         click.echo(f"bigknn: failed: {type(e).__name__}: {e} (set BIGKNN_DEBUG=1 for a traceback)", err=True)
         sys.exit(1)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    """Raise Interrupted in the main thread; a second signal ends the process at once (default action)."""
+    for s in INTERRUPTS:
+        signal.signal(s, signal.SIG_DFL)
+    raise Interrupted(signum)
 
 
 def reporter_for(as_json: bool) -> Reporter:

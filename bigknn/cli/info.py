@@ -13,13 +13,10 @@ from bigknn.shards import Store
 
 def describe(store: Store) -> dict:
     m = store.manifest
-    n = len(m.shards)
-    total = n * (n - 1) // 2
-    built = sum(s.graph is not None for s in m.shards)
     return {"store": str(store.path), "format": m.format, "rows": m.rows, "dim": m.dim, "dtype": m.dtype,
-            "metric": m.metric, "k": m.k, "shards": n, "shards_built": built, "merges_done": len(m.merged),
-            "merges_pending": total - len(m.merged),
-            "complete": bool(n) and built == n and len(m.merged) == total,
+            "metric": m.metric, "k": m.k, "shards": len(m.shards),
+            "shards_built": sum(s.graph is not None for s in m.shards), "merges_done": len(m.merged),
+            "merges_pending": m.merges_total - len(m.merged), "complete": m.complete,
             "inputs": [i["path"] for i in m.inputs], "disk_bytes": store.disk_bytes(),
             "timings_s": m.timings, "recall_estimate": m.estimate}
 

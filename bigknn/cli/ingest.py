@@ -19,7 +19,8 @@ from bigknn.pipeline.ingest import drop_folder_files, ingest as run_ingest
 @click.option("--input", "inputs", type=click.Path(path_type=Path), multiple=True,
               help="A file to ingest (repeatable; ingested in the order given).")
 @click.option("--watch-dir", type=click.Path(path_type=Path), default=None,
-              help="Ingest every input file in this drop folder not yet ingested, oldest first.")
+              help="Ingest every input file in this drop folder not yet ingested, oldest first; hidden "
+                   "files and files still being written are skipped (the next run takes them).")
 @click.option("--wait", "wait_s", type=float, default=0.0, show_default=True,
               help="Seconds to wait for another writer before giving up.")
 @click.option("--busy-exit", type=click.IntRange(0, 255), default=0, show_default=True,
@@ -34,9 +35,9 @@ def ingest(store: Path, inputs: tuple[Path, ...], watch_dir: Path | None, wait_s
     """Add new vectors to a finished store: every row, old and new, again holds its top-k over the whole set.
 
     New rows get ids after the last existing id, in input order. Inputs are checked against the store
-    (dimension, dtype, finite values) before anything is written. A file already ingested (same size and
-    sha256) is skipped; an interrupted ingest resumes on the next run; readers see the old graph until the
-    ingest's single final commit.
+    (dimension, dtype, finite values) before anything is written; a file that changes while it is read is
+    refused. A file already ingested (same size and sha256) is skipped; an interrupted ingest resumes on
+    the next run; readers see the old graph until the ingest's single final commit.
 
     \b
     Examples:
@@ -45,10 +46,11 @@ def ingest(store: Path, inputs: tuple[Path, ...], watch_dir: Path | None, wait_s
     """
     if bool(inputs) == bool(watch_dir):
         raise click.UsageError("give --input FILE (one or more) or --watch-dir DIR")
-    files = list(inputs) if inputs else drop_folder_files(watch_dir)
+    listed = drop_folder_files(watch_dir) if watch_dir else None
+    files = list(inputs) if inputs else list(listed)
     try:
         result = run_ingest(store, files, get_backends(backend, gpus, parse_bytes(gpu_mem)), reporter_for(as_json),
-                            wait_s, parse_bytes(host_mem))
+                            wait_s, parse_bytes(host_mem), listed)
     except StoreBusy as e:
         click.echo(f"bigknn: {e}", err=True)
         sys.exit(busy_exit)

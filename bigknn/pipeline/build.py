@@ -7,8 +7,6 @@ sharding is redone if it was not committed, shards without a graph get GNND, pai
 
 from __future__ import annotations
 
-import os
-import shutil
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -17,17 +15,19 @@ import numpy as np
 
 from bigknn.backends import Backend
 from bigknn.errors import BadInput
-from bigknn.formats import VectorFile, open_vectors
+from bigknn.formats import VectorFile, file_sha256, open_vectors
 from bigknn.graph import ID_DTYPE
 from bigknn.metrics import stored_dtype
 from bigknn.params import GnndParams
 from bigknn.pipeline.estimate import SampleTruth, record_estimate
 from bigknn.pipeline.plan import auto_shard_rows
-from bigknn.pipeline.sharding import sha256_of, shard_sizes, stream_shards
-from bigknn.pipeline.steps import Ledger, record_timings, run_pending
+from bigknn.pipeline.sharding import shard_sizes, stream_shards
+from bigknn.pipeline.steps import (Ledger, cache_shards, check_merge_count, record_timings, run_pending,
+                                   smallest_shard_rows)
 from bigknn.pipeline.workers import Accounting
 from bigknn.progress import Reporter
 from bigknn.shards import Manifest, Store, WriterLock
+from bigknn.shards.creation import NewStore
 
 MAX_ROWS = np.iinfo(ID_DTYPE).max  # ids are int32
 
@@ -45,7 +45,11 @@ class BuildRequest:
 
 
 def build(req: BuildRequest, backends: list[Backend], reporter: Reporter) -> dict:
-    """Build (or resume building) the graph of ``req.input`` into ``req.store``; return a summary."""
+    """Build (or resume building) the graph of ``req.input`` into ``req.store``; return a summary.
+
+    Every refusal of the input or the request comes before anything is written (the lock file included),
+    except a bad row found while sharding: then a store this run created is taken back whole (``NewStore``).
+    An interruption or a failure keeps the store, so that the same command resumes it."""
     acct = Accounting()
     vf = open_vectors(req.input)
     resuming = Store.exists(req.store)
@@ -54,32 +58,37 @@ def build(req: BuildRequest, backends: list[Backend], reporter: Reporter) -> dic
     elif not req.shard_rows:
         req = replace(req, shard_rows=auto_shard_rows(backends, vf.dim, vf.read_dtype.itemsize, req.params))
     _check_request(req, vf)
+    manifest = Store.open(req.store).manifest if resuming else _new_manifest(req, vf)
     if resuming:  # refuse another build before the lock is taken: a refusal writes nothing, .lock included
-        _check_same_build(Store.open(req.store).manifest, req, vf)
-    created_here = False
-    try:
-        with WriterLock(req.store, req.wait_s):
-            if Store.exists(req.store):  # again, under the lock: another writer may have created it meanwhile
-                store = Store.open(req.store)
-                _check_same_build(store.manifest, req, vf)
-            else:
-                store = _create_store(req, vf)
-                created_here = True
+        _check_same_build(manifest, req, vf)
+    sizes = [s.rows for s in manifest.shards] or shard_sizes(vf.rows, req.shard_rows, req.params.width())
+    cache_shards(manifest, req.store, max(sizes), len(backends), req.host_mem)
+    check_merge_count(req.store, len(sizes), len(sizes) * (len(sizes) - 1) // 2,
+                      f"use --shard-rows {smallest_shard_rows(vf.rows):,} or more", reporter)
+    new_store = None if resuming else NewStore(req.store)  # refuses a path that is not new or empty
+    with WriterLock(req.store, req.wait_s):
+        if Store.exists(req.store):  # again, under the lock: another writer may have created it meanwhile
+            store = Store.open(req.store)
+            _check_same_build(store.manifest, req, vf)
+            new_store = None
+        else:
+            store = Store.create(req.store, manifest)
+        try:
             incoming = None
             sample = SampleTruth.draw(vf, store.manifest, req.seed) if (
                 req.params.recall > 0 and store.manifest.estimate is None) else None
             if not store.manifest.shards:  # shard, with GNND running on each shard as it is written
-                sizes = shard_sizes(vf.rows, store.manifest.shard_rows, req.params.width())
                 incoming = (stream_shards(store, vf, sizes, acct), sizes)
             run_pending(store, Ledger(store), backends, reporter, acct, req.host_mem, incoming, sample)
             if sample is not None:
                 record_estimate(store, backends[0], sample)
             record_timings(store, acct)
             store.close()
-    except BadInput:
-        if created_here:  # a refused input (NaN/Inf found while sharding) leaves no store behind
-            shutil.rmtree(req.store, ignore_errors=True)
-        raise
+        except BadInput:
+            if new_store is not None:  # a row refused while sharding: no store is left behind
+                store.close()
+                new_store.undo()
+            raise
     return summary(store, acct, time.perf_counter() - acct.t0, resumed=resuming, backends=backends)
 
 
@@ -96,12 +105,10 @@ def _check_request(req: BuildRequest, vf: VectorFile) -> None:
         raise BadInput(req.input, f"--shard-rows {req.shard_rows} must exceed k = {k}")
 
 
-def fingerprint(vf: VectorFile, with_sha256: bool = True) -> dict:
-    """Path, size, mtime, sha256, rows and dtype of an input file (one streaming pass for the hash)."""
-    st = os.stat(vf.path)
-    return {"path": str(Path(vf.path).resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
-            "sha256": sha256_of(vf.path) if with_sha256 else None, "rows": vf.rows,
-            "dtype": np.dtype(vf.read_dtype).str, "first_id": 0}
+def fingerprint(vf: VectorFile, sha256: str | None) -> dict:
+    """Path, size, mtime, sha256, rows and dtype of an input file as it was opened."""
+    return {"path": str(Path(vf.path).resolve()), "size": vf.state.size, "mtime_ns": vf.state.mtime_ns,
+            "sha256": sha256, "rows": vf.rows, "dtype": np.dtype(vf.read_dtype).str, "first_id": 0}
 
 
 def _check_same_build(m: Manifest, req: BuildRequest, vf: VectorFile) -> None:
@@ -111,11 +118,10 @@ def _check_same_build(m: Manifest, req: BuildRequest, vf: VectorFile) -> None:
             "seed": m.seed}
     diff = [f"{key} {have[key]} (asked {want[key]})" for key in want if have[key] != want[key]]
     src = m.inputs[0] if m.inputs else {}
-    st = os.stat(vf.path)
-    if src.get("path") != str(Path(vf.path).resolve()) or src.get("size") != st.st_size:
+    if src.get("path") != str(Path(vf.path).resolve()) or src.get("size") != vf.state.size:
         diff.insert(0, f"input {src.get('path')}")
-    elif src.get("mtime_ns") != st.st_mtime_ns and (src.get("sha256") is None or
-                                                     sha256_of(vf.path) != src.get("sha256")):
+    elif src.get("mtime_ns") != vf.state.mtime_ns and (src.get("sha256") is None or
+                                                        file_sha256(vf) != src.get("sha256")):
         raise BadInput(vf.path, f"changed since {req.store} was built from it (sha256 differs); "
                                 "build into a new store")
     if diff:
@@ -124,11 +130,10 @@ def _check_same_build(m: Manifest, req: BuildRequest, vf: VectorFile) -> None:
 
 
 # ---- steps ----------------------------------------------------------------------------------------
-def _create_store(req: BuildRequest, vf: VectorFile) -> Store:
-    manifest = Manifest(dim=vf.dim, dtype=stored_dtype(req.metric, vf.read_dtype).str, metric=req.metric,
-                        k=req.params.k, shard_rows=req.shard_rows, params=req.params.to_dict(),
-                        seed=req.seed, inputs=[fingerprint(vf, with_sha256=False)])
-    return Store.create(req.store, manifest)
+def _new_manifest(req: BuildRequest, vf: VectorFile) -> Manifest:
+    return Manifest(dim=vf.dim, dtype=stored_dtype(req.metric, vf.read_dtype).str, metric=req.metric,
+                    k=req.params.k, shard_rows=req.shard_rows, params=req.params.to_dict(), seed=req.seed,
+                    inputs=[fingerprint(vf, sha256=None)])  # the sharding pass records the sha256
 
 
 def summary(store: Store, acct: Accounting, wall: float, resumed: bool, backends: list[Backend]) -> dict:

@@ -27,6 +27,7 @@ def recall(store: Store, backend: Backend, sample: int = 10_000, k: int = 10,
            truth: Path | None = None, seed: int = 0, rows: tuple[int, int] | None = None) -> dict:
     """Recall@k on ``sample`` rows drawn from all rows, or from global rows [lo, hi) when ``rows`` is given."""
     m = store.manifest
+    m.require_complete(store.path)  # the recall of an unfinished graph is no measure of anything
     if k > m.k:
         raise BadInput(store.path, f"--k {k} exceeds the graph's k = {m.k}")
     metric = kernel_metric(m.metric)
@@ -48,6 +49,7 @@ def recall(store: Store, backend: Backend, sample: int = 10_000, k: int = 10,
     q = store.vectors_of(rows).astype(np.float32)
     if truth is not None:
         exact_ids = without_self(np.asarray(truth_ids[rows]), rows, k)
+        _check_truth_ids(truth, exact_ids, rows, m.rows)
     else:
         blocks = ((s.offset, store.read_vectors(s.id)) for s in m.shards)
         exact_ids = without_self(backend.exact_knn(q, k + 1, metric, blocks).ids, rows, k)
@@ -62,6 +64,14 @@ def recall(store: Store, backend: Backend, sample: int = 10_000, k: int = 10,
     return {"store": str(store.path), "recall": round(float(per_row.mean()), 5), "k": k,
             "sample": len(rows), "rows": [lo, hi], "truth": str(truth) if truth else "exact", "backend": backend.name,
             "exact_s": round(t_exact, 3), "wall_s": round(time.perf_counter() - t0, 3)}
+
+
+def _check_truth_ids(truth: Path, ids: np.ndarray, rows: np.ndarray, store_rows: int) -> None:
+    """Refuse ground truth naming rows the store does not have: their vectors would be garbage."""
+    bad = (ids < 0) | (ids >= store_rows)
+    if bad.any():
+        r, c = np.argwhere(bad)[0]
+        raise BadInput(truth, f"row {int(rows[r])} lists id {int(ids[r, c])}, outside the store's {store_rows} rows")
 
 
 def without_self(ids: np.ndarray, rows: np.ndarray, k: int) -> np.ndarray:

@@ -9,7 +9,7 @@ from bigknn.backends import Backend
 from bigknn.errors import BadInput
 from bigknn.pipeline.build import summary
 from bigknn.pipeline.ingest import resume_pending
-from bigknn.pipeline.steps import Ledger, record_timings, run_pending
+from bigknn.pipeline.steps import Ledger, cache_shards, record_timings, run_pending
 from bigknn.pipeline.workers import Accounting
 from bigknn.progress import Reporter
 from bigknn.shards import Store, WriterLock
@@ -19,11 +19,11 @@ def finish(store_path: Path, backends: list[Backend], reporter: Reporter, wait_s
            host_mem: int | None = None) -> dict:
     t0 = time.perf_counter()
     acct = Accounting()
-    Store.open(store_path)  # refuse a missing or foreign directory before the lock file is created
+    # refuse a missing or foreign directory, or a request that cannot run, before the lock file is touched
+    _check(Store.open(store_path), len(backends), host_mem)
     with WriterLock(store_path, wait_s):
         store = Store.open(store_path)
-        if not store.manifest.shards:
-            raise BadInput(store_path, "sharding never finished; rerun `bigknn build` with the same input")
+        _check(store, len(backends), host_mem)
         if store.manifest.pending:
             resume_pending(store, backends, reporter, acct, host_mem)
         else:
@@ -31,3 +31,12 @@ def finish(store_path: Path, backends: list[Backend], reporter: Reporter, wait_s
         record_timings(store, acct)
         store.close()
     return summary(store, acct, time.perf_counter() - t0, resumed=True, backends=backends)
+
+
+def _check(store: Store, workers: int, host_mem: int | None) -> None:
+    """Refusals (exit 2) of a merge that cannot run: nothing sharded yet, or shards that --host-mem cannot hold."""
+    m = store.manifest
+    if not m.shards:
+        raise BadInput(store.path, "sharding never finished; rerun `bigknn build` with the same input")
+    pending = m.pending["shards"] if m.pending else []
+    cache_shards(m, store.path, max([s.rows for s in m.shards] + [s["rows"] for s in pending]), workers, host_mem)

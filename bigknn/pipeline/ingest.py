@@ -4,13 +4,14 @@ Each new file becomes new shard(s) after the last existing id; each new shard ge
 every existing shard and every other new shard. All of it is staged in the manifest's ``pending``
 section (new shards, staged graph versions, merged pairs) and committed step by step, so a killed ingest
 resumes where it stopped; readers keep seeing the old graph until the final commit folds ``pending``
-into the visible state at once. A file already ingested (same size and sha256) is skipped.
+into the visible state at once. A file already ingested (same size and sha256) is skipped. Each file is
+opened once and what is hashed is what is ingested: a file that changes during the run is refused.
 """
 
 from __future__ import annotations
 
-import os
 import time
+from contextlib import suppress
 from dataclasses import asdict
 from pathlib import Path
 
@@ -18,13 +19,13 @@ import numpy as np
 
 from bigknn.backends import Backend
 from bigknn.errors import BadInput
-from bigknn.formats import VECTOR_EXTENSIONS, VectorFile, check_finite, open_vectors
+from bigknn.formats import VECTOR_EXTENSIONS, FileState, VectorFile, check_and_hash, file_state, open_vectors
 from bigknn.ggm import SEED_SHARDS, seeded_merge_fits
 from bigknn.metrics import prepare_rows
 from bigknn.params import GnndParams
 from bigknn.pipeline.build import MAX_ROWS, fingerprint
 from bigknn.pipeline.sharding import shard_sizes
-from bigknn.pipeline.steps import Ledger, record_timings, run_pending
+from bigknn.pipeline.steps import Ledger, cache_shards, check_merge_count, record_timings, run_pending
 from bigknn.pipeline.workers import Accounting
 from bigknn.progress import Reporter
 from bigknn.shards import ShardEntry, Store, WriterLock
@@ -97,38 +98,45 @@ class IngestLedger(Ledger):
 
 
 def ingest(store_path: Path, inputs: list[Path], backends: list[Backend], reporter: Reporter,
-           wait_s: float = 0.0, host_mem: int | None = None) -> dict:
-    """Ingest ``inputs`` in order; returns what was ingested, skipped and the time per phase."""
+           wait_s: float = 0.0, host_mem: int | None = None, listed: dict[Path, FileState] | None = None) -> dict:
+    """Ingest ``inputs`` in order; returns what was ingested, skipped and the time per phase.
+
+    Each file is opened once; its rows are checked and its bytes hashed in one pass over that opening, and
+    the same opening is ingested. A file that changes meanwhile is refused (exit 2) before its rows are
+    committed. ``listed``: the files of a drop folder as listed (``--watch-dir``); there a file that changed
+    since the listing or changes during the run is still being written: it is skipped with a note, and the
+    next run takes it."""
     t0 = time.perf_counter()
     acct = Accounting()
     store = Store.open(store_path)
-    # every check runs before the lock is taken, so a refused input leaves the store untouched
-    _check_finished(store)
-    files = [open_vectors(p) for p in inputs]  # headers of every file first: fail fast
-    for vf in files:
+    report = {"store": str(store_path), "ingested": [], "skipped": [], "still_being_written": [], "rows_added": 0}
+    # every check runs before the lock is taken, so a refused input or request leaves the store untouched
+    store.manifest.require_complete(store.path)
+    files = [vf for p in inputs if (vf := _open_input(p, listed, report, reporter)) is not None]
+    for vf in files:  # headers of every file first: fail fast
         _check_compatible(store, vf)
-    fingerprints = []
+    _check_resources(store, [vf for vf in files if _seen(store, vf) is None], len(backends), host_mem, reporter)
+    checked = []
     t = time.perf_counter()
     for vf in files:
-        fp = _seen(store, vf) or fingerprint(vf)
-        if not _already_ingested(store, fp):
-            check_finite(vf)
-        fingerprints.append(fp)
-    acct.add("read", time.perf_counter() - t, sum(fp["size"] for fp in fingerprints))
-    report = {"store": str(store_path), "ingested": [], "skipped": [], "rows_added": 0}
+        fp = _seen(store, vf) or fingerprint(vf, check_and_hash(vf))
+        if _unchanged(vf, listed is not None, report, reporter):
+            checked.append((vf, fp))
+    acct.add("read", time.perf_counter() - t, sum(vf.state.size for vf, _ in checked))
     with WriterLock(store_path, wait_s):
         store = Store.open(store_path)  # re-read: another writer may have committed while we waited
-        _check_finished(store)
+        store.manifest.require_complete(store.path)
         if store.manifest.pending:
             report["resumed"] = store.manifest.pending["inputs"][0]["path"]
             resume_pending(store, backends, reporter, acct, host_mem)
             report["ingested"].append(report["resumed"])
-        for vf, fp in zip(files, fingerprints):
+        for vf, fp in checked:
             if _already_ingested(store, fp):
                 report["skipped"].append(fp["path"])
                 reporter.note(f"{fp['path']}: already ingested (same size and sha256); skipped")
                 continue
-            _stage(store, vf, dict(fp), reporter, acct)
+            if not _stage(store, vf, dict(fp), listed is not None, report, reporter, acct):
+                continue
             report["rows_added"] += vf.rows
             resume_pending(store, backends, reporter, acct, host_mem)
             report["ingested"].append(fp["path"])
@@ -140,12 +148,73 @@ def ingest(store_path: Path, inputs: list[Path], backends: list[Backend], report
     return report
 
 
-def drop_folder_files(folder: Path) -> list[Path]:
-    """Input files in a drop folder, oldest first (files being written should arrive by rename)."""
+def drop_folder_files(folder: Path) -> dict[Path, FileState]:
+    """Input files in a drop folder as listed now, oldest first. Hidden names are skipped: they are how
+    copying tools and bigknn's own writers name files still being written (``.name.XXXX``); files should
+    arrive by rename."""
     if not folder.is_dir():
         raise BadInput(folder, "no such directory")
-    files = [p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in VECTOR_EXTENSIONS]
-    return sorted(files, key=lambda p: (p.stat().st_mtime_ns, p.name))
+    listed = {}
+    for p in folder.iterdir():
+        if not p.name.startswith(".") and p.suffix.lower() in VECTOR_EXTENSIONS and p.is_file():
+            with suppress(FileNotFoundError):  # renamed away since the listing
+                listed[p] = FileState.of(p.stat())
+    return dict(sorted(listed.items(), key=lambda item: (item[1].mtime_ns, item[0].name)))
+
+
+def _open_input(path: Path, listed: dict[Path, FileState] | None, report: dict,
+                reporter: Reporter) -> VectorFile | None:
+    """The opened file, or None for a drop-folder file that changed since it was listed (still being
+    written: a header that does not match the size yet is no reason to refuse the whole run)."""
+    if listed is None:
+        return open_vectors(path)
+    try:
+        vf = open_vectors(path)
+    except BadInput:
+        change = listed[path].change_to(file_state(path))
+        if change is None:
+            raise
+        _skip_growing(path, f"{change} since the drop folder was listed", report, reporter)
+        return None
+    if (change := listed[path].change_to(vf.state)) is not None:
+        _skip_growing(path, f"{change} since the drop folder was listed", report, reporter)
+        return None
+    return vf
+
+
+def _unchanged(vf: VectorFile, watching: bool, report: dict, reporter: Reporter) -> bool:
+    """Whether the file is still the one opened; a changed one is refused, or skipped in a drop folder."""
+    if not watching:
+        vf.check_unchanged()
+    elif (change := vf.changed()) is not None:
+        _skip_growing(Path(vf.path), f"{change} while it was being read", report, reporter)
+        return False
+    return True
+
+
+def _skip_growing(path: Path, change: str, report: dict, reporter: Reporter) -> None:
+    report["still_being_written"].append(str(path))
+    reporter.note(f"{path}: {change}: still being written; skipped (the next run takes it)")
+
+
+def _check_resources(store: Store, new: list[VectorFile], workers: int, host_mem: int | None,
+                     reporter: Reporter) -> None:
+    """Refuse, before anything is written, an ingest whose shards do not fit ``host_mem`` or whose merges
+    cannot finish (the new files' shards against every shard, a pending ingest's included)."""
+    m = store.manifest
+    width = GnndParams(**m.params).width()
+    pending = m.pending["shards"] if m.pending else []
+    sizes = [s.rows for s in m.shards] + [s["rows"] for s in pending]
+    shards, merges = len(sizes), len(pending) * len(m.shards) + len(pending) * (len(pending) - 1) // 2
+    merges -= len(m.pending["merged"]) if m.pending else 0
+    for vf in new:
+        new_sizes = shard_sizes(vf.rows, m.shard_rows, width)
+        merges += len(new_sizes) * shards + len(new_sizes) * (len(new_sizes) - 1) // 2
+        shards += len(new_sizes)
+        sizes += new_sizes
+    cache_shards(m, store.path, max(sizes), workers, host_mem)
+    check_merge_count(store.path, shards, merges, "ingest smaller files, or rebuild with a larger --shard-rows",
+                      reporter)
 
 
 def _check_compatible(store: Store, vf: VectorFile) -> None:
@@ -160,19 +229,11 @@ def _check_compatible(store: Store, vf: VectorFile) -> None:
         raise BadInput(vf.path, f"would take the store past {MAX_ROWS} rows (int32 ids)")
 
 
-def _check_finished(store: Store) -> None:
-    m = store.manifest
-    n = len(m.shards)
-    if not n or any(s.graph is None for s in m.shards) or len(m.merged) != n * (n - 1) // 2:
-        raise BadInput(store.path, "the store's build is not finished; run `bigknn merge` first")
-
-
 def _seen(store: Store, vf: VectorFile) -> dict | None:
     """The recorded fingerprint of this very file (same path, size and mtime): no need to hash it again."""
-    st = os.stat(vf.path)
     path = str(Path(vf.path).resolve())
     for rec in store.manifest.inputs:
-        if rec.get("path") == path and rec.get("size") == st.st_size and rec.get("mtime_ns") == st.st_mtime_ns:
+        if (rec.get("path"), rec.get("size"), rec.get("mtime_ns")) == (path, vf.state.size, vf.state.mtime_ns):
             return rec
     return None
 
@@ -181,8 +242,11 @@ def _already_ingested(store: Store, fp: dict) -> bool:
     return any(i.get("size") == fp["size"] and i.get("sha256") == fp["sha256"] for i in store.manifest.inputs)
 
 
-def _stage(store: Store, vf: VectorFile, fp: dict, reporter: Reporter, acct: Accounting) -> None:
-    """Write the new rows as new shards and commit them as a pending ingest (invisible to readers)."""
+def _stage(store: Store, vf: VectorFile, fp: dict, watching: bool, report: dict, reporter: Reporter,
+           acct: Accounting) -> bool:
+    """Write the new rows as new shards and commit them as a pending ingest (invisible to readers). The
+    commit comes only if the file is still the one checked and hashed; otherwise the new shards' arrays are
+    removed and the file refused, or skipped (False) in a drop folder."""
     m = store.manifest
     t = time.perf_counter()
     offset, first = m.rows, len(m.shards)
@@ -196,9 +260,19 @@ def _stage(store: Store, vf: VectorFile, fp: dict, reporter: Reporter, acct: Acc
             new.append(asdict(ShardEntry(id=first + i, offset=offset + start, rows=rows)))
             start += rows
             advance(rows)
+    new_ids = range(first, first + len(sizes))
+    try:
+        unchanged = _unchanged(vf, watching, report, reporter)
+    except BadInput:
+        store.remove_uncommitted_shards(new_ids)
+        raise
+    if not unchanged:
+        store.remove_uncommitted_shards(new_ids)
+        return False
     m.pending = {"inputs": [fp], "shards": new, "graphs": {}, "merged": []}
     store.commit()
     acct.add("shard", time.perf_counter() - t, nbytes_written=vf.rows * vf.dim * vf.dtype.itemsize)
+    return True
 
 
 def resume_pending(store: Store, backends: list[Backend], reporter: Reporter, acct: Accounting,

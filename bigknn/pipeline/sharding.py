@@ -1,16 +1,16 @@
 """The sharding pass: input rows -> checked, prepared shard vectors in the store, streamed to GNND.
 
-One pass over the input file: a reader thread reads each shard's rows, refuses NaN/Inf rows and prepares
-them for the metric; a small pool writes them to the store; another thread hashes the file (hashlib
-releases the GIL). Each shard is handed on, vectors in memory, as soon as it is on disk, so GNND runs on
-the GPU while the rest of the file is still being sharded. The store's commits are held back for the whole
+One pass over the input file: a reader thread reads each shard's rows, refuses bad rows (NaN/Inf, norms
+that overflow) and prepares them for the metric; a small pool writes them to the store; another thread
+hashes the file's bytes from the same mapping (hashlib releases the GIL), and a file that changed while
+it was read is refused. Each shard is handed on, vectors in memory, as soon as it is on disk, so GNND
+runs on the GPU while the rest of the file is still being sharded. The store's commits are held back for the whole
 pass: the shards, the input's sha256 and any graph finished meanwhile become visible in one commit at its
 end, so a crash mid-pass leaves no half-sharded store (the rerun shards again).
 """
 
 from __future__ import annotations
 
-import hashlib
 import queue
 import threading
 import time
@@ -20,20 +20,12 @@ from typing import Iterator
 
 import numpy as np
 
-from bigknn.formats import VectorFile, check_finite_rows
+from bigknn.formats import VectorFile, check_rows, file_sha256
 from bigknn.metrics import prepare_rows
 from bigknn.pipeline.workers import Accounting
 from bigknn.shards import ShardEntry, Store
 
 WRITES_IN_FLIGHT = 2  # shards being written while the next is read
-
-
-def sha256_of(path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(16 << 20):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def shard_sizes(rows: int, shard_rows: int, k: int) -> list[int]:
@@ -48,8 +40,8 @@ def stream_shards(store: Store, vf: VectorFile, sizes: list[int], acct: Accounti
                   ready: int = 2) -> Iterator[tuple[ShardEntry, np.ndarray]]:
     """Write the input's rows as shards ``sizes`` after the store's last row; yield (shard, vectors) as each
     is written, at most ``ready`` ahead of the consumer. Commits the shards (and the input's sha256, in
-    ``store.manifest.inputs[-1]``) once all are written; raises BadInput on a NaN/Inf row, committing
-    nothing. Closing the generator early stops the pass, committing nothing."""
+    ``store.manifest.inputs[-1]``) once all are written; raises BadInput on a bad row or a file that
+    changed meanwhile, committing nothing. Closing the generator early stops the pass, committing nothing."""
     out: queue.Queue = queue.Queue(maxsize=max(1, ready))
     stop = threading.Event()
     done = object()
@@ -58,7 +50,7 @@ def stream_shards(store: Store, vf: VectorFile, sizes: list[int], acct: Accounti
         try:
             with store.deferred_commits(), ThreadPoolExecutor(1) as hasher, \
                     ThreadPoolExecutor(WRITES_IN_FLIGHT) as writers:
-                digest = hasher.submit(sha256_of, vf.path)
+                digest = hasher.submit(file_sha256, vf)
                 m = store.manifest
                 offset, first, start = m.rows, len(m.shards), 0
                 t = time.perf_counter()
@@ -72,7 +64,7 @@ def stream_shards(store: Store, vf: VectorFile, sizes: list[int], acct: Accounti
 
                 for i, rows in enumerate(sizes):
                     raw = vf.read(start, start + rows)
-                    check_finite_rows(vf.path, start, raw)
+                    check_rows(vf.path, start, raw)
                     x = np.ascontiguousarray(prepare_rows(raw, m.metric).astype(np.dtype(m.dtype), copy=False))
                     entry = ShardEntry(id=first + i, offset=offset + start, rows=rows)
                     in_flight.append((entry, x, writers.submit(store.write_vectors, entry.id, x)))
@@ -83,8 +75,10 @@ def stream_shards(store: Store, vf: VectorFile, sizes: list[int], acct: Accounti
                         raise _Stopped
                 while in_flight:
                     hand_on(*in_flight.popleft())
+                sha256 = digest.result()
+                vf.check_unchanged()  # else the rows and the hash may be of different bytes
                 with store.lock:
-                    m.inputs[-1]["sha256"] = digest.result()
+                    m.inputs[-1]["sha256"] = sha256
                 nbytes = vf.rows * vf.dim * vf.dtype.itemsize
                 acct.add("shard", time.perf_counter() - t, nbytes, nbytes)
             out.put(done)

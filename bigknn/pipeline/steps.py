@@ -7,8 +7,10 @@ records into the manifest's ``pending`` section, which readers ignore until the 
 
 from __future__ import annotations
 
+import math
 import os
 from itertools import chain
+from pathlib import Path
 from typing import Iterable
 
 import numpy as np
@@ -20,9 +22,11 @@ from bigknn.pipeline.estimate import SampleTruth
 from bigknn.pipeline.workers import (Accounting, Scheduler, ShardCache, Writer, pending_pairs, run_tasks,
                                      shards_from_store)
 from bigknn.progress import Reporter
-from bigknn.shards import ShardEntry, Store
+from bigknn.shards import Manifest, ShardEntry, Store
 
 HOST_MEM_FRACTION = 0.5  # of the machine's RAM for cached shards when --host-mem is not given
+MAX_MERGES = 10_000  # more pairwise merges than this (142 shards or more) are refused
+MERGES_PER_SHARD_NOTE = 10  # more merges than this per shard (22 shards or more) get a note
 
 
 class Ledger:
@@ -85,7 +89,7 @@ def run_pending(store: Store, ledger: Ledger, backends: list[Backend], reporter:
     if incoming:
         source = chain(source or (), incoming[0])
     biggest = max([s.rows for s in shards] + new_sizes)
-    cache = ShardCache(store, ledger, cache_shards(store, biggest, len(backends), host_mem), acct)
+    cache = ShardCache(store, ledger, cache_shards(store.manifest, store.path, biggest, len(backends), host_mem), acct)
     writer = Writer(store, ledger, acct, cache)
     sched = Scheduler(pending_pairs(ledger, len(shards) + len(new_sizes)),
                       ready=[s.id for s in shards if ledger.version(s.id) is not None],
@@ -98,19 +102,37 @@ def run_pending(store: Store, ledger: Ledger, backends: list[Backend], reporter:
         cache.close()
 
 
-def cache_shards(store: Store, biggest: int, workers: int, host_mem: int | None = None) -> int:
+def cache_shards(m: Manifest, where: Path, biggest: int, workers: int, host_mem: int | None = None) -> int:
     """Shards held in host RAM: as many as ``host_mem`` (default: half the machine's RAM) holds; at least
-    two per worker plus two being prefetched."""
-    m = store.manifest
+    two per worker plus two being prefetched. Refuses (exit 2) a ``host_mem`` below two shards per worker;
+    the write paths call it before they write anything, so that the refusal leaves the store untouched."""
     per_shard = biggest * (m.dim * np.dtype(m.dtype).itemsize + GnndParams(**m.params).width() * 8)
     need = 2 * workers + 2
     if host_mem is None:
         return max(need, int(physical_memory() * HOST_MEM_FRACTION) // per_shard)
     fits = host_mem // per_shard
     if fits < 2 * workers:
-        raise BadInput(store.path, f"--host-mem {host_mem >> 20} MiB holds {fits} shard(s) of {per_shard >> 20} MiB; "
-                                   f"{workers} worker(s) need {2 * workers}: use a smaller --shard-rows")
+        raise BadInput(where, f"--host-mem {host_mem >> 20} MiB holds {fits} shard(s) of {per_shard >> 20} MiB; "
+                              f"{workers} worker(s) need {2 * workers}: use a smaller --shard-rows")
     return fits
+
+
+def check_merge_count(where: Path, shards: int, merges: int, advice: str, reporter: Reporter) -> None:
+    """Refuse (exit 2, no prompt) a run of more than MAX_MERGES merges, which cannot finish in useful time
+    (a tiny --shard-rows: the merges grow with the square of the shard count); note a run whose merges
+    exceed MERGES_PER_SHARD_NOTE per shard, where a larger --shard-rows would finish sooner."""
+    if merges > MAX_MERGES:
+        raise BadInput(where, f"{shards:,} shards need {merges:,} merges, more than the {MAX_MERGES:,} that "
+                              f"finish in useful time; {advice}")
+    if merges > MERGES_PER_SHARD_NOTE * shards:
+        reporter.note(f"{where}: {shards:,} shards need {merges:,} merges (they grow with the square of the "
+                      "shard count); a larger --shard-rows finishes sooner")
+
+
+def smallest_shard_rows(rows: int) -> int:
+    """The smallest --shard-rows whose build stays within MAX_MERGES merges."""
+    max_shards = math.isqrt(2 * MAX_MERGES)  # 141 shards: 9,870 merges
+    return -(-rows // max_shards)
 
 
 def physical_memory() -> int:

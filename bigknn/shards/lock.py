@@ -17,11 +17,12 @@ from pathlib import Path
 from bigknn.errors import StoreBusy
 
 POLL_S = 0.2
+LOCK_NAME = ".lock"
 
 
 class WriterLock:
     def __init__(self, store_path: Path, wait_s: float = 0.0):
-        self.path = Path(store_path) / ".lock"
+        self.path = Path(store_path) / LOCK_NAME
         self.wait_s = wait_s
         self._fd: int | None = None
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from bigknn.errors import BadInput
+from bigknn.shards.schema import check_manifest
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -44,6 +46,23 @@ class Manifest:
     def rows(self) -> int:
         return sum(s.rows for s in self.shards)
 
+    @property
+    def merges_total(self) -> int:
+        return len(self.shards) * (len(self.shards) - 1) // 2
+
+    @property
+    def complete(self) -> bool:
+        """Every shard has a graph and every pair is merged: what readers see is the final graph."""
+        return bool(self.shards) and all(s.graph is not None for s in self.shards) and \
+            len(self.merged) == self.merges_total
+
+    def require_complete(self, store: Path) -> None:
+        """Refuse (exit 2) to read an unfinished graph: its recall or export would silently be wrong."""
+        if not self.complete:
+            built = sum(s.graph is not None for s in self.shards)
+            raise BadInput(store, f"the graph is not finished ({built} of {len(self.shards)} shards built, "
+                                  f"{len(self.merged)} of {self.merges_total} merges done); run `bigknn merge` first")
+
     def pairs_done(self) -> set[tuple[int, int]]:
         return {(a, b) for a, b in self.merged}
 
@@ -52,23 +71,9 @@ class Manifest:
 
     @classmethod
     def from_json(cls, text: str) -> "Manifest":
+        """Parse a manifest; ValueError with one line naming the problem if it is not one this code reads."""
         raw = json.loads(text)
-        if raw.get("format") != FORMAT_VERSION:
+        if isinstance(raw, dict) and raw.get("format") != FORMAT_VERSION:
             raise ValueError(f"store format {raw.get('format')} is not supported (this bigknn reads {FORMAT_VERSION})")
-        raw["shards"] = [ShardEntry(**s) for s in raw["shards"]]
-        return cls(**raw)
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Replace ``path`` so that a reader (or a crash) sees the old or the new file, never a mix."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+        check_manifest(raw)
+        return cls(**dict(raw, shards=[ShardEntry(**s) for s in raw.get("shards", [])]))

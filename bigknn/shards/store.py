@@ -15,15 +15,18 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterable
 
 import numpy as np
 import zarr
 from numpy.typing import DTypeLike
 
-from bigknn.errors import BadInput
+from bigknn.atomic import write_atomic
+from bigknn.errors import BadInput, disk_full_named
 from bigknn.graph import ID_DTYPE, KnnGraph
 from bigknn.shards import chunks
-from bigknn.shards.manifest import MANIFEST, Manifest, write_atomic
+from bigknn.shards.creation import check_new_store_path
+from bigknn.shards.manifest import MANIFEST, Manifest
 
 CHUNK_BYTES = 16 << 20  # target size of one row chunk on disk
 REAPER_THREADS = 4  # stale graph versions deleted at once
@@ -60,7 +63,10 @@ class Store:
 
     @classmethod
     def create(cls, path: Path, manifest: Manifest) -> "Store":
+        """A new store at ``path``: a missing path or an empty directory (but for the lock file of the writer
+        creating it), never among other files."""
         path = Path(path)
+        check_new_store_path(path, own_lock=True)
         group = zarr.open_group(str(path), mode="a")
         group.attrs["bigknn"] = {"format": manifest.format}
         store = cls(path, manifest)
@@ -115,11 +121,12 @@ class Store:
     # zarr creates every array's metadata; the chunk bytes go through ``chunks`` (direct file I/O) where
     # the layout allows it, else through zarr
     def _write_array(self, name: str, data: np.ndarray, chunk_rows: int, dtype: DTypeLike) -> None:
-        arr = zarr.create_array(store=str(self.path), name=name, shape=data.shape,
-                                chunks=(chunk_rows, data.shape[1]), dtype=dtype, compressors=None,
-                                overwrite=True)
-        if not chunks.write_array(self.path / name, data):
-            arr[:] = data.astype(dtype, copy=False)
+        with disk_full_named(self.path / name, data.shape[0] * data.shape[1] * np.dtype(dtype).itemsize):
+            arr = zarr.create_array(store=str(self.path), name=name, shape=data.shape,
+                                    chunks=(chunk_rows, data.shape[1]), dtype=dtype, compressors=None,
+                                    overwrite=True)
+            if not chunks.write_array(self.path / name, data):
+                arr[:] = data.astype(dtype, copy=False)
 
     def _read_array(self, name: str, start: int = 0, stop: int | None = None) -> np.ndarray:
         out = chunks.read_rows(self.path / name, start, stop)
@@ -134,6 +141,13 @@ class Store:
 
     def read_vectors(self, shard_id: int, start: int = 0, stop: int | None = None) -> np.ndarray:
         return self._read_array(f"shards/{shard_id}/vectors", start, stop)
+
+    def remove_uncommitted_shards(self, ids: Iterable[int]) -> None:
+        """Delete the arrays of shards that no commit refers to (written by a step that was then refused)."""
+        for sid in ids:
+            if sid < len(self.manifest.shards):
+                raise ValueError(f"shard {sid} is committed; only uncommitted shards can be removed")
+            shutil.rmtree(self.path / "shards" / str(sid), ignore_errors=True)
 
     def vectors_of(self, global_ids: np.ndarray) -> np.ndarray:
         """Vectors of arbitrary global rows (one read per shard touched)."""

@@ -10,7 +10,8 @@
 #
 # Exit codes: 0 ingested or nothing to do; 75 another writer still held the store after the wait
 # (EX_TEMPFAIL: the next run picks the files up); 2 a bad input file (named in the log; nothing written);
-# 1 any other failure (the last commit is intact; the next run resumes).
+# 1 any other failure, a full disk included (the last commit is intact; the next run resumes); 143 stopped by
+# SIGTERM, 130 by SIGINT (the same: the next run resumes).
 set -uo pipefail
 : "${BIGKNN_STORE:?set BIGKNN_STORE}" "${BIGKNN_DROP:?set BIGKNN_DROP}"
 log="${BIGKNN_LOG:-$BIGKNN_STORE.ingest.log}"

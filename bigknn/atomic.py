@@ -1,0 +1,70 @@
+"""Files that appear whole or not at all: the one way bigknn writes a file for the user or the manifest.
+
+A file is written under a hidden temporary name in its own directory, fsynced, then renamed over the
+target and the directory fsynced. A crash, a full disk or a refusal therefore leaves whatever was there
+before byte-identical, and the temporary file is removed on any error (a SIGKILL can leave one behind: a
+hidden ``.<name>.<pid>-<hex>.tmp``, never a half file under the real name).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Iterator
+
+from bigknn.errors import disk_full_named
+
+_NO_FALLOCATE = (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS)  # file systems without posix_fallocate
+
+
+@contextmanager
+def atomic_path(path: str | os.PathLike, size: int | None = None) -> Iterator[Path]:
+    """Yield a fresh temporary path next to ``path``; when the block exits cleanly it is fsynced and
+    renamed over ``path``. With ``size`` the temporary file is allocated to that many bytes first, so a
+    full disk is reported before any work (and memory-mapped writes never meet one: that is a SIGBUS)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    try:
+        with disk_full_named(path, size):
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+            try:
+                if size:
+                    _allocate(fd, size)
+            finally:
+                os.close(fd)
+        yield tmp
+        with disk_full_named(path, size):
+            _fsync(tmp, os.O_RDONLY)
+            os.replace(tmp, path)
+            _fsync(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    except BaseException:
+        with suppress(FileNotFoundError):
+            os.remove(tmp)
+        raise
+
+
+def write_atomic(path: str | os.PathLike, data: str | bytes) -> None:
+    """Replace ``path`` with ``data`` so that a reader (or a crash) sees the old or the new file, never a mix."""
+    raw = data.encode() if isinstance(data, str) else data
+    with atomic_path(path) as tmp, disk_full_named(path, len(raw)):
+        tmp.write_bytes(raw)
+
+
+def _allocate(fd: int, size: int) -> None:
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as e:
+        if e.errno not in _NO_FALLOCATE:
+            raise
+        os.ftruncate(fd, size)
+
+
+def _fsync(path: Path, flags: int) -> None:
+    fd = os.open(path, flags | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

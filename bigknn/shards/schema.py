@@ -1,0 +1,108 @@
+"""The shape of manifest.json: each field and the type the code relies on.
+
+A manifest that was edited by hand or damaged (a JSON list, a shard's ``rows`` written as a string) must
+stop a command at once with one line naming the field, not with a traceback far from the cause (a sum of
+strings in ``info``, an index error in a merge). This checks types and signs only; whether the manifest
+agrees with the arrays on disk is ``bigknn verify``'s job.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import Callable
+
+import numpy as np
+
+from bigknn.metrics import METRICS
+from bigknn.params import GnndParams
+
+Check = tuple[Callable[[object], bool], str]  # (test, what the field must be)
+
+
+def _int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _dtype(v: object) -> bool:
+    try:
+        return isinstance(v, str) and np.dtype(v).kind in "iuf"
+    except TypeError:
+        return False
+
+
+def _pair(v: object) -> bool:
+    return isinstance(v, list) and len(v) == 2 and all(_int(i) and i >= 0 for i in v)
+
+
+COUNT: Check = (lambda v: _int(v) and v > 0, "a positive integer")
+INDEX: Check = (lambda v: _int(v) and v >= 0, "a non-negative integer")
+DTYPE: Check = (_dtype, "a numeric dtype like '<f4'")
+OBJECT: Check = (lambda v: isinstance(v, dict), "an object")
+LIST: Check = (lambda v: isinstance(v, list), "a list")
+PAIRS: Check = (lambda v: isinstance(v, list) and all(_pair(p) for p in v), "a list of [i, j] shard pairs")
+PARAMS: Check = (lambda v: isinstance(v, dict) and set(v) <= {f.name for f in fields(GnndParams)}
+                 and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v.values()),
+                 "an object of GNND parameters")
+
+TOP: dict[str, Check] = {
+    "dim": COUNT, "dtype": DTYPE, "metric": (lambda v: v in METRICS, f"one of {METRICS}"),
+    "k": COUNT, "shard_rows": COUNT, "params": PARAMS, "seed": (_int, "an integer"), "format": COUNT,
+    "inputs": LIST, "shards": LIST, "merged": PAIRS, "timings": OBJECT,
+    "pending": (lambda v: v is None or isinstance(v, dict), "an object or null"),
+}
+OPTIONAL = {"inputs", "shards", "merged", "timings", "pending"}
+SHARD: dict[str, Check] = {"id": INDEX, "offset": INDEX, "rows": COUNT,
+                           "graph": (lambda v: v is None or (_int(v) and v >= 0), "a non-negative integer or null")}
+INPUT: dict[str, Check] = {
+    "path": (lambda v: isinstance(v, str), "a string"), "size": INDEX, "mtime_ns": (_int, "an integer"),
+    "sha256": (lambda v: v is None or isinstance(v, str), "a string or null"), "rows": COUNT,
+    "dtype": DTYPE, "first_id": INDEX,
+}
+PENDING: dict[str, Check] = {"inputs": LIST, "shards": LIST, "merged": PAIRS,
+                             "graphs": (lambda v: isinstance(v, dict) and all(_int(x) and x >= 0 for x in v.values()),
+                                        "an object of shard id -> graph version")}
+
+
+def check_manifest(raw: object) -> None:
+    """Raise ValueError naming the first field of ``raw`` (a parsed manifest.json) that is missing, unknown
+    or of the wrong type."""
+    if not isinstance(raw, dict):
+        raise ValueError(f"the manifest is a JSON {_json_type(raw)}, not an object")
+    _check_object(raw, TOP, "", optional=OPTIONAL)
+    for i, shard in enumerate(raw.get("shards", [])):
+        _check_object(shard, SHARD, f"shards[{i}].", optional={"graph"})
+    for i, rec in enumerate(raw.get("inputs", [])):
+        _check_object(rec, INPUT, f"inputs[{i}].", optional=set(INPUT) - {"path"}, closed=False)
+    pending = raw.get("pending")
+    if pending is not None:
+        _check_object(pending, PENDING, "pending.")
+        for i, shard in enumerate(pending["shards"]):
+            _check_object(shard, SHARD, f"pending.shards[{i}].", optional={"graph"})
+        for i, rec in enumerate(pending["inputs"]):
+            _check_object(rec, INPUT, f"pending.inputs[{i}].", optional=set(INPUT) - {"path"},
+                          closed=False)
+
+
+def _check_object(obj: object, schema: dict[str, Check], where: str, optional: set[str] = frozenset(),
+                  closed: bool = True) -> None:
+    if not isinstance(obj, dict):
+        raise ValueError(f"{where.rstrip('.')} is a JSON {_json_type(obj)}, expected an object")
+    for key, (test, want) in schema.items():
+        if key not in obj:
+            if key not in optional:
+                raise ValueError(f"{where}{key} is missing")
+        elif not test(obj[key]):
+            raise ValueError(f"{where}{key} is {_json_type(obj[key])} {_shown(obj[key])}, expected {want}")
+    unknown = sorted(set(obj) - set(schema)) if closed else []
+    if unknown:
+        raise ValueError(f"{where}{unknown[0]} is not a manifest field")
+
+
+def _json_type(v: object) -> str:
+    names = {dict: "object", list: "list", str: "string", bool: "boolean", int: "number", float: "number"}
+    return "null" if v is None else names.get(type(v), type(v).__name__)
+
+
+def _shown(v: object) -> str:
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
