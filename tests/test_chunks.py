@@ -1,6 +1,6 @@
 """Direct chunk I/O of the store's arrays (bigknn.shards.chunks): bit-exact agreement with zarr in both
-directions (edge chunks, chunks zarr left unwritten as all fill value, row ranges), and the fall back to zarr
-for layouts it does not handle."""
+directions (edge chunks and their checksums, chunks zarr left unwritten as all fill value in arrays without
+checksums, row ranges), and the fall back to zarr for layouts it does not handle."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ import pytest
 import zarr
 
 import bigknn.shards.store as store_mod
+from bigknn.errors import Damaged
 from bigknn.graph import KnnGraph
-from bigknn.shards import Manifest, ShardEntry, Store, chunks
+from bigknn.shards import Manifest, ShardEntry, Store, checksums, chunks
 
 SMALL_CHUNK_BYTES = 320  # several chunks and an edge chunk for the hundred rows used here
 ROWS = 101
@@ -41,9 +42,9 @@ def zarr_chunk_io_refused():
         yield
 
 
-def new_store(path) -> Store:
+def new_store(path, **over) -> Store:
     return Store.create(path, Manifest(dim=6, dtype="<f4", metric="l2", k=5, shard_rows=1000, params={}, seed=0,
-                                       inputs=[]))
+                                       inputs=[], **over))
 
 
 def zarr_read(array_dir) -> np.ndarray:
@@ -51,7 +52,7 @@ def zarr_read(array_dir) -> np.ndarray:
 
 
 def zarr_write(array_dir, x: np.ndarray, chunk_rows: int, **kwargs) -> None:
-    """An array written the old way: all through zarr."""
+    """An array written the old way: all through zarr (without checksums unless ``compressors`` says so)."""
     kwargs.setdefault("compressors", None)
     arr = zarr.create_array(store=str(array_dir), shape=x.shape, chunks=(chunk_rows, x.shape[1]), dtype=x.dtype,
                             overwrite=True, **kwargs)
@@ -100,7 +101,7 @@ def test_vectors_round_trip_bit_exact_with_zarr(tmp_path, dtype):
     for (start, stop), part in parts.items():
         assert_identical(part, x[start:stop])
     # the files are the very ones zarr writes, edge chunk padding included
-    zarr_write(tmp_path / "ref", x, chunk_rows)
+    zarr_write(tmp_path / "ref", x, chunk_rows, compressors=checksums.codecs())
     assert chunk_files(array_dir) == chunk_files(tmp_path / "ref")
     assert len(chunk_files(array_dir)) == -(-ROWS // chunk_rows)
 
@@ -120,7 +121,7 @@ def test_graph_round_trip_bit_exact_with_zarr(tmp_path):
         array_dir = tmp_path / "s" / "shards" / "0" / "graph" / "3" / name
         assert ROWS % chunk_rows_of(array_dir)
         assert_identical(zarr_read(array_dir), want)
-        zarr_write(tmp_path / f"ref-{name}", want, chunk_rows_of(array_dir))
+        zarr_write(tmp_path / f"ref-{name}", want, chunk_rows_of(array_dir), compressors=checksums.codecs())
         assert chunk_files(array_dir) == chunk_files(tmp_path / f"ref-{name}")
 
 
@@ -155,8 +156,9 @@ def test_zarr_written_array_with_unwritten_fill_chunks(tmp_path, dtype, fill):
 
 
 def test_store_reads_vectors_written_the_old_way(tmp_path):
-    """A store written before the fast path: all-zero chunks absent; vectors_of gathers across borders."""
-    store = new_store(tmp_path / "s")
+    """A format-1 store written before the fast path: no checksums, all-zero chunks absent; vectors_of gathers
+    across borders."""
+    store = new_store(tmp_path / "s", format=1)
     x = random_rows(np.random.default_rng(4), ROWS, 6, np.float32)
     x[40:60] = 0
     zarr_write(tmp_path / "s" / "shards" / "0" / "vectors", x, 8)
@@ -175,7 +177,7 @@ def test_truncated_chunk_file_is_an_error(tmp_path):
     chunk = tmp_path / "a" / "c" / "3" / "0"
     chunk.write_bytes(chunk.read_bytes()[:-4])
     assert_identical(chunks.read_rows(tmp_path / "a", 0, 24), x[:24])
-    with pytest.raises(OSError, match="shorter"):
+    with pytest.raises(Damaged, match="shorter"):
         chunks.read_rows(tmp_path / "a", 20, 40)
 
 
@@ -206,7 +208,7 @@ def test_store_falls_back_to_zarr_for_a_compressed_layout(tmp_path, monkeypatch)
     create_array = zarr.create_array
 
     def create_compressed(*args, **kwargs):
-        return create_array(*args, **{**kwargs, "compressors": zarr.codecs.ZstdCodec()})
+        return create_array(*args, **{**kwargs, "compressors": [zarr.codecs.ZstdCodec(), *kwargs["compressors"]]})
 
     monkeypatch.setattr(zarr, "create_array", create_compressed)
     store = new_store(tmp_path / "s")
@@ -217,7 +219,7 @@ def test_store_falls_back_to_zarr_for_a_compressed_layout(tmp_path, monkeypatch)
     store.write_vectors(0, x)
     store.write_graph(0, 1, KnnGraph(ids, dists))
     array_dir = tmp_path / "s" / "shards" / "0" / "vectors"
-    assert json.loads((array_dir / "zarr.json").read_text())["codecs"][-1]["name"] == "zstd"
+    assert [c["name"] for c in json.loads((array_dir / "zarr.json").read_text())["codecs"]][1:] == ["zstd", "crc32c"]
     assert chunks.read_rows(array_dir) is None
     assert_identical(store.read_vectors(0), x)
     assert_identical(store.read_vectors(0, 9, 30), x[9:30])

@@ -7,7 +7,9 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # of the stores this bigknn creates
+CHECKSUMS_SINCE = 2  # the first format whose every array checksums every chunk (bigknn/shards/checksums.py)
+READ_FORMATS = (1, 2)  # format 1 (no checksums) is still read, and written: new arrays get checksums
 MANIFEST = "manifest.json"
 
 
@@ -38,6 +40,11 @@ class Manifest:
     pending: dict | None = None
 
     @property
+    def checksummed(self) -> bool:
+        """Whether every array of the store must carry chunk checksums (one without them is damage)."""
+        return self.format >= CHECKSUMS_SINCE
+
+    @property
     def rows(self) -> int:
         return sum(s.rows for s in self.shards)
 
@@ -50,8 +57,9 @@ class Manifest:
     @classmethod
     def from_json(cls, text: str) -> "Manifest":
         raw = json.loads(text)
-        if raw.get("format") != FORMAT_VERSION:
-            raise ValueError(f"store format {raw.get('format')} is not supported (this bigknn reads {FORMAT_VERSION})")
+        if raw.get("format") not in READ_FORMATS:
+            raise ValueError(f"store format {raw.get('format')} is not supported (this bigknn reads formats "
+                             f"{', '.join(map(str, READ_FORMATS))}); use the bigknn that wrote it")
         raw["shards"] = [ShardEntry(**s) for s in raw["shards"]]
         return cls(**raw)
 

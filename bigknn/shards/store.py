@@ -6,6 +6,9 @@ an unreferenced version that the next run overwrites. After a commit, versions o
 previous commit pointed at are deleted (a reader that loaded the previous manifest can still finish), in a
 background thread: deleting gigabytes of files is slow on some file systems (online discard) and need
 not hold up the work; ``close()`` waits for it.
+
+Every chunk carries a checksum (bigknn/shards/checksums.py), checked on every read: a missing or damaged
+chunk raises ``Damaged`` naming the shard and the file, never reads as zeros.
 """
 
 from __future__ import annotations
@@ -20,9 +23,9 @@ import numpy as np
 import zarr
 from numpy.typing import DTypeLike
 
-from bigknn.errors import BadInput
+from bigknn.errors import BadInput, Damaged
 from bigknn.graph import ID_DTYPE, KnnGraph
-from bigknn.shards import chunks
+from bigknn.shards import checksums, chunks
 from bigknn.shards.manifest import MANIFEST, Manifest, write_atomic
 
 CHUNK_BYTES = 16 << 20  # target size of one row chunk on disk
@@ -112,28 +115,47 @@ class Store:
         return {sh.id: sh.graph for sh in self.manifest.shards}
 
     # ---- arrays -------------------------------------------------------------------------------
-    # zarr creates every array's metadata; the chunk bytes go through ``chunks`` (direct file I/O) where
-    # the layout allows it, else through zarr
+    # zarr creates every array's metadata (with a checksum per chunk); the chunk bytes go through ``chunks``
+    # (direct file I/O) where the layout allows it, else through zarr
     def _write_array(self, name: str, data: np.ndarray, chunk_rows: int, dtype: DTypeLike) -> None:
         arr = zarr.create_array(store=str(self.path), name=name, shape=data.shape,
-                                chunks=(chunk_rows, data.shape[1]), dtype=dtype, compressors=None,
-                                overwrite=True)
+                                chunks=(chunk_rows, data.shape[1]), dtype=dtype, compressors=checksums.codecs(),
+                                overwrite=True, config={"write_empty_chunks": True})
         if not chunks.write_array(self.path / name, data):
             arr[:] = data.astype(dtype, copy=False)
 
-    def _read_array(self, name: str, start: int = 0, stop: int | None = None) -> np.ndarray:
-        out = chunks.read_rows(self.path / name, start, stop)
-        if out is None:
-            out = zarr.open_array(store=str(self.path), path=name, mode="r")[start:stop]
+    def _read_array(self, name: str, where: str, start: int = 0, stop: int | None = None) -> np.ndarray:
+        try:
+            out = chunks.read_rows(self.path / name, start, stop, require_checksums=self.manifest.checksummed)
+            if out is None:
+                out = self._zarr_read(name, start, stop)
+        except Damaged as e:
+            raise Damaged(e.file, f"{e.problem} (`bigknn verify {self.path}` lists all damage and what repairs it)",
+                          where) from None
         return out
+
+    def _zarr_read(self, name: str, start: int, stop: int | None) -> np.ndarray:
+        """The fallback for layouts ``chunks`` does not handle: zarr checks the checksums; missing chunks are
+        found here (zarr would read them as the fill value)."""
+        arr = zarr.open_array(store=str(self.path), path=name, mode="r")
+        checksummed = checksums.present(arr.metadata.to_dict())
+        if self.manifest.checksummed and not checksummed:
+            raise Damaged(self.path / name / "zarr.json", "array has no chunk checksums")
+        if checksummed and arr.nchunks_initialized < arr.nchunks:
+            raise Damaged(self.path / name, f"{arr.nchunks - arr.nchunks_initialized} of its {arr.nchunks} "
+                                            "chunk files missing")
+        try:
+            return arr[start:stop]
+        except ValueError as e:  # zarr's crc32c codec: stored and computed checksums differ
+            raise Damaged(self.path / name, f"a chunk fails its checksum ({e})") from None
 
     # ---- vectors ------------------------------------------------------------------------------
     def write_vectors(self, shard_id: int, x: np.ndarray) -> None:
         chunk_rows = max(1, min(x.shape[0], CHUNK_BYTES // max(1, x.shape[1] * x.itemsize)))
-        self._write_array(f"shards/{shard_id}/vectors", x, chunk_rows, x.dtype)
+        self._write_array(vectors_name(shard_id), x, chunk_rows, x.dtype)
 
     def read_vectors(self, shard_id: int, start: int = 0, stop: int | None = None) -> np.ndarray:
-        return self._read_array(f"shards/{shard_id}/vectors", start, stop)
+        return self._read_array(vectors_name(shard_id), f"shard {shard_id} vectors", start, stop)
 
     def vectors_of(self, global_ids: np.ndarray) -> np.ndarray:
         """Vectors of arbitrary global rows (one read per shard touched)."""
@@ -150,19 +172,19 @@ class Store:
     # ---- graphs -------------------------------------------------------------------------------
     def write_graph(self, shard_id: int, version: int, graph: KnnGraph) -> None:
         """Write a graph version (not visible until a manifest commit points at it)."""
-        base = f"shards/{shard_id}/graph/{version}"
         rows, k = graph.ids.shape
         chunk_rows = max(1, min(rows, CHUNK_BYTES // (k * 4)))
         for name, data, dtype in (("ids", graph.ids, ID_DTYPE), ("dists", graph.dists, np.float32)):
-            self._write_array(f"{base}/{name}", data, chunk_rows, dtype)
+            self._write_array(graph_name(shard_id, version, name), data, chunk_rows, dtype)
 
     def read_graph(self, shard_id: int, version: int | None = None) -> KnnGraph:
         if version is None:
             version = self.manifest.shards[shard_id].graph
         if version is None:
             raise ValueError(f"shard {shard_id} has no graph yet")
-        base = f"shards/{shard_id}/graph/{version}"
-        return KnnGraph(self._read_array(f"{base}/ids"), self._read_array(f"{base}/dists"))
+        where = f"shard {shard_id} graph version {version}"
+        return KnnGraph(*(self._read_array(graph_name(shard_id, version, name), f"{where} {name}")
+                          for name in ("ids", "dists")))
 
     def _stale_graphs(self, shard_id: int, previous: int | None) -> list[Path]:
         """Version directories of a shard older than ``previous`` (the version the last commit pointed at)."""
@@ -174,3 +196,11 @@ class Store:
     # ---- accounting ---------------------------------------------------------------------------
     def disk_bytes(self) -> int:
         return sum(f.stat().st_size for f in self.path.rglob("*") if f.is_file())
+
+
+def vectors_name(shard_id: int) -> str:
+    return f"shards/{shard_id}/vectors"
+
+
+def graph_name(shard_id: int, version: int, array: str) -> str:
+    return f"shards/{shard_id}/graph/{version}/{array}"
