@@ -49,17 +49,17 @@ def build(req: BuildRequest, backends: list[Backend], reporter: Reporter) -> dic
     vf = open_vectors(req.input)
     resuming = Store.exists(req.store)
     if resuming and not req.shard_rows:  # automatic size: the store's, whatever this machine would pick
-        req = replace(req, shard_rows=Store.open(req.store).manifest.shard_rows)
+        req = replace(req, shard_rows=Store.open(req.store, pin=False).manifest.shard_rows)
     elif not req.shard_rows:
         req = replace(req, shard_rows=auto_shard_rows(backends, vf.dim, vf.read_dtype.itemsize, req.params))
     _check_request(req, vf)
     if resuming:  # refuse another build before the lock is taken: a refusal writes nothing, .lock included
-        _check_same_build(Store.open(req.store).manifest, req, vf)
+        _check_same_build(Store.open(req.store, pin=False).manifest, req, vf)
     created_here = False
     try:
         with WriterLock(req.store, req.wait_s):
             if Store.exists(req.store):  # again, under the lock: another writer may have created it meanwhile
-                store = Store.open(req.store)
+                store = Store.open(req.store, pin=False)
                 _check_same_build(store.manifest, req, vf)
             else:
                 store = _create_store(req, vf)

@@ -19,9 +19,9 @@ def finish(store_path: Path, backends: list[Backend], reporter: Reporter, wait_s
            host_mem: int | None = None) -> dict:
     t0 = time.perf_counter()
     acct = Accounting()
-    Store.open(store_path)  # refuse a missing or foreign directory before the lock file is created
+    Store.open(store_path, pin=False)  # refuse a missing or foreign directory before the lock file is created
     with WriterLock(store_path, wait_s):
-        store = Store.open(store_path)
+        store = Store.open(store_path, pin=False)
         if not store.manifest.shards:
             raise BadInput(store_path, "sharding never finished; rerun `bigknn build` with the same input")
         if store.manifest.pending:

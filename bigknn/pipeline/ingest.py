@@ -101,7 +101,7 @@ def ingest(store_path: Path, inputs: list[Path], backends: list[Backend], report
     """Ingest ``inputs`` in order; returns what was ingested, skipped and the time per phase."""
     t0 = time.perf_counter()
     acct = Accounting()
-    store = Store.open(store_path)
+    store = Store.open(store_path, pin=False)
     # every check runs before the lock is taken, so a refused input leaves the store untouched
     _check_finished(store)
     files = [open_vectors(p) for p in inputs]  # headers of every file first: fail fast
@@ -117,7 +117,7 @@ def ingest(store_path: Path, inputs: list[Path], backends: list[Backend], report
     acct.add("read", time.perf_counter() - t, sum(fp["size"] for fp in fingerprints))
     report = {"store": str(store_path), "ingested": [], "skipped": [], "rows_added": 0}
     with WriterLock(store_path, wait_s):
-        store = Store.open(store_path)  # re-read: another writer may have committed while we waited
+        store = Store.open(store_path, pin=False)  # re-read: another writer may have committed while we waited
         _check_finished(store)
         if store.manifest.pending:
             report["resumed"] = store.manifest.pending["inputs"][0]["path"]
