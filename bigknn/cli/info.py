@@ -8,18 +8,23 @@ import click
 
 from bigknn.cli.app import cli, emit, json_option
 from bigknn.pipeline.export import FORMATS, export as run_export
-from bigknn.shards import Store
+from bigknn.pipeline.verify import verify
+from bigknn.shards import Store, read_store
 
 
 def describe(store: Store) -> dict:
+    """The manifest's summary, and the files of the store's state that are missing or of the wrong size (the
+    cheap part of ``bigknn verify``): a store with any is not complete."""
     m = store.manifest
     n = len(m.shards)
     total = n * (n - 1) // 2
     built = sum(s.graph is not None for s in m.shards)
+    damaged = [f"{d['what']}: {d['file']}: {d['problem']}" for d in verify(store, contents=False)["damaged"]]
     return {"store": str(store.path), "format": m.format, "rows": m.rows, "dim": m.dim, "dtype": m.dtype,
             "metric": m.metric, "k": m.k, "shards": n, "shards_built": built, "merges_done": len(m.merged),
             "merges_pending": total - len(m.merged),
-            "complete": bool(n) and built == n and len(m.merged) == total,
+            "complete": bool(n) and built == n and len(m.merged) == total and not damaged,
+            "damaged": damaged,
             "inputs": [i["path"] for i in m.inputs], "disk_bytes": store.disk_bytes(),
             "timings_s": m.timings}
 
@@ -28,14 +33,14 @@ def describe(store: Store) -> dict:
 @click.argument("store", type=click.Path(path_type=Path))
 @json_option
 def info(store: Path, as_json: bool) -> None:
-    """Shards, rows, k, metric, merges done and pending, disk use.
+    """Shards, rows, k, metric, merges done and pending, disk use, missing files (`bigknn verify` checks all).
 
     \b
     Examples:
       bigknn info data.knn
       bigknn info data.knn --json | jq .merges_pending
     """
-    emit(describe(Store.open(store)), as_json, "store")
+    emit(read_store(store, describe, suspect=lambda d: bool(d["damaged"])), as_json, "store")
 
 
 @cli.command()
@@ -52,4 +57,4 @@ def export(store: Path, output: Path, fmt: str, as_json: bool) -> None:
       bigknn export data.knn -o graph.ibin
       bigknn export data.knn -o graph.npy --format npy     # also writes graph.dists.npy
     """
-    emit(run_export(Store.open(store), output, fmt), as_json, "export")
+    emit(read_store(store, lambda s: run_export(s, output, fmt)), as_json, "export")

@@ -204,6 +204,25 @@ class Store:
         except ValueError as e:  # zarr's crc32c codec: stored and computed checksums differ
             raise Damaged(self.path / name, f"a chunk fails its checksum ({e})") from None
 
+    def array_meta(self, name: str) -> dict:
+        """An array's zarr.json; Damaged when it is missing or unreadable."""
+        return chunks.metadata(self.path / name)
+
+    def check_array(self, name: str, contents: bool,
+                    visit: Callable[[np.ndarray], None] | None = None) -> list[Damaged]:
+        """Every missing or damaged chunk of an array (``chunks.check``); for layouts it does not handle, the
+        whole array is read through zarr, which reports the first damage only."""
+        try:
+            found = chunks.check(self.path / name, contents, visit, require_checksums=self.manifest.checksummed)
+            if found is not None:
+                return found
+            data = self._zarr_read(name, 0, None)
+            if visit is not None:
+                visit(data)
+            return []
+        except Damaged as e:
+            return [e]
+
     # ---- vectors ------------------------------------------------------------------------------
     def write_vectors(self, shard_id: int, x: np.ndarray) -> None:
         chunk_rows = max(1, min(x.shape[0], CHUNK_BYTES // max(1, x.shape[1] * x.itemsize)))
