@@ -100,7 +100,7 @@ def pinned(store_path: Path) -> set[tuple[int, int]] | None:
     folder = Path(store_path) / LEASE_DIR
     try:
         entries = list(os.scandir(folder))
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # no reader could write a lease here
         return set()
     host, now = socket.gethostname(), time.time()
     pins: set[tuple[int, int]] = set()

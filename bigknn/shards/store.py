@@ -27,10 +27,10 @@ import numpy as np
 import zarr
 from numpy.typing import DTypeLike
 
-from bigknn.errors import BadInput, Damaged
+from bigknn.errors import BadInput, BigknnError, Damaged
 from bigknn.graph import ID_DTYPE, KnnGraph
 from bigknn.shards import checksums, chunks
-from bigknn.shards.leases import Lease, pinned
+from bigknn.shards.leases import LEASE_DIR, Lease, pinned
 from bigknn.shards.manifest import MANIFEST, Manifest, write_atomic
 
 CHUNK_BYTES = 16 << 20  # target size of one row chunk on disk
@@ -307,7 +307,11 @@ def read_store(path: Path, read: Callable[[Store], T], suspect: Callable[[T], bo
                 result = read(store)
                 if attempt >= READ_ATTEMPTS or suspect is None or not suspect(result) or not store.moved_on():
                     return result
-            except Damaged:
-                if attempt >= READ_ATTEMPTS or not store.moved_on():
+            except Damaged as e:
+                if not store.moved_on():
                     raise
+                if attempt >= READ_ATTEMPTS:
+                    raise BigknnError(f"{path}: writers deleted the graph versions this read was on {attempt} times "
+                                      f"(it cannot pin them: no write access to {path / LEASE_DIR}); give it "
+                                      "write access there, or read while no writer commits") from e
         attempt += 1
