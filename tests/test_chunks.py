@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from contextlib import contextmanager
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -226,3 +227,68 @@ def test_store_falls_back_to_zarr_for_a_compressed_layout(tmp_path, monkeypatch)
     g = store.read_graph(0, 1)
     assert_identical(g.ids, ids)
     assert_identical(g.dists, dists)
+
+
+# ---- checksums ------------------------------------------------------------------------------------------
+def flip_byte(path, at: int = 5) -> None:
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_a_range_read_checks_the_whole_chunk(tmp_path):
+    """Rows outside the range asked for, in the same chunk, are read and checked too; other chunks are not."""
+    store = new_store(tmp_path / "s")
+    x = random_rows(np.random.default_rng(8), ROWS, 6, np.float32)
+    store.write_vectors(0, x)
+    array_dir = tmp_path / "s" / "shards" / "0" / "vectors"
+    chunk_rows = chunk_rows_of(array_dir)
+    flip_byte(array_dir / "c" / "1" / "0", at=4)  # row chunk_rows, the chunk's first
+    with pytest.raises(Damaged, match="checksum") as info:
+        store.read_vectors(0, chunk_rows + 2, chunk_rows + 3)
+    assert info.value.where == "shard 0 vectors" and info.value.file.endswith("c/1/0")
+    assert_identical(store.read_vectors(0, 0, chunk_rows), x[:chunk_rows])
+    assert_identical(store.read_vectors(0, 2 * chunk_rows), x[2 * chunk_rows:])
+
+
+def test_check_lists_every_damaged_chunk(tmp_path):
+    store = new_store(tmp_path / "s")
+    store.write_vectors(0, random_rows(np.random.default_rng(9), ROWS, 6, np.float32))
+    array_dir = tmp_path / "s" / "shards" / "0" / "vectors"
+    (array_dir / "c" / "0" / "0").unlink()
+    flip_byte(array_dir / "c" / "2" / "0")
+    last = sorted((array_dir / "c").iterdir(), key=lambda p: int(p.name))[-1] / "0"
+    last.write_bytes(last.read_bytes()[:-1])
+    problems = {Path(d.file).relative_to(array_dir).as_posix(): d.problem for d in chunks.check(array_dir, True)}
+    assert problems.keys() == {"c/0/0", "c/2/0", last.relative_to(array_dir).as_posix()}
+    assert "missing" in problems["c/0/0"] and "checksum" in problems["c/2/0"]
+    # without reading the contents: the missing and the short file, not the flipped byte
+    assert {Path(d.file).name for d in chunks.check(array_dir, False)} == {"0"}
+    assert len(chunks.check(array_dir, False)) == 2
+
+
+def test_the_zarr_fallback_finds_missing_and_damaged_chunks(tmp_path, monkeypatch):
+    create_array = zarr.create_array
+    monkeypatch.setattr(zarr, "create_array", lambda *a, **kw: create_array(
+        *a, **{**kw, "compressors": [zarr.codecs.ZstdCodec(), *kw["compressors"]]}))
+    store = new_store(tmp_path / "s")
+    store.write_vectors(0, random_rows(np.random.default_rng(10), ROWS, 6, np.float32))
+    array_dir = tmp_path / "s" / "shards" / "0" / "vectors"
+    (array_dir / "c" / "1" / "0").unlink()
+    with pytest.raises(Damaged, match="missing"):
+        store.read_vectors(0, 0, 3)
+    store.write_vectors(0, random_rows(np.random.default_rng(10), ROWS, 6, np.float32))
+    flip_byte(array_dir / "c" / "1" / "0", at=-6)
+    with pytest.raises(Damaged, match="checksum"):
+        store.read_vectors(0)
+
+
+def test_a_format_2_store_refuses_an_array_without_checksums(tmp_path):
+    store = new_store(tmp_path / "s")
+    x = random_rows(np.random.default_rng(11), ROWS, 6, np.float32)
+    zarr_write(tmp_path / "s" / "shards" / "0" / "vectors", x, 8)  # no checksum codec
+    with pytest.raises(Damaged, match="no chunk checksums"):
+        store.read_vectors(0)
+    old = new_store(tmp_path / "old", format=1)  # a format-1 store reads it as it always did
+    zarr_write(tmp_path / "old" / "shards" / "0" / "vectors", x, 8)
+    assert_identical(old.read_vectors(0), x)
