@@ -88,7 +88,8 @@ def test_store_create_open_round_trip(tmp_path):
     store = new_store(tmp_path / "s", rng)
     again = Store.open(tmp_path / "s")
     assert again.manifest == store.manifest
-    assert json.loads((tmp_path / "s" / "zarr.json").read_text())["attributes"]["bigknn"]["format"] == manifest_mod.FORMAT_VERSION
+    group = json.loads((tmp_path / "s" / "zarr.json").read_text())
+    assert group["attributes"]["bigknn"]["format"] == manifest_mod.FORMAT_VERSION
     np.testing.assert_array_equal(again.read_vectors(1), store.read_vectors(1))
     assert graph_equal(again.read_graph(0), store.read_graph(0, 1))
     # vectors_of gathers arbitrary global rows across shards

@@ -73,11 +73,14 @@ class Store:
         lease = Lease.take(path) if pin else None
         try:
             text = (path / MANIFEST).read_text()
-            manifest = Manifest.from_json(text)
-        except (ValueError, TypeError, KeyError) as e:
+            try:
+                manifest = Manifest.from_json(text)
+            except (ValueError, TypeError, KeyError) as e:
+                raise BadInput(path / MANIFEST, f"unreadable manifest: {e}") from None
+        except BaseException:
             if lease is not None:
                 lease.release()
-            raise BadInput(path / MANIFEST, f"unreadable manifest: {e}") from None
+            raise
         store = cls(path, manifest)
         store._manifest_text = text
         if lease is not None and lease.pin({s.id: s.graph for s in manifest.shards if s.graph is not None}):
@@ -142,6 +145,11 @@ class Store:
     def reload(self) -> None:
         self.manifest = Manifest.from_json((self.path / MANIFEST).read_text())
         self._committed = self._graph_versions()
+
+    @property
+    def pinned(self) -> bool:
+        """Whether this reader's graph versions are held by its lease (a lease nobody removed as expired)."""
+        return self._lease is not None and self._lease.path.exists()
 
     def moved_on(self) -> bool:
         """Whether a writer has committed since ``open()`` read the manifest."""
@@ -299,19 +307,21 @@ def read_store(path: Path, read: Callable[[Store], T], suspect: Callable[[T], bo
     """``read(store)`` on the store at ``path``, opened as a reader and closed after. With its lease, nothing
     it reads goes away. Without one (no write access to STORE/.readers) a writer's commit may delete a graph
     version under it: a read that raised ``Damaged``, or whose result is ``suspect`` (a report of damage), is
-    done again on the new state if the manifest moved on meanwhile; under an unchanged manifest it stands."""
+    done again on the new state if the manifest moved on meanwhile; under an unchanged manifest, or with the
+    lease, the damage is real and stands."""
     attempt = 1
     while True:
         with Store.open(path) as store:
             try:
                 result = read(store)
-                if attempt >= READ_ATTEMPTS or suspect is None or not suspect(result) or not store.moved_on():
+                if (attempt >= READ_ATTEMPTS or suspect is None or not suspect(result) or store.pinned
+                        or not store.moved_on()):
                     return result
             except Damaged as e:
-                if not store.moved_on():
+                if store.pinned or not store.moved_on():
                     raise
                 if attempt >= READ_ATTEMPTS:
                     raise BigknnError(f"{path}: writers deleted the graph versions this read was on {attempt} times "
-                                      f"(it cannot pin them: no write access to {path / LEASE_DIR}); give it "
+                                      f"(it cannot pin them: no write access to {Path(path) / LEASE_DIR}); give it "
                                       "write access there, or read while no writer commits") from e
         attempt += 1
