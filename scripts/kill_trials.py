@@ -6,7 +6,8 @@ Trials cycle over four kinds (``--kinds``):
 * build:  a fresh ``bigknn build``, killed, then rerun to the end;
 * merge:  a build killed once it is merging, then ``bigknn merge`` killed, then rerun to the end;
 * ingest: a copy of a finished store, ``bigknn ingest`` of a further file killed, then rerun;
-* export: ``bigknn export`` of a finished store (``.ibin`` and ``.npy`` in turn) killed, then rerun.
+* export: ``bigknn export`` of a finished store (``.ibin`` and ``.npy`` in turn) killed, then rerun; every
+  other export trial is killed the moment an output file appears, the worst moment for a file written in place.
 
 All the while one reader loop runs ``bigknn info``, ``eval recall`` and ``export`` on the store being written
 (info only while some shard has no graph yet). Writers commit after every merge (BIGKNN_CHECKPOINT_S=0), so
@@ -70,13 +71,13 @@ def all_graphs(m: dict | None) -> bool:
 
 
 def output_state(path: Path, reference: dict[str, bytes]) -> str:
-    """'absent', 'complete' (byte-identical to the uninterrupted export) or 'partial'."""
-    files = {p: (path.parent / p) for p in reference}
-    present = [p for p, f in files.items() if f.exists()]
-    if not present:
-        return "absent"
-    same = all(files[p].exists() and files[p].read_bytes() == reference[p] for p in reference)
-    return "complete" if same else "partial"
+    """'absent', 'complete' (every file byte-identical to the uninterrupted export's), 'some' (some files
+    complete, the others absent: a .npy export killed between its two files) or 'partial' (a file that is there
+    but not whole)."""
+    present = {name: (path.parent / name).read_bytes() for name in reference if (path.parent / name).exists()}
+    if any(data != reference[name] for name, data in present.items()):
+        return "partial"
+    return "absent" if not present else "complete" if len(present) == len(reference) else "some"
 
 
 def export_files(out: Path) -> list[str]:
@@ -265,12 +266,18 @@ def main() -> None:
                 rec["rerun_exit"] = finish(ingest)
                 rec.update(checked(store, recall_ingest, a.tolerance))
             else:
-                fmt = ("ibin", "npy")[(trial // len(kinds)) % 2]
+                turn = trial // len(kinds)
+                fmt = ("ibin", "npy")[turn % 2]
                 out = tdir / "out" / f"graph.{fmt}"
                 out.parent.mkdir()
                 export = bigknn("export", store, "-o", out, "--format", fmt)
-                rec["kill_after_s"] = round(rng.uniform(0.05, t_export), 2)
-                rec["killed"], _ = kill_after(export, rec["kill_after_s"])
+                if turn % 4 < 2:
+                    rec["kill_after_s"] = round(rng.uniform(0.05, t_export), 2)
+                    rec["killed"], _ = kill_after(export, rec["kill_after_s"])
+                else:
+                    rec["kill_after_s"] = "first output file"
+                    rec["killed"], _ = kill_after(export, 10 * t_export, until=lambda: any(
+                        (out.parent / name).exists() for name in export_files(out)))
                 rec["output_at_kill"] = output_state(out, ref_exports[fmt])
                 rec["rerun_exit"] = finish(export)
                 rec["output_after_rerun"] = output_state(out, ref_exports[fmt])
