@@ -226,6 +226,6 @@ def test_reader_processes_never_fail_during_a_build_and_an_ingest(tmp_path):
     runs = [json.loads(line) for line in log.read_text().splitlines()]
     refused = [r for r in runs if r["exit"] == 2 and "not finished" in r["stderr"]]  # export while merging
     failed = [r for r in runs if r["exit"] != 0 and r not in refused]
-    assert sum(r["kind"] == "api" for r in runs) >= 2 and sum(r["kind"] == "eval" and r["exit"] == 0 for r in runs)
+    assert sum(r["kind"] == "api" and r["exit"] == 0 for r in runs) >= 2, runs  # eval, export: refused while merging
     assert not failed, f"{len(failed)} of {len(runs)} readers failed, e.g. {failed[:2]}"
     assert list((store / ".readers").iterdir()) == []  # every reader released its lease
