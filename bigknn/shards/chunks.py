@@ -33,7 +33,7 @@ from bigknn.errors import Damaged
 from bigknn.shards import checksums
 
 CHUNKS_IN_FLIGHT = 4  # chunk reads or writes in flight within one array read or write
-SKIM_BYTES = 4 << 20  # block size for the bytes of a chunk that are checksummed but not wanted
+PIECE_BYTES = 1 << 20  # checksummed right after it is read or before it is written, while in the CPU cache
 
 # zarr v3 data type names with a plain numpy equivalent (little-endian on disk)
 _DTYPES = {"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
@@ -141,13 +141,23 @@ def _read_into(f: BinaryIO, dest: np.ndarray | bytearray) -> None:
         done += n
 
 
+def _read_checked(f: BinaryIO, dest: np.ndarray, crc: int) -> int:
+    """Fill ``dest`` (C-contiguous) from ``f``, returning ``crc`` extended over its bytes: piece by piece, each
+    checksummed while it is still in the CPU cache."""
+    flat = dest.reshape(-1).view(np.uint8)
+    for lo in range(0, flat.size, PIECE_BYTES):
+        piece = flat[lo:lo + PIECE_BYTES]
+        _read_into(f, piece)
+        crc = checksums.extend(crc, piece)
+    return crc
+
+
 def _skim(f: BinaryIO, nbytes: int, crc: int) -> int:
     """Read ``nbytes`` the caller does not want, returning ``crc`` extended over them."""
-    block = np.empty(min(nbytes, SKIM_BYTES), dtype=np.uint8)
+    block = np.empty(min(nbytes, PIECE_BYTES), dtype=np.uint8)
     while nbytes > 0:
         part = block[:nbytes]
-        _read_into(f, part)
-        crc = checksums.extend(crc, part)
+        crc = _read_checked(f, part, crc)
         nbytes -= part.size
     return crc
 
@@ -172,8 +182,7 @@ def _read_chunk(array_dir: Path, lay: _Layout, i: int, lo: int, hi: int, dest: n
         if size != lay.file_bytes:
             raise Damaged(path, f"chunk file has {size} bytes; its array's metadata says {lay.file_bytes}")
         crc = _skim(f, (lo - first) * lay.row_bytes, 0)
-        _read_into(f, dest)
-        crc = checksums.extend(crc, dest)
+        crc = _read_checked(f, dest, crc)
         crc = _skim(f, (first + lay.chunk_rows - hi) * lay.row_bytes, crc)
         stored = bytearray(checksums.SIZE)
         _read_into(f, stored)
@@ -251,6 +260,12 @@ def _check_size(array_dir: Path, lay: _Layout, i: int) -> None:
         raise Damaged(path, f"chunk file has {size} bytes; its array's metadata says {lay.file_bytes}")
 
 
+def _write_all(f: BinaryIO, data: np.ndarray) -> None:
+    view, done = memoryview(data).cast("B"), 0
+    while done < view.nbytes:
+        done += f.write(view[done:])
+
+
 def write_array(array_dir: Path, data: np.ndarray) -> bool:
     """Write all of ``data`` as the chunk files of the array whose metadata zarr just created at
     ``array_dir`` (each chunk written in full, the edge chunk padded with the fill value, then its checksum,
@@ -268,18 +283,19 @@ def write_array(array_dir: Path, data: np.ndarray) -> bool:
         parts = [data[lo:hi]]
         if hi - lo < lay.chunk_rows:
             parts.append(np.full((lay.chunk_rows - (hi - lo), lay.width), lay.fill, dtype=lay.dtype))
-        if lay.checksum:
-            crc = 0
-            for part in parts:
-                crc = checksums.extend(crc, part)
-            parts.append(np.frombuffer(checksums.encode(crc), dtype=np.uint8))
         path = _chunk_path(array_dir, i)
         path.parent.mkdir(parents=True, exist_ok=True)
+        crc = 0
         with open(path, "wb", buffering=0) as f:
             for part in parts:
-                view, done = memoryview(part).cast("B"), 0
-                while done < view.nbytes:
-                    done += f.write(view[done:])
+                flat = part.reshape(-1).view(np.uint8)
+                for start in range(0, flat.size, PIECE_BYTES):
+                    piece = flat[start:start + PIECE_BYTES]
+                    if lay.checksum:
+                        crc = checksums.extend(crc, piece)
+                    _write_all(f, piece)
+            if lay.checksum:
+                _write_all(f, np.frombuffer(checksums.encode(crc), dtype=np.uint8))
 
     _run([lambda i=i: write(i) for i in range(lay.chunks)])
     return True
