@@ -75,3 +75,21 @@ def _free_bytes(path: Path) -> int:
         if p.exists():
             return shutil.disk_usage(p).free
     return 0
+
+
+class Damaged(BigknnError):
+    """A store file is missing or fails its checksum (exit 1): reads stop here, they never return zeros.
+    ``where`` names the shard and array, ``file`` the file; ``bigknn verify`` lists every such file and what
+    repairs it."""
+
+    exit_code = 1
+
+    def __init__(self, file: object, problem: str, where: str = ""):
+        self.file = str(file)
+        self.problem = problem
+        self.where = where
+        super().__init__(f"{where}: {self.file}: {problem}" if where else f"{self.file}: {problem}")
+
+    def at(self, where: str) -> "Damaged":
+        """The same damage, named by the shard and array it belongs to."""
+        return Damaged(self.file, self.problem, where)

@@ -1,19 +1,21 @@
 """Direct chunk I/O of the store's arrays (bigknn.shards.chunks): bit-exact agreement with zarr in both
-directions (edge chunks, chunks zarr left unwritten as all fill value, row ranges), and the fall back to zarr
-for layouts it does not handle."""
+directions (edge chunks and their checksums, chunks zarr left unwritten as all fill value in arrays without
+checksums, row ranges), and the fall back to zarr for layouts it does not handle."""
 
 from __future__ import annotations
 
 import json
 from contextlib import contextmanager
+from pathlib import Path
 
 import numpy as np
 import pytest
 import zarr
 
 import bigknn.shards.store as store_mod
+from bigknn.errors import Damaged
 from bigknn.graph import KnnGraph
-from bigknn.shards import Manifest, ShardEntry, Store, chunks
+from bigknn.shards import Manifest, ShardEntry, Store, checksums, chunks
 
 SMALL_CHUNK_BYTES = 320  # several chunks and an edge chunk for the hundred rows used here
 ROWS = 101
@@ -41,9 +43,9 @@ def zarr_chunk_io_refused():
         yield
 
 
-def new_store(path) -> Store:
+def new_store(path, **over) -> Store:
     return Store.create(path, Manifest(dim=6, dtype="<f4", metric="l2", k=5, shard_rows=1000, params={}, seed=0,
-                                       inputs=[]))
+                                       inputs=[], **over))
 
 
 def zarr_read(array_dir) -> np.ndarray:
@@ -51,7 +53,7 @@ def zarr_read(array_dir) -> np.ndarray:
 
 
 def zarr_write(array_dir, x: np.ndarray, chunk_rows: int, **kwargs) -> None:
-    """An array written the old way: all through zarr."""
+    """An array written the old way: all through zarr (without checksums unless ``compressors`` says so)."""
     kwargs.setdefault("compressors", None)
     arr = zarr.create_array(store=str(array_dir), shape=x.shape, chunks=(chunk_rows, x.shape[1]), dtype=x.dtype,
                             overwrite=True, **kwargs)
@@ -100,7 +102,7 @@ def test_vectors_round_trip_bit_exact_with_zarr(tmp_path, dtype):
     for (start, stop), part in parts.items():
         assert_identical(part, x[start:stop])
     # the files are the very ones zarr writes, edge chunk padding included
-    zarr_write(tmp_path / "ref", x, chunk_rows)
+    zarr_write(tmp_path / "ref", x, chunk_rows, compressors=checksums.codecs())
     assert chunk_files(array_dir) == chunk_files(tmp_path / "ref")
     assert len(chunk_files(array_dir)) == -(-ROWS // chunk_rows)
 
@@ -120,7 +122,7 @@ def test_graph_round_trip_bit_exact_with_zarr(tmp_path):
         array_dir = tmp_path / "s" / "shards" / "0" / "graph" / "3" / name
         assert ROWS % chunk_rows_of(array_dir)
         assert_identical(zarr_read(array_dir), want)
-        zarr_write(tmp_path / f"ref-{name}", want, chunk_rows_of(array_dir))
+        zarr_write(tmp_path / f"ref-{name}", want, chunk_rows_of(array_dir), compressors=checksums.codecs())
         assert chunk_files(array_dir) == chunk_files(tmp_path / f"ref-{name}")
 
 
@@ -155,8 +157,9 @@ def test_zarr_written_array_with_unwritten_fill_chunks(tmp_path, dtype, fill):
 
 
 def test_store_reads_vectors_written_the_old_way(tmp_path):
-    """A store written before the fast path: all-zero chunks absent; vectors_of gathers across borders."""
-    store = new_store(tmp_path / "s")
+    """A format-1 store written before the fast path: no checksums, all-zero chunks absent; vectors_of gathers
+    across borders."""
+    store = new_store(tmp_path / "s", format=1)
     x = random_rows(np.random.default_rng(4), ROWS, 6, np.float32)
     x[40:60] = 0
     zarr_write(tmp_path / "s" / "shards" / "0" / "vectors", x, 8)
@@ -175,7 +178,7 @@ def test_truncated_chunk_file_is_an_error(tmp_path):
     chunk = tmp_path / "a" / "c" / "3" / "0"
     chunk.write_bytes(chunk.read_bytes()[:-4])
     assert_identical(chunks.read_rows(tmp_path / "a", 0, 24), x[:24])
-    with pytest.raises(OSError, match="shorter"):
+    with pytest.raises(Damaged, match="shorter"):
         chunks.read_rows(tmp_path / "a", 20, 40)
 
 
@@ -206,7 +209,7 @@ def test_store_falls_back_to_zarr_for_a_compressed_layout(tmp_path, monkeypatch)
     create_array = zarr.create_array
 
     def create_compressed(*args, **kwargs):
-        return create_array(*args, **{**kwargs, "compressors": zarr.codecs.ZstdCodec()})
+        return create_array(*args, **{**kwargs, "compressors": [zarr.codecs.ZstdCodec(), *kwargs["compressors"]]})
 
     monkeypatch.setattr(zarr, "create_array", create_compressed)
     store = new_store(tmp_path / "s")
@@ -217,10 +220,75 @@ def test_store_falls_back_to_zarr_for_a_compressed_layout(tmp_path, monkeypatch)
     store.write_vectors(0, x)
     store.write_graph(0, 1, KnnGraph(ids, dists))
     array_dir = tmp_path / "s" / "shards" / "0" / "vectors"
-    assert json.loads((array_dir / "zarr.json").read_text())["codecs"][-1]["name"] == "zstd"
+    assert [c["name"] for c in json.loads((array_dir / "zarr.json").read_text())["codecs"]][1:] == ["zstd", "crc32c"]
     assert chunks.read_rows(array_dir) is None
     assert_identical(store.read_vectors(0), x)
     assert_identical(store.read_vectors(0, 9, 30), x[9:30])
     g = store.read_graph(0, 1)
     assert_identical(g.ids, ids)
     assert_identical(g.dists, dists)
+
+
+# ---- checksums ------------------------------------------------------------------------------------------
+def flip_byte(path, at: int = 5) -> None:
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_a_range_read_checks_the_whole_chunk(tmp_path):
+    """Rows outside the range asked for, in the same chunk, are read and checked too; other chunks are not."""
+    store = new_store(tmp_path / "s")
+    x = random_rows(np.random.default_rng(8), ROWS, 6, np.float32)
+    store.write_vectors(0, x)
+    array_dir = tmp_path / "s" / "shards" / "0" / "vectors"
+    chunk_rows = chunk_rows_of(array_dir)
+    flip_byte(array_dir / "c" / "1" / "0", at=4)  # row chunk_rows, the chunk's first
+    with pytest.raises(Damaged, match="checksum") as info:
+        store.read_vectors(0, chunk_rows + 2, chunk_rows + 3)
+    assert info.value.where == "shard 0 vectors" and info.value.file.endswith("c/1/0")
+    assert_identical(store.read_vectors(0, 0, chunk_rows), x[:chunk_rows])
+    assert_identical(store.read_vectors(0, 2 * chunk_rows), x[2 * chunk_rows:])
+
+
+def test_check_lists_every_damaged_chunk(tmp_path):
+    store = new_store(tmp_path / "s")
+    store.write_vectors(0, random_rows(np.random.default_rng(9), ROWS, 6, np.float32))
+    array_dir = tmp_path / "s" / "shards" / "0" / "vectors"
+    (array_dir / "c" / "0" / "0").unlink()
+    flip_byte(array_dir / "c" / "2" / "0")
+    last = sorted((array_dir / "c").iterdir(), key=lambda p: int(p.name))[-1] / "0"
+    last.write_bytes(last.read_bytes()[:-1])
+    problems = {Path(d.file).relative_to(array_dir).as_posix(): d.problem for d in chunks.check(array_dir, True)}
+    assert problems.keys() == {"c/0/0", "c/2/0", last.relative_to(array_dir).as_posix()}
+    assert "missing" in problems["c/0/0"] and "checksum" in problems["c/2/0"]
+    # without reading the contents: the missing and the short file, not the flipped byte
+    assert {Path(d.file).name for d in chunks.check(array_dir, False)} == {"0"}
+    assert len(chunks.check(array_dir, False)) == 2
+
+
+def test_the_zarr_fallback_finds_missing_and_damaged_chunks(tmp_path, monkeypatch):
+    create_array = zarr.create_array
+    monkeypatch.setattr(zarr, "create_array", lambda *a, **kw: create_array(
+        *a, **{**kw, "compressors": [zarr.codecs.ZstdCodec(), *kw["compressors"]]}))
+    store = new_store(tmp_path / "s")
+    store.write_vectors(0, random_rows(np.random.default_rng(10), ROWS, 6, np.float32))
+    array_dir = tmp_path / "s" / "shards" / "0" / "vectors"
+    (array_dir / "c" / "1" / "0").unlink()
+    with pytest.raises(Damaged, match="missing"):
+        store.read_vectors(0, 0, 3)
+    store.write_vectors(0, random_rows(np.random.default_rng(10), ROWS, 6, np.float32))
+    flip_byte(array_dir / "c" / "1" / "0", at=-6)
+    with pytest.raises(Damaged, match="checksum"):
+        store.read_vectors(0)
+
+
+def test_a_format_2_store_refuses_an_array_without_checksums(tmp_path):
+    store = new_store(tmp_path / "s")
+    x = random_rows(np.random.default_rng(11), ROWS, 6, np.float32)
+    zarr_write(tmp_path / "s" / "shards" / "0" / "vectors", x, 8)  # no checksum codec
+    with pytest.raises(Damaged, match="no chunk checksums"):
+        store.read_vectors(0)
+    old = new_store(tmp_path / "old", format=1)  # a format-1 store reads it as it always did
+    zarr_write(tmp_path / "old" / "shards" / "0" / "vectors", x, 8)
+    assert_identical(old.read_vectors(0), x)

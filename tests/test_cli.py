@@ -16,6 +16,7 @@ import pytest
 
 from bigknn.formats import open_vectors, read_truth, write_truth, write_vectors
 from bigknn.shards import WriterLock
+from bigknn.shards.manifest import FORMAT_VERSION
 from bigknn.synth import synth
 
 from conftest import assert_one_line_error, exact_neighbours, read_manifest, recall_at, run_cli, run_json, tree_hashes
@@ -78,7 +79,7 @@ def test_info(built):
     i = run_json("info", built["store"])
     assert i["complete"] is True and i["merges_pending"] == 0 and i["merges_done"] == 6
     assert i["shards"] == 4 and i["shards_built"] == 4 and i["rows"] == ROWS
-    assert i["k"] == K and i["dim"] == DIM and i["metric"] == "l2" and i["format"] == 1
+    assert i["k"] == K and i["dim"] == DIM and i["metric"] == "l2" and i["format"] == FORMAT_VERSION
     assert i["inputs"] == [str(built["data"].resolve())]
     assert i["disk_bytes"] >= ROWS * DIM * 4
 

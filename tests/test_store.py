@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,7 +19,7 @@ import bigknn.atomic as atomic_mod
 import bigknn.shards.manifest as manifest_mod
 from bigknn.errors import BadInput, StoreBusy
 from bigknn.graph import KnnGraph
-from bigknn.shards import Manifest, ShardEntry, Store, WriterLock
+from bigknn.shards import Manifest, ShardEntry, Store, WriterLock, leases
 
 from conftest import cli_env
 
@@ -88,7 +89,8 @@ def test_store_create_open_round_trip(tmp_path):
     store = new_store(tmp_path / "s", rng)
     again = Store.open(tmp_path / "s")
     assert again.manifest == store.manifest
-    assert json.loads((tmp_path / "s" / "zarr.json").read_text())["attributes"]["bigknn"]["format"] == 1
+    group = json.loads((tmp_path / "s" / "zarr.json").read_text())
+    assert group["attributes"]["bigknn"]["format"] == manifest_mod.FORMAT_VERSION
     np.testing.assert_array_equal(again.read_vectors(1), store.read_vectors(1))
     assert graph_equal(again.read_graph(0), store.read_graph(0, 1))
     # vectors_of gathers arbitrary global rows across shards
@@ -305,3 +307,72 @@ def test_lock_is_exclusive_within_one_process_too(tmp_path):
                 pass
     with WriterLock(tmp_path / "s", wait_s=0):
         pass
+
+
+# ---- reader leases ----------------------------------------------------------------------------
+def commit_versions(store: Store, rng, versions) -> None:
+    for v in versions:
+        store.write_graph(0, v, random_graph(rng, 200))
+        store.manifest.shards[0].graph = v
+        store.commit()
+
+
+def write_lease(store: Store, name: str, pid: int, graphs: dict | None, age_s: float = 0.0) -> Path:
+    folder = store.path / leases.LEASE_DIR
+    folder.mkdir(exist_ok=True)
+    path = folder / name
+    path.write_text(json.dumps({"pid": pid, "host": socket.gethostname(), "graphs": graphs}))
+    if age_s:
+        t = time.time() - age_s
+        os.utime(path, (t, t))
+    return path
+
+
+def test_a_readers_versions_outlive_commits_until_it_closes(tmp_path):
+    rng = np.random.default_rng(5)
+    writer = new_store(tmp_path / "s", rng)
+    reader = Store.open(writer.path)  # pins version 1 of both shards
+    g1 = reader.read_graph(0)
+    commit_versions(writer, rng, (2, 3, 4))
+    writer.close()
+    assert versions_on_disk(writer, 0) == {1, 3, 4}  # 2 went; 1 stays for the reader
+    assert graph_equal(reader.read_graph(0), g1)
+    reader.close()
+    assert list((writer.path / leases.LEASE_DIR).iterdir()) == []
+    writer.close()  # a writer's close deletes what the reader kept
+    assert versions_on_disk(writer, 0) == {3, 4}
+
+
+def test_leases_of_dead_or_silent_readers_are_ignored_and_removed(tmp_path):
+    rng = np.random.default_rng(6)
+    writer = new_store(tmp_path / "s", rng)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    gone = write_lease(writer, "dead.json", int(dead), {"0": 1})
+    silent = write_lease(writer, "silent.json", os.getpid(), {"0": 1}, age_s=leases.EXPIRE_S + 5)
+    commit_versions(writer, rng, (2, 3))
+    writer.close()
+    assert versions_on_disk(writer, 0) == {2, 3}
+    assert not gone.exists() and not silent.exists()
+
+
+def test_a_reader_still_opening_holds_back_every_deletion(tmp_path):
+    """A lease without versions yet (its reader is reading the manifest) may need any version."""
+    rng = np.random.default_rng(7)
+    writer = new_store(tmp_path / "s", rng)
+    opening = write_lease(writer, "opening.json", os.getpid(), None)
+    commit_versions(writer, rng, (2, 3))
+    writer.close()
+    assert versions_on_disk(writer, 0) == {1, 2, 3}
+    opening.unlink()
+    writer.close()
+    assert versions_on_disk(writer, 0) == {2, 3}
+
+
+def test_pin_false_writes_nothing_and_new_versions_skip_existing_directories(tmp_path):
+    rng = np.random.default_rng(8)
+    store = new_store(tmp_path / "s", rng)
+    opened = Store.open(store.path, pin=False)
+    assert not (store.path / leases.LEASE_DIR).exists()
+    store.write_graph(0, 5, random_graph(rng, 200))  # e.g. a damaged version left on disk
+    assert opened.next_version(0, 1) == 6 and opened.next_version(1, 1) == 2 and opened.next_version(1, None) == 2

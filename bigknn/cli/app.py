@@ -113,4 +113,4 @@ def parse_bytes(text: str | None) -> int | None:
         raise click.BadParameter(f"{text!r} is not a size like 8G or 512M") from None
 
 
-from bigknn.cli import build as _build, evaluate as _evaluate, info as _info, ingest as _ingest, plan as _plan, synth as _synth  # noqa: E402,F401,I001
+from bigknn.cli import build as _build, evaluate as _evaluate, info as _info, ingest as _ingest, plan as _plan, synth as _synth, verify as _verify  # noqa: E402,F401,I001

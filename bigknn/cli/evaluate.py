@@ -9,7 +9,7 @@ import click
 from bigknn.backends import get_backend
 from bigknn.cli.app import backend_option, cli, emit, gpu_mem_option, json_option, parse_bytes
 from bigknn.pipeline.evaluate import recall as run_recall
-from bigknn.shards import Store
+from bigknn.shards import read_store
 
 
 @cli.group(name="eval")
@@ -47,8 +47,9 @@ def recall(store: Path, sample: int, k: int, truth: Path | None, seed: int, row_
       bigknn eval recall data.knn --truth gt.ibin
       bigknn eval recall data.knn --rows 10000000:10100000    # only rows added by an ingest
     """
-    result = run_recall(Store.open(store), get_backend(backend, parse_bytes(gpu_mem)), sample, k, truth, seed,
-                        parse_range(row_range))
+    rows = parse_range(row_range)
+    be = get_backend(backend, parse_bytes(gpu_mem))
+    result = read_store(store, lambda s: run_recall(s, be, sample, k, truth, seed, rows))
     emit(result, as_json, "recall")
 
 

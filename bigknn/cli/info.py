@@ -8,15 +8,19 @@ import click
 
 from bigknn.cli.app import cli, emit, json_option
 from bigknn.pipeline.export import FORMATS, export as run_export
-from bigknn.shards import Store
+from bigknn.pipeline.verify import verify
+from bigknn.shards import Store, read_store
 
 
 def describe(store: Store) -> dict:
+    """The manifest's summary, and the files of the store's state that are missing or of the wrong size (the
+    cheap part of ``bigknn verify``): a store with any is not complete."""
     m = store.manifest
+    damaged = [f"{d['what']}: {d['file']}: {d['problem']}" for d in verify(store, contents=False)["damaged"]]
     return {"store": str(store.path), "format": m.format, "rows": m.rows, "dim": m.dim, "dtype": m.dtype,
             "metric": m.metric, "k": m.k, "shards": len(m.shards),
             "shards_built": sum(s.graph is not None for s in m.shards), "merges_done": len(m.merged),
-            "merges_pending": m.merges_total - len(m.merged), "complete": m.complete,
+            "merges_pending": m.merges_total - len(m.merged), "complete": m.complete and not damaged, "damaged": damaged,
             "inputs": [i["path"] for i in m.inputs], "disk_bytes": store.disk_bytes(),
             "timings_s": m.timings, "recall_estimate": m.estimate}
 
@@ -25,15 +29,15 @@ def describe(store: Store) -> dict:
 @click.argument("store", type=click.Path(path_type=Path))
 @json_option
 def info(store: Path, as_json: bool) -> None:
-    """Shards, rows, k, metric, merges done and pending, disk use, and the build's recall@10 estimate
-    (sample size, 95 % interval, the target it was built for).
+    """Shards, rows, k, metric, merges done and pending, disk use, missing files (`bigknn verify` checks all),
+    and the build's recall@10 estimate (sample size, 95 % interval, the target it was built for).
 
     \b
     Examples:
       bigknn info data.knn
       bigknn info data.knn --json | jq .merges_pending
     """
-    emit(describe(Store.open(store)), as_json, "store")
+    emit(read_store(store, describe, suspect=lambda d: bool(d["damaged"])), as_json, "store")
 
 
 @cli.command()
@@ -50,4 +54,4 @@ def export(store: Path, output: Path, fmt: str, as_json: bool) -> None:
       bigknn export data.knn -o graph.ibin
       bigknn export data.knn -o graph.npy --format npy     # also writes graph.dists.npy
     """
-    emit(run_export(Store.open(store), output, fmt), as_json, "export")
+    emit(read_store(store, lambda s: run_export(s, output, fmt)), as_json, "export")

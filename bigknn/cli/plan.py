@@ -61,7 +61,7 @@ def plan(input: Path | None, rows: int | None, dim: int | None, dtype: str, k: i
     if shard_rows is None:
         shard_rows = auto_shard_rows(backends, dim, itemsize, params, parse_bytes(gpu_mem))
     if store is not None:
-        rates = rates_from_store(Store.open(store))
+        rates = rates_from_store(Store.open(store, pin=False))
     else:
         c_rows = calibrate_rows or (1_000_000 if backends[0].name == "cuda" else 20_000)
         rates = calibrate(backends[0], c_rows, dim, params)

@@ -54,7 +54,7 @@ def build(req: BuildRequest, backends: list[Backend], reporter: Reporter) -> dic
     vf = open_vectors(req.input)
     resuming = Store.exists(req.store)
     if resuming and not req.shard_rows:  # automatic size: the store's, whatever this machine would pick
-        req = replace(req, shard_rows=Store.open(req.store).manifest.shard_rows)
+        req = replace(req, shard_rows=Store.open(req.store, pin=False).manifest.shard_rows)
     elif not req.shard_rows:
         req = replace(req, shard_rows=auto_shard_rows(backends, vf.dim, vf.read_dtype.itemsize, req.params))
     _check_request(req, vf)
@@ -68,7 +68,7 @@ def build(req: BuildRequest, backends: list[Backend], reporter: Reporter) -> dic
     new_store = None if resuming else NewStore(req.store)  # refuses a path that is not new or empty
     with WriterLock(req.store, req.wait_s):
         if Store.exists(req.store):  # again, under the lock: another writer may have created it meanwhile
-            store = Store.open(req.store)
+            store = Store.open(req.store, pin=False)
             _check_same_build(store.manifest, req, vf)
             new_store = None
         else:

@@ -20,9 +20,9 @@ def finish(store_path: Path, backends: list[Backend], reporter: Reporter, wait_s
     t0 = time.perf_counter()
     acct = Accounting()
     # refuse a missing or foreign directory, or a request that cannot run, before the lock file is touched
-    _check(Store.open(store_path), len(backends), host_mem)
+    _check(Store.open(store_path, pin=False), len(backends), host_mem)
     with WriterLock(store_path, wait_s):
-        store = Store.open(store_path)
+        store = Store.open(store_path, pin=False)
         _check(store, len(backends), host_mem)
         if store.manifest.pending:
             resume_pending(store, backends, reporter, acct, host_mem)

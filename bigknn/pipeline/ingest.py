@@ -108,7 +108,7 @@ def ingest(store_path: Path, inputs: list[Path], backends: list[Backend], report
     next run takes it."""
     t0 = time.perf_counter()
     acct = Accounting()
-    store = Store.open(store_path)
+    store = Store.open(store_path, pin=False)
     report = {"store": str(store_path), "ingested": [], "skipped": [], "still_being_written": [], "rows_added": 0}
     # every check runs before the lock is taken, so a refused input or request leaves the store untouched
     store.manifest.require_complete(store.path)
@@ -124,7 +124,7 @@ def ingest(store_path: Path, inputs: list[Path], backends: list[Backend], report
             checked.append((vf, fp))
     acct.add("read", time.perf_counter() - t, sum(vf.state.size for vf, _ in checked))
     with WriterLock(store_path, wait_s):
-        store = Store.open(store_path)  # re-read: another writer may have committed while we waited
+        store = Store.open(store_path, pin=False)  # re-read: another writer may have committed while we waited
         store.manifest.require_complete(store.path)
         if store.manifest.pending:
             report["resumed"] = store.manifest.pending["inputs"][0]["path"]

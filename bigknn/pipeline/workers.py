@@ -377,7 +377,7 @@ class Writer:
         """Write the cached graphs of ``sids``, record them and the pairs they complete, and commit."""
         snaps = {sid: snap for sid in dict.fromkeys(sids) if (snap := self.cache.snapshot(sid)) is not None}
         t = time.perf_counter()
-        versions = {sid: (self.ledger.version(sid) or 0) + 1 for sid in snaps}
+        versions = {sid: self.store.next_version(sid, self.ledger.version(sid)) for sid in snaps}
         list(self.pool.map(lambda sid: self.store.write_graph(sid, versions[sid], snaps[sid][0]), snaps))
         with self.store.lock:
             with self._lock:  # not held during the commit: a worker reporting a merge never waits for an fsync

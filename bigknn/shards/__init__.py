@@ -2,6 +2,6 @@
 
 from bigknn.shards.lock import WriterLock
 from bigknn.shards.manifest import Manifest, ShardEntry
-from bigknn.shards.store import Store
+from bigknn.shards.store import Store, read_store
 
-__all__ = ["Manifest", "ShardEntry", "Store", "WriterLock"]
+__all__ = ["Manifest", "ShardEntry", "Store", "WriterLock", "read_store"]

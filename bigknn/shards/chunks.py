@@ -1,27 +1,39 @@
-"""Direct reads and writes of the store's uncompressed zarr v3 row-chunked arrays.
+"""Direct reads and writes of the store's uncompressed zarr v3 row-chunked arrays, every chunk checked against
+its checksum in the same pass over its bytes.
 
 zarr reads an uncompressed chunk at about 0.6 GB/s per thread even from the page cache: it copies every
 chunk twice and holds the GIL in its codec pipeline. The store's arrays are 2-D, chunked by rows at full
-width, with a single little-endian ``bytes`` codec, so chunk ``i`` is the file ``<array>/c/<i>/0`` holding
-``chunk_rows`` rows in C order (the last chunk padded to full size with the fill value; a chunk zarr did not
-write because it was all fill value is simply missing). This module moves those bytes straight between the
-files and numpy arrays, one copy, with the GIL released, several chunks in flight. It only ever handles
-arrays whose ``zarr.json`` says exactly that layout; for anything else it declines (``None``/``False``)
-and the caller uses zarr, which stays the reference. Array metadata is always written by zarr.
+width, with a little-endian ``bytes`` codec followed by the ``crc32c`` checksum codec (bigknn/shards/checksums.py),
+so chunk ``i`` is the file ``<array>/c/<i>/0`` holding ``chunk_rows`` rows in C order (the last chunk padded to
+full size with the fill value), then the 4-byte checksum of those bytes. Every chunk of a checksummed array is
+written, so a missing chunk file is damage, as is one of the wrong size or checksum: reads raise ``Damaged``
+naming the file, never return zeros. (Arrays of format-1 stores have no checksum codec; in those a chunk zarr did
+not write because it was all fill value is simply missing and reads as the fill value, as zarr reads it.)
+
+This module moves those bytes straight between the files and numpy arrays, one copy, with the GIL released,
+several chunks in flight. It only ever handles arrays whose ``zarr.json`` says exactly that layout; for anything
+else it declines (``None``/``False``) and the caller uses zarr, which stays the reference. Array metadata is
+always written by zarr.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import BinaryIO, Callable
 
 import numpy as np
 
+from bigknn.errors import Damaged
+from bigknn.shards import checksums
+
 CHUNKS_IN_FLIGHT = 4  # chunk reads or writes in flight within one array read or write
+PIECE_BYTES = 1 << 20  # checksummed right after it is read or before it is written, while in the CPU cache
 
 # zarr v3 data type names with a plain numpy equivalent (little-endian on disk)
 _DTYPES = {"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
@@ -36,19 +48,40 @@ class _Layout:
     chunk_rows: int
     dtype: np.dtype
     fill: np.generic
+    checksum: bool  # each chunk file ends in its crc32c
 
     @property
     def row_bytes(self) -> int:
         return self.width * self.dtype.itemsize
 
+    @property
+    def file_bytes(self) -> int:
+        """Size of every chunk file."""
+        return self.chunk_rows * self.row_bytes + (checksums.SIZE if self.checksum else 0)
+
+    @property
+    def chunks(self) -> int:
+        return -(-self.rows // self.chunk_rows)
+
+
+def metadata(array_dir: Path) -> dict:
+    """The array's zarr.json; Damaged when it is missing or not a JSON object."""
+    meta_path = Path(array_dir) / "zarr.json"
+    try:
+        meta = json.loads(meta_path.read_text())
+    except FileNotFoundError:
+        raise Damaged(meta_path, "array missing (no zarr.json)") from None
+    except (OSError, ValueError) as e:
+        raise Damaged(meta_path, f"array metadata unreadable ({e})") from None
+    if not isinstance(meta, dict):
+        raise Damaged(meta_path, "array metadata is not a JSON object")
+    return meta
+
 
 def _layout(array_dir: Path) -> _Layout | None:
-    """The array's layout if its metadata allows direct chunk access, else None."""
+    """The array's layout if its metadata allows direct chunk access, else None; Damaged if it has no metadata."""
+    meta = metadata(array_dir)
     if sys.byteorder != "little":
-        return None
-    try:
-        meta = json.loads((array_dir / "zarr.json").read_text())
-    except (OSError, ValueError):
         return None
     try:
         if meta.get("zarr_format") != 3 or meta.get("node_type") != "array" or meta.get("storage_transformers"):
@@ -58,7 +91,8 @@ def _layout(array_dir: Path) -> _Layout | None:
             return None
         dtype = np.dtype(name).newbyteorder("<")
         codecs = meta["codecs"]
-        if len(codecs) != 1 or codecs[0].get("name") != "bytes":
+        checksum = checksums.present(meta)
+        if len(codecs) != 1 + checksum or codecs[0].get("name") != "bytes":
             return None
         endian = (codecs[0].get("configuration") or {}).get("endian")
         if endian != "little" and not (endian is None and dtype.itemsize == 1):
@@ -78,7 +112,7 @@ def _layout(array_dir: Path) -> _Layout | None:
                 return None
         elif isinstance(fill, bool) or not isinstance(fill, int if dtype.kind in "iu" else (int, float)):
             return None
-        return _Layout(int(shape[0]), int(shape[1]), int(chunks[0]), dtype, dtype.type(fill))
+        return _Layout(int(shape[0]), int(shape[1]), int(chunks[0]), dtype, dtype.type(fill), checksum)
     except (KeyError, TypeError, AttributeError, ValueError, OverflowError):
         return None
 
@@ -98,43 +132,144 @@ def _run(tasks: list[Callable[[], None]]) -> None:
             future.result()
 
 
-def read_rows(array_dir: Path, start: int = 0, stop: int | None = None) -> np.ndarray | None:
+def _read_into(f: BinaryIO, dest: np.ndarray | bytearray) -> None:
+    view, done = memoryview(dest).cast("B"), 0
+    while done < view.nbytes:
+        n = f.readinto(view[done:])
+        if not n:
+            raise Damaged(f.name, "chunk file is shorter than its array's metadata says")
+        done += n
+
+
+def _read_checked(f: BinaryIO, dest: np.ndarray, crc: int) -> int:
+    """Fill ``dest`` (C-contiguous) from ``f``, returning ``crc`` extended over its bytes: piece by piece, each
+    checksummed while it is still in the CPU cache."""
+    flat = dest.reshape(-1).view(np.uint8)
+    for lo in range(0, flat.size, PIECE_BYTES):
+        piece = flat[lo:lo + PIECE_BYTES]
+        _read_into(f, piece)
+        crc = checksums.extend(crc, piece)
+    return crc
+
+
+def _skim(f: BinaryIO, nbytes: int, crc: int) -> int:
+    """Read ``nbytes`` the caller does not want, returning ``crc`` extended over them."""
+    block = np.empty(min(nbytes, PIECE_BYTES), dtype=np.uint8)
+    while nbytes > 0:
+        part = block[:nbytes]
+        crc = _read_checked(f, part, crc)
+        nbytes -= part.size
+    return crc
+
+
+def _read_chunk(array_dir: Path, lay: _Layout, i: int, lo: int, hi: int, dest: np.ndarray) -> None:
+    """Array rows [lo, hi), all inside chunk ``i``, into ``dest``; the whole chunk is checked against its checksum."""
+    path = _chunk_path(array_dir, i)
+    try:
+        f = open(path, "rb", buffering=0)
+    except FileNotFoundError:
+        if lay.checksum:
+            raise Damaged(path, "chunk file missing") from None
+        dest.fill(lay.fill)  # zarr did not write it: all fill value
+        return
+    first = i * lay.chunk_rows
+    with f:
+        if not lay.checksum:
+            f.seek((lo - first) * lay.row_bytes)
+            _read_into(f, dest)
+            return
+        size = os.fstat(f.fileno()).st_size
+        if size != lay.file_bytes:
+            raise Damaged(path, f"chunk file has {size} bytes; its array's metadata says {lay.file_bytes}")
+        crc = _skim(f, (lo - first) * lay.row_bytes, 0)
+        crc = _read_checked(f, dest, crc)
+        crc = _skim(f, (first + lay.chunk_rows - hi) * lay.row_bytes, crc)
+        stored = bytearray(checksums.SIZE)
+        _read_into(f, stored)
+    if crc != checksums.decode(bytes(stored)):
+        raise Damaged(path, "checksum mismatch: the chunk's bytes are not the ones written")
+
+
+def read_rows(array_dir: Path, start: int = 0, stop: int | None = None,
+              require_checksums: bool = False) -> np.ndarray | None:
     """Rows ``[start:stop]`` (Python slice semantics) of the array at ``array_dir``, read straight from its
-    chunk files; None when the array's layout is not one this module handles (read it with zarr)."""
+    chunk files and checked against their checksums; None when the array's layout is not one this module
+    handles (read it with zarr). ``require_checksums``: an array without them is damage (a format-2 store)."""
     array_dir = Path(array_dir)
     lay = _layout(array_dir)
     if lay is None:
         return None
+    if require_checksums and not lay.checksum:
+        raise Damaged(array_dir / "zarr.json", "array has no chunk checksums")
     start, stop, _ = slice(start, stop).indices(lay.rows)
     stop = max(start, stop)
     out = np.empty((stop - start, lay.width), dtype=lay.dtype)
 
     def read(i: int) -> None:
         lo, hi = max(start, i * lay.chunk_rows), min(stop, (i + 1) * lay.chunk_rows)
-        dest = out[lo - start:hi - start]
-        try:
-            f = open(_chunk_path(array_dir, i), "rb", buffering=0)
-        except FileNotFoundError:  # zarr did not write it: all fill value
-            dest.fill(lay.fill)
-            return
-        with f:
-            f.seek((lo - i * lay.chunk_rows) * lay.row_bytes)
-            view, done = memoryview(dest).cast("B"), 0
-            while done < view.nbytes:
-                n = f.readinto(view[done:])
-                if not n:
-                    raise OSError(f"{f.name}: chunk file is shorter than its array's metadata says")
-                done += n
+        _read_chunk(array_dir, lay, i, lo, hi, out[lo - start:hi - start])
 
     first, last = start // lay.chunk_rows, -(-stop // lay.chunk_rows)
     _run([lambda i=i: read(i) for i in range(first, last)] if stop > start else [])
     return out
 
 
+def check(array_dir: Path, contents: bool, visit: Callable[[np.ndarray], None] | None = None,
+          require_checksums: bool = False) -> list[Damaged] | None:
+    """Every missing or damaged chunk of the array, all of them rather than the first: with ``contents`` each
+    chunk is read and checked against its checksum and its rows handed to ``visit`` (one call at a time),
+    without only each chunk file's presence and size are checked. None when the layout is not one this
+    module handles."""
+    array_dir = Path(array_dir)
+    lay = _layout(array_dir)
+    if lay is None:
+        return None
+    if require_checksums and not lay.checksum:
+        return [Damaged(array_dir / "zarr.json", "array has no chunk checksums")]
+    found: list[Damaged] = []
+    lock = threading.Lock()
+
+    def one(i: int) -> None:
+        lo, hi = i * lay.chunk_rows, min(lay.rows, (i + 1) * lay.chunk_rows)
+        try:
+            if contents:
+                rows = np.empty((hi - lo, lay.width), dtype=lay.dtype)
+                _read_chunk(array_dir, lay, i, lo, hi, rows)
+                if visit is not None:
+                    with lock:
+                        visit(rows)
+            else:
+                _check_size(array_dir, lay, i)
+        except Damaged as e:
+            with lock:
+                found.append(e)
+
+    _run([lambda i=i: one(i) for i in range(lay.chunks)])
+    return sorted(found, key=lambda e: e.file)
+
+
+def _check_size(array_dir: Path, lay: _Layout, i: int) -> None:
+    path = _chunk_path(array_dir, i)
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        if lay.checksum:
+            raise Damaged(path, "chunk file missing") from None
+        return  # all fill value (an array without checksums)
+    if size != lay.file_bytes:
+        raise Damaged(path, f"chunk file has {size} bytes; its array's metadata says {lay.file_bytes}")
+
+
+def _write_all(f: BinaryIO, data: np.ndarray) -> None:
+    view, done = memoryview(data).cast("B"), 0
+    while done < view.nbytes:
+        done += f.write(view[done:])
+
+
 def write_array(array_dir: Path, data: np.ndarray) -> bool:
     """Write all of ``data`` as the chunk files of the array whose metadata zarr just created at
-    ``array_dir`` (each chunk written in full, the edge chunk padded with the fill value, as zarr does);
-    False, writing nothing, when the layout is not one this module handles (write it with zarr)."""
+    ``array_dir`` (each chunk written in full, the edge chunk padded with the fill value, then its checksum,
+    as zarr does); False, writing nothing, when the layout is not one this module handles (write it with zarr)."""
     array_dir = Path(array_dir)
     lay = _layout(array_dir)
     if lay is None:
@@ -150,11 +285,17 @@ def write_array(array_dir: Path, data: np.ndarray) -> bool:
             parts.append(np.full((lay.chunk_rows - (hi - lo), lay.width), lay.fill, dtype=lay.dtype))
         path = _chunk_path(array_dir, i)
         path.parent.mkdir(parents=True, exist_ok=True)
+        crc = 0
         with open(path, "wb", buffering=0) as f:
             for part in parts:
-                view, done = memoryview(part).cast("B"), 0
-                while done < view.nbytes:
-                    done += f.write(view[done:])
+                flat = part.reshape(-1).view(np.uint8)
+                for start in range(0, flat.size, PIECE_BYTES):
+                    piece = flat[start:start + PIECE_BYTES]
+                    if lay.checksum:
+                        crc = checksums.extend(crc, piece)
+                    _write_all(f, piece)
+            if lay.checksum:
+                _write_all(f, np.frombuffer(checksums.encode(crc), dtype=np.uint8))
 
-    _run([lambda i=i: write(i) for i in range(-(-lay.rows // lay.chunk_rows))])
+    _run([lambda i=i: write(i) for i in range(lay.chunks)])
     return True

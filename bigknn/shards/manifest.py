@@ -9,7 +9,9 @@ from pathlib import Path
 from bigknn.errors import BadInput
 from bigknn.shards.schema import check_manifest
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # of the stores this bigknn creates
+CHECKSUMS_SINCE = 2  # the first format whose every array checksums every chunk (bigknn/shards/checksums.py)
+READ_FORMATS = (1, 2)  # format 1 (no checksums) is still read, and written: new arrays get checksums
 MANIFEST = "manifest.json"
 
 
@@ -43,6 +45,11 @@ class Manifest:
     estimate: dict | None = None
 
     @property
+    def checksummed(self) -> bool:
+        """Whether every array of the store must carry chunk checksums (one without them is damage)."""
+        return self.format >= CHECKSUMS_SINCE
+
+    @property
     def rows(self) -> int:
         return sum(s.rows for s in self.shards)
 
@@ -73,7 +80,8 @@ class Manifest:
     def from_json(cls, text: str) -> "Manifest":
         """Parse a manifest; ValueError with one line naming the problem if it is not one this code reads."""
         raw = json.loads(text)
-        if isinstance(raw, dict) and raw.get("format") != FORMAT_VERSION:
-            raise ValueError(f"store format {raw.get('format')} is not supported (this bigknn reads {FORMAT_VERSION})")
+        if isinstance(raw, dict) and raw.get("format") not in READ_FORMATS:
+            raise ValueError(f"store format {raw.get('format')} is not supported (this bigknn reads formats "
+                             f"{', '.join(map(str, READ_FORMATS))}); use the bigknn that wrote it")
         check_manifest(raw)
         return cls(**dict(raw, shards=[ShardEntry(**s) for s in raw.get("shards", [])]))

@@ -1,35 +1,45 @@
 """Store: vectors and versioned graphs of every shard in a zarr v3 group, described by the manifest.
 
-Graph writes are copy-on-write: a step writes ``shards/<id>/graph/<v+1>/{ids,dists}``, then commits the
-manifest that points at it. Until that commit every reader sees version v; a crash before it leaves
-an unreferenced version that the next run overwrites. After a commit, versions older than the one the
-previous commit pointed at are deleted (a reader that loaded the previous manifest can still finish), in a
-background thread: deleting gigabytes of files is slow on some file systems (online discard) and need
-not hold up the work; ``close()`` waits for it.
+Graph writes are copy-on-write: a step writes ``shards/<id>/graph/<v>/{ids,dists}`` under a version number
+no directory on disk has, then commits the manifest that points at it. Until that commit every reader sees
+the previous version; a crash before it leaves an unreferenced version that later commits delete. After a
+commit, versions older than the one the previous commit pointed at are deleted (a reader that loaded the
+previous manifest can still finish), except those a live reader's lease names (bigknn/shards/leases.py):
+those wait for a later commit, or ``close()``. Deleting runs in a background thread: deleting gigabytes of
+files is slow on some file systems (online discard) and need not hold up the work; ``close()`` waits for it.
+
+Every chunk carries a checksum (bigknn/shards/checksums.py), checked on every read: a missing or damaged
+chunk raises ``Damaged`` naming the shard and the file, never reads as zeros.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import threading
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable, TypeVar
 
 import numpy as np
 import zarr
 from numpy.typing import DTypeLike
 
 from bigknn.atomic import write_atomic
-from bigknn.errors import BadInput, disk_full_named
+from bigknn.errors import BadInput, BigknnError, Damaged, disk_full_named
 from bigknn.graph import ID_DTYPE, KnnGraph
-from bigknn.shards import chunks
+from bigknn.shards import checksums, chunks
 from bigknn.shards.creation import check_new_store_path
+from bigknn.shards.leases import LEASE_DIR, Lease, pinned
 from bigknn.shards.manifest import MANIFEST, Manifest
 
 CHUNK_BYTES = 16 << 20  # target size of one row chunk on disk
 REAPER_THREADS = 4  # stale graph versions deleted at once
+READ_ATTEMPTS = 5  # read_store: tries of a reader whose versions a writer deleted under it
+
+T = TypeVar("T")
 
 
 class Store:
@@ -41,7 +51,10 @@ class Store:
         self.lock = threading.RLock()
         self._deferred = 0
         self._committed = self._graph_versions()  # of the last commit
+        self._stale_below: dict[int, int | None] = {}  # per shard: versions below this are stale (last commit)
         self._reaper: ThreadPoolExecutor | None = None
+        self._lease: Lease | None = None
+        self._manifest_text: str | None = None  # as read by open()
 
     # ---- opening and committing -------------------------------------------------------------
     @staticmethod
@@ -49,17 +62,33 @@ class Store:
         return (Path(path) / MANIFEST).is_file()
 
     @classmethod
-    def open(cls, path: Path) -> "Store":
+    def open(cls, path: Path, pin: bool = True) -> "Store":
+        """Open a store. ``pin``: the graph versions this manifest names stay on disk until ``close()`` (or
+        the process ends), whatever writers commit meanwhile; the reader's lease is taken before the manifest is
+        read. A writer holding the lock, and a caller that reads only the manifest, pass ``pin=False``: that
+        open writes nothing."""
         path = Path(path)
         if not path.exists():
             raise BadInput(path, "no such store")
         if not cls.exists(path):
             raise BadInput(path, "not a bigknn store (no manifest.json)")
+        lease = Lease.take(path) if pin else None
         try:
-            manifest = Manifest.from_json((path / MANIFEST).read_text())
-        except (ValueError, TypeError, KeyError) as e:
-            raise BadInput(path / MANIFEST, f"unreadable manifest: {e}") from None
-        return cls(path, manifest)
+            text = (path / MANIFEST).read_text()
+            try:
+                manifest = Manifest.from_json(text)
+            except (ValueError, TypeError, KeyError) as e:
+                raise BadInput(path / MANIFEST, f"unreadable manifest: {e}") from None
+        except BaseException:
+            if lease is not None:
+                lease.release()
+            raise
+        store = cls(path, manifest)
+        store._manifest_text = text
+        if lease is not None and lease.pin({s.id: s.graph for s in manifest.shards if s.graph is not None}):
+            store._lease = lease
+            weakref.finalize(store, lease.release)  # a reader that is never closed lets go when collected
+        return store
 
     @classmethod
     def create(cls, path: Path, manifest: Manifest) -> "Store":
@@ -80,19 +109,27 @@ class Store:
             if self._deferred:
                 return
             write_atomic(self.path / MANIFEST, self.manifest.to_json())
-            stale = [d for sh in self.manifest.shards for d in self._stale_graphs(sh.id, self._committed.get(sh.id))]
+            self._stale_below = {sh.id: self._committed.get(sh.id) for sh in self.manifest.shards}
             self._committed = self._graph_versions()
-            if stale:
-                if self._reaper is None:
-                    self._reaper = ThreadPoolExecutor(REAPER_THREADS, thread_name_prefix="reaper")
-                for d in stale:
-                    self._reaper.submit(shutil.rmtree, d, ignore_errors=True)
+            self._reap()
 
     def close(self) -> None:
-        """Wait for the deletion of stale graph versions."""
+        """Let go of the store: a writer deletes what its commits left stale (versions a reader's lease kept
+        then, if that reader is gone now) and waits for the deletions; a reader releases its lease."""
+        with self.lock:
+            self._reap()
         if self._reaper is not None:
             self._reaper.shutdown(wait=True)
             self._reaper = None
+        if self._lease is not None:
+            self._lease.release()
+            self._lease = None
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     @contextmanager
     def deferred_commits(self):
@@ -114,33 +151,99 @@ class Store:
         self.manifest = Manifest.from_json((self.path / MANIFEST).read_text())
         self._committed = self._graph_versions()
 
+    @property
+    def pinned(self) -> bool:
+        """Whether this reader's graph versions are held by its lease (a lease nobody removed as expired)."""
+        return self._lease is not None and self._lease.path.exists()
+
+    def moved_on(self) -> bool:
+        """Whether a writer has committed since ``open()`` read the manifest."""
+        try:
+            return (self.path / MANIFEST).read_text() != self._manifest_text
+        except OSError:
+            return True
+
     def _graph_versions(self) -> dict[int, int | None]:
         return {sh.id: sh.graph for sh in self.manifest.shards}
 
+    def _reap(self) -> None:
+        """Delete, in the background, the graph versions the last commit made stale that no live reader's
+        lease names. Runs after the commit, so a reader either has its lease listed here or read the new
+        manifest (bigknn/shards/leases.py); nothing is deleted while a reader is still opening."""
+        stale = [d for sid, below in self._stale_below.items() for d in self._stale_graphs(sid, below)]
+        if not stale:
+            return
+        pins = pinned(self.path)
+        if pins is None:
+            return
+        for d in stale:
+            if (int(d.parent.parent.name), int(d.name)) not in pins:
+                if self._reaper is None:
+                    self._reaper = ThreadPoolExecutor(REAPER_THREADS, thread_name_prefix="reaper")
+                self._reaper.submit(shutil.rmtree, d, ignore_errors=True)
+
     # ---- arrays -------------------------------------------------------------------------------
-    # zarr creates every array's metadata; the chunk bytes go through ``chunks`` (direct file I/O) where
-    # the layout allows it, else through zarr
+    # zarr creates every array's metadata (with a checksum per chunk); the chunk bytes go through ``chunks``
+    # (direct file I/O) where the layout allows it, else through zarr
     def _write_array(self, name: str, data: np.ndarray, chunk_rows: int, dtype: DTypeLike) -> None:
         with disk_full_named(self.path / name, data.shape[0] * data.shape[1] * np.dtype(dtype).itemsize):
             arr = zarr.create_array(store=str(self.path), name=name, shape=data.shape,
-                                    chunks=(chunk_rows, data.shape[1]), dtype=dtype, compressors=None,
-                                    overwrite=True)
+                                    chunks=(chunk_rows, data.shape[1]), dtype=dtype, compressors=checksums.codecs(),
+                                    overwrite=True, config={"write_empty_chunks": True})
             if not chunks.write_array(self.path / name, data):
                 arr[:] = data.astype(dtype, copy=False)
 
-    def _read_array(self, name: str, start: int = 0, stop: int | None = None) -> np.ndarray:
-        out = chunks.read_rows(self.path / name, start, stop)
-        if out is None:
-            out = zarr.open_array(store=str(self.path), path=name, mode="r")[start:stop]
+    def _read_array(self, name: str, where: str, start: int = 0, stop: int | None = None) -> np.ndarray:
+        try:
+            out = chunks.read_rows(self.path / name, start, stop, require_checksums=self.manifest.checksummed)
+            if out is None:
+                out = self._zarr_read(name, start, stop)
+        except Damaged as e:
+            raise Damaged(e.file, f"{e.problem} (`bigknn verify {self.path}` lists all damage and what repairs it)",
+                          where) from None
         return out
+
+    def _zarr_read(self, name: str, start: int, stop: int | None) -> np.ndarray:
+        """The fallback for layouts ``chunks`` does not handle: zarr checks the checksums; missing chunks are
+        found here (zarr would read them as the fill value)."""
+        arr = zarr.open_array(store=str(self.path), path=name, mode="r")
+        checksummed = checksums.present(arr.metadata.to_dict())
+        if self.manifest.checksummed and not checksummed:
+            raise Damaged(self.path / name / "zarr.json", "array has no chunk checksums")
+        if checksummed and arr.nchunks_initialized < arr.nchunks:
+            raise Damaged(self.path / name, f"{arr.nchunks - arr.nchunks_initialized} of its {arr.nchunks} "
+                                            "chunk files missing")
+        try:
+            return arr[start:stop]
+        except ValueError as e:  # zarr's crc32c codec: stored and computed checksums differ
+            raise Damaged(self.path / name, f"a chunk fails its checksum ({e})") from None
+
+    def array_meta(self, name: str) -> dict:
+        """An array's zarr.json; Damaged when it is missing or unreadable."""
+        return chunks.metadata(self.path / name)
+
+    def check_array(self, name: str, contents: bool,
+                    visit: Callable[[np.ndarray], None] | None = None) -> list[Damaged]:
+        """Every missing or damaged chunk of an array (``chunks.check``); for layouts it does not handle, the
+        whole array is read through zarr, which reports the first damage only."""
+        try:
+            found = chunks.check(self.path / name, contents, visit, require_checksums=self.manifest.checksummed)
+            if found is not None:
+                return found
+            data = self._zarr_read(name, 0, None)
+            if visit is not None:
+                visit(data)
+            return []
+        except Damaged as e:
+            return [e]
 
     # ---- vectors ------------------------------------------------------------------------------
     def write_vectors(self, shard_id: int, x: np.ndarray) -> None:
         chunk_rows = max(1, min(x.shape[0], CHUNK_BYTES // max(1, x.shape[1] * x.itemsize)))
-        self._write_array(f"shards/{shard_id}/vectors", x, chunk_rows, x.dtype)
+        self._write_array(vectors_name(shard_id), x, chunk_rows, x.dtype)
 
     def read_vectors(self, shard_id: int, start: int = 0, stop: int | None = None) -> np.ndarray:
-        return self._read_array(f"shards/{shard_id}/vectors", start, stop)
+        return self._read_array(vectors_name(shard_id), f"shard {shard_id} vectors", start, stop)
 
     def remove_uncommitted_shards(self, ids: Iterable[int]) -> None:
         """Delete the arrays of shards that no commit refers to (written by a step that was then refused)."""
@@ -162,21 +265,28 @@ class Store:
         return out
 
     # ---- graphs -------------------------------------------------------------------------------
+    def next_version(self, shard_id: int, current: int | None) -> int:
+        """The number of a shard's next graph version: above ``current`` and above every version directory on
+        disk, so copy-on-write never writes into one a reader may hold."""
+        gdir = self.path / "shards" / str(shard_id) / "graph"
+        on_disk = [int(e.name) for e in gdir.iterdir() if e.name.isdigit()] if gdir.is_dir() else []
+        return max([current or 0, *on_disk]) + 1
+
     def write_graph(self, shard_id: int, version: int, graph: KnnGraph) -> None:
         """Write a graph version (not visible until a manifest commit points at it)."""
-        base = f"shards/{shard_id}/graph/{version}"
         rows, k = graph.ids.shape
         chunk_rows = max(1, min(rows, CHUNK_BYTES // (k * 4)))
         for name, data, dtype in (("ids", graph.ids, ID_DTYPE), ("dists", graph.dists, np.float32)):
-            self._write_array(f"{base}/{name}", data, chunk_rows, dtype)
+            self._write_array(graph_name(shard_id, version, name), data, chunk_rows, dtype)
 
     def read_graph(self, shard_id: int, version: int | None = None) -> KnnGraph:
         if version is None:
             version = self.manifest.shards[shard_id].graph
         if version is None:
             raise ValueError(f"shard {shard_id} has no graph yet")
-        base = f"shards/{shard_id}/graph/{version}"
-        return KnnGraph(self._read_array(f"{base}/ids"), self._read_array(f"{base}/dists"))
+        where = f"shard {shard_id} graph version {version}"
+        return KnnGraph(*(self._read_array(graph_name(shard_id, version, name), f"{where} {name}")
+                          for name in ("ids", "dists")))
 
     def read_graph_rows(self, shard_id: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(ids, keys) of a few scattered local rows of a shard's committed graph, one small read per row."""
@@ -185,13 +295,53 @@ class Store:
         keys = [self._read_array(f"{base}/dists", int(r), int(r) + 1) for r in rows]
         return np.concatenate(ids), np.concatenate(keys)
 
-    def _stale_graphs(self, shard_id: int, previous: int | None) -> list[Path]:
-        """Version directories of a shard older than ``previous`` (the version the last commit pointed at)."""
+    def _stale_graphs(self, shard_id: int, below: int | None) -> list[Path]:
+        """Version directories of a shard older than ``below``."""
         gdir = self.path / "shards" / str(shard_id) / "graph"
-        if previous is None or not gdir.is_dir():
+        if below is None or not gdir.is_dir():
             return []
-        return [e for e in gdir.iterdir() if e.name.isdigit() and int(e.name) < previous]
+        return [e for e in gdir.iterdir() if e.name.isdigit() and int(e.name) < below]
 
     # ---- accounting ---------------------------------------------------------------------------
     def disk_bytes(self) -> int:
-        return sum(f.stat().st_size for f in self.path.rglob("*") if f.is_file())
+        """Bytes of every file under the store (files a writer deletes meanwhile are skipped)."""
+        total = 0
+        for root, _, files in os.walk(self.path):
+            for name in files:
+                try:
+                    total += os.lstat(os.path.join(root, name)).st_size
+                except FileNotFoundError:
+                    pass
+        return total
+
+
+def vectors_name(shard_id: int) -> str:
+    return f"shards/{shard_id}/vectors"
+
+
+def graph_name(shard_id: int, version: int, array: str) -> str:
+    return f"shards/{shard_id}/graph/{version}/{array}"
+
+
+def read_store(path: Path, read: Callable[[Store], T], suspect: Callable[[T], bool] | None = None) -> T:
+    """``read(store)`` on the store at ``path``, opened as a reader and closed after. With its lease, nothing
+    it reads goes away. Without one (no write access to STORE/.readers) a writer's commit may delete a graph
+    version under it: a read that raised ``Damaged``, or whose result is ``suspect`` (a report of damage), is
+    done again on the new state if the manifest moved on meanwhile; under an unchanged manifest, or with the
+    lease, the damage is real and stands."""
+    attempt = 1
+    while True:
+        with Store.open(path) as store:
+            try:
+                result = read(store)
+                if (attempt >= READ_ATTEMPTS or suspect is None or not suspect(result) or store.pinned
+                        or not store.moved_on()):
+                    return result
+            except Damaged as e:
+                if store.pinned or not store.moved_on():
+                    raise
+                if attempt >= READ_ATTEMPTS:
+                    raise BigknnError(f"{path}: writers deleted the graph versions this read was on {attempt} times "
+                                      f"(it cannot pin them: no write access to {Path(path) / LEASE_DIR}); give it "
+                                      "write access there, or read while no writer commits") from e
+        attempt += 1
