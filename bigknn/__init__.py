@@ -20,8 +20,10 @@ __all__ = ["BadInput", "BigknnError", "BuildReport", "ExportReport", "Graph", "I
 def __getattr__(name: str) -> type:
     """``KNNGraphTransformer`` is imported on first use, so that ``import bigknn`` never imports scikit-learn."""
     if name == "KNNGraphTransformer":
-        from bigknn.sklearn import KNNGraphTransformer
-
+        try:
+            from bigknn.sklearn import KNNGraphTransformer
+        except ImportError as e:
+            raise ImportError("KNNGraphTransformer needs scikit-learn: pip install 'bigknn[sklearn]'") from e
         return KNNGraphTransformer
     raise AttributeError(f"module 'bigknn' has no attribute {name!r}")
 
