@@ -1,3 +1,32 @@
-"""bigknn: approximate k-NN graphs for vector sets far beyond GPU memory (GNND + GGM)."""
+"""bigknn: approximate k-NN graphs for vector sets far beyond GPU memory (GNND + GGM).
+
+``bigknn.build(data, k=...)`` builds a graph, ``bigknn.open(store)`` opens one built before; both give a
+``Graph`` (neighbour arrays, scipy CSR, UMAP's ``precomputed_knn``, export, ingest, recall checks).
+``bigknn.KNNGraphTransformer`` is the scikit-learn transformer (needs scikit-learn: ``bigknn[sklearn]``).
+"""
 
 __version__ = "0.1.0"
+
+from bigknn.api import Graph, build, open  # noqa: E402 - after __version__, which the CLI imports
+from bigknn.errors import BadInput, BigknnError, StoreBusy  # noqa: E402
+from bigknn.results import (BuildReport, ExportReport, Info, IngestReport, Neighbors, RecallEstimate,  # noqa: E402
+                            RecallReport)
+
+__all__ = ["BadInput", "BigknnError", "BuildReport", "ExportReport", "Graph", "Info", "IngestReport",
+           "KNNGraphTransformer", "Neighbors", "RecallEstimate", "RecallReport", "StoreBusy", "__version__",
+           "build", "open"]
+
+
+def __getattr__(name: str) -> type:
+    """``KNNGraphTransformer`` is imported on first use, so that ``import bigknn`` never imports scikit-learn."""
+    if name == "KNNGraphTransformer":
+        try:
+            from bigknn.sklearn import KNNGraphTransformer
+        except ImportError as e:
+            raise ImportError("KNNGraphTransformer needs scikit-learn: pip install 'bigknn[sklearn]'") from e
+        return KNNGraphTransformer
+    raise AttributeError(f"module 'bigknn' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -51,3 +51,22 @@ def row_keys(a: np.ndarray, b: np.ndarray, metric: str) -> np.ndarray:
         return -np.einsum("...j,...j->...", a, b)
     diff = a - b
     return np.einsum("...j,...j->...", diff, diff)
+
+
+def user_distance(keys: np.ndarray, metric: str) -> np.ndarray:
+    """Stored ordering keys -> the distances users get, ascending like the keys.
+
+    ``l2``: Euclidean distance. ``cosine``: 1 - cos, clipped at 0 (float rounding of identical directions
+    must not give the small negatives that scikit-learn refuses in a precomputed graph). ``ip``: 1 - x.y,
+    the inner-product distance of hnswlib: ascending as the inner product descends, the cosine distance on
+    unit-length rows, and negative where x.y > 1, i.e. on rows longer than 1 (normalise them, or use
+    ``cosine``, for tools that need non-negative distances).
+    """
+    keys = np.asarray(keys, dtype=np.float32)
+    if metric == "l2":
+        return np.sqrt(np.maximum(keys, 0.0))
+    if metric == "cosine":
+        return np.maximum(1.0 + keys, 0.0)
+    if metric == "ip":
+        return 1.0 + keys
+    raise ValueError(f"unknown metric {metric!r}; choose one of {', '.join(METRICS)}")

@@ -92,20 +92,16 @@ def check_export(ids: np.ndarray, dists: np.ndarray, x: np.ndarray, metric: str)
     s = np.sort(ids, axis=1)
     assert not np.any(s[:, 1:] == s[:, :-1]), "a row lists one id twice"
     xd = x.astype(np.float64)
+    dots = np.einsum("ij,ikj->ik", xd, xd[ids])
     if metric == "l2":
         want = np.sqrt(((xd[:, None, :] - xd[ids]) ** 2).sum(-1))
-        assert np.all(np.diff(dists, axis=1) >= 0), "distances not ascending"
-        np.testing.assert_allclose(dists, want, rtol=1e-3, atol=1e-3)
+    elif metric == "ip":
+        want = 1.0 - dots  # a distance: ascending as the inner product descends
     else:
-        dots = np.einsum("ij,ikj->ik", xd, xd[ids])
-        if metric == "ip":
-            want = dots
-        else:
-            norms = np.linalg.norm(xd, axis=1)
-            want = 1.0 - dots / (norms[:, None] * norms[ids])
-        closer_first = -dists if metric == "ip" else dists  # ip: larger is closer
-        assert np.all(np.diff(closer_first, axis=1) >= -1e-6), "not nearest first"
-        np.testing.assert_allclose(dists, want, rtol=1e-3, atol=1e-3)
+        norms = np.linalg.norm(xd, axis=1)
+        want = 1.0 - dots / (norms[:, None] * norms[ids])
+    assert np.all(np.diff(dists, axis=1) >= -1e-6), "not nearest first"
+    np.testing.assert_allclose(dists, want, rtol=1e-3, atol=1e-3)
 
 
 def test_export_ibin_and_npy(built, tmp_path):

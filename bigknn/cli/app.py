@@ -67,11 +67,13 @@ def _interrupt(signum: int, frame: object) -> None:
     for s in INTERRUPTS:
         signal.signal(s, signal.SIG_DFL)
     raise Interrupted(signum)
+def show_progress(as_json: bool) -> bool:
+    """Progress bars for people on a terminal; none for scripts (--json) or logs (stderr not a tty)."""
+    return not as_json and sys.stderr.isatty()
 
 
 def reporter_for(as_json: bool) -> Reporter:
-    """Progress bars for people on a terminal; nothing for scripts (--json) or logs (stderr not a tty)."""
-    return RichReporter() if not as_json and sys.stderr.isatty() else Reporter()
+    return RichReporter() if show_progress(as_json) else Reporter()
 
 
 def emit(result: dict, as_json: bool, title: str) -> None:

@@ -6,15 +6,13 @@ from pathlib import Path
 
 import click
 
+from bigknn import api
+from bigknn.api import DEFAULTS
 from bigknn.backends import get_backends
 from bigknn.cli.app import (backend_option, cli, emit, gpu_mem_option, gpus_option, host_mem_option, json_option,
-                            parse_bytes, reporter_for, wait_option)
+                            parse_bytes, reporter_for, show_progress, wait_option)
 from bigknn.metrics import METRICS
-from bigknn.params import GnndParams
-from bigknn.pipeline.build import BuildRequest, build as run_build
 from bigknn.pipeline.finish import finish
-
-DEFAULTS = GnndParams()
 
 
 @cli.command()
@@ -63,12 +61,11 @@ def build(input: Path, store: Path, k: int, metric: str, shard_rows: int, recall
       bigknn build data.fbin -o data.knn --recall 0.995
       bigknn build deep10m.fbin -o deep.knn --shard-rows 1000000 --gpus all --host-mem 64G
     """
-    params = GnndParams(k=k, recall=recall, samples=samples, iters=iters, merge_iters=merge_iters,
-                        list_width=list_width)
-    req = BuildRequest(input=input, store=store, metric=metric, shard_rows=shard_rows, params=params,
-                       seed=seed, wait_s=wait_s, host_mem=parse_bytes(host_mem))
-    result = run_build(req, get_backends(backend, gpus, parse_bytes(gpu_mem)), reporter_for(as_json))
-    emit(result, as_json, "build")
+    graph = api.build(input, k=k, metric=metric, store=store, recall=recall, backend=backend, gpus=gpus,
+                      shard_rows=shard_rows, list_width=list_width, samples=samples, iters=iters,
+                      merge_iters=merge_iters, seed=seed, gpu_mem=parse_bytes(gpu_mem), host_mem=parse_bytes(host_mem),
+                      wait=wait_s, progress=show_progress(as_json))
+    emit(graph.report.to_dict(), as_json, "build")
 
 
 @cli.command()

@@ -6,10 +6,9 @@ from pathlib import Path
 
 import click
 
-from bigknn.backends import get_backend
+from bigknn import api
 from bigknn.cli.app import backend_option, cli, emit, gpu_mem_option, json_option, parse_bytes
-from bigknn.pipeline.evaluate import recall as run_recall
-from bigknn.shards import read_store
+from bigknn.pipeline.evaluate import RECALL_K, SAMPLE_ROWS
 
 
 @cli.group(name="eval")
@@ -25,9 +24,9 @@ def eval_group() -> None:
 
 @eval_group.command()
 @click.argument("store", type=click.Path(path_type=Path))
-@click.option("--sample", type=click.IntRange(min=1), default=10_000, show_default=True,
+@click.option("--sample", type=click.IntRange(min=1), default=SAMPLE_ROWS, show_default=True,
               help="Rows whose exact neighbours are computed.")
-@click.option("--k", type=click.IntRange(min=1), default=10, show_default=True, help="Recall@k.")
+@click.option("--k", type=click.IntRange(min=1), default=RECALL_K, show_default=True, help="Recall@k.")
 @click.option("--truth", type=click.Path(path_type=Path), default=None,
               help="Ground truth .ibin (row i: exact neighbours of row i) instead of exact search.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the row sample.")
@@ -47,10 +46,8 @@ def recall(store: Path, sample: int, k: int, truth: Path | None, seed: int, row_
       bigknn eval recall data.knn --truth gt.ibin
       bigknn eval recall data.knn --rows 10000000:10100000    # only rows added by an ingest
     """
-    rows = parse_range(row_range)
-    be = get_backend(backend, parse_bytes(gpu_mem))
-    result = read_store(store, lambda s: run_recall(s, be, sample, k, truth, seed, rows))
-    emit(result, as_json, "recall")
+    result = api.open(store).recall(sample, k, truth, seed, parse_range(row_range), backend, parse_bytes(gpu_mem))
+    emit(result.to_dict(), as_json, "recall")
 
 
 def parse_range(text: str | None) -> tuple[int, int] | None:

@@ -6,8 +6,10 @@ from pathlib import Path
 
 import click
 
+from bigknn import api
 from bigknn.cli.app import cli, emit, json_option
-from bigknn.pipeline.export import FORMATS, export as run_export
+from bigknn.errors import BadInput
+from bigknn.pipeline.export import FORMATS, format_of
 from bigknn.pipeline.verify import verify
 from bigknn.shards import Store, read_store
 
@@ -42,16 +44,26 @@ def info(store: Path, as_json: bool) -> None:
 
 @cli.command()
 @click.argument("store", type=click.Path(path_type=Path))
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True)
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default="ibin", show_default=True)
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="File to write; its extension names the format: .ibin, .npy (distances go to "
+                   "<name>.dists.npy) or .npz (scipy.sparse CSR matrix).")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default=None,
+              help="Only checked against the extension of --output, which decides.")
+@click.option("--include-self", is_flag=True,
+              help="List each row itself first, at distance 0 (k + 1 columns), as UMAP and scikit-learn expect.")
 @json_option
-def export(store: Path, output: Path, fmt: str, as_json: bool) -> None:
+def export(store: Path, output: Path, fmt: str | None, include_self: bool, as_json: bool) -> None:
     """Write the finished graph: row i holds global row i's neighbour ids (input order, 0-based), nearest
-    first, self excluded, and their distances (l2: Euclidean; ip: inner product; cosine: 1 - cos).
+    first, self excluded unless --include-self, and their distances, ascending (l2: Euclidean; cosine:
+    1 - cos; ip: 1 - inner product).
 
     \b
     Examples:
       bigknn export data.knn -o graph.ibin
-      bigknn export data.knn -o graph.npy --format npy     # also writes graph.dists.npy
+      bigknn export data.knn -o graph.npy                  # also writes graph.dists.npy
+      bigknn export data.knn -o graph.npz --include-self   # scipy.sparse.load_npz("graph.npz")
     """
-    emit(read_store(store, lambda s: run_export(s, output, fmt)), as_json, "export")
+    graph = api.open(store)
+    if fmt is not None and format_of(output) != fmt:
+        raise BadInput(output, f"--format {fmt} writes a .{fmt} file")
+    emit(graph.export(output, include_self).to_dict(), as_json, "export")

@@ -21,9 +21,11 @@ from bigknn.metrics import kernel_metric, row_keys
 from bigknn.shards import Store
 
 TIE_RTOL = 1e-5  # relative slack on the k-th key: float32 keys of equal distances differ in rounding
+SAMPLE_ROWS = 10_000  # default rows whose exact neighbours are computed
+RECALL_K = 10  # default k of recall@k
 
 
-def recall(store: Store, backend: Backend, sample: int = 10_000, k: int = 10,
+def recall(store: Store, backend: Backend, sample: int = SAMPLE_ROWS, k: int = RECALL_K,
            truth: Path | None = None, seed: int = 0, rows: tuple[int, int] | None = None) -> dict:
     """Recall@k on ``sample`` rows drawn from all rows, or from global rows [lo, hi) when ``rows`` is given."""
     m = store.manifest

@@ -1,8 +1,8 @@
-"""``bigknn export``: the final graph in input order, as ``.ibin`` or ``.npy``.
+"""``bigknn export``: the final graph in input order, as ``.ibin``, ``.npy`` or ``.npz`` (scipy CSR).
 
-Row i holds the neighbours of global row i, nearest first, self excluded. Distances are the metric's
-own: Euclidean distance for ``l2``, the inner product for ``ip`` (larger is closer), cosine distance
-(1 - cos) for ``cosine``.
+Row i holds the neighbours of global row i, nearest first, self excluded unless asked for (then first, at
+distance 0), with the distances of ``bigknn.metrics.user_distance``: Euclidean for ``l2``, 1 - cos for
+``cosine``, 1 - x.y for ``ip``. The format follows the output's extension.
 """
 
 from __future__ import annotations
@@ -11,55 +11,51 @@ from pathlib import Path
 
 import numpy as np
 
+from bigknn.atomic import atomic_path
 from bigknn.errors import BadInput
 from bigknn.formats import npy_writer, truth_writer
+from bigknn.pipeline.readout import csr_parts, neighbours_per_row, require_finished, shard_blocks, whole_graph
 from bigknn.shards import Store
 
-FORMATS = ("ibin", "npy")
+FORMATS = ("ibin", "npy", "npz")
 
 
-def metric_distance(keys: np.ndarray, metric: str) -> np.ndarray:
-    """Stored ordering keys -> the distances users expect."""
-    if metric == "l2":
-        return np.sqrt(np.maximum(keys, 0.0))
-    if metric == "ip":
-        return -keys
-    return 1.0 + keys  # cosine: key = -cos
-
-
-def export(store: Store, out: Path, fmt: str) -> dict:
-    """Write the finished graph to ``out`` (and ``<stem>.dists.npy`` for npy), each file under a temporary
-    name renamed into place only when complete: a failed export leaves any previous file byte-identical."""
+def export(store: Store, out: Path, include_self: bool = False) -> dict:
+    """Write the finished graph to ``out`` in the format its extension names; return a summary."""
+    require_finished(store)
     m = store.manifest
-    m.require_complete(store.path)
     out = Path(out)
-    if not out.parent.is_dir():
-        raise BadInput(out, f"no such directory {out.parent}")
+    fmt = format_of(out)
+    cols = neighbours_per_row(store, None) + include_self
     if fmt == "ibin":
-        if out.suffix.lower() != ".ibin":
-            raise BadInput(out, "--format ibin writes a .ibin file")
-        with truth_writer(out, m.rows, m.k) as (ids, dists):
-            _fill(store, ids, dists)
+        with truth_writer(out, m.rows, cols) as (ids, dists):
+            for first, block_ids, block_dists in shard_blocks(store, include_self=include_self):
+                ids[first:first + len(block_ids)] = block_ids
+                dists[first:first + len(block_ids)] = block_dists
         files = [str(out)]
-    else:
-        if out.suffix.lower() != ".npy":
-            raise BadInput(out, "--format npy writes a .npy file (distances go to <name>.dists.npy)")
+    elif fmt == "npy":
         dist_path = out.with_name(out.stem + ".dists.npy")
-        with npy_writer(out, np.int32, (m.rows, m.k)) as ids, \
-                npy_writer(dist_path, np.float32, (m.rows, m.k)) as dists:
-            _fill(store, ids, dists)  # both files are renamed into place only after both are complete
+        with npy_writer(out, np.int32, (m.rows, cols)) as ids, \
+                npy_writer(dist_path, np.float32, (m.rows, cols)) as dists:
+            # both files are renamed into place only after both are complete
+            for first, block_ids, block_dists in shard_blocks(store, include_self=include_self):
+                ids[first:first + len(block_ids)] = block_ids
+                dists[first:first + len(block_ids)] = block_dists
         files = [str(out), str(dist_path)]
-    return {"store": str(store.path), "rows": m.rows, "k": m.k, "format": fmt, "files": files}
+    else:  # the file scipy.sparse.save_npz writes for a CSR matrix, written without needing scipy
+        data, indices, indptr = csr_parts(*whole_graph(store, include_self=include_self))
+        with atomic_path(out) as tmp, open(tmp, "wb") as f:
+            np.savez(f, indices=indices, indptr=indptr, format=np.array(b"csr"),
+                     shape=np.array([m.rows, m.rows]), data=data)
+        files = [str(out)]
+    return {"store": str(store.path), "rows": m.rows, "k": m.k, "format": fmt, "include_self": include_self,
+            "files": files}
 
 
-def _fill(store: Store, ids: np.ndarray, dists: np.ndarray) -> None:
-    """Every shard's graph, cut to k, into the output arrays at the shard's global rows."""
-    m = store.manifest
-    for shard, g in _graphs(store):
-        ids[shard.offset:shard.offset + shard.rows] = g.ids[:, :m.k]
-        dists[shard.offset:shard.offset + shard.rows] = metric_distance(g.dists[:, :m.k], m.metric)
-
-
-def _graphs(store: Store):
-    for shard in store.manifest.shards:
-        yield shard, store.read_graph(shard.id)
+def format_of(out: Path) -> str:
+    """The export format ``out``'s extension names."""
+    fmt = Path(out).suffix.lower().removeprefix(".")
+    if fmt not in FORMATS:
+        raise BadInput(out, f"unknown export format {Path(out).suffix or '(no extension)'!r}; name the file "
+                            f"{', '.join('.' + f for f in FORMATS)}")
+    return fmt

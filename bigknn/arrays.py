@@ -1,0 +1,44 @@
+"""In-memory arrays as pipeline inputs: the pipeline streams files (hashing, resuming and ingesting by
+file), so an array is written once to a ``.npy`` file it can stream, checked on the way.
+
+Accepted: NumPy arrays, CuPy arrays (copied to the host: the store is on disk), and anything ``np.asarray``
+takes (``__array__``: PyTorch CPU tensors, pandas frames, memory maps). float32, float16, uint8 and int8
+keep their dtype; every other dtype becomes float32, what the backends compute in.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from bigknn.errors import BadInput
+from bigknn.formats import check_rows, vectors_writer
+
+ARRAY = "array"  # how errors name an in-memory input
+KEPT_DTYPES = tuple(np.dtype(t) for t in ("<f4", "<f2", "u1", "i1"))
+SPILL_ROWS = 1 << 16  # rows converted, checked and written at a time
+
+
+def host_array(data: object) -> np.ndarray:
+    """``data`` as a 2-D host array without copying what is already one (CuPy arrays are copied over)."""
+    cupy = sys.modules.get("cupy")  # a CuPy array implies CuPy is imported; never import it here
+    x = cupy.asnumpy(data) if cupy is not None and isinstance(data, cupy.ndarray) else np.asarray(data)
+    if x.ndim != 2 or 0 in x.shape:
+        raise BadInput(ARRAY, f"has shape {x.shape}; expected 2-D (rows, dim) with rows and dim positive")
+    if x.dtype.kind not in "biuf":
+        raise BadInput(ARRAY, f"holds {x.dtype} values; expected numbers")
+    return x
+
+
+def spill(data: object, path: Path) -> Path:
+    """Write ``data`` to the new ``.npy`` file ``path`` (rows checked finite); return the path."""
+    x = host_array(data)
+    dtype = x.dtype if x.dtype in KEPT_DTYPES else np.dtype(np.float32)
+    with vectors_writer(path, x.shape[0], x.shape[1], dtype) as out:
+        for start in range(0, x.shape[0], SPILL_ROWS):
+            block = np.asarray(x[start:start + SPILL_ROWS], dtype=dtype)
+            check_rows(ARRAY, start, block)
+            out[start:start + len(block)] = block
+    return path

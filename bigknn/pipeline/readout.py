@@ -1,0 +1,71 @@
+"""The finished graph as users read it: row i holds global row i's first k neighbours, nearest first, with
+the metric's distances (``bigknn.metrics.user_distance``), and optionally the row itself first at distance 0:
+the layout of scikit-learn's ``KNeighborsTransformer`` graphs and of UMAP's ``precomputed_knn``.
+
+Stored lists never hold their own row, so "with self" is one prepended column: self comes first even where
+duplicates of the row sit at distance 0 too.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+
+from bigknn.errors import BadInput
+from bigknn.graph import ID_DTYPE
+from bigknn.metrics import user_distance
+from bigknn.shards import Store
+
+
+def require_finished(store: Store) -> None:
+    """Refuse a store whose build or merges are incomplete: its lists are not yet top-k over all rows."""
+    m = store.manifest
+    pending = len(m.shards) * (len(m.shards) - 1) // 2 - len(m.merged)
+    if not m.shards or any(s.graph is None for s in m.shards) or pending:
+        raise BadInput(store.path, "the graph is not finished; run `bigknn merge` first")
+
+
+def neighbours_per_row(store: Store, k: int | None) -> int:
+    """``k`` checked against the graph's own k (None: the graph's k)."""
+    have = store.manifest.k
+    if k is None:
+        return have
+    if not 1 <= k <= have:
+        raise BadInput(store.path, f"k = {k} is outside 1..{have}, the neighbours the graph holds per row")
+    return k
+
+
+def shard_blocks(store: Store, k: int | None = None,
+                 include_self: bool = False) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+    """(first global row, ids, distances) of each shard in row order, one shard in memory at a time."""
+    require_finished(store)
+    m = store.manifest
+    k = neighbours_per_row(store, k)
+    for shard in m.shards:
+        g = store.read_graph(shard.id)
+        ids, dists = g.ids[:, :k], user_distance(g.dists[:, :k], m.metric)
+        if include_self:
+            me = np.arange(shard.offset, shard.offset + shard.rows, dtype=ID_DTYPE)[:, None]
+            ids = np.concatenate([me, ids], axis=1)
+            dists = np.concatenate([np.zeros((shard.rows, 1), np.float32), dists], axis=1)
+        yield shard.offset, ids, dists
+
+
+def whole_graph(store: Store, k: int | None = None, include_self: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Every row's (ids int32, distances float32) in one pair of (rows, k [+1]) arrays."""
+    cols = neighbours_per_row(store, k) + include_self
+    ids = np.empty((store.manifest.rows, cols), ID_DTYPE)
+    dists = np.empty((store.manifest.rows, cols), np.float32)
+    for first, block_ids, block_dists in shard_blocks(store, k, include_self):
+        ids[first:first + len(block_ids)] = block_ids
+        dists[first:first + len(block_ids)] = block_dists
+    return ids, dists
+
+
+def csr_parts(ids: np.ndarray, dists: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(data, indices, indptr) of the CSR matrix holding each row's list in list order (nearest first, as
+    scikit-learn's k-neighbours graphs are), zero distances included as explicit entries."""
+    n, w = ids.shape
+    index = np.int64 if n * w > np.iinfo(np.int32).max else np.int32
+    return dists.ravel(), ids.ravel(), np.arange(0, n * w + 1, w, dtype=index)

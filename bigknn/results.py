@@ -1,0 +1,163 @@
+"""Typed results of the Python API (``bigknn.api``).
+
+Each report carries the fields of the JSON object the matching CLI command prints, in the same order, so
+``to_dict()`` is that object: the CLI prints what the API returns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from bigknn.shards import Store
+
+
+class Neighbors(NamedTuple):
+    """Each row's neighbours, nearest first: ``ids`` (rows, k) int32 row numbers and ``distances``
+    (rows, k) float32, ascending per row (``bigknn.metrics.user_distance``). A tuple, so
+    ``ids, distances = graph.neighbors()`` works."""
+
+    ids: np.ndarray
+    distances: np.ndarray
+
+
+class _Report:
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as the JSON object the CLI prints."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class RecallEstimate(_Report):
+    """The recall@``at`` a build measured on a fixed sample of ``rows`` rows against their exact
+    neighbours over the whole input: mean ``recall`` with its 95 % interval [``low``, ``high``], for the
+    ``target`` the build aimed at (0: none). ``graph_rows``: rows in the graph when it was measured (rows
+    ingested since are not covered)."""
+
+    recall: float
+    low: float
+    high: float
+    rows: int
+    at: int
+    target: float
+    graph_rows: int
+
+    @classmethod
+    def from_manifest(cls, estimate: dict | None) -> RecallEstimate | None:
+        return None if estimate is None else cls(**estimate)
+
+
+@dataclass(frozen=True)
+class Info(_Report):
+    """What a store holds: shape, metric and k of its graph, build progress (``complete`` once every shard
+    has its graph and every pair is merged), the input files, disk use, seconds per phase summed over runs,
+    and the build's recall estimate (None for builds without a recall target)."""
+
+    store: str
+    format: int
+    rows: int
+    dim: int
+    dtype: str
+    metric: str
+    k: int
+    shards: int
+    shards_built: int
+    merges_done: int
+    merges_pending: int
+    complete: bool
+    inputs: list[str]
+    disk_bytes: int
+    timings_s: dict[str, float]
+    recall_estimate: RecallEstimate | None
+
+    @classmethod
+    def of(cls, store: Store) -> Info:
+        m = store.manifest
+        n = len(m.shards)
+        total = n * (n - 1) // 2
+        built = sum(s.graph is not None for s in m.shards)
+        return cls(store=str(store.path), format=m.format, rows=m.rows, dim=m.dim, dtype=m.dtype, metric=m.metric,
+                   k=m.k, shards=n, shards_built=built, merges_done=len(m.merged),
+                   merges_pending=total - len(m.merged), complete=bool(n) and built == n and len(m.merged) == total,
+                   inputs=[i["path"] for i in m.inputs], disk_bytes=store.disk_bytes(), timings_s=m.timings,
+                   recall_estimate=RecallEstimate.from_manifest(m.estimate))
+
+
+@dataclass(frozen=True)
+class BuildReport(_Report):
+    """What a build (or the resumed rest of one) did: the graph's shape, shards and merges, the backend
+    and its worker count, wall time and seconds per phase (summed over workers) with each phase's wall-clock
+    span, gigabytes read and written, each worker's busy fraction, and the recall estimate it recorded."""
+
+    store: str
+    rows: int
+    dim: int
+    k: int
+    metric: str
+    shards: int
+    merges_done: int
+    merges_total: int
+    backend: str
+    workers: int
+    resumed: bool
+    wall_s: float
+    phase_s: dict[str, float]
+    phase_wall_s: dict[str, list[float]]
+    read_gb: float
+    written_gb: float
+    busy_frac: dict[str, float]
+    recall_estimate: RecallEstimate | None
+
+    @classmethod
+    def from_summary(cls, summary: dict) -> BuildReport:
+        return cls(**{**summary, "recall_estimate": RecallEstimate.from_manifest(summary["recall_estimate"])})
+
+
+@dataclass(frozen=True)
+class RecallReport(_Report):
+    """Recall@``k`` measured on ``sample`` rows drawn from global rows [``rows[0]``, ``rows[1]``): self
+    excluded, ties with the exact k-th neighbour counted; ``truth`` is "exact" or the ground-truth file;
+    ``exact_s`` of the ``wall_s`` went to finding the exact neighbours."""
+
+    store: str
+    recall: float
+    k: int
+    sample: int
+    rows: list[int]
+    truth: str
+    backend: str
+    exact_s: float
+    wall_s: float
+
+
+@dataclass(frozen=True)
+class IngestReport(_Report):
+    """What an ingest did: inputs ingested and skipped (already in the store, by size and sha256), rows
+    added, the store's rows and shards after it, and times (``resumed``: an interrupted ingest it finished
+    first, or None)."""
+
+    store: str
+    ingested: list[str]
+    skipped: list[str]
+    rows_added: int
+    rows: int
+    shards: int
+    wall_s: float
+    phase_s: dict[str, float]
+    phase_wall_s: dict[str, list[float]]
+    resumed: str | None = None
+
+
+@dataclass(frozen=True)
+class ExportReport(_Report):
+    """The files an export wrote (``.npy``: ids, then ``<name>.dists.npy``), their format, and the rows
+    and neighbours per row (one more column where ``include_self``)."""
+
+    store: str
+    rows: int
+    k: int
+    format: str
+    include_self: bool
+    files: list[str]
