@@ -89,7 +89,8 @@ class Info(_Report):
 class BuildReport(_Report):
     """What a build (or the resumed rest of one) did: the graph's shape, shards and merges, the backend
     and its worker count, wall time and seconds per phase (summed over workers) with each phase's wall-clock
-    span, gigabytes read and written, each worker's busy fraction, and the recall estimate it recorded."""
+    span, gigabytes read and written, each worker's busy fraction, how its recall-targeted descents ended
+    (per phase: count, iterations, widenings, stop reasons), and the recall estimate it recorded."""
 
     store: str
     rows: int
@@ -108,6 +109,7 @@ class BuildReport(_Report):
     read_gb: float
     written_gb: float
     busy_frac: dict[str, float]
+    descents: dict[str, dict]
     recall_estimate: RecallEstimate | None
 
     @classmethod
@@ -134,13 +136,14 @@ class RecallReport(_Report):
 
 @dataclass(frozen=True)
 class IngestReport(_Report):
-    """What an ingest did: inputs ingested and skipped (already in the store, by size and sha256), rows
-    added, the store's rows and shards after it, and times (``resumed``: an interrupted ingest it finished
-    first, or None)."""
+    """What an ingest did: inputs ingested and skipped (already in the store, by size and sha256), drop-folder
+    files left for the next run because they were still growing, rows added, the store's rows and shards
+    after it, and times (``resumed``: an interrupted ingest it finished first, or None)."""
 
     store: str
     ingested: list[str]
     skipped: list[str]
+    still_being_written: list[str]
     rows_added: int
     rows: int
     shards: int

@@ -49,8 +49,9 @@ TOP: dict[str, Check] = {
     "k": COUNT, "shard_rows": COUNT, "params": PARAMS, "seed": (_int, "an integer"), "format": COUNT,
     "inputs": LIST, "shards": LIST, "merged": PAIRS, "timings": OBJECT,
     "pending": (lambda v: v is None or isinstance(v, dict), "an object or null"),
+    "estimate": (lambda v: v is None or isinstance(v, dict), "an object or null"),
 }
-OPTIONAL = {"inputs", "shards", "merged", "timings", "pending"}
+OPTIONAL = {"inputs", "shards", "merged", "timings", "pending", "estimate"}
 SHARD: dict[str, Check] = {"id": INDEX, "offset": INDEX, "rows": COUNT,
                            "graph": (lambda v: v is None or (_int(v) and v >= 0), "a non-negative integer or null")}
 INPUT: dict[str, Check] = {

@@ -290,9 +290,10 @@ class Store:
 
     def read_graph_rows(self, shard_id: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(ids, keys) of a few scattered local rows of a shard's committed graph, one small read per row."""
-        base = f"shards/{shard_id}/graph/{self.manifest.shards[shard_id].graph}"
-        ids = [self._read_array(f"{base}/ids", int(r), int(r) + 1) for r in rows]
-        keys = [self._read_array(f"{base}/dists", int(r), int(r) + 1) for r in rows]
+        version = self.manifest.shards[shard_id].graph
+        where = f"shard {shard_id} graph version {version}"
+        ids, keys = ([self._read_array(graph_name(shard_id, version, name), f"{where} {name}", int(r), int(r) + 1)
+                      for r in rows] for name in ("ids", "dists"))
         return np.concatenate(ids), np.concatenate(keys)
 
     def _stale_graphs(self, shard_id: int, below: int | None) -> list[Path]:

@@ -105,12 +105,13 @@ def test_host_mem_too_small_is_refused_before_anything_is_written(store, tmp_pat
 
 
 def test_a_merge_count_that_cannot_finish_is_refused_without_a_prompt(tmp_path):
-    """Reproduction: `--shard-rows 11 --k 10` planned 183,315 merges without a word (here 5,000 rows give
-    151 shards and 11,325 merges). The old code starts merging: the timeout fails it."""
-    write_vectors(tmp_path / "x.fbin", synth(5000, 4, seed=9))
+    """Reproduction: `--shard-rows 11 --k 10` planned 183,315 merges without a word (here 20,000 rows give
+    408 shards of at least 49 rows, lists being 48 wide, and 83,028 merges). The old code starts merging: the
+    timeout fails it."""
+    write_vectors(tmp_path / "x.fbin", synth(20000, 4, seed=9))
     code, out, err = run_cli("build", tmp_path / "x.fbin", "-o", tmp_path / "store", "--k", 10, "--shard-rows", 11,
                              "--backend", "cpu", timeout=60)
-    line = assert_one_line_error(code, out, err, "11,325 merges", "--shard-rows")
+    line = assert_one_line_error(code, out, err, "83,028 merges", "--shard-rows")
     assert "store" in line
     assert not (tmp_path / "store").exists()
 
