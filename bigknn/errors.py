@@ -89,7 +89,3 @@ class Damaged(BigknnError):
         self.problem = problem
         self.where = where
         super().__init__(f"{where}: {self.file}: {problem}" if where else f"{self.file}: {problem}")
-
-    def at(self, where: str) -> "Damaged":
-        """The same damage, named by the shard and array it belongs to."""
-        return Damaged(self.file, self.problem, where)
