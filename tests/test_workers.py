@@ -249,9 +249,7 @@ def test_checkpoints_commit_merges_while_the_run_goes_on(data, tmp_path, monkeyp
             time.sleep(0.1)
             return self.cpu.ggm(a, b, metric, params, seed, vias=vias)
 
-    # the fixed rules (recall=0): merges as short as this test's 0.25 s checkpoint assumes (a merge's recall
-    # probe alone takes longer on a loaded 2-core machine)
-    out = build(BuildRequest(input=data, store=tmp_path / "s.knn", shard_rows=700, params=GnndParams(k=10, recall=0)),
+    out = build(BuildRequest(input=data, store=tmp_path / "s.knn", shard_rows=700, params=GnndParams(k=10)),
                 [Slow([], set())], Reporter())
     assert out["merges_done"] == 21
     during = {n for n in merged_at_commit if 0 < n < 21}
