@@ -131,7 +131,7 @@ def make_probe(n: int, width: int, exact: ExactFn, rng: np.random.Generator, siz
     rows = np.sort(rng.choice(n, size=min(size, n), replace=False))
     m = min(RECALL_AT, width, n - 1)
     ids, keys = exact(rows, m + 1)
-    ids, keys = _without_self(np.asarray(ids), np.asarray(keys), rows, m)
+    ids, keys = without_self(np.asarray(ids), np.asarray(keys), rows, m)
     return Probe(rows, ids, keys[:, -1].copy())
 
 
@@ -167,7 +167,7 @@ def make_merge_probe(a, b, width: int, exact: PairExactFn, rng: np.random.Genera
     return Probe(rows, truth, keys[:, -1].copy(), (out_ids, out_keys), na, (a.offset, b.offset))
 
 
-def _without_self(ids: np.ndarray, keys: np.ndarray, rows: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
+def without_self(ids: np.ndarray, keys: np.ndarray, rows: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
     """Drop each row's own id (or, where a duplicate pushed it out, the last entry); keep m."""
     is_self = ids == rows[:, None]
     drop = np.where(is_self.any(axis=1), is_self.argmax(axis=1), ids.shape[1] - 1)

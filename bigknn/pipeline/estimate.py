@@ -17,7 +17,7 @@ from bigknn.backends import Backend
 from bigknn.formats import VectorFile
 from bigknn.graph import EMPTY, merge_lists
 from bigknn.metrics import kernel_metric, prepare_rows
-from bigknn.recall import ESTIMATE_ROWS, RECALL_AT, Estimate, estimate
+from bigknn.recall import ESTIMATE_ROWS, RECALL_AT, Estimate, estimate, without_self
 from bigknn.shards import Manifest, Store
 
 
@@ -60,7 +60,8 @@ class SampleTruth:
 
     def measure(self, store: Store) -> Estimate:
         """Recall@m of the store's committed graph on the sample."""
-        truth, kth = self._without_self()
+        truth, keys = without_self(self.ids, self.keys, self.rows, self.m)
+        kth = keys[:, -1].copy()
         got_ids = np.empty((len(self.rows), self.m), np.int64)
         got_keys = np.empty((len(self.rows), self.m), np.float32)
         for s in store.manifest.shards:
@@ -69,15 +70,6 @@ class SampleTruth:
                 ids, keys = store.read_graph_rows(s.id, self.rows[sel] - s.offset)
                 got_ids[sel], got_keys[sel] = ids[:, :self.m], keys[:, :self.m]
         return estimate(got_ids, got_keys, truth, kth)
-
-    def _without_self(self) -> tuple[np.ndarray, np.ndarray]:
-        is_self = self.ids == self.rows[:, None]
-        drop = np.where(is_self.any(axis=1), is_self.argmax(axis=1), self.m)
-        keep = np.ones(self.ids.shape, bool)
-        keep[np.arange(len(self.rows)), drop] = False
-        ids = self.ids[keep].reshape(len(self.rows), self.m)
-        keys = self.keys[keep].reshape(len(self.rows), self.m)
-        return ids, keys[:, -1].copy()
 
 
 def record_estimate(store: Store, backend: Backend, sample: SampleTruth) -> dict:
