@@ -472,7 +472,7 @@ class CudaBackend:
                                                 float(params.min_update_frac), labels=None, log_c=log_c,
                                                 norms=norms, target=target)
         del xw
-        if target is not None and target.stopper.stalled():  # NN-Descent cannot reach the target here
+        if target is not None and target.stopper.fell_short():  # NN-Descent cannot reach the target here
             del ids, keys, flags, norms
             target.stopper.exact_instead()
             g = self._exact_graph(self._numeric(xd, d), kb, metric)
@@ -867,7 +867,7 @@ class CudaBackend:
 
     def _ggm(self, a: ShardPart, b: ShardPart, metric: str, params: GnndParams, seed: int, on_iter=None,
              vias: list[ShardPart] | None = None):
-        from bigknn.ggm import fill_count
+        from bigknn.ggm import exact_merge, fill_count
 
         cp = _cupy()
         t0 = time.perf_counter()
@@ -960,8 +960,22 @@ class CudaBackend:
         stats, ids, keys, flags = self._iterate(xw, wct, dpad, m, ids, keys, flags, p, int(params.merge_iters),
                                                 merge_stop_frac(params.min_update_frac, na, nb), labels=labels,
                                                 log_c=log_c, norms=norms, on_iter=on_iter, target=target)
-        ids = self._cut(ids, w)
         del xw
+        if target is not None and target.stopper.fell_short():  # NN-Descent cannot reach the target here
+            del ids, keys, flags, norms, labels, old_ids, old_keys
+            target.stopper.exact_instead()
+            rows = self._numeric(xd, d)
+            local = {id(a): rows[:na], id(b): rows[na:]}
+
+            def cross(own, other, k):
+                return self._exact_knn(local[id(own)], k, metric, [(other.offset, local[id(other)])])
+
+            ga, gb = exact_merge(a, b, w, cross)
+            ga.report = gb.report = target.stopper.report()
+            self.last_stats = dict(stats, **moved, p=p, width=w, half=half, exact=True,
+                                   total_s=time.perf_counter() - t0)
+            return ga, gb
+        ids = self._cut(ids, w)
         sync()
         t_it = time.perf_counter()
         del flags, norms, labels
