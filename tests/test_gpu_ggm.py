@@ -404,9 +404,7 @@ def test_seeded_merges_match_cpu(backend):
 
 
 # ----------------------------------------------------------------------------- recall-targeted merges
-@pytest.mark.parametrize("dim,metric", [(200, "l2"), (384, "ip"), pytest.param(96, "l2", marks=pytest.mark.xfail(
-    strict=False, reason="a merge of two ~5K-row 96-d synth shards stalled at the widest lists below 0.99 on the "
-                         "H200 (2026-11-23); merges have no exact fallback yet (GNND has)"))])
+@pytest.mark.parametrize("dim,metric", [(200, "l2"), (384, "ip"), (96, "l2")])
 def test_targeted_merge_meets_target_and_matches_cpu(backend, dim, metric):
     """A merge with the default target (0.99) on fresh data: it stops on the target (wide float32 rows go
     through the half-precision descent, whose keys the fold-back makes exact), reaches the recall of a
@@ -423,7 +421,8 @@ def test_targeted_merge_meets_target_and_matches_cpu(backend, dim, metric):
     b = ShardPart(na, x[na:], shifted(backend.gnnd(x[na:], metric, params, seed=2), na))
     ma, mb = backend.ggm(a, b, metric, params, seed=3)
     assert backend.last_stats["half"] == (dim >= cuda_module.HALF_MIN_DIM)
-    assert ma.report["stop"] == "target met", ma.report
+    # a merge of small 96-d shards can stall at the widest lists; it then returns the pair's exact lists
+    assert ma.report["stop"] == "target met" or ma.report["stop"].startswith("exact graph"), ma.report
     ids, dists = np.concatenate([ma.ids, mb.ids]), np.concatenate([ma.dists, mb.dists])
     _check(ids, dists, x, metric)
     rows = np.sort(np.random.default_rng(7).choice(na + nb, 1000, replace=False))
