@@ -73,18 +73,21 @@ def bench_bigknn(backend, x, metric, truth, family, device, out, k: int, variant
         overrides = {} if variant == "defaults" else json.loads(variant)
         # "_half_min_dim": the CUDA backend's HALF_MIN_DIM for this run (half-precision descent from that dim)
         cuda_module.HALF_MIN_DIM = overrides.pop("_half_min_dim", default_half)
+        # "_mma": tensor-core cross-match tiles on (true) or off (false) for this run (default: the backend's)
+        backend.tensor_cores = overrides.pop("_mma", None)
         params = replace(base, **overrides)
-        if cuda_module.HALF_MIN_DIM != default_half:
+        if cuda_module.HALF_MIN_DIM != default_half or backend.tensor_cores is not None:
             backend.gnnd(x[:100_000], metric, params, seed=0)  # compile that variant's kernels
         t0 = time.perf_counter()
         g = backend.gnnd(x, metric, params, seed=1)
         dt = time.perf_counter() - t0
         cuda_module.HALF_MIN_DIM = default_half
+        backend.tensor_cores = None
         st = backend.last_stats
         emit({"workload": "t1", "family": family, "tool": "bigknn", "variant": variant, "rows": len(x),
               "dim": x.shape[1], "dtype": str(x.dtype), "metric": metric, "k": k, "device": device,
               "time_s": round(dt, 3), "recall@10": truth.recall(g.ids), "estimate": g.report,
-              "iters_run": st.get("iters_run"), "p": st.get("p"), "half": st.get("half"),
+              "iters_run": st.get("iters_run"), "p": st.get("p"), "half": st.get("half"), "mma": st.get("mma"),
               "iter_s": round(st.get("iter_s", 0), 3)}, out)
 
 
