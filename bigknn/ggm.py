@@ -25,8 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bigknn.backends.base import ShardPart
-from bigknn.graph import EMPTY, ID_DTYPE, KnnGraph, merge_lists
+from bigknn.graph import EMPTY, ID_DTYPE, KnnGraph, ShardPart, merge_lists
 
 
 @dataclass

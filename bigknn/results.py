@@ -75,12 +75,9 @@ class Info(_Report):
     @classmethod
     def of(cls, store: Store) -> Info:
         m = store.manifest
-        n = len(m.shards)
-        total = n * (n - 1) // 2
-        built = sum(s.graph is not None for s in m.shards)
         return cls(store=str(store.path), format=m.format, rows=m.rows, dim=m.dim, dtype=m.dtype, metric=m.metric,
-                   k=m.k, shards=n, shards_built=built, merges_done=len(m.merged),
-                   merges_pending=total - len(m.merged), complete=bool(n) and built == n and len(m.merged) == total,
+                   k=m.k, shards=len(m.shards), shards_built=m.shards_built, merges_done=len(m.merged),
+                   merges_pending=m.merges_pending, complete=m.complete,
                    inputs=[i["path"] for i in m.inputs], disk_bytes=store.disk_bytes(), timings_s=m.timings,
                    recall_estimate=RecallEstimate.from_manifest(m.estimate))
 

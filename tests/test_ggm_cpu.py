@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bigknn.backends import ShardPart
+from bigknn.graph import ShardPart
 from bigknn.backends.cpu import CpuBackend
 from bigknn.ggm import seeds_through
 from bigknn.graph import KnnGraph

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bigknn.backends.base import ShardPart
+from bigknn.graph import ShardPart
 from bigknn.graph import KnnGraph
 from bigknn.params import GnndParams
 from bigknn.synth import synth

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from bigknn.backends.base import Backend, ShardPart
+from bigknn.backends.base import Backend
 
 BACKENDS = ("auto", "cpu", "cuda")
 
-__all__ = ["BACKENDS", "Backend", "ShardPart", "get_backend", "get_backends"]
+__all__ = ["BACKENDS", "Backend", "get_backend", "get_backends"]
 
 
 def get_backends(name: str = "auto", gpus: str | None = None, gpu_mem_bytes: int | None = None) -> list[Backend]:

@@ -7,11 +7,11 @@ from pathlib import Path
 import click
 
 from bigknn import api
-from bigknn.cli.app import backend_option, cli, emit, gpu_mem_option, json_option, parse_bytes
+from bigknn.cli.common import backend_option, emit, gpu_mem_option, json_option, parse_bytes
 from bigknn.pipeline.evaluate import RECALL_K, SAMPLE_ROWS
 
 
-@cli.group(name="eval")
+@click.group(name="eval")
 def eval_group() -> None:
     """Measure the quality of a store's graph.
 

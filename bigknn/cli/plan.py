@@ -8,7 +8,7 @@ import click
 import numpy as np
 
 from bigknn.backends import get_backends
-from bigknn.cli.app import backend_option, cli, emit, gpu_mem_option, gpus_option, json_option, parse_bytes
+from bigknn.cli.common import backend_option, emit, gpu_mem_option, gpus_option, json_option, parse_bytes
 from bigknn.formats import open_vectors
 from bigknn.params import GnndParams
 from bigknn.pipeline.plan import auto_shard_rows, calibrate, plan as make_plan, rates_from_store
@@ -17,7 +17,7 @@ from bigknn.shards import Store
 DTYPES = ("float32", "float16", "uint8", "int8")
 
 
-@cli.command()
+@click.command()
 @click.argument("input", type=click.Path(path_type=Path), required=False)
 @click.option("--rows", type=click.IntRange(min=2), default=None, help="Rows (instead of INPUT).")
 @click.option("--dim", type=click.IntRange(min=1), default=None, help="Dimension (instead of INPUT).")

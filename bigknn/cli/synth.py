@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 import numpy as np
 
-from bigknn.cli.app import cli, emit, json_option, reporter_for
+from bigknn.cli.common import emit, json_option, reporter_for
 from bigknn.formats import vectors_writer
 from bigknn.synth import synth_blocks
 
@@ -18,7 +18,7 @@ INT_CENTRE = {".u8bin": (128.0, np.uint8, 0, 255), ".i8bin": (0.0, np.int8, -128
 FLOAT_DTYPES = {".fbin": np.float32, ".npy": np.float32, ".f16bin": np.float16}
 
 
-@cli.command()
+@click.command()
 @click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--rows", type=click.IntRange(min=1), required=True, help="Number of vectors.")
 @click.option("--dim", type=click.IntRange(min=1), required=True, help="Dimension of each vector.")

@@ -17,8 +17,8 @@ import time
 
 import numpy as np
 
-from bigknn.backends import Backend, ShardPart
-from bigknn.graph import KnnGraph
+from bigknn.backends import Backend
+from bigknn.graph import KnnGraph, ShardPart
 from bigknn.params import GnndParams
 from bigknn.pipeline.schedule import round_robin
 from bigknn.shards import Store
@@ -102,7 +102,7 @@ def auto_shard_rows(backends, dim: int, itemsize: int, params: GnndParams, gpu_m
     """Rows per shard when the user gives none: the largest whose merge fits every GPU's budget (what is
     free, capped by ``--gpu-mem``). Without a GPU: sized for ``gpu_mem`` when given (planning a GPU job on
     another machine), else CPU_SHARD_ROWS."""
-    budgets = [b.memory_budget() for b in backends if hasattr(b, "memory_budget")]
+    budgets = [budget for b in backends if (budget := b.memory_budget()) is not None]
     if not budgets and gpu_mem:
         budgets = [gpu_mem]
     return largest_shard_rows(min(budgets), dim, itemsize, params) if budgets else CPU_SHARD_ROWS
