@@ -22,6 +22,8 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, ProgressColu
                            TimeElapsedColumn, TimeRemainingColumn)
 from rich.text import Text
 
+from bigknn.human import human_duration
+
 log = logging.getLogger("bigknn")
 
 LOG_EVERY_S = 30.0  # seconds between progress lines where no bar is shown
@@ -56,14 +58,6 @@ def configure_logging(level: int) -> None:
     log.handlers[:] = [handler]
     log.setLevel(level)
     log.propagate = False
-
-
-def human_duration(seconds: float) -> str:
-    """"42 s", "3.5 min", "5.4 h", "2.1 days", "4.0 years"."""
-    for unit, size in (("years", 365 * 86400), ("days", 86400), ("h", 3600), ("min", 60)):
-        if seconds >= size * (2 if unit in ("years", "days") else 1):
-            return f"{seconds / size:.1f} {unit}"
-    return f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.1f} s"
 
 
 class _Count:
