@@ -32,12 +32,13 @@ from bigknn.errors import BadInput
 from bigknn.metrics import METRICS, kernel_metric, prepare_rows, user_distance
 from bigknn.params import GnndParams
 from bigknn.pipeline.build import BuildRequest, build as run_build
-from bigknn.pipeline.evaluate import RECALL_K, SAMPLE_ROWS, recall as run_recall
+from bigknn import plot as draw
+from bigknn.pipeline.evaluate import RECALL_K, SAMPLE_ROWS, recall_rows
 from bigknn.pipeline.export import export as run_export
 from bigknn.pipeline.ingest import ingest as run_ingest
-from bigknn.pipeline.readout import csr_parts, neighbours_per_row, whole_graph
+from bigknn.pipeline.readout import csr_parts, in_degrees, neighbours_per_row, shard_of, whole_graph
 from bigknn.progress import Reporter, RichReporter
-from bigknn.results import BuildReport, ExportReport, Info, IngestReport, Neighbors, RecallReport
+from bigknn.results import BuildReport, ExportReport, InDegrees, Info, IngestReport, Neighbors, RecallReport
 from bigknn.shards import Store
 
 DEFAULTS = GnndParams()
@@ -306,7 +307,8 @@ class Graph:
         return Neighbors(found.ids, user_distance(found.dists, m.metric))
 
     def recall(self, sample: int = SAMPLE_ROWS, k: int = RECALL_K, truth: PathLike | None = None, seed: int = 0,
-               rows: tuple[int, int] | None = None, backend: str = "auto", gpu_mem: int | None = None) -> RecallReport:
+               rows: tuple[int, int] | None = None, backend: str = "auto", gpu_mem: int | None = None,
+               plot: PathLike | None = None) -> RecallReport:
         """Measure recall@k on sampled rows against their exact neighbours (self excluded, ties counted).
 
         Parameters
@@ -323,19 +325,67 @@ class Graph:
             Sample only global rows [lo, hi), e.g. the rows an ingest added.
         backend, gpu_mem
             As for ``build``.
+        plot : path, optional
+            Also draw the recall of each sampled row (a histogram) and each shard's mean into this image
+            file (.png, .svg, .pdf; needs matplotlib: ``bigknn[plot]``).
+
+        Examples
+        --------
+        >>> import os, tempfile
+        >>> import numpy as np, bigknn
+        >>> x = np.random.default_rng(0).normal(size=(1000, 8)).astype(np.float32)
+        >>> picture = os.path.join(tempfile.mkdtemp(), "recall.png")
+        >>> with bigknn.build(x, k=10, backend="cpu") as g:
+        ...     r = g.recall(sample=200, backend="cpu", plot=picture)
+        >>> r.sample, r.k, r.recall >= 0.99, os.path.getsize(r.plot) > 0
+        (200, 10, True, True)
+        """
+        store = self._live()
+        if plot is not None:
+            draw.pyplot(Path(plot))  # refuse a missing matplotlib or an unknown extension before the work
+        result, sampled, per_row = recall_rows(store, get_backend(backend, gpu_mem), sample, k,
+                                               None if truth is None else Path(truth), seed, rows)
+        if plot is not None:
+            draw.recall_histogram(Path(plot), per_row, shard_of(store, sampled), len(store.manifest.shards),
+                                  result["k"], f"{store.path.name}: recall@{result['k']} of {len(sampled):,} rows")
+            result["plot"] = str(plot)
+        return RecallReport(**result)
+
+    def in_degrees(self, k: int | None = None) -> np.ndarray:
+        """How many neighbour lists (their first ``k`` entries; default all) each row appears in: (rows,)
+        int64, mean k. Rows in many lists are hubs, rows in none are never found as anyone's neighbour.
 
         Examples
         --------
         >>> import numpy as np, bigknn
-        >>> x = np.random.default_rng(0).normal(size=(1000, 8)).astype(np.float32)
-        >>> with bigknn.build(x, k=10, backend="cpu") as g:
-        ...     r = g.recall(sample=200, backend="cpu")
-        >>> r.sample, r.k, r.recall >= 0.99
-        (200, 10, True)
+        >>> x = np.array([[0.0], [1], [3], [7]], dtype=np.float32)
+        >>> with bigknn.build(x, k=1, backend="cpu") as g:
+        ...     g.in_degrees().tolist()        # 0->1, 1->0, 2->1, 3->2
+        [1, 2, 1, 0]
         """
-        result = run_recall(self._live(), get_backend(backend, gpu_mem), sample, k,
-                            None if truth is None else Path(truth), seed, rows)
-        return RecallReport(**result)
+        return in_degrees(self._live(), k)
+
+    def plot_in_degrees(self, path: PathLike, k: int | None = None) -> InDegrees:
+        """Draw the in-degree distribution (``in_degrees``) into an image file (.png, .svg, .pdf; needs
+        matplotlib: ``bigknn[plot]``) and return its summary; ``bigknn info --plot`` calls this.
+
+        Examples
+        --------
+        >>> import os, tempfile
+        >>> import numpy as np, bigknn
+        >>> x = np.random.default_rng(0).normal(size=(1000, 8)).astype(np.float32)
+        >>> picture = os.path.join(tempfile.mkdtemp(), "degrees.png")
+        >>> with bigknn.build(x, k=10, backend="cpu") as g:
+        ...     d = g.plot_in_degrees(picture)
+        >>> d.mean, d.max > 10, os.path.getsize(d.plot) > 0
+        (10.0, True, True)
+        """
+        store = self._live()
+        draw.pyplot(Path(path))
+        k = neighbours_per_row(store, k)
+        degrees = in_degrees(store, k)
+        draw.in_degree_histogram(Path(path), degrees, k, f"{store.path.name}: in-degrees of {len(degrees):,} rows")
+        return InDegrees.of(degrees, k, str(path))
 
     # ---- writing ----------------------------------------------------------------------------------
     def export(self, path: PathLike, include_self: bool = False) -> ExportReport:

@@ -129,6 +129,25 @@ class RecallReport(_Report):
     backend: str
     exact_s: float
     wall_s: float
+    plot: str | None = None  # the picture of per-row and per-shard recall, where one was asked for
+
+
+@dataclass(frozen=True)
+class InDegrees(_Report):
+    """How many neighbour lists (their first ``k`` entries) the graph's rows appear in: the mean is k; ``max``
+    and ``p99`` show hubs, ``zero`` counts rows in no list (never anyone's neighbour); ``plot``: the picture."""
+
+    k: int
+    mean: float
+    p99: float
+    max: int
+    zero: int
+    plot: str | None = None
+
+    @classmethod
+    def of(cls, degrees: np.ndarray, k: int, plot: str | None = None) -> InDegrees:
+        return cls(k=k, mean=round(float(degrees.mean()), 3), p99=float(np.percentile(degrees, 99)),
+                   max=int(degrees.max()), zero=int((degrees == 0).sum()), plot=plot)
 
 
 @dataclass(frozen=True)

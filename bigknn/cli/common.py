@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from pathlib import Path
 
 import click
 from rich.console import Console
@@ -61,3 +62,7 @@ gpus_option = click.option("--gpus", type=str, default=None,
                            help="GPUs to use: 'all' or ids like 0,1 (one worker each; default: GPU 0).")
 host_mem_option = click.option("--host-mem", "host_mem", type=str, default=None,
                                help="Host RAM for cached shards, e.g. 64G (default: half the machine's RAM).")
+
+plot_option = click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                           help="Also draw a picture into this file (.png, .svg, .pdf; needs matplotlib: "
+                                "pip install 'bigknn[plot]').")

@@ -7,10 +7,11 @@ from pathlib import Path
 import click
 
 from bigknn import api
-from bigknn.cli.common import emit, json_option
+from bigknn.cli.common import emit, json_option, plot_option
 from bigknn.errors import BadInput
 from bigknn.pipeline.export import FORMATS, format_of
 from bigknn.pipeline.verify import verify
+from bigknn.plot import pyplot
 from bigknn.results import Info
 from bigknn.shards import Store, read_store
 
@@ -25,8 +26,9 @@ def describe(store: Store) -> dict:
 
 @click.command()
 @click.argument("store", type=click.Path(path_type=Path))
+@plot_option
 @json_option
-def info(store: Path, as_json: bool) -> None:
+def info(store: Path, plot: Path | None, as_json: bool) -> None:
     """Shards, rows, k, metric, merges done and pending, disk use, missing files (`bigknn verify` checks all),
     and the build's recall@10 estimate (sample size, 95 % interval, the target it was built for).
 
@@ -34,8 +36,14 @@ def info(store: Path, as_json: bool) -> None:
     Examples:
       bigknn info data.knn
       bigknn info data.knn --json | jq .merges_pending
+      bigknn info data.knn --plot degrees.png     # the in-degree distribution (hubs), drawn
     """
-    emit(read_store(store, describe, suspect=lambda d: bool(d["damaged"])), as_json, "store")
+    if plot is not None:
+        pyplot(plot)  # refuse a missing matplotlib or an unknown extension before reading anything
+    result = read_store(store, describe, suspect=lambda d: bool(d["damaged"]))
+    if plot is not None:
+        result["in_degree"] = api.open(store).plot_in_degrees(plot).to_dict()
+    emit(result, as_json, "store")
 
 
 @click.command()

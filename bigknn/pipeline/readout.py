@@ -55,6 +55,21 @@ def whole_graph(store: Store, k: int | None = None, include_self: bool = False) 
     return ids, dists
 
 
+def in_degrees(store: Store, k: int | None = None) -> np.ndarray:
+    """How many lists (their first ``k`` entries) each row appears in; the mean is k. One shard in memory at
+    a time."""
+    counts = np.zeros(store.manifest.rows, np.int64)
+    for _, ids, _ in shard_blocks(store, k):
+        counts += np.bincount(ids[ids >= 0], minlength=len(counts))
+    return counts
+
+
+def shard_of(store: Store, rows: np.ndarray) -> np.ndarray:
+    """The shard index holding each global row."""
+    starts = np.array([s.offset for s in store.manifest.shards])
+    return np.searchsorted(starts, rows, side="right") - 1
+
+
 def csr_parts(ids: np.ndarray, dists: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(data, indices, indptr) of the CSR matrix holding each row's list in list order (nearest first, as
     scikit-learn's k-neighbours graphs are), zero distances included as explicit entries."""
