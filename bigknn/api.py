@@ -174,7 +174,15 @@ class Graph:
     # ---- reading ----------------------------------------------------------------------------------
     @property
     def path(self) -> Path:
-        """The store directory."""
+        """The store directory (a temporary one for a build without ``store``).
+
+        Examples
+        --------
+        >>> import numpy as np, bigknn
+        >>> with bigknn.build(np.eye(20, dtype=np.float32), k=3, backend="cpu") as g:
+        ...     print(g.path.name, (g.path / "manifest.json").is_file())
+        graph.knn True
+        """
         return self._live().path
 
     @property
@@ -433,7 +441,18 @@ class Graph:
 
     # ---- lifetime ---------------------------------------------------------------------------------
     def close(self) -> None:
-        """Stop using the graph; a temporary store (a build without ``store``) is deleted."""
+        """Stop using the graph; a temporary store (a build without ``store``) is deleted. A ``with`` block
+        closes it at its end.
+
+        Examples
+        --------
+        >>> import numpy as np, bigknn
+        >>> g = bigknn.build(np.eye(20, dtype=np.float32), k=3, backend="cpu")
+        >>> where = g.path
+        >>> g.close()
+        >>> where.exists(), g
+        (False, <bigknn.Graph (closed)>)
+        """
         self._closed = True
         if self._cleanup is not None:
             self._cleanup()
