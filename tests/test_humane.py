@@ -117,8 +117,10 @@ def test_progress_is_logged_every_n_seconds_off_a_terminal_and_quiet_silences_it
     assert json.loads(out)["merges_done"] == 6  # stdout stays the one JSON object
     lines = [line for line in err.splitlines() if re.match(r"bigknn: build: \d+/10 tasks \(\d+ %\)", line)]
     assert len(lines) >= 2 and lines[-1].startswith("bigknn: build: 10/10 tasks (100 %)"), err
-    code, out, err = run_env(*args[:3], tmp_path / "b.knn", *args[4:], "--quiet",
-                             extra_env={"BIGKNN_LOG_EVERY_S": "0.02"})
+    plan = ["plan", "--rows", 10**6, "--dim", 8, "--backend", "cpu", "--calibrate-rows", 1000, "--json"]
+    code, out, err = run_env(*plan, extra_env={"BIGKNN_LOG_EVERY_S": "0.001"})
+    assert code == 0 and "bigknn: calibrate: 4/4 steps" in err, err
+    code, out, err = run_env(*plan, "--quiet", extra_env={"BIGKNN_LOG_EVERY_S": "0.001"})
     assert code == 0 and err == "", err
 
 
