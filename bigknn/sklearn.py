@@ -124,5 +124,15 @@ class KNNGraphTransformer(TransformerMixin, BaseEstimator):
         return csr_matrix(csr_parts(*nearest), shape=(len(x), self.n_samples_fit_))
 
     def fit_transform(self, X: Any, y: Any = None) -> Any:
-        """``fit(X).transform(X)``: the graph of X's rows, self first in each row."""
+        """``fit(X).transform(X)``: the graph of X's rows, self first in each row.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from bigknn import KNNGraphTransformer
+        >>> x = np.array([[0.0], [1], [3], [7]], dtype=np.float32)
+        >>> m = KNNGraphTransformer(n_neighbors=1, backend="cpu").fit_transform(x)
+        >>> m.indices.tolist(), m.data.tolist()      # row i: itself at 0, then its nearest row
+        ([0, 1, 1, 0, 2, 1, 3, 2], [0.0, 1.0, 0.0, 1.0, 0.0, 2.0, 0.0, 4.0])
+        """
         return self.fit(X, y).transform(X)

@@ -1,4 +1,4 @@
-"""CPU GGM (paper 000 §5.1): merging two shard graphs reaches the quality of one graph of the union, keeps
+"""CPU GGM (GNND paper §5.1, docs/design.md): merging two shard graphs reaches the quality of one graph of the union, keeps
 global ids, and keeps entries that point into shards outside the pair."""
 
 from __future__ import annotations

@@ -15,8 +15,8 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "quickstart.py"
 
 
 def test_quickstart_example_runs(tmp_path):
-    proc = subprocess.run([sys.executable, str(EXAMPLE)], cwd=tmp_path, env=cli_env(), capture_output=True,
-                          text=True, timeout=600)
+    proc = subprocess.run([sys.executable, str(EXAMPLE)], cwd=tmp_path, env={**cli_env(), "TMPDIR": str(tmp_path)},
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert float(re.search(r"^recall@10: ([\d.]+)$", out, re.M).group(1)) >= 0.95, out
@@ -26,4 +26,4 @@ def test_quickstart_example_runs(tmp_path):
         assert "UMAP embedding: (3000, 2)" in out, out
     else:
         assert "UMAP skipped: pip install 'bigknn[umap]'" in out
-    assert list(tmp_path.iterdir()) == []  # the temporary store is gone after g.close()
+    assert list(tmp_path.iterdir()) == []  # the temporary stores (in TMPDIR) are gone after close()
