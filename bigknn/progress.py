@@ -139,3 +139,8 @@ class RichReporter(Reporter):
         with Progress(*columns, console=self.console, transient=False) as bar:
             task = bar.add_task(name, total=total, unit=unit)
             yield lambda n: bar.advance(task, n)
+
+
+def reporter(progress: bool) -> Reporter:
+    """Bars where ``progress`` (the API's ``progress=True``), log lines otherwise."""
+    return RichReporter() if progress else Reporter()
