@@ -26,7 +26,7 @@ def atomic_path(path: str | os.PathLike, size: int | None = None) -> Iterator[Pa
     renamed over ``path``. With ``size`` the temporary file is allocated to that many bytes first, so a
     full disk is reported before any work (and memory-mapped writes never meet one: that is a SIGBUS)."""
     path = Path(path)
-    _check_target(path)
+    check_target(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
     try:
         with disk_full_named(path, size):
@@ -47,7 +47,7 @@ def atomic_path(path: str | os.PathLike, size: int | None = None) -> Iterator[Pa
         raise
 
 
-def _check_target(path: Path) -> None:
+def check_target(path: Path) -> None:
     """Refuse (exit 2, nothing written) a target that is a directory or whose directory does not exist."""
     if path.is_dir():
         raise BadInput(path, "is a directory; name a file to write")

@@ -10,7 +10,7 @@ from types import ModuleType
 
 import numpy as np
 
-from bigknn.atomic import atomic_path
+from bigknn.atomic import atomic_path, check_target
 from bigknn.errors import BadInput
 
 
@@ -20,7 +20,9 @@ class MissingExtra(BadInput, ImportError):
 
 def pyplot(path: Path) -> ModuleType:
     """matplotlib's pyplot, off-screen, once ``path`` is known to name a format it writes; refuses (exit 2,
-    nothing computed yet) without matplotlib or with an extension it does not know."""
+    nothing computed yet) without matplotlib, with an extension it does not know, or where no file can be
+    written."""
+    check_target(Path(path))
     try:
         import matplotlib
     except ImportError:

@@ -187,4 +187,7 @@ def test_plot_without_matplotlib_names_the_extra(built, tmp_path):
         assert_one_line_error(code, out, err, "bigknn[plot]")
     code, out, err = run_cli("info", built["store"], "--plot", tmp_path / "d.nope")
     assert_one_line_error(code, out, err, "d.nope", ".png")
+    code, out, err = run_cli("eval", "recall", built["store"], "--plot", tmp_path / "missing" / "r.png", "--k", K,
+                             "--backend", "cuda")  # refused before the backend is even chosen
+    assert_one_line_error(code, out, err, "missing")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["no_matplotlib"]  # nothing drawn, nothing left
