@@ -90,3 +90,28 @@ def test_every_file_named_in_docs_and_code_exists():
             if not (ROOT / ref).exists():
                 missing.add(f"{src.relative_to(ROOT)}: {ref}")
     assert not missing, sorted(missing)
+
+
+@pytest.mark.gpu
+def test_cuda_backend_keeps_the_declared_contract():
+    """On a GPU: gnnd and ggm report every iteration through on_iter, as the CPU reference does; the budget is
+    a byte count; stage returns at once and leaves results unchanged."""
+    from bigknn.graph import ShardPart
+    from bigknn.params import GnndParams
+    from bigknn.synth import synth
+
+    params = GnndParams(k=10, recall=0.0, iters=4, merge_iters=3)
+    x = synth(6001, 24, seed=11)  # shards above EXACT_ROWS, so both descend
+    for backend in (CpuBackend(), CudaBackend()):
+        counts: list[int] = []
+        ga = backend.gnnd(x[:3000], "l2", params, seed=1, on_iter=counts.append)
+        assert 1 <= len(counts) <= params.iters and all(int(c) >= 0 for c in counts), (backend.name, counts)
+        gb = backend.gnnd(x[3000:], "l2", params, seed=2)
+        gb.ids[gb.ids >= 0] += 3000
+        merged: list[int] = []
+        backend.stage([x[3000:]])
+        backend.ggm(ShardPart(0, x[:3000], ga), ShardPart(3000, x[3000:], gb), "l2", params, seed=3,
+                    on_iter=merged.append)
+        assert 1 <= len(merged) <= params.merge_iters, (backend.name, merged)
+    assert isinstance(CudaBackend().memory_budget(), int) and CudaBackend().memory_budget() > 0
+    assert CpuBackend().memory_budget() is None
