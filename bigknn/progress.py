@@ -30,7 +30,7 @@ LOG_EVERY_S = 30.0  # seconds between progress lines where no bar is shown
 
 
 def log_every_s() -> float:
-    """Seconds between progress log lines (env BIGKNN_LOG_EVERY_S overrides)."""
+    """Seconds between progress log lines (env BIGKNN_LOG_EVERY_S overrides; 0 turns them off)."""
     return float(os.environ.get("BIGKNN_LOG_EVERY_S", LOG_EVERY_S))
 
 
@@ -95,11 +95,12 @@ class Reporter:
     def phase(self, name: str, total: int, unit: str) -> Iterator[Callable[[int], None]]:
         count = _Count(name, total, unit)
         stop = threading.Event()
-        lines = []
+        ticks = 0
 
         def tick() -> None:
-            while not stop.wait(self.every_s):
-                lines.append(1)
+            nonlocal ticks
+            while self.every_s > 0 and not stop.wait(self.every_s):
+                ticks += 1
                 log.info(count.line())
 
         log.debug("%s: %s %s to do", name, f"{total:,}", unit)
@@ -110,7 +111,7 @@ class Reporter:
         finally:
             stop.set()
             ticker.join()
-        log.log(logging.INFO if lines else logging.DEBUG, count.line())
+        log.log(logging.INFO if ticks else logging.DEBUG, count.line())  # a summary where lines were logged
 
     def note(self, text: str) -> None:
         log.warning(text)

@@ -5,11 +5,13 @@ speaks in human units; progress is a bar on a terminal (NO_COLOR honoured) and l
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pty
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +19,7 @@ import pytest
 
 from bigknn.backends.cuda import cuda_available
 from bigknn.formats import open_vectors
+from bigknn.progress import Reporter
 
 from conftest import assert_one_line_error, cli_env, run_cli, run_json, tree_hashes, write_synth
 
@@ -122,6 +125,21 @@ def test_progress_is_logged_every_n_seconds_off_a_terminal_and_quiet_silences_it
     assert code == 0 and "bigknn: calibrate: 4/4 steps" in err, err
     code, out, err = run_env(*plan, "--quiet", extra_env={"BIGKNN_LOG_EVERY_S": "0.001"})
     assert code == 0 and err == "", err
+
+
+def test_reporter_logs_long_phases_only(caplog):
+    caplog.set_level(logging.DEBUG, logger="bigknn")
+    with Reporter(every_s=0.01).phase("merge", 3, "pairs") as advance:
+        advance(1)
+        time.sleep(0.1)
+        advance(2)
+    info = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert len(info) >= 3 and info[-1].startswith("merge: 3/3 pairs (100 %) in "), info
+    assert re.match(r"merge: 1/3 pairs \(33 %\) in [\d.]+ s, [\d.]+ pairs/s, about [\d.]+ s left$", info[0]), info
+    caplog.clear()
+    with Reporter(every_s=10).phase("gnnd", 1, "shards") as advance:
+        advance(1)
+    assert [r.levelno for r in caplog.records] == [logging.DEBUG, logging.DEBUG]  # start and end, for --verbose
 
 
 def on_a_terminal(args: list, env: dict) -> str:
