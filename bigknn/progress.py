@@ -77,7 +77,11 @@ class _Count:
         elapsed = time.monotonic() - self.t0
         rate = self.done / elapsed if elapsed > 0 else 0.0
         text = f"{self.name}: {self.done:,}/{self.total:,} {self.unit} ({100 * self.done / max(self.total, 1):.0f} %)"
-        text += f" in {human_duration(elapsed)}, {rate:,.1f} {self.unit}/s"
+        text += f" in {human_duration(elapsed)}, "
+        if rate >= 1 or not self.done:
+            text += f"{rate:,.1f} {self.unit}/s"
+        else:  # slow items (merges of big shards): time per item reads better than 0.0 items/s
+            text += f"{human_duration(elapsed / self.done)} per {self.unit.removesuffix('s')}"
         if 0 < self.done < self.total:
             text += f", about {human_duration((self.total - self.done) / rate)} left"
         return text
