@@ -54,7 +54,6 @@ COMMANDS = (build.build, build.merge, evaluate.eval_group, info.info, info.expor
             synth.synth, verify.verify)
 
 
-
 def _register() -> None:
     cli.params.extend(logging_options())
     for command in COMMANDS:
