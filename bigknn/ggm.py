@@ -23,6 +23,7 @@ spread further.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -183,3 +184,21 @@ def finish_merge(a: ShardPart, b: ShardPart, ids: np.ndarray, dists: np.ndarray)
     out_ids, out_d = merge_lists(np.concatenate([old_ids, refined], axis=1),
                                  np.concatenate([old_d, dists], axis=1), k)
     return KnnGraph(out_ids[:na], out_d[:na]), KnnGraph(out_ids[na:], out_d[na:])
+
+
+# (one shard, the other shard, m) -> each row of the first's exact top-m among the other's rows, global ids
+CrossExactFn = Callable[[np.ndarray, ShardPart, int], KnnGraph]
+
+
+def exact_merge(a: ShardPart, b: ShardPart, width: int, cross: CrossExactFn) -> tuple[KnnGraph, KnnGraph]:
+    """The merge's result by brute force, for a merge whose descent stalled below its target (iid-like rows,
+    where NN-Descent cannot find neighbours): each row's old list united with its exact top-``width`` in the
+    other shard, cut to ``width``. Both shards' rows meet every row of the other once: the pair's share of
+    the exact graph, so a build whose descents all stall still ends with the exact graph."""
+    out = []
+    for own, other in ((a, b), (b, a)):
+        found = cross(own, other, min(width, other.graph.rows))
+        ids, dists = merge_lists(np.concatenate([own.graph.ids, found.ids], axis=1),
+                                 np.concatenate([own.graph.dists, found.dists], axis=1), width)
+        out.append(KnnGraph(ids, dists))
+    return out[0], out[1]

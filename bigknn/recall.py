@@ -212,15 +212,19 @@ class Stopper:
             return "widen"
         return "go"
 
-    def stalled(self) -> bool:
-        """Whether the descent ended below its target with nowhere left to widen: its rows are too spread
-        out for NN-Descent (iid-like, high intrinsic dimension), and the caller computes the exact graph."""
-        return self.reason.startswith("stalled")
+    def fell_short(self) -> bool:
+        """Whether the descent ended below its target with no way forward: stalled at the widest lists, or out
+        of iterations with its whole interval below the target. Its rows are too spread out for NN-Descent
+        (iid-like, high intrinsic dimension), and the caller computes the exact graph instead."""
+        if self.reason.startswith("stalled"):
+            return True
+        return self.reason == "iteration cap" and self.last is not None and self.last.high < self.target
 
     def exact_instead(self) -> None:
-        """Record that the exact graph replaced the stalled descent's (its recall is 1 by construction)."""
+        """Record that the exact graph replaced the descent's (its recall is 1 by construction)."""
         got = self.last.recall if self.last else 0.0
-        self.reason = f"exact graph: the descent stalled at {got:.3f} with lists of {self.width}"
+        why = "ran out of iterations" if self.reason == "iteration cap" else "stalled"
+        self.reason = f"exact graph: the descent {why} at {got:.3f} with lists of {self.width}"
         rows = self.last.rows if self.last else 0
         self.last = Estimate(1.0, 1.0, 1.0, rows)
 

@@ -329,3 +329,42 @@ def test_gnnd_widens_where_it_stalls(backend, n, d):
     assert g.report["stop"] == "target met" or g.report["stop"].startswith("exact graph"), g.report
     exact = _exact_top(x, np.arange(500), 10, "l2")
     assert _recall(g.ids[:500], exact, 10) >= 0.985, g.report
+
+
+# ----------------------------------------------------------------------------- tensor-core cross-match
+MMA_CASES = [
+    # n, d, k, dtype, metric: half rows (float16 input, or float32 of >= HALF_MIN_DIM dims) with a dot key
+    (3001, 384, 10, np.float32, "ip"),
+    (2999, 161, 1, np.float32, "l2"),  # dims padded to 168: a last chunk of 8 halves, zero-filled to 16
+    (4093, 200, 128, np.float16, "l2"),
+    (2503, 776, 32, np.float16, "ip"),  # three chunks of dims
+]
+
+
+@pytest.mark.parametrize("n,d,k,dtype,metric", MMA_CASES)
+def test_tensor_core_cross_match_matches_fma_and_cpu(n, d, k, dtype, metric):
+    """The cross-match on tensor cores (fp16 in, fp32 accumulate) and the FMA loop (the same products in
+    another order) build graphs of the same recall as the CPU reference from the same start, with every
+    returned key exact; the fixed rules (no target) make the comparison iteration for iteration."""
+    from bigknn.backends.cpu import CpuBackend
+    from bigknn.backends.cuda import CudaBackend, cuda_available
+
+    if not cuda_available():
+        pytest.skip("CuPy or a CUDA device is not available")
+    x = synth(n, d, seed=int(np.random.default_rng().integers(1 << 30)))
+    x = _quantise(_normalise(x) if metric == "ip" else x, dtype)
+    x[n // 2] = x[n // 3]  # a duplicate row
+    params = GnndParams(k=k, recall=0, iters=12, min_update_frac=0.0)
+    rows = np.random.default_rng(2).choice(n, 600, replace=False)
+    exact = _exact_top(x, rows, min(k, 10), metric)
+    got = {}
+    for mma in (True, False):
+        be = CudaBackend(tensor_cores=mma)
+        g = be.gnnd(x, metric, params, seed=5)
+        assert be.last_stats["mma"] == mma
+        _check_graph(x, g, params.width(), metric)
+        got[mma] = _recall(g.ids[rows], exact, min(k, 10))
+    ref = CpuBackend().gnnd(x, metric, params, seed=5)
+    r_cpu = _recall(ref.ids[rows], exact, min(k, 10))
+    assert got[True] >= 0.9, got
+    assert abs(got[True] - got[False]) <= 0.01 and abs(got[True] - r_cpu) <= 0.02, (got, r_cpu)

@@ -8,8 +8,9 @@ import json
 import numpy as np
 import pytest
 
+from bigknn.graph import ShardPart
 from bigknn.backends.cpu import CpuBackend
-from bigknn.graph import EMPTY
+from bigknn.graph import EMPTY, KnnGraph
 from bigknn.params import GnndParams
 from bigknn.recall import MAX_WIDTH, STALL_ITERS, Estimate, Stopper, estimate, make_probe
 from bigknn.synth import synth
@@ -77,9 +78,19 @@ def test_stopper_widens_on_a_stall_and_gives_up_at_the_widest():
         assert s.after(_est(0.9)) == "widen"
     for _ in range(STALL_ITERS):
         s.after(_est(0.9))
-    assert s.after(_est(0.9)) == "stop" and s.stalled()
+    assert s.after(_est(0.9)) == "stop" and s.fell_short()
     s.exact_instead()
     assert s.report()["estimate"]["recall"] == 1.0 and s.report()["stop"].startswith("exact graph")
+
+
+def test_stopper_falls_short_at_the_iteration_cap_only_when_its_whole_interval_is_below():
+    near, far = Stopper(0.99, 48), Stopper(0.99, 48)
+    near.after(_est(0.989, half=0.002))  # the descent's caller ran out of iterations here
+    far.after(_est(0.95, half=0.002))
+    assert near.report()["stop"] == far.report()["stop"] == "iteration cap"
+    assert not near.fell_short() and far.fell_short()
+    far.exact_instead()
+    assert far.report()["stop"].startswith("exact graph: the descent ran out of iterations at 0.950")
 
 
 def test_stopper_widens_when_the_pace_cannot_close_the_gap():
@@ -116,6 +127,25 @@ def test_cpu_gnnd_falls_back_to_the_exact_graph_where_descent_stalls():
     assert g.ids.shape == (len(x), params.width())
     assert g.report["stop"] == "target met" or g.report["stop"].startswith("exact graph"), g.report
     assert recall_at(g.ids[rows], x, rows, 10, truth=truth) >= 0.995
+
+
+def test_cpu_merge_that_falls_short_gives_the_pairs_exact_lists():
+    """iid rows, a merge capped at 2 iterations: far below its target, so the merge's lists become each row's
+    old list united with its exact neighbours in the other shard -- the exact graph of both shards."""
+    x = np.random.default_rng().standard_normal((2 * 2101, 64)).astype(np.float32)
+    na = 2101
+    exact = CpuBackend().exact_knn
+    halves = []
+    for off, part in ((0, x[:na]), (na, x[na:])):
+        g = exact(part, 11, "l2", [(off, part)])  # each shard's exact graph (self first, dropped)
+        halves.append(ShardPart(off, part, KnnGraph(g.ids[:, 1:], g.dists[:, 1:])))
+    params = GnndParams(k=10, recall=0.99, merge_iters=2)
+    ga, gb = CpuBackend().ggm(halves[0], halves[1], "l2", params, seed=4)
+    assert ga.report["stop"].startswith("exact graph: the descent ran out of iterations"), ga.report
+    truth = exact(x, 11, "l2", [(0, x)])
+    got = np.concatenate([ga.dists, gb.dists])
+    np.testing.assert_allclose(got, truth.dists[:, 1:], rtol=1e-5, atol=1e-4)  # keys: ties may swap ids
+    assert (np.concatenate([ga.ids, gb.ids]) == truth.ids[:, 1:]).mean() > 0.999
 
 
 # ---- the build's recorded estimate --------------------------------------------------------------

@@ -8,7 +8,7 @@ import numpy as np
 
 from bigknn.backends.cpu.descent import DescentState, Target, cut, descend, exact_l2_keys, row_keys_local
 from bigknn.backends.cpu.exact import exact_knn
-from bigknn.ggm import finish_merge, merge_stop_frac, start_merge
+from bigknn.ggm import exact_merge, finish_merge, merge_stop_frac, start_merge
 from bigknn.graph import EMPTY, ID_DTYPE, KnnGraph, ShardPart, drop_self, merge_lists
 from bigknn.params import EXACT_ROWS, GnndParams
 from bigknn.recall import Stopper, make_merge_probe, make_probe
@@ -88,7 +88,7 @@ class CpuBackend:
         target = recall_target(xf, metric, params, seed)
         descend(xf, state, metric, params.sample_count(), params.iters, params.min_update_frac, rng,
                 on_iter=on_iter, target=target)
-        if target is not None and target.stopper.stalled():
+        if target is not None and target.stopper.fell_short():
             target.stopper.exact_instead()
             g = exact_graph(xf, width, metric)
             return KnnGraph(g.ids, g.dists, target.stopper.report())
@@ -114,10 +114,15 @@ class CpuBackend:
         target = None if vias else recall_target(xf, metric, params, seed, setup.bound, pair=(a, b))
         descend(xf, state, metric, params.sample_count(), params.merge_iters, stop, rng,
                 part=setup.part, on_iter=on_iter, target=target)
-        cut(state, width)
-        if metric == "l2":
-            exact_l2_keys(xf, state)
-        ga, gb = finish_merge(a, b, state.ids, state.dists)
+        if target is not None and target.stopper.fell_short():
+            target.stopper.exact_instead()
+            ga, gb = exact_merge(a, b, width, lambda own, other, m: exact_knn(
+                own.vectors, m, metric, [(other.offset, other.vectors)]))
+        else:
+            cut(state, width)
+            if metric == "l2":
+                exact_l2_keys(xf, state)
+            ga, gb = finish_merge(a, b, state.ids, state.dists)
         ga.report = gb.report = target.stopper.report() if target else None
         return ga, gb
 

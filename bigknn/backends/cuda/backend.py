@@ -181,13 +181,15 @@ class CudaBackend:
     name = "cuda"
 
     def __init__(self, gpu_mem_bytes: int | None = None, device: int | None = None, profile: bool = False,
-                 l2_expand: bool | None = None):
+                 l2_expand: bool | None = None, tensor_cores: bool | None = None):
         self.gpu_mem_bytes = gpu_mem_bytes
         self.device = device
         self.profile = profile  # time each kernel with events (last_stats["kernel_ms"])
         # l2 cross-match distances by |a|^2 + |b|^2 - 2 a.b (exact keys restored at the end); None: env
         # BIGKNN_CUDA_EXPAND, default on
         self.l2_expand = l2_expand
+        # half-precision cross-match tiles on tensor cores; None: env BIGKNN_CUDA_MMA, default on
+        self.tensor_cores = tensor_cores
         self.last_stats: dict = {}
         self._staging: list | None = None
         self._staging_ahead: list | None = None  # pinned buffers of the upload-ahead thread
@@ -241,6 +243,11 @@ class CudaBackend:
         cp = _cupy()
         cp.get_default_memory_pool().free_all_blocks()
         cp.get_default_pinned_memory_pool().free_all_blocks()
+
+    def _tensor_cores(self) -> bool:
+        if self.tensor_cores is not None:
+            return bool(self.tensor_cores)
+        return os.environ.get("BIGKNN_CUDA_MMA", "1") not in ("0", "")
 
     def _l2_expand(self) -> bool:
         if self.l2_expand is not None:
@@ -472,7 +479,7 @@ class CudaBackend:
                                                 float(params.min_update_frac), labels=None, log_c=log_c,
                                                 norms=norms, on_iter=on_iter, target=target)
         del xw
-        if target is not None and target.stopper.stalled():  # NN-Descent cannot reach the target here
+        if target is not None and target.stopper.fell_short():  # NN-Descent cannot reach the target here
             del ids, keys, flags, norms
             target.stopper.exact_instead()
             g = self._exact_graph(self._numeric(xd, d), kb, metric)
@@ -489,6 +496,7 @@ class CudaBackend:
         out = KnnGraph(self._d2h(ids), self._d2h(keys), target.stopper.report() if target else None)
         t_end = time.perf_counter()
         self.last_stats = dict(stats, p=p, slots=1 << log_c, k_built=kb, l2_expand=expand, half=half,
+                               mma=self._mma(wct, m, p, expand),
                                compile_s=t_c - t0,
                                h2d_s=t_h2d - t_c,
                                init_s=t_init - t_h2d, iter_s=t_it - t_init, d2h_s=t_end - t_it, total_s=t_end - t0)
@@ -500,13 +508,19 @@ class CudaBackend:
         tr, tc = (4, 4) if maxn >= 32 else (2, 2)
         return maxn, tr, tc
 
-    @classmethod
-    def _cross_name(cls, ctype: str, m: int, p: int, dpad: int, expand: bool = False, cross: bool = False) -> str:
-        maxn, tr, tc = cls._cross_shape(p)
+    def _cross_name(self, ctype: str, m: int, p: int, dpad: int, expand: bool = False, cross: bool = False) -> str:
+        maxn, tr, tc = self._cross_shape(p)
         dc_lim = 128 if maxn <= 32 else 64  # keeps the static shared memory under 48 KB
         dc = dpad if dpad <= dc_lim else dc_lim
         e = 1 if (expand and m == 0) else 0
-        return f"gnnd_cross<{ctype}, {m}, {e}, {maxn}, {tr}, {tc}, {dc}, {1 if cross else 0}>"
+        mma = int(self._mma(ctype, m, p, expand))
+        return f"gnnd_cross<{ctype}, {m}, {e}, {maxn}, {tr}, {tc}, {dc}, {1 if cross else 0}, {mma}>"
+
+    def _mma(self, ctype: str, m: int, p: int, expand: bool) -> bool:
+        """Whether the cross-match tiles run on tensor cores (kernels.cu, MMA): half rows, a dot-product key
+        (ip, or l2 by the norm expansion) and at least 16 samples a side."""
+        dot = m == 1 or (m == 0 and expand)
+        return ctype == "unsigned short" and self._cross_shape(p)[0] >= 16 and dot and self._tensor_cores()
 
     def _init_graph(self, xd, ctype: str, d: int, dpad: int, m: int, k: int, seed: int):
         """Random initial graph on the device: (ids, keys, flags), k distinct ids != self per row, all NEW."""
@@ -867,7 +881,7 @@ class CudaBackend:
 
     def _ggm(self, a: ShardPart, b: ShardPart, metric: str, params: GnndParams, seed: int, on_iter=None,
              vias: list[ShardPart] | None = None):
-        from bigknn.ggm import fill_count
+        from bigknn.ggm import exact_merge, fill_count
 
         cp = _cupy()
         t0 = time.perf_counter()
@@ -960,8 +974,22 @@ class CudaBackend:
         stats, ids, keys, flags = self._iterate(xw, wct, dpad, m, ids, keys, flags, p, int(params.merge_iters),
                                                 merge_stop_frac(params.min_update_frac, na, nb), labels=labels,
                                                 log_c=log_c, norms=norms, on_iter=on_iter, target=target)
-        ids = self._cut(ids, w)
         del xw
+        if target is not None and target.stopper.fell_short():  # NN-Descent cannot reach the target here
+            del ids, keys, flags, norms, labels, old_ids, old_keys
+            target.stopper.exact_instead()
+            rows = self._numeric(xd, d)
+            local = {id(a): rows[:na], id(b): rows[na:]}
+
+            def cross(own, other, k):
+                return self._exact_knn(local[id(own)], k, metric, [(other.offset, local[id(other)])])
+
+            ga, gb = exact_merge(a, b, w, cross)
+            ga.report = gb.report = target.stopper.report()
+            self.last_stats = dict(stats, **moved, p=p, width=w, half=half, exact=True,
+                                   total_s=time.perf_counter() - t0)
+            return ga, gb
+        ids = self._cut(ids, w)
         sync()
         t_it = time.perf_counter()
         del flags, norms, labels
@@ -983,7 +1011,7 @@ class CudaBackend:
             self._resident.put(host, dev)  # the next merge of either shard starts from these
         t_end = time.perf_counter()
         self.last_stats = dict(stats, **moved, p=p, slots=1 << log_c, width=w, fill=fill, seeded=len(vias),
-                               l2_expand=expand, half=half,
+                               l2_expand=expand, half=half, mma=self._mma(wct, m, p, expand),
                                compile_s=t_c - t0, h2d_s=t_h2d - t_c, setup_s=t_setup - t_h2d, iter_s=t_it - t_setup,
                                finish_s=t_fin - t_it, d2h_s=t_end - t_fin, total_s=t_end - t0)
         return ga, gb
