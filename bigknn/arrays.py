@@ -8,13 +8,19 @@ keep their dtype; every other dtype becomes float32, what the backends compute i
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from bigknn.errors import BadInput
 from bigknn.formats import check_rows, vectors_writer
+from bigknn.shards import Store
 
 ARRAY = "array"  # how errors name an in-memory input
 KEPT_DTYPES = tuple(np.dtype(t) for t in ("<f4", "<f2", "u1", "i1"))
@@ -42,3 +48,23 @@ def spill(data: object, path: Path) -> Path:
             check_rows(ARRAY, start, block)
             out[start:start + len(block)] = block
     return path
+
+
+@contextmanager
+def input_file(data: Any, store: Path, new_store: bool) -> Iterator[Path]:
+    """A file the pipeline can stream: ``data`` itself when it is a path, else ``data`` written to a
+    temporary ``.npy`` beside ``store`` (on its file system, which has room for the vectors anyway)."""
+    if isinstance(data, (str, os.PathLike)):
+        yield Path(data)
+        return
+    if new_store and Store.exists(store):
+        raise BadInput(store, "exists; an array is built into a new store (bigknn.open reads this one)")
+    store.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".bigknn-input-", dir=store.parent) as tmp:
+        path = spill(data, Path(tmp) / "array.npy")
+        try:
+            yield path
+        except BadInput as e:  # name the caller's array, not the temporary file
+            if e.path != str(path):
+                raise
+            raise BadInput(ARRAY, e.problem) from None

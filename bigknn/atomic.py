@@ -15,7 +15,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Iterator
 
-from bigknn.errors import disk_full_named
+from bigknn.errors import BadInput, disk_full_named
 
 _NO_FALLOCATE = (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS)  # file systems without posix_fallocate
 
@@ -26,6 +26,7 @@ def atomic_path(path: str | os.PathLike, size: int | None = None) -> Iterator[Pa
     renamed over ``path``. With ``size`` the temporary file is allocated to that many bytes first, so a
     full disk is reported before any work (and memory-mapped writes never meet one: that is a SIGBUS)."""
     path = Path(path)
+    check_target(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
     try:
         with disk_full_named(path, size):
@@ -44,6 +45,15 @@ def atomic_path(path: str | os.PathLike, size: int | None = None) -> Iterator[Pa
         with suppress(FileNotFoundError):
             os.remove(tmp)
         raise
+
+
+def check_target(path: Path) -> None:
+    """Refuse (exit 2, nothing written) a target that is a directory or whose directory does not exist."""
+    if path.is_dir():
+        raise BadInput(path, "is a directory; name a file to write")
+    if not path.parent.is_dir():
+        problem = "is not a directory" if path.parent.exists() else "no such directory"
+        raise BadInput(path.parent, f"{problem} (to write {path.name} in)")
 
 
 def write_atomic(path: str | os.PathLike, data: str | bytes) -> None:

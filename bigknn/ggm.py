@@ -1,4 +1,5 @@
-"""The backend-independent halves of GGM (paper 000 §5.1, Alg. 3): set the merge up, and fold it back.
+"""The backend-independent halves of GGM (§5.1, Alg. 3 of the GNND paper: Wang, Zhao, Zeng, "Fast k-NN Graph
+Construction by GPU based NN-Descent"; docs/design.md): set the merge up, and fold it back.
 
 Set-up: the two shards become one local index space [a rows | b rows]. Every list keeps its first
 k - k/2 entries that lie in a or b (entries pointing into other shards cannot be cross-matched, since
@@ -26,8 +27,7 @@ from typing import Callable
 
 import numpy as np
 
-from bigknn.backends.base import ShardPart
-from bigknn.graph import EMPTY, ID_DTYPE, KnnGraph, merge_lists
+from bigknn.graph import EMPTY, ID_DTYPE, KnnGraph, ShardPart, merge_lists
 
 
 @dataclass

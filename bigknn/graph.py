@@ -29,6 +29,15 @@ class KnnGraph:
         return self.ids.shape[1]
 
 
+@dataclass
+class ShardPart:
+    """One shard as a merge sees it: its first global row id, its vectors and its graph (global ids)."""
+
+    offset: int
+    vectors: np.ndarray
+    graph: KnnGraph
+
+
 def merge_lists(ids: np.ndarray, dists: np.ndarray, k: int, extra: np.ndarray | None = None):
     """Per row: drop duplicate ids and empty slots, sort ascending by key, keep the first ``k``.
 

@@ -11,7 +11,8 @@ EXACT_ROWS = 2048  # shards up to this size get their exact graph: too few rows 
 
 @dataclass(frozen=True)
 class GnndParams:
-    """GNND (paper 000 §4) and GGM (§5.1) knobs.
+    """GNND and GGM knobs (§4 and §5.1 of the GNND paper: Wang, Zhao, Zeng, "Fast k-NN Graph Construction by
+    GPU based NN-Descent"; docs/design.md).
 
     k: neighbours per row the user asked for; graphs are built and stored ``width()`` wide and cut to k
     on output (export, eval). recall: the recall@10 each descent (GNND of a shard, GGM of a pair) aims at,

@@ -1,15 +1,124 @@
-"""Progress reporting: rich bars (rate, ETA) for people, silence for --json and tests."""
+"""Progress reporting: rich bars (rate, ETA) for people on a terminal, a log line every ``log_every_s()``
+seconds otherwise (cron, ``--json``, the Python API), both through the ``bigknn`` logger.
+
+The CLI points that logger at stderr (``configure_logging``: INFO by default, WARNING with ``--quiet``,
+DEBUG with ``--verbose``); a library user's logging configuration decides what the API shows (Python's
+default shows warnings only: the notes, never the progress lines).
+"""
 
 from __future__ import annotations
 
+import logging
+import os
 import sys
+import threading
+import time
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
 from rich.console import Console
+from rich.logging import RichHandler
 from rich.progress import (BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn,
                            TimeElapsedColumn, TimeRemainingColumn)
 from rich.text import Text
+
+from bigknn.human import human_duration
+
+log = logging.getLogger("bigknn")
+
+LOG_EVERY_S = 30.0  # seconds between progress lines where no bar is shown
+
+
+def log_every_s() -> float:
+    """Seconds between progress log lines (env BIGKNN_LOG_EVERY_S overrides; 0 turns them off)."""
+    return float(os.environ.get("BIGKNN_LOG_EVERY_S", LOG_EVERY_S))
+
+
+_console: Console | None = None
+
+
+def stderr_console() -> Console:
+    """The one console of bars and log lines on stderr, shared so that lines print above a live bar (rich
+    honours NO_COLOR, and writes plain text off a terminal)."""
+    global _console
+    if _console is None:
+        _console = Console(stderr=True)
+    return _console
+
+
+def configure_logging(level: int) -> None:
+    """Send the ``bigknn`` logger's records at ``level`` and above to stderr, one line each: through rich
+    on a terminal (so lines and bars do not tear each other), ``bigknn: <message>`` otherwise."""
+    if sys.stderr.isatty():
+        handler: logging.Handler = RichHandler(console=stderr_console(), show_time=False, show_level=False,
+                                               show_path=False)
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("bigknn: %(message)s"))
+    log.handlers[:] = [handler]
+    log.setLevel(level)
+    log.propagate = False
+
+
+class _Count:
+    """Items done in a phase, advanced from any worker thread, and the line that reports them."""
+
+    def __init__(self, name: str, total: int, unit: str):
+        self.name, self.total, self.unit = name, total, unit
+        self.done = 0
+        self.t0 = time.monotonic()
+        self._lock = threading.Lock()
+
+    def advance(self, n: int) -> None:
+        with self._lock:
+            self.done += n
+
+    def line(self) -> str:
+        elapsed = time.monotonic() - self.t0
+        rate = self.done / elapsed if elapsed > 0 else 0.0
+        text = f"{self.name}: {self.done:,}/{self.total:,} {self.unit} ({100 * self.done / max(self.total, 1):.0f} %)"
+        text += f" in {human_duration(elapsed)}, "
+        if rate >= 1 or not self.done:
+            text += f"{rate:,.1f} {self.unit}/s"
+        else:  # slow items (merges of big shards): time per item reads better than 0.0 items/s
+            text += f"{human_duration(elapsed / self.done)} per {self.unit.removesuffix('s')}"
+        if 0 < self.done < self.total:
+            text += f", about {human_duration((self.total - self.done) / rate)} left"
+        return text
+
+
+class Reporter:
+    """Progress as log lines (scripts, logs, the API): a phase that runs longer than ``every_s`` logs a line
+    every ``every_s`` seconds and one when it ends; ``--verbose`` (DEBUG) logs every phase's start and end.
+    Notes are warnings. The interface the pipeline calls."""
+
+    def __init__(self, every_s: float | None = None):
+        self.every_s = log_every_s() if every_s is None else every_s
+
+    @contextmanager
+    def phase(self, name: str, total: int, unit: str) -> Iterator[Callable[[int], None]]:
+        count = _Count(name, total, unit)
+        stop = threading.Event()
+        ticks = 0
+
+        def tick() -> None:
+            nonlocal ticks
+            while self.every_s > 0 and not stop.wait(self.every_s):
+                ticks += 1
+                log.info(count.line())
+
+        log.debug("%s: %s %s to do", name, f"{total:,}", unit)
+        ticker = threading.Thread(target=tick, daemon=True, name=f"progress-{name}")
+        ticker.start()
+        try:
+            yield count.advance
+        finally:
+            stop.set()
+            ticker.join()
+        log.log(logging.INFO if ticks else logging.DEBUG, count.line())  # a summary where lines were logged
+
+    def note(self, text: str) -> None:
+        log.warning(text)
 
 
 class RateColumn(ProgressColumn):
@@ -21,20 +130,12 @@ class RateColumn(ProgressColumn):
         return Text(f"{speed:,.0f} {unit}/s" if speed else f"-- {unit}/s", style="cyan")
 
 
-class Reporter:
-    """No progress bars (scripts, logs, tests); notes still go to stderr. The interface the pipeline calls."""
-
-    @contextmanager
-    def phase(self, name: str, total: int, unit: str) -> Iterator[Callable[[int], None]]:
-        yield lambda n: None
-
-    def note(self, text: str) -> None:
-        print(text, file=sys.stderr)
-
-
 class RichReporter(Reporter):
+    """Progress bars on stderr, for people on a terminal; notes go through the logger as for ``Reporter``."""
+
     def __init__(self, console: Console | None = None):
-        self.console = console or Console(stderr=True)
+        super().__init__()
+        self.console = console or stderr_console()
 
     @contextmanager
     def phase(self, name: str, total: int, unit: str) -> Iterator[Callable[[int], None]]:
@@ -44,5 +145,7 @@ class RichReporter(Reporter):
             task = bar.add_task(name, total=total, unit=unit)
             yield lambda n: bar.advance(task, n)
 
-    def note(self, text: str) -> None:
-        self.console.print(text)
+
+def reporter(progress: bool) -> Reporter:
+    """Bars where ``progress`` (the API's ``progress=True``), log lines otherwise."""
+    return RichReporter() if progress else Reporter()

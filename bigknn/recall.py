@@ -144,7 +144,7 @@ def make_merge_probe(a, b, width: int, exact: PairExactFn, rng: np.random.Genera
                      size: int = PROBE_ROWS) -> Probe:
     """The probe of a merge of shards ``a`` and ``b`` (ShardParts; local rows [a | b]): each probe row's truth
     is the best m of its old list and the exact m nearest rows of the other shard. Rows of the same shard
-    are never compared in a merge (paper 000 §5.1): those the old list no longer holds were pushed out by
+    are never compared in a merge (GNND paper §5.1): those the old list no longer holds were pushed out by
     closer rows of shards merged before, and are no loss."""
     na, nb = len(a.vectors), len(b.vectors)
     rows = np.sort(rng.choice(na + nb, size=min(size, na + nb), replace=False))

@@ -75,12 +75,9 @@ class Info(_Report):
     @classmethod
     def of(cls, store: Store) -> Info:
         m = store.manifest
-        n = len(m.shards)
-        total = n * (n - 1) // 2
-        built = sum(s.graph is not None for s in m.shards)
         return cls(store=str(store.path), format=m.format, rows=m.rows, dim=m.dim, dtype=m.dtype, metric=m.metric,
-                   k=m.k, shards=n, shards_built=built, merges_done=len(m.merged),
-                   merges_pending=total - len(m.merged), complete=bool(n) and built == n and len(m.merged) == total,
+                   k=m.k, shards=len(m.shards), shards_built=m.shards_built, merges_done=len(m.merged),
+                   merges_pending=m.merges_pending, complete=m.complete,
                    inputs=[i["path"] for i in m.inputs], disk_bytes=store.disk_bytes(), timings_s=m.timings,
                    recall_estimate=RecallEstimate.from_manifest(m.estimate))
 
@@ -132,6 +129,25 @@ class RecallReport(_Report):
     backend: str
     exact_s: float
     wall_s: float
+    plot: str | None = None  # the picture of per-row and per-shard recall, where one was asked for
+
+
+@dataclass(frozen=True)
+class InDegrees(_Report):
+    """How many neighbour lists (their first ``k`` entries) the graph's rows appear in: the mean is k; ``max``
+    and ``p99`` show hubs, ``zero`` counts rows in no list (never anyone's neighbour); ``plot``: the picture."""
+
+    k: int
+    mean: float
+    p99: float
+    max: int
+    zero: int
+    plot: str | None = None
+
+    @classmethod
+    def of(cls, degrees: np.ndarray, k: int, plot: str | None = None) -> InDegrees:
+        return cls(k=k, mean=round(float(degrees.mean()), 3), p99=float(np.percentile(degrees, 99)),
+                   max=int(degrees.max()), zero=int((degrees == 0).sum()), plot=plot)
 
 
 @dataclass(frozen=True)

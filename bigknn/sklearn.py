@@ -80,7 +80,17 @@ class KNNGraphTransformer(TransformerMixin, BaseEstimator):
         self.seed = seed
 
     def fit(self, X: Any, y: Any = None) -> KNNGraphTransformer:
-        """Build the k-NN graph of the rows of ``X``; ``y`` is ignored."""
+        """Build the k-NN graph of the rows of ``X``; ``y`` is ignored.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from bigknn import KNNGraphTransformer
+        >>> x = np.random.default_rng(0).normal(size=(300, 4)).astype(np.float32)
+        >>> t = KNNGraphTransformer(n_neighbors=5, backend="cpu").fit(x)
+        >>> t.n_samples_fit_, t.graph_.info.k
+        (300, 5)
+        """
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         x = host_array(X)
@@ -93,7 +103,17 @@ class KNNGraphTransformer(TransformerMixin, BaseEstimator):
 
     def transform(self, X: Any) -> Any:
         """The ``scipy.sparse.csr_matrix`` (rows of X, fitted rows) of each row's ``n_neighbors + 1``
-        nearest fitted rows; for the fitted rows themselves, the built graph with self first."""
+        nearest fitted rows; for the fitted rows themselves, the built graph with self first.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from bigknn import KNNGraphTransformer
+        >>> x = np.array([[0.0], [1], [3], [7]], dtype=np.float32)
+        >>> t = KNNGraphTransformer(n_neighbors=1, backend="cpu").fit(x)
+        >>> t.transform(np.array([[2.9]], dtype=np.float32)).toarray().astype(float).round(2).tolist()
+        [[0.0, 1.9, 0.1, 0.0]]
+        """
         check_is_fitted(self)
         x = host_array(X)
         if x is self._fit_X or np.array_equal(x, self._fit_X):
@@ -104,5 +124,15 @@ class KNNGraphTransformer(TransformerMixin, BaseEstimator):
         return csr_matrix(csr_parts(*nearest), shape=(len(x), self.n_samples_fit_))
 
     def fit_transform(self, X: Any, y: Any = None) -> Any:
-        """``fit(X).transform(X)``: the graph of X's rows, self first in each row."""
+        """``fit(X).transform(X)``: the graph of X's rows, self first in each row.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from bigknn import KNNGraphTransformer
+        >>> x = np.array([[0.0], [1], [3], [7]], dtype=np.float32)
+        >>> m = KNNGraphTransformer(n_neighbors=1, backend="cpu").fit_transform(x)
+        >>> m.indices.tolist(), m.data.tolist()      # row i: itself at 0, then its nearest row
+        ([0, 1, 1, 0, 2, 1, 3, 2], [0.0, 1.0, 0.0, 1.0, 0.0, 2.0, 0.0, 4.0])
+        """
         return self.fit(X, y).transform(X)

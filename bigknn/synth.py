@@ -1,4 +1,4 @@
-"""Seeded clustered vectors with low intrinsic dimension: the benchmark workload of DESIGN.md.
+"""Seeded clustered vectors with low intrinsic dimension: the clustered family of docs/design.md.
 
 C Gaussian clusters in m dims (centres ~ N(0, 4^2 I), points = centre + N(0, I)), lifted to d dims by a
 random m x d matrix with entries N(0, 1/m), plus N(0, 0.05^2) noise. Generated in row blocks so that any

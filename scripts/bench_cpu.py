@@ -39,7 +39,7 @@ def main() -> None:
     work = a.workdir or Path(tempfile.mkdtemp(prefix="bigknn-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     data, store = work / "data.fbin", work / "data.knn"
-    cli("synth", str(data), "--rows", str(a.rows), "--dim", str(a.dim), "--seed", str(a.seed))
+    cli("synth", str(data), "--rows", str(a.rows), "--dim", str(a.dim), "--seed", str(a.seed), "--force")
     t = time.perf_counter()
     built = cli("build", str(data), "-o", str(store), "--k", str(a.k), "--shard-rows", str(a.shard_rows),
                 "--backend", "cpu")

@@ -80,7 +80,7 @@ def bench_ggm(backend, rows, dim, k, list_width, repeats, out, seed=0, variants=
     """One T2 merge: two shards of ``rows`` x dim (synth, one set of 2 * rows split in halves), each built
     by gnnd with GnndParams defaults (k, list_width), then CudaBackend.ggm timed ``repeats`` times (same
     inputs). Recall@10 of the union's rows: before (shard graphs) and after the merge."""
-    from bigknn.backends.base import ShardPart
+    from bigknn.graph import ShardPart
     from bigknn.graph import KnnGraph
 
     x = synth(2 * rows, dim, seed=seed)

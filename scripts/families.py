@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The benchmark data families of DESIGN.md / issue 10, made here from a seed (nothing downloaded at run
+"""The benchmark data families of docs/design.md / issue 10, made here from a seed (nothing downloaded at run
 time), one file each in a format bigknn reads, plus one JSON line per family on stdout.
 
     synth   1M x 96 float32, l2: the clustered synth of ``bigknn synth`` (same rows for the same seed)

@@ -26,7 +26,7 @@ sanitizer)
   compute-sanitizer --tool memcheck --error-exitcode 9 python3 - > "$OUT/memcheck.log" 2>&1 <<'PY'
 import numpy as np
 from bigknn.backends.cuda import CudaBackend
-from bigknn.backends.base import ShardPart
+from bigknn.graph import ShardPart
 from bigknn.graph import KnnGraph
 from bigknn.params import GnndParams
 from bigknn.synth import synth

@@ -193,7 +193,7 @@ def read_manifest(store: Path) -> dict:
 
 def merged_shards(backend, x: np.ndarray, shard_rows: int, params, metric: str = "l2") -> list:
     """ShardParts of x's rows in shards of ``shard_rows``: GNND each, then GGM of every pair (a built store)."""
-    from bigknn.backends import ShardPart
+    from bigknn.graph import ShardPart
     from bigknn.graph import KnnGraph
 
     parts = []
@@ -213,7 +213,7 @@ def fold_in(backend, old: list, batch, params, seeded: bool, metric: str = "l2")
     """An ingest's merges: the batch part against each old part in turn, each merge after the first seeded
     through the old parts merged before it (the last SEED_SHARDS) when ``seeded``. Returns (old parts, batch
     part, update counts per merge)."""
-    from bigknn.backends import ShardPart
+    from bigknn.graph import ShardPart
     from bigknn.ggm import SEED_SHARDS
 
     old, updates = list(old), []

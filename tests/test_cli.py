@@ -1,5 +1,5 @@
 """The command line end to end, as a user runs it (``python -m bigknn ...`` in a subprocess): synth, build,
-eval, info, export, resume, refusals of bad input (DESIGN.md reliability rules), help and --json."""
+eval, info, export, resume, refusals of bad input (docs/design.md reliability rules), help and --json."""
 
 from __future__ import annotations
 
@@ -284,7 +284,7 @@ def test_json_output_is_one_json_object(built, tmp_path):
         assert out.count("\n") == 1 and isinstance(json.loads(out), dict), out
 
 
-# ---- bad inputs (DESIGN.md reliability rules) ---------------------------------------------------
+# ---- bad inputs (docs/design.md reliability rules) --------------------------------------------
 def make_bad_input(case: str, d: Path) -> Path:
     """Write one kind of bad input file into ``d``; return its path."""
     rng = np.random.default_rng(9)

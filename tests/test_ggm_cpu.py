@@ -1,4 +1,4 @@
-"""CPU GGM (paper 000 §5.1): merging two shard graphs reaches the quality of one graph of the union, keeps
+"""CPU GGM (GNND paper §5.1, docs/design.md): merging two shard graphs reaches the quality of one graph of the union, keeps
 global ids, and keeps entries that point into shards outside the pair."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bigknn.backends import ShardPart
+from bigknn.graph import ShardPart
 from bigknn.backends.cpu import CpuBackend
 from bigknn.ggm import seeds_through
 from bigknn.graph import KnnGraph

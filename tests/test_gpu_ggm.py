@@ -1,4 +1,4 @@
-"""CUDA GGM (paper 000 §5.1, Alg. 3): parity with the CPU reference, graph invariants across three shards,
+"""CUDA GGM (GNND paper §5.1, Alg. 3, docs/design.md): parity with the CPU reference, graph invariants across three shards,
 and a multi-shard build through the pipeline.
 
 Every test is marked ``gpu`` and skips cleanly where CuPy or a CUDA device is missing
@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bigknn.backends.base import ShardPart
+from bigknn.graph import ShardPart
 from bigknn.graph import KnnGraph
 from bigknn.params import GnndParams
 from bigknn.synth import synth

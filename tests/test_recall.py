@@ -8,9 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from bigknn.backends.base import ShardPart
 from bigknn.backends.cpu import CpuBackend
-from bigknn.graph import EMPTY, KnnGraph
+from bigknn.graph import EMPTY, KnnGraph, ShardPart
 from bigknn.params import GnndParams
 from bigknn.recall import MAX_WIDTH, STALL_ITERS, Estimate, Stopper, estimate, make_probe
 from bigknn.synth import synth

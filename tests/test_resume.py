@@ -1,4 +1,4 @@
-"""kill -9 during a build (DESIGN.md reliability rules): the store stays readable and consistent, and
+"""kill -9 during a build (docs/design.md reliability rules): the store stays readable and consistent, and
 ``bigknn merge`` finishes it with exactly the graph an uninterrupted build of the same input gives."""
 
 from __future__ import annotations

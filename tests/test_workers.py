@@ -21,7 +21,7 @@ from bigknn.shards import Store
 from bigknn.synth import synth
 
 
-class RecordingBackend:
+class RecordingBackend(CpuBackend):
     """The CPU backend, slowed down, recording which pairs run at the same time."""
 
     name = "rec"
@@ -162,7 +162,7 @@ def test_resume_redoes_only_uncommitted_pairs(data, tmp_path):
 
 
 def test_cache_never_evicts_a_result_the_writer_has_not_stored(data, tmp_path):
-    from bigknn.backends import ShardPart
+    from bigknn.graph import ShardPart
     from bigknn.graph import KnnGraph
     from bigknn.pipeline.workers import Accounting, ShardCache
 

@@ -1,28 +1,45 @@
-"""The click group, exit codes (0 ok, 1 failure, 2 bad usage or input, 130 SIGINT, 143 SIGTERM) and output
-helpers."""
+"""The click group, its commands (registered here, explicitly), logging options, and the exit codes: 0 ok,
+1 failure, 2 bad usage or input (one line on stderr), 130 SIGINT, 143 SIGTERM."""
 
 from __future__ import annotations
 
-import json
+import logging
 import os
 import signal
 import sys
 
 import click
-from rich.console import Console
-from rich.table import Table
 
 from bigknn import __version__
+from bigknn.cli import build, evaluate, info, ingest, plan, synth, verify
 from bigknn.errors import BigknnError, Interrupted
-from bigknn.progress import Reporter, RichReporter
+from bigknn.progress import configure_logging, log
 
 INTERRUPTS = (signal.SIGINT, signal.SIGTERM)  # both stop a run cleanly, exit code 128 + the signal number
+
+
+def _set_level(level: int):
+    def callback(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+        if value:
+            log.setLevel(level)
+    return callback
+
+
+def logging_options() -> list[click.Option]:
+    """-q / -v, accepted by the group and by every command (``bigknn build -q ...``)."""
+    return [click.Option(["-q", "--quiet"], is_flag=True, expose_value=False, callback=_set_level(logging.WARNING),
+                         help="Only warnings and errors on stderr: no progress bars or progress lines."),
+            click.Option(["-v", "--verbose"], is_flag=True, expose_value=False, callback=_set_level(logging.DEBUG),
+                         help="Also log each phase's start and end.")]
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="bigknn")
 def cli() -> None:
     """Build approximate k-nearest-neighbour graphs of vector sets far larger than GPU memory.
+
+    Progress shows as bars on a terminal, otherwise (cron, --json) as a log line on stderr every 30 s
+    (BIGKNN_LOG_EVERY_S); results go to stdout. NO_COLOR is honoured.
 
     \b
     Quick start:
@@ -33,20 +50,40 @@ def cli() -> None:
     """
 
 
+COMMANDS = (build.build, build.merge, evaluate.eval_group, info.info, info.export, ingest.ingest, plan.plan,
+            synth.synth, verify.verify)
+
+
+def _register() -> None:
+    cli.params.extend(logging_options())
+    for command in COMMANDS:
+        cli.add_command(command)
+        for leaf in command.commands.values() if isinstance(command, click.Group) else [command]:
+            leaf.params.extend(logging_options())
+
+
+_register()
+
+
 def main() -> None:
     """Console entry point: one-line errors and the documented exit codes. SIGINT and SIGTERM unwind alike
     (the lock is released, temporary files removed, the last commit stays) and exit 128 + the signal."""
     for signum in INTERRUPTS:
         signal.signal(signum, _interrupt)
+    configure_logging(logging.INFO)
     try:
-        cli.main(standalone_mode=False)
+        cli.main(prog_name="bigknn", standalone_mode=False)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
     except click.Abort:
         click.echo("bigknn: aborted", err=True)
         sys.exit(1)
+    except click.UsageError as e:
+        where = e.ctx.command_path if e.ctx is not None else "bigknn"
+        click.echo(f"bigknn: error: {e.format_message()} (see {where} --help)", err=True)
+        sys.exit(2)
     except click.ClickException as e:
-        e.show()
+        click.echo(f"bigknn: error: {e.format_message()}", err=True)
         sys.exit(2)
     except BigknnError as e:
         click.echo(f"bigknn: error: {e}", err=True)
@@ -67,52 +104,3 @@ def _interrupt(signum: int, frame: object) -> None:
     for s in INTERRUPTS:
         signal.signal(s, signal.SIG_DFL)
     raise Interrupted(signum)
-def show_progress(as_json: bool) -> bool:
-    """Progress bars for people on a terminal; none for scripts (--json) or logs (stderr not a tty)."""
-    return not as_json and sys.stderr.isatty()
-
-
-def reporter_for(as_json: bool) -> Reporter:
-    return RichReporter() if show_progress(as_json) else Reporter()
-
-
-def emit(result: dict, as_json: bool, title: str) -> None:
-    """Print a result: one JSON object for scripts, or a small table for people."""
-    if as_json:
-        click.echo(json.dumps(result))
-        return
-    table = Table(title=title, show_header=False, title_justify="left")
-    for key, value in result.items():
-        if isinstance(value, dict):
-            value = ", ".join(f"{k} {v}" for k, v in value.items())
-        elif isinstance(value, list):
-            value = ", ".join(map(str, value))
-        table.add_row(key, str(value))
-    Console().print(table)
-
-
-json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
-wait_option = click.option("--wait", "wait_s", type=float, default=0.0, show_default=True,
-                           help="Seconds to wait for another writer to release the store.")
-backend_option = click.option("--backend", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
-                              show_default=True, help="auto uses the GPU when CuPy and a device are present.")
-gpu_mem_option = click.option("--gpu-mem", "gpu_mem", type=str, default=None,
-                              help="Cap on GPU memory to use per GPU, e.g. 8G or 512M (default: what is free).")
-gpus_option = click.option("--gpus", type=str, default=None,
-                           help="GPUs to use: 'all' or ids like 0,1 (one worker each; default: GPU 0).")
-host_mem_option = click.option("--host-mem", "host_mem", type=str, default=None,
-                               help="Host RAM for cached shards, e.g. 64G (default: half the machine's RAM).")
-
-
-def parse_bytes(text: str | None) -> int | None:
-    if text is None:
-        return None
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-    t = text.strip().upper().removesuffix("B").removesuffix("I")
-    try:
-        return int(float(t[:-1]) * units[t[-1]]) if t and t[-1] in units else int(t)
-    except ValueError:
-        raise click.BadParameter(f"{text!r} is not a size like 8G or 512M") from None
-
-
-from bigknn.cli import build as _build, evaluate as _evaluate, info as _info, ingest as _ingest, plan as _plan, synth as _synth, verify as _verify  # noqa: E402,F401,I001

@@ -9,13 +9,13 @@ import click
 from bigknn import api
 from bigknn.api import DEFAULTS
 from bigknn.backends import get_backends
-from bigknn.cli.app import (backend_option, cli, emit, gpu_mem_option, gpus_option, host_mem_option, json_option,
-                            parse_bytes, reporter_for, show_progress, wait_option)
+from bigknn.cli.common import (backend_option, emit, gpu_mem_option, gpus_option, host_mem_option, json_option,
+                               parse_bytes, reporter_for, show_progress, wait_option)
 from bigknn.metrics import METRICS
 from bigknn.pipeline.finish import finish
 
 
-@cli.command()
+@click.command()
 @click.argument("input", type=click.Path(path_type=Path))
 @click.option("-o", "--output", "store", type=click.Path(path_type=Path), required=True,
               help="Store directory to create (or to resume).")
@@ -68,7 +68,7 @@ def build(input: Path, store: Path, k: int, metric: str, shard_rows: int, recall
     emit(graph.report.to_dict(), as_json, "build")
 
 
-@cli.command()
+@click.command()
 @click.argument("store", type=click.Path(path_type=Path))
 @backend_option
 @gpus_option

@@ -7,11 +7,11 @@ from pathlib import Path
 import click
 
 from bigknn import api
-from bigknn.cli.app import backend_option, cli, emit, gpu_mem_option, json_option, parse_bytes
+from bigknn.cli.common import backend_option, emit, gpu_mem_option, json_option, parse_bytes, plot_option
 from bigknn.pipeline.evaluate import RECALL_K, SAMPLE_ROWS
 
 
-@cli.group(name="eval")
+@click.group(name="eval")
 def eval_group() -> None:
     """Measure the quality of a store's graph.
 
@@ -34,9 +34,10 @@ def eval_group() -> None:
               help="Sample only global rows LO:HI (e.g. the rows an ingest added).")
 @backend_option
 @gpu_mem_option
+@plot_option
 @json_option
 def recall(store: Path, sample: int, k: int, truth: Path | None, seed: int, row_range: str | None, backend: str,
-           gpu_mem: str | None, as_json: bool) -> None:
+           gpu_mem: str | None, plot: Path | None, as_json: bool) -> None:
     """Recall@k of the graph on sampled rows: self excluded, ties with the exact k-th neighbour count.
 
     \b
@@ -45,8 +46,10 @@ def recall(store: Path, sample: int, k: int, truth: Path | None, seed: int, row_
       bigknn eval recall data.knn --sample 2000 --k 10 --json
       bigknn eval recall data.knn --truth gt.ibin
       bigknn eval recall data.knn --rows 10000000:10100000    # only rows added by an ingest
+      bigknn eval recall data.knn --plot recall.png           # recall per row and per shard, drawn
     """
-    result = api.open(store).recall(sample, k, truth, seed, parse_range(row_range), backend, parse_bytes(gpu_mem))
+    result = api.open(store).recall(sample, k, truth, seed, parse_range(row_range), backend, parse_bytes(gpu_mem),
+                                    plot)
     emit(result.to_dict(), as_json, "recall")
 
 

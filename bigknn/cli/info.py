@@ -7,30 +7,28 @@ from pathlib import Path
 import click
 
 from bigknn import api
-from bigknn.cli.app import cli, emit, json_option
+from bigknn.cli.common import emit, json_option, plot_option
 from bigknn.errors import BadInput
 from bigknn.pipeline.export import FORMATS, format_of
 from bigknn.pipeline.verify import verify
+from bigknn.plot import pyplot
+from bigknn.results import Info
 from bigknn.shards import Store, read_store
 
 
 def describe(store: Store) -> dict:
-    """The manifest's summary, and the files of the store's state that are missing or of the wrong size (the
-    cheap part of ``bigknn verify``): a store with any is not complete."""
-    m = store.manifest
+    """The store's ``Info``, and the files of its state that are missing or of the wrong size (the cheap part
+    of ``bigknn verify``): a store with any is not complete."""
     damaged = [f"{d['what']}: {d['file']}: {d['problem']}" for d in verify(store, contents=False)["damaged"]]
-    return {"store": str(store.path), "format": m.format, "rows": m.rows, "dim": m.dim, "dtype": m.dtype,
-            "metric": m.metric, "k": m.k, "shards": len(m.shards),
-            "shards_built": sum(s.graph is not None for s in m.shards), "merges_done": len(m.merged),
-            "merges_pending": m.merges_total - len(m.merged), "complete": m.complete and not damaged, "damaged": damaged,
-            "inputs": [i["path"] for i in m.inputs], "disk_bytes": store.disk_bytes(),
-            "timings_s": m.timings, "recall_estimate": m.estimate}
+    info = Info.of(store).to_dict()
+    return {**info, "complete": info["complete"] and not damaged, "damaged": damaged}
 
 
-@cli.command()
+@click.command()
 @click.argument("store", type=click.Path(path_type=Path))
+@plot_option
 @json_option
-def info(store: Path, as_json: bool) -> None:
+def info(store: Path, plot: Path | None, as_json: bool) -> None:
     """Shards, rows, k, metric, merges done and pending, disk use, missing files (`bigknn verify` checks all),
     and the build's recall@10 estimate (sample size, 95 % interval, the target it was built for).
 
@@ -38,11 +36,17 @@ def info(store: Path, as_json: bool) -> None:
     Examples:
       bigknn info data.knn
       bigknn info data.knn --json | jq .merges_pending
+      bigknn info data.knn --plot degrees.png     # the in-degree distribution (hubs), drawn
     """
-    emit(read_store(store, describe, suspect=lambda d: bool(d["damaged"])), as_json, "store")
+    if plot is not None:
+        pyplot(plot)  # refuse a missing matplotlib or an unknown extension before reading anything
+    result = read_store(store, describe, suspect=lambda d: bool(d["damaged"]))
+    if plot is not None:
+        result["in_degree"] = api.open(store).plot_in_degrees(plot).to_dict()
+    emit(result, as_json, "store")
 
 
-@cli.command()
+@click.command()
 @click.argument("store", type=click.Path(path_type=Path))
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
               help="File to write; its extension names the format: .ibin, .npy (distances go to "

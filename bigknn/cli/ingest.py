@@ -8,13 +8,13 @@ from pathlib import Path
 import click
 
 from bigknn.backends import get_backends
-from bigknn.cli.app import (backend_option, cli, emit, gpu_mem_option, gpus_option, host_mem_option, json_option,
-                            parse_bytes, reporter_for)
+from bigknn.cli.common import (backend_option, emit, gpu_mem_option, gpus_option, host_mem_option, json_option,
+                               parse_bytes, reporter_for)
 from bigknn.errors import StoreBusy
 from bigknn.pipeline.ingest import drop_folder_files, ingest as run_ingest
 
 
-@cli.command()
+@click.command()
 @click.argument("store", type=click.Path(path_type=Path))
 @click.option("--input", "inputs", type=click.Path(path_type=Path), multiple=True,
               help="A file to ingest (repeatable; ingested in the order given).")

@@ -8,7 +8,8 @@ from pathlib import Path
 import click
 import numpy as np
 
-from bigknn.cli.app import cli, emit, json_option, reporter_for
+from bigknn.cli.common import emit, json_option, reporter_for
+from bigknn.errors import BadInput
 from bigknn.formats import vectors_writer
 from bigknn.synth import synth_blocks
 
@@ -18,7 +19,7 @@ INT_CENTRE = {".u8bin": (128.0, np.uint8, 0, 255), ".i8bin": (0.0, np.int8, -128
 FLOAT_DTYPES = {".fbin": np.float32, ".npy": np.float32, ".f16bin": np.float16}
 
 
-@cli.command()
+@click.command()
 @click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--rows", type=click.IntRange(min=1), required=True, help="Number of vectors.")
 @click.option("--dim", type=click.IntRange(min=1), required=True, help="Dimension of each vector.")
@@ -28,10 +29,11 @@ FLOAT_DTYPES = {".fbin": np.float32, ".npy": np.float32, ".f16bin": np.float16}
 @click.option("--first-row", type=click.IntRange(min=0), default=0, show_default=True,
               help="Write rows FIRST_ROW.. of a larger set: more rows of the distribution of a file of "
                    "FIRST_ROW rows with the same seed (a batch to ingest into its store).")
+@click.option("--force", is_flag=True, help="Replace OUT if it exists (by default an existing file is refused).")
 @json_option
 def synth(out: Path, rows: int, dim: int, clusters: int, intrinsic_dim: int, seed: int, first_row: int,
-          as_json: bool) -> None:
-    """Write clustered vectors with low intrinsic dimension (the DESIGN.md benchmark data) to OUT.
+          force: bool, as_json: bool) -> None:
+    """Write clustered vectors with low intrinsic dimension (the clustered family of docs/design.md) to OUT.
 
     The dtype follows OUT's extension: .fbin/.npy float32, .f16bin float16, .u8bin/.i8bin
     quantised (x*10 shifted into the type's range).
@@ -39,12 +41,15 @@ def synth(out: Path, rows: int, dim: int, clusters: int, intrinsic_dim: int, see
     \b
     Examples:
       bigknn synth data.fbin --rows 100000 --dim 96
+      bigknn synth data.fbin --rows 100000 --dim 96 --force      # replace data.fbin
       bigknn synth data.u8bin --rows 1000000 --dim 128 --seed 3
       bigknn synth new.fbin --rows 10000 --dim 96 --first-row 100000   # new rows for data.fbin's store
     """
     ext = out.suffix.lower()
     if ext not in FLOAT_DTYPES and ext not in INT_CENTRE:
         raise click.BadParameter(f"{out}: write .fbin, .f16bin, .u8bin, .i8bin or .npy", param_hint="OUT")
+    if out.exists() and not force:
+        raise BadInput(out, "exists; pass --force to replace it")
     dtype = FLOAT_DTYPES.get(ext) or INT_CENTRE[ext][1]
     t0 = time.perf_counter()
     reporter = reporter_for(as_json)

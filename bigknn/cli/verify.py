@@ -7,12 +7,12 @@ from pathlib import Path
 
 import click
 
-from bigknn.cli.app import cli, emit, json_option, wait_option
+from bigknn.cli.common import emit, json_option, wait_option
 from bigknn.pipeline.verify import repair as run_repair, verify as run_verify
 from bigknn.shards import read_store
 
 
-@cli.command()
+@click.command()
 @click.argument("store", type=click.Path(path_type=Path))
 @click.option("--repair", "mend", is_flag=True,
               help="Under the writer lock, drop what is damaged and recomputable from the manifest "

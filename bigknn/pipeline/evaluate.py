@@ -28,6 +28,13 @@ RECALL_K = 10  # default k of recall@k
 def recall(store: Store, backend: Backend, sample: int = SAMPLE_ROWS, k: int = RECALL_K,
            truth: Path | None = None, seed: int = 0, rows: tuple[int, int] | None = None) -> dict:
     """Recall@k on ``sample`` rows drawn from all rows, or from global rows [lo, hi) when ``rows`` is given."""
+    return recall_rows(store, backend, sample, k, truth, seed, rows)[0]
+
+
+def recall_rows(store: Store, backend: Backend, sample: int = SAMPLE_ROWS, k: int = RECALL_K,
+                truth: Path | None = None, seed: int = 0,
+                rows: tuple[int, int] | None = None) -> tuple[dict, np.ndarray, np.ndarray]:
+    """``recall``'s summary, the sampled global rows, and each one's recall@k (what ``--plot`` draws)."""
     m = store.manifest
     m.require_complete(store.path)  # the recall of an unfinished graph is no measure of anything
     if k > m.k:
@@ -63,9 +70,10 @@ def recall(store: Store, backend: Backend, sample: int = SAMPLE_ROWS, k: int = R
     keys = row_keys(q[:, None, :], nb, metric)
     correct = valid & (keys <= kth_key[:, None] + TIE_RTOL * np.maximum(1.0, np.abs(kth_key[:, None])))
     per_row = correct.sum(axis=1) / k
-    return {"store": str(store.path), "recall": round(float(per_row.mean()), 5), "k": k,
-            "sample": len(rows), "rows": [lo, hi], "truth": str(truth) if truth else "exact", "backend": backend.name,
-            "exact_s": round(t_exact, 3), "wall_s": round(time.perf_counter() - t0, 3)}
+    summary = {"store": str(store.path), "recall": round(float(per_row.mean()), 5), "k": k, "sample": len(rows),
+               "rows": [lo, hi], "truth": str(truth) if truth else "exact", "backend": backend.name,
+               "exact_s": round(t_exact, 3), "wall_s": round(time.perf_counter() - t0, 3)}
+    return summary, rows, per_row
 
 
 def _check_truth_ids(truth: Path, ids: np.ndarray, rows: np.ndarray, store_rows: int) -> None:

@@ -14,7 +14,7 @@ import numpy as np
 from bigknn.atomic import atomic_path
 from bigknn.errors import BadInput
 from bigknn.formats import npy_writer, truth_writer
-from bigknn.pipeline.readout import csr_parts, neighbours_per_row, require_finished, shard_blocks, whole_graph
+from bigknn.pipeline.readout import csr_parts, neighbours_per_row, shard_blocks, whole_graph
 from bigknn.shards import Store
 
 FORMATS = ("ibin", "npy", "npz")
@@ -22,8 +22,8 @@ FORMATS = ("ibin", "npy", "npz")
 
 def export(store: Store, out: Path, include_self: bool = False) -> dict:
     """Write the finished graph to ``out`` in the format its extension names; return a summary."""
-    require_finished(store)
     m = store.manifest
+    m.require_complete(store.path)
     out = Path(out)
     fmt = format_of(out)
     cols = neighbours_per_row(store, None) + include_self

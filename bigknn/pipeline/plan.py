@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import math
 import time
+from typing import Callable
 
 import numpy as np
 
-from bigknn.backends import Backend, ShardPart
-from bigknn.graph import KnnGraph
+from bigknn.backends import Backend
+from bigknn.errors import BadInput
+from bigknn.graph import KnnGraph, ShardPart
 from bigknn.params import GnndParams
 from bigknn.pipeline.schedule import round_robin
 from bigknn.shards import Store
@@ -35,23 +37,32 @@ def rates_from_store(store: Store) -> dict:
     rows = {s.id: s.rows for s in m.shards}
     pair_rows = sum(rows[i] + rows[j] for i, j in m.merged)
     if not t.get("gnnd") or not t.get("ggm") or not pair_rows:
-        raise ValueError(f"{store.path}: no recorded GNND and GGM timings to take rates from")
+        raise BadInput(store.path, "no recorded GNND and GGM timings to take rates from (a finished build has them)")
     return {"gnnd_rows_per_s": m.rows / t["gnnd"], "ggm_rows_per_s": pair_rows / t["ggm"],
             "source": f"timings of {store.path}"}
 
 
-def calibrate(backend: Backend, rows: int, dim: int, params: GnndParams) -> dict:
-    """Time GNND on a synthetic shard of ``rows`` rows and one GGM of two such shards."""
+CALIBRATION_STEPS = 4  # warm-up, GNND of each of two shards, their merge
+
+
+def calibrate(backend: Backend, rows: int, dim: int, params: GnndParams,
+              advance: Callable[[int], None] = lambda n: None) -> dict:
+    """Time GNND on a synthetic shard of ``rows`` rows and one GGM of two such shards; ``advance(1)`` after
+    each of the CALIBRATION_STEPS steps (a progress bar or log line: on the CPU this takes a while)."""
     x = synth(2 * rows, dim, seed=7)
     backend.gnnd(x[: min(rows, 4096)], "l2", params, seed=0)  # compilation and warm-up
+    advance(1)
     t = time.perf_counter()
     ga = backend.gnnd(x[:rows], "l2", params, seed=1)
     t_gnnd = time.perf_counter() - t
+    advance(1)
     gb = backend.gnnd(x[rows:], "l2", params, seed=2)
     gb = KnnGraph(np.where(gb.ids >= 0, gb.ids + rows, -1).astype(gb.ids.dtype), gb.dists)
+    advance(1)
     t = time.perf_counter()
     backend.ggm(ShardPart(0, x[:rows], ga), ShardPart(rows, x[rows:], gb), "l2", params, seed=3)
     t_ggm = time.perf_counter() - t
+    advance(1)
     return {"gnnd_rows_per_s": rows / t_gnnd, "ggm_rows_per_s": 2 * rows / t_ggm,
             "source": f"calibration on {backend.name}: {rows} rows x {dim}"}
 
@@ -102,7 +113,7 @@ def auto_shard_rows(backends, dim: int, itemsize: int, params: GnndParams, gpu_m
     """Rows per shard when the user gives none: the largest whose merge fits every GPU's budget (what is
     free, capped by ``--gpu-mem``). Without a GPU: sized for ``gpu_mem`` when given (planning a GPU job on
     another machine), else CPU_SHARD_ROWS."""
-    budgets = [b.memory_budget() for b in backends if hasattr(b, "memory_budget")]
+    budgets = [budget for b in backends if (budget := b.memory_budget()) is not None]
     if not budgets and gpu_mem:
         budgets = [gpu_mem]
     return largest_shard_rows(min(budgets), dim, itemsize, params) if budgets else CPU_SHARD_ROWS

@@ -18,14 +18,6 @@ from bigknn.metrics import user_distance
 from bigknn.shards import Store
 
 
-def require_finished(store: Store) -> None:
-    """Refuse a store whose build or merges are incomplete: its lists are not yet top-k over all rows."""
-    m = store.manifest
-    pending = len(m.shards) * (len(m.shards) - 1) // 2 - len(m.merged)
-    if not m.shards or any(s.graph is None for s in m.shards) or pending:
-        raise BadInput(store.path, "the graph is not finished; run `bigknn merge` first")
-
-
 def neighbours_per_row(store: Store, k: int | None) -> int:
     """``k`` checked against the graph's own k (None: the graph's k)."""
     have = store.manifest.k
@@ -39,7 +31,7 @@ def neighbours_per_row(store: Store, k: int | None) -> int:
 def shard_blocks(store: Store, k: int | None = None,
                  include_self: bool = False) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
     """(first global row, ids, distances) of each shard in row order, one shard in memory at a time."""
-    require_finished(store)
+    store.manifest.require_complete(store.path)  # unfinished lists are not yet top-k over all rows
     m = store.manifest
     k = neighbours_per_row(store, k)
     for shard in m.shards:
@@ -61,6 +53,21 @@ def whole_graph(store: Store, k: int | None = None, include_self: bool = False) 
         ids[first:first + len(block_ids)] = block_ids
         dists[first:first + len(block_ids)] = block_dists
     return ids, dists
+
+
+def in_degrees(store: Store, k: int | None = None) -> np.ndarray:
+    """How many lists (their first ``k`` entries) each row appears in; the mean is k. One shard in memory at
+    a time."""
+    counts = np.zeros(store.manifest.rows, np.int64)
+    for _, ids, _ in shard_blocks(store, k):
+        counts += np.bincount(ids[ids >= 0], minlength=len(counts))
+    return counts
+
+
+def shard_of(store: Store, rows: np.ndarray) -> np.ndarray:
+    """The shard index holding each global row."""
+    starts = np.array([s.offset for s in store.manifest.shards])
+    return np.searchsorted(starts, rows, side="right") - 1
 
 
 def csr_parts(ids: np.ndarray, dists: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

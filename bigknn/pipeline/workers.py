@@ -31,8 +31,8 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from bigknn.backends import Backend, ShardPart
-from bigknn.graph import ID_DTYPE, KnnGraph
+from bigknn.backends import Backend
+from bigknn.graph import ID_DTYPE, KnnGraph, ShardPart
 from bigknn.metrics import kernel_metric
 from bigknn.params import GnndParams
 from bigknn.pipeline import schedule
@@ -458,11 +458,10 @@ def run_tasks(store: Store, ledger, backends: list[Backend], reporter: Reporter,
         i, j = pair
         cache.prefetch(s for p in sched.upcoming(set(pair), cache.capacity) for s in p if s not in pair)
         a, b = cache.get(i), cache.get(j)
-        stage = getattr(backend, "stage", None)  # a GPU backend copies the next pair's shards during this merge
-        if stage is not None:
-            upcoming = [cache.peek(s) for p in sched.upcoming(set(pair), 2) for s in p if s not in pair]
-            stage([arr for part in upcoming if part is not None
-                   for arr in (part.vectors, part.graph.ids, part.graph.dists)])
+        # a GPU backend copies the next pair's shards during this merge
+        upcoming = [cache.peek(s) for p in sched.upcoming(set(pair), 2) for s in p if s not in pair]
+        backend.stage([arr for part in upcoming if part is not None
+                       for arr in (part.vectors, part.graph.ids, part.graph.dists)])
         vias = [cache.get(s) for s in ledger.seed_shards(i, j, merged_with.get(j, []))]
         t = time.perf_counter()
         ga, gb = backend.ggm(a, b, metric, params, seed=seed_for(m.seed, 1, i, j), vias=vias)

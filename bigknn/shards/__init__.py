@@ -1,4 +1,4 @@
-"""The on-disk store: a zarr v3 group with an atomically replaced manifest (see DESIGN.md)."""
+"""The on-disk store: a zarr v3 group with an atomically replaced manifest (the contract: docs/design.md)."""
 
 from bigknn.shards.lock import WriterLock
 from bigknn.shards.manifest import Manifest, ShardEntry

@@ -58,17 +58,25 @@ class Manifest:
         return len(self.shards) * (len(self.shards) - 1) // 2
 
     @property
+    def shards_built(self) -> int:
+        return sum(s.graph is not None for s in self.shards)
+
+    @property
+    def merges_pending(self) -> int:
+        return self.merges_total - len(self.merged)
+
+    @property
     def complete(self) -> bool:
-        """Every shard has a graph and every pair is merged: what readers see is the final graph."""
-        return bool(self.shards) and all(s.graph is not None for s in self.shards) and \
-            len(self.merged) == self.merges_total
+        """Every shard has a graph and every pair is merged: what readers see is the final graph. The one
+        test of that: everything that reads or reports a finished graph asks here."""
+        return bool(self.shards) and self.shards_built == len(self.shards) and self.merges_pending == 0
 
     def require_complete(self, store: Path) -> None:
         """Refuse (exit 2) to read an unfinished graph: its recall or export would silently be wrong."""
         if not self.complete:
-            built = sum(s.graph is not None for s in self.shards)
-            raise BadInput(store, f"the graph is not finished ({built} of {len(self.shards)} shards built, "
-                                  f"{len(self.merged)} of {self.merges_total} merges done); run `bigknn merge` first")
+            raise BadInput(store, f"the graph is not finished ({self.shards_built} of {len(self.shards)} shards "
+                                  f"built, {len(self.merged)} of {self.merges_total} merges done); run "
+                                  "`bigknn merge` first")
 
     def pairs_done(self) -> set[tuple[int, int]]:
         return {(a, b) for a, b in self.merged}

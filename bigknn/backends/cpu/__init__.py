@@ -6,11 +6,10 @@ from typing import Iterable
 
 import numpy as np
 
-from bigknn.backends.base import ShardPart
 from bigknn.backends.cpu.descent import DescentState, Target, cut, descend, exact_l2_keys, row_keys_local
 from bigknn.backends.cpu.exact import exact_knn
 from bigknn.ggm import exact_merge, finish_merge, merge_stop_frac, start_merge
-from bigknn.graph import EMPTY, ID_DTYPE, KnnGraph, drop_self, merge_lists
+from bigknn.graph import EMPTY, ID_DTYPE, KnnGraph, ShardPart, drop_self, merge_lists
 from bigknn.params import EXACT_ROWS, GnndParams
 from bigknn.recall import Stopper, make_merge_probe, make_probe
 
@@ -130,3 +129,10 @@ class CpuBackend:
     def exact_knn(self, queries: np.ndarray, k: int, metric: str,
                   blocks: Iterable[tuple[int, np.ndarray]]) -> KnnGraph:
         return exact_knn(queries, k, metric, blocks)
+
+    def memory_budget(self) -> None:
+        """No device memory bounds a CPU shard (bigknn/pipeline/plan.py sizes them)."""
+        return None
+
+    def stage(self, arrays: Iterable[np.ndarray]) -> None:
+        """Nothing to copy ahead: the CPU computes on the host arrays themselves."""

@@ -1,4 +1,5 @@
-"""GNND iterations in NumPy (paper 000 §4), vectorised over rows: the reference for the CUDA kernels.
+"""GNND iterations in NumPy (GNND paper §4, docs/design.md), vectorised over rows: the reference for the CUDA
+kernels.
 
 One iteration: sample <= p NEW and <= p OLD neighbours per list (sampled NEW become OLD), add bounded
 reverse samples (each sample list holds at most 2p ids), cross-match NEW x NEW and NEW x OLD inside each

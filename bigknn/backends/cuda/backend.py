@@ -64,7 +64,6 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -79,6 +78,7 @@ from bigknn.backends.cuda.target import MAX_P, DeviceTarget
 from bigknn.ggm import merge_stop_frac
 from bigknn.graph import EMPTY, KnnGraph, drop_self
 from bigknn.params import EXACT_ROWS, GnndParams
+from bigknn.progress import log
 from bigknn.recall import Stopper, make_merge_probe, make_probe
 
 _KERNEL_FILE = Path(__file__).with_name("kernels.cu")
@@ -167,7 +167,7 @@ def dpad_of(x) -> int:
 def _report_failure(future) -> None:
     """An upload ahead that failed only costs the next merge its own upload; say so on stderr."""
     if future.exception() is not None:
-        print(f"bigknn: note: uploading the next shards ahead failed: {future.exception()!r}", file=sys.stderr)
+        log.warning("uploading the next shards ahead failed: %r", future.exception())
 
 
 def _sync_check(cp):
@@ -385,10 +385,10 @@ class CudaBackend:
                 self._resident.put(a, dev, self._copy_stream.record())
 
     # ------------------------------------------------------------------ GNND
-    def gnnd(self, x: np.ndarray, metric: str, params: GnndParams, seed: int) -> KnnGraph:
+    def gnnd(self, x: np.ndarray, metric: str, params: GnndParams, seed: int, on_iter=None) -> KnnGraph:
         with self._device():
             try:
-                return self._gnnd(x, metric, params, seed)
+                return self._gnnd(x, metric, params, seed, on_iter)
             finally:
                 self._free_pools()
 
@@ -416,7 +416,7 @@ class CudaBackend:
             xd = xp
         return xd, _CTYPES[dt], d, dpad
 
-    def _gnnd(self, x, metric, params: GnndParams, seed: int) -> KnnGraph:
+    def _gnnd(self, x, metric, params: GnndParams, seed: int, on_iter=None) -> KnnGraph:
         cp = _cupy()
         t0 = time.perf_counter()
         m = _kernel_metric(metric)
@@ -477,7 +477,7 @@ class CudaBackend:
             n, d, itemsize, w, q, 1 << log_c) + half_bytes <= self._budget(), key_scale)
         stats, ids, keys, flags = self._iterate(xw, wct, dpad, m, ids, keys, flags, p, int(params.iters),
                                                 float(params.min_update_frac), labels=None, log_c=log_c,
-                                                norms=norms, target=target)
+                                                norms=norms, on_iter=on_iter, target=target)
         del xw
         if target is not None and target.stopper.fell_short():  # NN-Descent cannot reach the target here
             del ids, keys, flags, norms

@@ -1,0 +1,87 @@
+"""Figures people would rather look at than read: recall per sampled row (``bigknn eval recall --plot``,
+``Graph.recall(plot=...)``) and the in-degree distribution (``bigknn info --plot``,
+``Graph.plot_in_degrees``). matplotlib is an optional extra (``bigknn[plot]``); the image format follows
+the file's extension (.png, .svg, .pdf, ...), and the file is written atomically like every output."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+
+from bigknn.atomic import atomic_path, check_target
+from bigknn.errors import BadInput
+
+
+class MissingExtra(BadInput, ImportError):
+    """An optional dependency is not installed (exit 2 on the command line; an ImportError in Python)."""
+
+
+def pyplot(path: Path) -> ModuleType:
+    """matplotlib's pyplot, off-screen, once ``path`` is known to name a format it writes; refuses (exit 2,
+    nothing computed yet) without matplotlib, with an extension it does not know, or where no file can be
+    written."""
+    check_target(Path(path))
+    try:
+        import matplotlib
+    except ImportError:
+        raise MissingExtra(path, "--plot needs matplotlib: pip install 'bigknn[plot]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    formats = plt.figure().canvas.get_supported_filetypes()
+    plt.close("all")
+    if Path(path).suffix.lower().removeprefix(".") not in formats:
+        raise BadInput(path, f"name the picture with an image extension: {', '.join('.' + f for f in sorted(formats))}")
+    return plt
+
+
+def recall_histogram(path: Path, per_row: np.ndarray, shard_of_row: np.ndarray, shards: int, k: int,
+                     title: str) -> None:
+    """Left: how many sampled rows found 0..k of their exact top-k. Right: mean recall per shard, with the
+    sampled rows each holds, so that a shard the merges served badly stands out."""
+    plt = pyplot(path)
+    from matplotlib.ticker import MaxNLocator
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [1, 1.4]})
+    found = np.rint(per_row * k).astype(int)
+    left.bar(np.arange(k + 1) / k, np.bincount(found, minlength=k + 1), width=0.8 / k, color="tab:blue")
+    left.set(xlabel=f"recall@{k} of a row", ylabel="sampled rows", yscale="log", title="rows")
+    sums = np.bincount(shard_of_row, weights=per_row, minlength=shards)
+    counts = np.bincount(shard_of_row, minlength=shards)
+    sampled = counts > 0
+    means = np.divide(sums, counts, out=np.full(shards, np.nan), where=sampled)
+    right.bar(np.nonzero(sampled)[0], means[sampled], color="tab:green", width=0.8)
+    right.axhline(float(per_row.mean()), color="black", linewidth=1, linestyle="--",
+                  label=f"all rows: {per_row.mean():.4f}")
+    low = float(np.nanmin(means)) if sampled.any() else 0.0
+    right.set(xlabel="shard", ylabel=f"mean recall@{k}", ylim=(max(0.0, low - 0.02), 1.001), title="shards")
+    right.xaxis.set_major_locator(MaxNLocator(integer=True))
+    right.legend(loc="lower right")
+    fig.suptitle(title)
+    save(fig, path)
+
+
+def in_degree_histogram(path: Path, degrees: np.ndarray, k: int, title: str) -> None:
+    """How many rows are the neighbour of how many others. Every row lists k, so the mean in-degree is k; real
+    embeddings grow hubs (rows in many lists) and orphans (in none), which graph methods feel."""
+    plt = pyplot(path)
+    fig, ax = plt.subplots(figsize=(8, 4))
+    top = int(degrees.max()) if degrees.size else 0
+    bins = np.arange(top + 2) - 0.5 if top < 200 else np.linspace(0, top + 1, 201)  # a bar per degree when few
+    ax.hist(degrees, bins=bins, color="tab:purple")
+    ax.axvline(k, color="black", linewidth=1, linestyle="--", label=f"k = {k} (the mean)")
+    ax.set(xlabel="in-degree (lists a row appears in)", ylabel="rows", yscale="log", title=title)
+    ax.legend(loc="upper right")
+    save(fig, path)
+
+
+def save(fig, path: Path) -> None:
+    """Write the figure under a temporary name, then rename it into place."""
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format=path.suffix.lower().removeprefix("."), dpi=110, bbox_inches="tight")
+    plt.close(fig)

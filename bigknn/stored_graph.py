@@ -1,0 +1,360 @@
+"""``Graph``: a k-NN graph in a store, as ``bigknn.build`` and ``bigknn.open`` give it: its neighbour lists
+as arrays, scipy, UMAP or files, its quality (recall, in-degrees, pictures) and its upkeep (ingest)."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import shutil
+import weakref
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from bigknn import plot as draw
+from bigknn.arrays import host_array, input_file
+from bigknn.backends import get_backend, get_backends
+from bigknn.metrics import kernel_metric, prepare_rows, user_distance
+from bigknn.pipeline.evaluate import RECALL_K, SAMPLE_ROWS, recall_rows
+from bigknn.pipeline.export import export as run_export
+from bigknn.pipeline.ingest import ingest as run_ingest
+from bigknn.pipeline.readout import csr_parts, in_degrees, neighbours_per_row, shard_of, whole_graph
+from bigknn.progress import reporter
+from bigknn.results import BuildReport, ExportReport, InDegrees, Info, IngestReport, Neighbors, RecallReport
+from bigknn.shards import Store
+
+PathLike = str | os.PathLike
+Gpus = str | Sequence[int] | None
+
+
+class Graph:
+    """A k-NN graph in a store: its neighbour lists, as arrays, scipy, UMAP or files, and its upkeep.
+
+    Made by ``bigknn.build`` or ``bigknn.open``. A graph built without a store lives in a temporary
+    directory until ``close()`` (or the end of a ``with`` block, or garbage collection).
+    """
+
+    def __init__(self, store: Store, report: BuildReport | None = None, temporary: Path | None = None):
+        self._store = store
+        self.report = report  #: what the build that made this object did (None after ``bigknn.open``)
+        self._cleanup = weakref.finalize(self, shutil.rmtree, temporary, True) if temporary is not None else None
+        self._closed = False
+
+    # ---- reading ----------------------------------------------------------------------------------
+    @property
+    def path(self) -> Path:
+        """The store directory (a temporary one for a build without ``store``).
+
+        Examples
+        --------
+        >>> import numpy as np, bigknn
+        >>> with bigknn.build(np.eye(20, dtype=np.float32), k=3, backend="cpu") as g:
+        ...     print(g.path.name, (g.path / "manifest.json").is_file())
+        graph.knn True
+        """
+        return self._live().path
+
+    @property
+    def info(self) -> Info:
+        """Rows, dim, metric, k, build progress, inputs, disk use, timings and the build's recall estimate.
+
+        Examples
+        --------
+        >>> import numpy as np, bigknn
+        >>> x = np.random.default_rng(0).normal(size=(1000, 8)).astype(np.float32)
+        >>> with bigknn.build(x, k=5, backend="cpu", recall=0.95) as g:
+        ...     info = g.info
+        >>> info.rows, info.dim, info.recall_estimate.target
+        (1000, 8, 0.95)
+        """
+        return Info.of(self._live())
+
+    def neighbors(self, k: int | None = None, include_self: bool = False) -> Neighbors:
+        """Every row's k nearest rows with their distances, nearest first.
+
+        Distances are true distances, ascending per row: Euclidean for ``l2``; 1 - cos for ``cosine``;
+        for ``ip``, 1 - x.y (hnswlib's inner-product distance: it ascends as the inner product descends,
+        equals the cosine distance on unit-length rows and is negative where x.y > 1).
+
+        Parameters
+        ----------
+        k : int, optional
+            Neighbours per row, 1 to the graph's k (default: all it holds).
+        include_self : bool
+            Put each row itself first, at distance 0, before its k neighbours (k + 1 columns), as
+            scikit-learn's ``KNeighborsTransformer`` and UMAP's ``precomputed_knn`` do.
+
+        Returns
+        -------
+        Neighbors
+            ``(ids, distances)``: (rows, k) int32 row numbers and float32 distances.
+
+        Examples
+        --------
+        >>> import numpy as np, bigknn
+        >>> x = np.array([[0.0, 0], [1, 0], [3, 0], [7, 0]], dtype=np.float32)
+        >>> with bigknn.build(x, k=2, backend="cpu") as g:
+        ...     ids, dist = g.neighbors()
+        ...     ids_self, dist_self = g.neighbors(k=1, include_self=True)
+        >>> ids.tolist(), dist.tolist()
+        ([[1, 2], [0, 2], [1, 0], [2, 1]], [[1.0, 3.0], [1.0, 2.0], [2.0, 3.0], [4.0, 6.0]])
+        >>> ids_self.tolist(), dist_self.tolist()
+        ([[0, 1], [1, 0], [2, 1], [3, 2]], [[0.0, 1.0], [0.0, 1.0], [0.0, 2.0], [0.0, 4.0]])
+        """
+        return Neighbors(*whole_graph(self._live(), k, include_self))
+
+    def to_scipy(self, k: int | None = None, include_self: bool = False) -> Any:
+        """The graph as a ``scipy.sparse.csr_matrix`` of shape (rows, rows): row i holds the distances to
+        its neighbours, nearest first, as scikit-learn's k-neighbours graphs do. A zero distance (a
+        duplicate row, or self with ``include_self``) is an explicit entry, not a missing edge.
+
+        Parameters
+        ----------
+        k, include_self
+            As for ``neighbors``.
+
+        Examples
+        --------
+        >>> import numpy as np, bigknn
+        >>> x = np.array([[0.0, 0], [0, 0], [1, 0], [5, 0]], dtype=np.float32)
+        >>> with bigknn.build(x, k=1, backend="cpu") as g:
+        ...     m = g.to_scipy()
+        >>> m.shape, m.nnz, float(m[0, 1]), float(m[3, 2])
+        ((4, 4), 4, 0.0, 4.0)
+        """
+        sparse = _optional("scipy.sparse", "scipy")
+        data, indices, indptr = csr_parts(*whole_graph(self._live(), k, include_self))
+        n = self._store.manifest.rows
+        return sparse.csr_matrix((data, indices, indptr), shape=(n, n))
+
+    def umap_knn(self, n_neighbors: int | None = None) -> Neighbors:
+        """UMAP's ``precomputed_knn``: each row itself first at distance 0, then its nearest neighbours.
+
+        Parameters
+        ----------
+        n_neighbors : int, optional
+            UMAP's ``n_neighbors`` (self counted, as UMAP counts it): 2 to the graph's k + 1 (default).
+            Pass the same value to ``umap.UMAP``: below 4096 rows UMAP uses the lists as given.
+
+        Returns
+        -------
+        Neighbors
+            ``(knn_indices, knn_dists)``, both (rows, n_neighbors).
+
+        Examples
+        --------
+        >>> import numpy as np, bigknn
+        >>> x = np.random.default_rng(0).normal(size=(300, 4)).astype(np.float32)
+        >>> with bigknn.build(x, k=15, backend="cpu") as g:
+        ...     knn = g.umap_knn(n_neighbors=15)
+        >>> knn.ids.shape, bool((knn.ids[:, 0] == np.arange(300)).all()), float(knn.distances[:, 0].max())
+        ((300, 15), True, 0.0)
+
+        With umap-learn installed: ``umap.UMAP(n_neighbors=15, precomputed_knn=knn).fit_transform(x)``.
+        """
+        most = neighbours_per_row(self._live(), None) + 1
+        n_neighbors = most if n_neighbors is None else n_neighbors
+        if not 2 <= n_neighbors <= most:
+            raise ValueError(f"n_neighbors must be 2..{most} (self and the graph's k = {most - 1}), got {n_neighbors}")
+        return self.neighbors(n_neighbors - 1, include_self=True)
+
+    def exact_neighbors(self, x: Any, k: int | None = None, backend: str = "auto",
+                        gpu_mem: int | None = None) -> Neighbors:
+        """The exact k nearest rows of the graph to each row of ``x``, new vectors the graph does not hold
+        (a brute-force scan of the store, shard by shard: it costs len(x) x rows distances). ``k``: 1 to
+        the graph's rows (default: the graph's k); ``backend``, ``gpu_mem``: as for ``build``.
+
+        Examples
+        --------
+        >>> import numpy as np, bigknn
+        >>> x = np.array([[0.0, 0], [1, 0], [3, 0], [7, 0]], dtype=np.float32)
+        >>> with bigknn.build(x, k=2, backend="cpu") as g:
+        ...     ids, dist = g.exact_neighbors([[2.9, 0.0]], k=2, backend="cpu")
+        >>> ids.tolist(), [round(float(d), 3) for d in dist[0]]
+        ([[2, 1]], [0.1, 1.9])
+        """
+        store = self._live()
+        m = store.manifest
+        k = m.k if k is None else k
+        if not 1 <= k <= m.rows:
+            raise ValueError(f"k must be 1..{m.rows} (the graph's rows), got {k}")
+        q = prepare_rows(host_array(x).astype(np.float32, copy=False), m.metric)
+        blocks = ((s.offset, store.read_vectors(s.id)) for s in m.shards)
+        found = get_backend(backend, gpu_mem).exact_knn(q, k, kernel_metric(m.metric), blocks)
+        return Neighbors(found.ids, user_distance(found.dists, m.metric))
+
+    def recall(self, sample: int = SAMPLE_ROWS, k: int = RECALL_K, truth: PathLike | None = None, seed: int = 0,
+               rows: tuple[int, int] | None = None, backend: str = "auto", gpu_mem: int | None = None,
+               plot: PathLike | None = None) -> RecallReport:
+        """Measure recall@k on sampled rows against their exact neighbours (self excluded, ties counted).
+
+        Parameters
+        ----------
+        sample : int
+            Rows whose exact neighbours are computed (a scan of the store each).
+        k : int
+            Recall@k, at most the graph's k.
+        truth : path, optional
+            Ground truth ``.ibin`` (row i: exact neighbours of row i) instead of the exact scan.
+        seed : int
+            Seed of the row sample.
+        rows : (int, int), optional
+            Sample only global rows [lo, hi), e.g. the rows an ingest added.
+        backend, gpu_mem
+            As for ``build``.
+        plot : path, optional
+            Also draw the recall of each sampled row (a histogram) and each shard's mean into this image
+            file (.png, .svg, .pdf; needs matplotlib: ``bigknn[plot]``).
+
+        Examples
+        --------
+        >>> import os, tempfile
+        >>> import numpy as np, bigknn
+        >>> x = np.random.default_rng(0).normal(size=(1000, 8)).astype(np.float32)
+        >>> picture = os.path.join(tempfile.mkdtemp(), "recall.png")
+        >>> with bigknn.build(x, k=10, backend="cpu") as g:
+        ...     r = g.recall(sample=200, backend="cpu", plot=picture)
+        >>> r.sample, r.k, r.recall >= 0.99, os.path.getsize(r.plot) > 0
+        (200, 10, True, True)
+        """
+        store = self._live()
+        if plot is not None:
+            draw.pyplot(Path(plot))  # refuse a missing matplotlib or an unknown extension before the work
+        result, sampled, per_row = recall_rows(store, get_backend(backend, gpu_mem), sample, k,
+                                               None if truth is None else Path(truth), seed, rows)
+        if plot is not None:
+            draw.recall_histogram(Path(plot), per_row, shard_of(store, sampled), len(store.manifest.shards),
+                                  result["k"], f"{store.path.name}: recall@{result['k']} of {len(sampled):,} rows")
+            result["plot"] = str(plot)
+        return RecallReport(**result)
+
+    def in_degrees(self, k: int | None = None) -> np.ndarray:
+        """How many neighbour lists (their first ``k`` entries; default all) each row appears in: (rows,)
+        int64, mean k. Rows in many lists are hubs, rows in none are never found as anyone's neighbour.
+
+        Examples
+        --------
+        >>> import numpy as np, bigknn
+        >>> x = np.array([[0.0], [1], [3], [7]], dtype=np.float32)
+        >>> with bigknn.build(x, k=1, backend="cpu") as g:
+        ...     g.in_degrees().tolist()        # 0->1, 1->0, 2->1, 3->2
+        [1, 2, 1, 0]
+        """
+        return in_degrees(self._live(), k)
+
+    def plot_in_degrees(self, path: PathLike, k: int | None = None) -> InDegrees:
+        """Draw the in-degree distribution (``in_degrees``) into an image file (.png, .svg, .pdf; needs
+        matplotlib: ``bigknn[plot]``) and return its summary; ``bigknn info --plot`` calls this.
+
+        Examples
+        --------
+        >>> import os, tempfile
+        >>> import numpy as np, bigknn
+        >>> x = np.random.default_rng(0).normal(size=(1000, 8)).astype(np.float32)
+        >>> picture = os.path.join(tempfile.mkdtemp(), "degrees.png")
+        >>> with bigknn.build(x, k=10, backend="cpu") as g:
+        ...     d = g.plot_in_degrees(picture)
+        >>> d.mean, d.max > 10, os.path.getsize(d.plot) > 0
+        (10.0, True, True)
+        """
+        store = self._live()
+        draw.pyplot(Path(path))
+        k = neighbours_per_row(store, k)
+        degrees = in_degrees(store, k)
+        draw.in_degree_histogram(Path(path), degrees, k, f"{store.path.name}: in-degrees of {len(degrees):,} rows")
+        return InDegrees.of(degrees, k, str(path))
+
+    # ---- writing ----------------------------------------------------------------------------------
+    def export(self, path: PathLike, include_self: bool = False) -> ExportReport:
+        """Write the graph to a file whose extension names the format: ``.ibin`` (big-ann-benchmarks ground
+        truth layout), ``.npy`` (ids; distances beside it in ``<name>.dists.npy``) or ``.npz`` (the CSR
+        matrix of ``to_scipy``; ``scipy.sparse.load_npz`` reads it).
+
+        Examples
+        --------
+        >>> import os, tempfile
+        >>> import numpy as np, bigknn, scipy.sparse
+        >>> x = np.random.default_rng(0).normal(size=(100, 4)).astype(np.float32)
+        >>> out = os.path.join(tempfile.mkdtemp(), "g.npz")
+        >>> with bigknn.build(x, k=5, backend="cpu") as g:
+        ...     report = g.export(out, include_self=True)
+        >>> report.format, scipy.sparse.load_npz(out).nnz
+        ('npz', 600)
+        """
+        return ExportReport(**run_export(self._live(), Path(path), include_self))
+
+    def ingest(self, data: Any, backend: str = "auto", gpus: Gpus = None, gpu_mem: int | None = None,
+               host_mem: int | None = None, wait: float = 0.0, progress: bool = False) -> IngestReport:
+        """Add rows to the graph: every row, old and new, again holds its top-k over the whole set.
+
+        New rows get the ids after the last existing one, in order. ``data`` is an array or an input file
+        (as for ``build``; the same dimension and dtype as the store's input). Ingesting a file (or an
+        array) the store already holds does nothing. The other parameters are those of ``build``.
+
+        Examples
+        --------
+        >>> import numpy as np, bigknn
+        >>> rng = np.random.default_rng(0)
+        >>> with bigknn.build(rng.normal(size=(1000, 8)).astype(np.float32), k=5, backend="cpu") as g:
+        ...     report = g.ingest(rng.normal(size=(200, 8)).astype(np.float32), backend="cpu")
+        ...     ids, _ = g.neighbors()
+        >>> report.rows_added, report.rows, ids.shape
+        (200, 1200, (1200, 5))
+        """
+        path = self._live().path
+        with input_file(data, path, new_store=False) as input_path:
+            result = run_ingest(path, [input_path], get_backends(backend, gpu_ids(gpus), gpu_mem),
+                                reporter(progress), wait, host_mem)
+        self._store = Store.open(path)
+        return IngestReport(**result)
+
+    # ---- lifetime ---------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop using the graph; a temporary store (a build without ``store``) is deleted. A ``with`` block
+        closes it at its end.
+
+        Examples
+        --------
+        >>> import numpy as np, bigknn
+        >>> g = bigknn.build(np.eye(20, dtype=np.float32), k=3, backend="cpu")
+        >>> where = g.path
+        >>> g.close()
+        >>> where.exists(), g
+        (False, <bigknn.Graph (closed)>)
+        """
+        self._closed = True
+        if self._cleanup is not None:
+            self._cleanup()
+
+    def __enter__(self) -> Graph:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        if self._closed:
+            return "<bigknn.Graph (closed)>"
+        m = self._store.manifest
+        return f"<bigknn.Graph {m.rows} rows, k={m.k}, {m.metric}, store {self._store.path}>"
+
+    def _live(self) -> Store:
+        if self._closed:
+            raise ValueError("the graph is closed")
+        return self._store
+
+
+def gpu_ids(gpus: Gpus) -> str | None:
+    """The API's ``gpus`` (a list of ids too) as the CLI's ``--gpus`` text."""
+    return gpus if gpus is None or isinstance(gpus, str) else ",".join(str(int(g)) for g in gpus)
+
+
+def _optional(module: str, extra: str) -> ModuleType:
+    """Import an optional dependency, or say which extra installs it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise ImportError(f"{module} is needed for this; pip install 'bigknn[{extra}]'") from e
