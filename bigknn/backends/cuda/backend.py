@@ -1,4 +1,4 @@
-"""CUDA backend: GNND (paper 000 §4), GGM (§5.1) and exact k-NN on one GPU through CuPy + CUDA C++ kernels.
+"""CUDA backend: GNND (GNND paper §4), GGM (§5.1) and exact k-NN on one GPU through CuPy + CUDA C++ kernels.
 
 CuPy is imported inside the methods only, so this module imports on machines without a GPU.
 
@@ -819,7 +819,7 @@ class CudaBackend:
 
     def ggm(self, a: ShardPart, b: ShardPart, metric: str, params: GnndParams, seed: int,
             on_iter=None, vias: list[ShardPart] | None = None) -> tuple[KnnGraph, KnnGraph]:
-        """GGM (paper 000 §5.1, Alg. 3) of shards a and b on the GPU; ids in and out are global.
+        """GGM (GNND paper §5.1, Alg. 3) of shards a and b on the GPU; ids in and out are global.
 
         Contract of the CPU reference (bigknn/ggm.py, CpuBackend.ggm): lists W = params.width() wide;
         set-up keeps the first W - W//2 in-pair entries of each old list and adds W//2 (at least 1) random

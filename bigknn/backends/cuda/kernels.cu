@@ -1,4 +1,4 @@
-// bigknn CUDA kernels: GNND (paper 000 §4) and exact k-NN selection.
+// bigknn CUDA kernels: GNND (GNND paper §4) and exact k-NN selection.
 //
 // Compiled at run time by cupy.RawModule (NVRTC); no headers are included so that the source builds
 // with NVRTC alone. Templates are instantiated through name_expressions from backend.py.
@@ -264,7 +264,7 @@ __global__ void gnnd_norms(const T* __restrict__ x, int n, int d, int dpad, floa
 }
 
 // ---------------------------------------------------------------------------------------------
-// GGM (paper 000 §5.1, Alg. 3). Shards a and b share one local index space: rows of a are [0, na), rows
+// GGM (GNND paper §5.1, Alg. 3). Shards a and b share one local index space: rows of a are [0, na), rows
 // of b are [na, n). Lists hold local ids during the descent and global ids (int32) outside it; an old
 // list may also hold ids of other shards, which cannot be cross-matched but survive the final merge.
 // ---------------------------------------------------------------------------------------------
