@@ -81,7 +81,8 @@ from bigknn.graph import EMPTY, KnnGraph, drop_self
 from bigknn.params import EXACT_ROWS, GnndParams
 from bigknn.recall import Stopper, make_merge_probe, make_probe
 
-_KERNEL_FILE = Path(__file__).with_name("kernels.cu")
+# one source, no includes: NVRTC needs no include path and CuPy's cache key (the text) sees every line
+_KERNEL_FILES = tuple(Path(__file__).with_name(f) for f in ("common.cuh", "gnnd.cu", "cross.cu", "ggm.cu", "exact.cu"))
 _CTYPES = {
     np.dtype(np.float32): "float",
     np.dtype(np.float16): "unsigned short",
@@ -120,7 +121,7 @@ def _compile(name_expressions: tuple[str, ...]):
     for (names, defs, dev), mod in _MODULES.items():  # a module compiled for a superset serves too
         if dev == device and defs == defines and set(name_expressions) <= set(names):
             return mod
-    src = _KERNEL_FILE.read_text()
+    src = "".join(f.read_text() for f in _KERNEL_FILES)
     cc = cp.cuda.Device().compute_capability
     errors = []
     for opts in (("-std=c++17", f"-arch=sm_{cc}") + defines, ("-std=c++17",) + defines):
