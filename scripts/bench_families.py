@@ -66,7 +66,7 @@ def emit(rec: dict, out) -> None:
 def bench_bigknn(backend, x, metric, truth, family, device, out, k: int, variants: list[str]) -> None:
     base = GnndParams(k=k)
     backend.gnnd(x[:100_000], metric, base, seed=0)  # compile (NVRTC), pinned buffers
-    from bigknn.backends.cuda import backend as cuda_module
+    from bigknn.backends.cuda import rows as cuda_module
 
     default_half = cuda_module.HALF_MIN_DIM
     for variant in variants:

@@ -410,7 +410,7 @@ def test_targeted_merge_meets_target_and_matches_cpu(backend, dim, metric):
     through the half-precision descent, whose keys the fold-back makes exact), reaches the recall of a
     one-shard build, and the CPU reference with the same parameters reaches the same."""
     from bigknn.backends.cpu import CpuBackend
-    from bigknn.backends.cuda import backend as cuda_module
+    from bigknn.backends.cuda import rows as cuda_module
 
     na, nb = 6007, 5003
     x = synth(na + nb, dim, seed=int(np.random.default_rng().integers(1 << 30)))

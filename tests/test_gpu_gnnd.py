@@ -196,19 +196,21 @@ def test_iterate_respects_labels(backend):
     entries OLD and its other-label entries NEW, as GGM's set-up hands them over."""
     import cupy as cp
 
-    from bigknn.backends.cuda.backend import _kernel_metric
+    from bigknn.backends.cuda.compile import kernel_metric
+    from bigknn.backends.cuda.descent import init_graph, iterate
+    from bigknn.backends.cuda.rows import prepare_rows
 
     n, d, k = 4000, 48, 16
     x = synth(n, d, seed=4)
     labels = (np.arange(n) % 2).astype(np.int32)
-    xd, ctype, d, dpad = backend._prepare_rows(x)
-    m = _kernel_metric("l2")
-    ids, keys, flags = backend._init_graph(xd, ctype, d, dpad, m, k, seed=1)
+    xd, ctype, d, dpad = prepare_rows(x, backend.gpu.transfer)
+    m = kernel_metric("l2")
+    ids, keys, flags = init_graph(xd, ctype, d, dpad, m, k, seed=1)
     ids0 = ids.get()
     lab_d = cp.asarray(labels)
     flags[...] = (lab_d[ids] != lab_d[:, None]).astype(cp.uint8)
-    backend._iterate(xd, ctype, dpad, m, ids, keys, flags, p=8, iters=4, min_update_frac=0.0,
-                     labels=cp.asarray(labels))
+    iterate(backend.gpu, xd, ctype, dpad, m, ids, keys, flags, p=8, iters=4, min_update_frac=0.0,
+            labels=cp.asarray(labels))
     ids1 = ids.get()
     new = np.array([[v not in set(a) for v in b] for a, b in zip(ids0, ids1)])
     assert new.any(), "no updates at all"
@@ -295,7 +297,7 @@ def test_gnnd_meets_recall_target(backend, d, dtype, metric):
     estimate agrees with an exact check, every returned key is exact (the half-precision path recomputes
     them), and the CPU reference with the same parameters reaches the same recall."""
     from bigknn.backends.cpu import CpuBackend
-    from bigknn.backends.cuda import backend as cuda_module
+    from bigknn.backends.cuda import rows as cuda_module
 
     n = 12007
     x = synth(n, d, seed=int(np.random.default_rng().integers(1 << 30)))

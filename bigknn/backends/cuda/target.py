@@ -7,10 +7,13 @@ from typing import Callable
 
 import numpy as np
 
+from bigknn.graph import ShardPart
+from bigknn.backends.cuda.compile import MAX_P
+from bigknn.backends.cuda.exact import exact_knn
+from bigknn.backends.cuda.gpu import Gpu
+from bigknn.backends.cuda.rows import numeric
 from bigknn.params import GnndParams
-from bigknn.recall import Probe, Stopper
-
-MAX_P = 32  # largest p the cross-match kernels are built for
+from bigknn.recall import Probe, Stopper, make_merge_probe, make_probe
 
 
 class DeviceTarget:
@@ -53,3 +56,34 @@ class DeviceTarget:
             new[:, :k] = old
         self.p = self.samples(w)
         return out
+
+
+def device_target(gpu: Gpu, xd, d: int, metric: str, params: GnndParams, seed: int, fits: Callable[[int, int], bool],
+                  key_scale: float = 1.0, pair: tuple[ShardPart, ShardPart] | None = None) -> DeviceTarget | None:
+    """The recall target of a descent over the device rows ``xd`` (local ids; None without a target):
+    a probe of its rows with their exact neighbours among ``xd``, or for the merge of ``pair`` (xd = [a | b])
+    among their old lists and the other shard (bigknn/recall.py). ``fits(width, p)``: whether lists of
+    that width still fit the memory budget."""
+    if params.recall <= 0:
+        return None
+    import cupy as cp
+
+    rows_all = numeric(xd, d)
+    rng = np.random.default_rng((seed, 1))
+    if pair is None:
+        def exact(rows, k):
+            g = exact_knn(gpu, rows_all[cp.asarray(rows)], k, metric, [(0, rows_all)])
+            return g.ids, g.dists
+
+        probe = make_probe(xd.shape[0], params.width(), exact, rng)
+    else:
+        a, b = pair
+        na = len(a.vectors)
+
+        def exact(rows, k, other_is_b):
+            block = (b.offset, rows_all[na:]) if other_is_b else (a.offset, rows_all[:na])
+            g = exact_knn(gpu, rows_all[cp.asarray(rows)], k, metric, [block])
+            return g.ids, g.dists
+
+        probe = make_merge_probe(a, b, params.width(), exact, rng)
+    return DeviceTarget(probe, Stopper(params.recall, params.width()), params, fits, key_scale)

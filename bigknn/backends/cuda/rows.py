@@ -1,0 +1,79 @@
+"""The rows of a call on the device, laid out as the kernels read them, and their half-precision copy."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from bigknn.backends.cuda.compile import CTYPES, padded_dim
+from bigknn.backends.cuda.transfer import Transfer
+
+HALF_MIN_DIM = 128  # float32 rows at least this wide descend on half-precision copies (half_rows)
+HALF_RANGE = 2.0 ** 14  # largest magnitude after scaling (half's largest finite value is 65504)
+
+
+def descends_on_halves(ctype: str, d: int) -> bool:
+    """Whether a descent over rows of this kernel type and width reads half-precision copies (half_rows)."""
+    return ctype == "float" and d >= HALF_MIN_DIM
+
+
+def kernel_rows(raw, dpad: int):
+    """Device rows (n, d) as the kernels read them: halves viewed as uint16, zero-padded to dpad columns."""
+    import cupy as cp
+
+    xd = raw.view(cp.uint16) if raw.dtype == cp.float16 else raw
+    n, d = raw.shape
+    if dpad != d:
+        xp = cp.zeros((n, dpad), dtype=xd.dtype)
+        xp[:, :d] = xd
+        xd = xp
+    return xd
+
+
+def prepare_rows(x, transfer: Transfer):
+    """(host or device array) -> (device array (n, dpad) in a kernel dtype, ctype name, d, dpad)."""
+    import cupy as cp
+
+    dt = np.dtype(x.dtype)
+    if dt not in CTYPES:
+        x = x.astype(np.float32)
+        dt = np.dtype(np.float32)
+    d = x.shape[1]
+    dpad = padded_dim(d, dt.itemsize)
+    if isinstance(x, cp.ndarray):
+        xd = cp.ascontiguousarray(x)
+    else:
+        xd = cp.empty(x.shape, dtype=dt)
+        transfer.h2d(x, xd)
+    return kernel_rows(xd, dpad), CTYPES[dt], d, dpad
+
+
+def numeric(xd, d: int):
+    """Device rows as prepared for the kernels (padded, halves viewed as uint16) back as (n, d) numbers."""
+    import cupy as cp
+
+    return xd.view(cp.float16)[:, :d] if xd.dtype == cp.uint16 else xd[:, :d]
+
+
+def half_rows(xd):
+    """A half-precision copy of float32 rows, scaled by a power of two into half's range: (copy viewed as
+    uint16, factor of its keys). Wide rows make the cross-match a gather of random rows (1M x 64 samples
+    x 384 floats is 98 GB an iteration); halves move half of it. Ranks change only between near-equal
+    keys, and every kept key is recomputed from the float32 rows at the end (gnnd_finalize)."""
+    import cupy as cp
+
+    amax = float(cp.abs(xd).max())
+    scale = 2.0 ** math.floor(math.log2(HALF_RANGE / amax)) if amax > 0 else 1.0
+    out = cp.empty(xd.shape, dtype=cp.float16)
+    step = max(1, (64 << 20) // (4 * xd.shape[1]))
+    for i in range(0, xd.shape[0], step):
+        out[i:i + step] = xd[i:i + step] * np.float32(scale)
+    return out.view(cp.uint16), scale * scale
+
+
+def cut(arr, width: int):
+    """The first ``width`` columns of a device list array (after a widened descent)."""
+    import cupy as cp
+
+    return arr if arr.shape[1] == width else cp.ascontiguousarray(arr[:, :width])

@@ -1,0 +1,80 @@
+"""The CUDA backend's parts that run without a GPU: the kernel source it compiles and its memory plan."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from fnmatch import fnmatch
+from pathlib import Path
+
+import pytest
+
+from bigknn.backends.cuda import compile as cuda_compile
+from bigknn.backends.cuda.memory import LOG_SLOTS, plan_slots
+
+CUDA_DIR = Path(cuda_compile.__file__).parent
+
+
+def test_kernel_source_defines_every_launched_kernel():
+    """The one source NVRTC compiles holds every kernel the Python side launches by name, includes nothing
+    (NVRTC gets no include path), and every part of it ships with the package."""
+    src = cuda_compile.source()
+    assert "#include" not in src
+    defined = set(re.findall(r"__global__ void (?:__launch_bounds__\([^;{]*?\)\s*)?(\w+)\(", src))
+    launched = set()
+    for py in CUDA_DIR.glob("*.py"):
+        text = py.read_text()
+        launched |= set(re.findall(r'get_function\(f?"(\w+)', text))
+        launched |= set(re.findall(r'f"(\w+)<\{', text))
+    launched = {name for name in launched if name.startswith(("gnnd_", "ggm_", "knn_"))}
+    assert launched and launched <= defined, launched - defined
+    pyproject = tomllib.loads((CUDA_DIR.parents[2] / "pyproject.toml").read_text())
+    globs = pyproject["tool"]["setuptools"]["package-data"]["bigknn.backends.cuda"]
+    for name in cuda_compile.SOURCES:
+        assert any(fnmatch(name, g) for g in globs), f"{name} is not package data"
+
+
+class _Copies:
+    def __init__(self, n: int):
+        self.n = n
+
+    def drop_oldest(self) -> bool:
+        if self.n == 0:
+            return False
+        self.n -= 1
+        return True
+
+
+class _Gpu:
+    """A GPU whose budget grows by ``per_copy`` bytes with each kept copy dropped."""
+
+    def __init__(self, free: int, copies: int, per_copy: int):
+        self.resident = _Copies(copies)
+        self.free, self.copies, self.per_copy = free, copies, per_copy
+
+    def budget(self) -> int:
+        return self.free + (self.copies - self.resident.n) * self.per_copy
+
+
+def need(slots: int) -> int:
+    return 1000 + 10 * slots
+
+
+def test_plan_drops_kept_copies_before_fewer_slots():
+    gpu = _Gpu(free=need(1 << LOG_SLOTS) - 250, copies=5, per_copy=100)
+    assert plan_slots(gpu, need, 32, "gnnd of x") == (LOG_SLOTS, need(1 << LOG_SLOTS))
+    assert gpu.resident.n == 2  # three copies made room; the other two stay
+
+
+def test_plan_halves_slots_once_no_copy_is_left():
+    gpu = _Gpu(free=need(32) + 5, copies=1, per_copy=10)
+    assert plan_slots(gpu, need, 32, "gnnd of x") == (5, need(32))
+    assert gpu.resident.n == 0
+    narrow = _Gpu(free=need(1 << LOG_SLOTS), copies=0, per_copy=0)
+    assert plan_slots(narrow, need, 8, "gnnd of x")[0] == 5  # short lists start from 32 slots
+
+
+def test_plan_raises_below_sixteen_slots():
+    gpu = _Gpu(free=need(16) - 1, copies=0, per_copy=0)
+    with pytest.raises(MemoryError, match=r"^ggm of 3 \+ 4 rows needs .* GiB of GPU memory, budget .* GiB: use"):
+        plan_slots(gpu, need, 32, "ggm of 3 + 4 rows")
