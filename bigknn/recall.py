@@ -184,21 +184,27 @@ class Stopper:
     pace would take more than ``STALL_HORIZON`` such spans; stops when it can widen no more. The reason is
     kept for the report."""
 
-    def __init__(self, target: float, width: int):
+    def __init__(self, target: float, width: int, exact_s: float | None = None):
         self.target = target
         self.width = width
+        self.exact_s = exact_s  # predicted seconds of the exact answer the descent could give instead
         self.history: list[float] = []  # estimates since the last widening
         self.trace: list[float] = []  # every estimate, for the report
         self.reason = "iteration cap"
         self.last: Estimate | None = None
         self.widened = 0
+        self.projected_s: float | None = None  # the rest of the descent, when that made the exact answer cheaper
 
-    def after(self, est: Estimate) -> str:
+    def after(self, est: Estimate, seconds: float = 0.0) -> str:
+        """The action after an iteration that took ``seconds`` and left the probe at ``est``."""
         self.last = est
         self.history.append(est.recall)
         self.trace.append(round(est.recall, 4))
         if est.low >= self.target:
             self.reason = "target met"
+            return "stop"
+        if self._exact_is_cheaper(seconds):
+            self.reason = "exact is cheaper"
             return "stop"
         h = self.history
         gain = h[-1] - h[-1 - STALL_ITERS] if len(h) > STALL_ITERS else None
@@ -212,19 +218,43 @@ class Stopper:
             return "widen"
         return "go"
 
+    def _exact_is_cheaper(self, seconds: float) -> bool:
+        """Whether the rest of the descent, at the pace of its last STALL_ITERS iterations and the cost of the
+        last one, would take more than STALL_HORIZON iterations and longer than the exact answer
+        (``exact_s``): rows too spread out for NN-Descent (iid-like, high intrinsic dimension) show a slow,
+        steady climb from the start. A stalled pace is left to the widening rule: wider lists climb again,
+        and their cost is not known yet."""
+        h = self.history
+        if self.exact_s is None or len(h) <= STALL_ITERS:
+            return False
+        pace = (h[-1] - h[-1 - STALL_ITERS]) / STALL_ITERS
+        if pace < STALL_GAIN / STALL_ITERS:
+            return False
+        iters_left = (self.target - h[-1]) / pace
+        projected = iters_left * seconds
+        if iters_left <= STALL_HORIZON or projected <= self.exact_s:  # near its target: a descent, whatever
+            return False  # the timings say (they are noisy at a few milliseconds)
+        self.projected_s = projected
+        return True
+
     def fell_short(self) -> bool:
-        """Whether the descent ended below its target with no way forward: stalled at the widest lists, or out
-        of iterations with its whole interval below the target. Its rows are too spread out for NN-Descent
-        (iid-like, high intrinsic dimension), and the caller computes the exact graph instead."""
-        if self.reason.startswith("stalled"):
+        """Whether the descent ended below its target with no way forward, or where the exact answer costs less
+        than the rest of it would: stalled at the widest lists, out of iterations with its whole interval
+        below the target, or slower than ``exact_s``. Its rows are too spread out for NN-Descent (iid-like,
+        high intrinsic dimension), and the caller computes the exact answer instead."""
+        if self.reason.startswith("stalled") or self.reason == "exact is cheaper":
             return True
         return self.reason == "iteration cap" and self.last is not None and self.last.high < self.target
 
     def exact_instead(self) -> None:
-        """Record that the exact graph replaced the descent's (its recall is 1 by construction)."""
+        """Record that the exact answer replaced the descent's (its recall is 1 by construction)."""
         got = self.last.recall if self.last else 0.0
-        why = "ran out of iterations" if self.reason == "iteration cap" else "stalled"
-        self.reason = f"exact graph: the descent {why} at {got:.3f} with lists of {self.width}"
+        if self.reason == "exact is cheaper":
+            self.reason = (f"exact graph: cheaper than the descent from {got:.3f} on (about {self.projected_s:.2f} s "
+                           f"more at its pace, exact {self.exact_s:.2f} s)")
+        else:
+            why = "ran out of iterations" if self.reason == "iteration cap" else "stalled"
+            self.reason = f"exact graph: the descent {why} at {got:.3f} with lists of {self.width}"
         rows = self.last.rows if self.last else 0
         self.last = Estimate(1.0, 1.0, 1.0, rows)
 

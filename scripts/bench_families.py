@@ -130,11 +130,33 @@ def bench_bf(x, metric, family, device, out) -> None:
     del xd, index, nbrs
 
 
+def bench_exact(backend, x, metric, truth, family, device, out, k: int, tiled: bool = False) -> None:
+    """bigknn's own exact graph (what a descent that cannot reach its target falls back to): the fused
+    tensor-core kernel, or with ``tiled`` the cuBLAS tiles + select it replaced."""
+    from bigknn.backends.cuda import exact
+
+    fused_min = exact.FUSED_MIN_QUERIES
+    exact.FUSED_MIN_QUERIES = len(x) + 1 if tiled else fused_min
+    try:
+        with backend.gpu.context():
+            exact.exact_graph(backend.gpu, x[:40_000], k, metric)  # compile, warm up
+            t0 = time.perf_counter()
+            g = exact.exact_graph(backend.gpu, x, k, metric)
+            dt = time.perf_counter() - t0
+    finally:
+        exact.FUSED_MIN_QUERIES = fused_min
+    emit({"workload": "t1", "family": family, "tool": "bigknn_exact_tiled" if tiled else "bigknn_exact",
+          "rows": len(x), "dim": x.shape[1], "dtype": str(x.dtype), "metric": metric, "k": k, "device": device,
+          "time_s": round(dt, 3), "recall@10": truth.recall(g.ids),
+          "predicted_s": round(exact.exact_seconds(len(x), len(x), x.shape[1]), 3)}, out)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("inputs", nargs="+", help="FILE:METRIC (metric l2, ip or cosine); the family is the file stem")
     ap.add_argument("--k", type=int, default=32)
-    ap.add_argument("--peers", default="nnd", help="comma list of nnd, bf (cuVS), or none")
+    ap.add_argument("--peers", default="nnd", help="comma list of nnd, bf (cuVS), exact, exact_tiled (bigknn's "
+                                                   "exact graph, fused or tiled), or none")
     ap.add_argument("--variants", default="defaults",
                     help="';'-separated bigknn variants: 'defaults' or a JSON dict of GnndParams overrides")
     ap.add_argument("--out", default=None)
@@ -162,6 +184,9 @@ def main(argv=None) -> int:
             bench_nnd(x, km, truth, family, device, out)
         if "bf" in peers:
             bench_bf(x, km, family, device, out)
+        for tool in ("exact", "exact_tiled"):
+            if tool in peers:
+                bench_exact(backend, x, km, truth, family, device, out, args.k, tiled=tool == "exact_tiled")
         del x, truth
     return 0
 

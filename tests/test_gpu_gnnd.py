@@ -319,10 +319,14 @@ def test_gnnd_meets_recall_target(backend, d, dtype, metric):
 
 
 @pytest.mark.parametrize("n,d", [(9001, 64), (30011, 128)])
-def test_gnnd_widens_where_it_stalls(backend, n, d):
-    """iid Gaussian rows (high intrinsic dimension) stall below a 0.99 target: the lists widen, the result
-    is cut back to the width asked for, and where even the widest lists stall the exact graph replaces the
-    descent's; either way the target holds and the report says how the descent ended."""
+def test_gnnd_widens_where_it_stalls(backend, monkeypatch, n, d):
+    """iid Gaussian rows (high intrinsic dimension) stall below a 0.99 target: with the exact graph priced out
+    (it would be taken at once), the lists widen, the result is cut back to the width asked for, and where
+    even the widest lists stall the exact graph replaces the descent's; either way the target holds and the
+    report says how the descent ended."""
+    from bigknn.backends.cuda import target
+
+    monkeypatch.setattr(target, "exact_seconds", lambda *shape: float("inf"))
     x = np.random.default_rng().standard_normal((n, d)).astype(np.float32)
     params = GnndParams(k=8)
     g = backend.gnnd(x, "l2", params, seed=2)
@@ -331,6 +335,18 @@ def test_gnnd_widens_where_it_stalls(backend, n, d):
     assert g.report["stop"] == "target met" or g.report["stop"].startswith("exact graph"), g.report
     exact = _exact_top(x, np.arange(500), 10, "l2")
     assert _recall(g.ids[:500], exact, 10) >= 0.985, g.report
+
+
+def test_gnnd_takes_the_exact_graph_early_where_descent_would_cost_more(backend):
+    """iid rows climb slowly: the descent gives way to the exact graph after a few iterations (cheaper than
+    the rest of the descent at its pace), not after widening to the widest lists; the graph is exact."""
+    x = np.random.default_rng().standard_normal((40009, 96)).astype(np.float32)
+    g = backend.gnnd(x, "l2", GnndParams(k=10), seed=3)
+    assert g.report["stop"].startswith("exact graph: cheaper than the descent"), g.report
+    assert g.report["widened"] == 0 and len(g.report["trace"]) <= 12, g.report
+    _check_graph(x, g, GnndParams(k=10).width(), "l2")
+    exact = _exact_top(x, np.arange(300), 10, "l2")
+    assert _recall(g.ids[:300], exact, 10) == 1.0
 
 
 # ----------------------------------------------------------------------------- tensor-core cross-match

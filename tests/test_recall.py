@@ -102,6 +102,27 @@ def test_stopper_widens_when_the_pace_cannot_close_the_gap():
     assert "widen" not in actions  # 0.018 gained, 0.022 short: on pace
 
 
+def test_stopper_takes_the_exact_answer_when_the_rest_of_the_descent_would_cost_more():
+    """iid-like rows climb slowly from the start: at 0.04 an iteration of 0.1 s, the 0.85 left would take
+    about 2.1 s, so an exact answer of 1 s wins; one of 3 s does not, nor does a fast climb."""
+    climb = [0.02 + 0.04 * i for i in range(STALL_ITERS + 1)]
+    cheap = Stopper(0.99, 48, exact_s=1.0)
+    actions = [cheap.after(_est(r), 0.1) for r in climb]
+    assert actions == ["go"] * STALL_ITERS + ["stop"] and cheap.fell_short()
+    cheap.exact_instead()
+    assert cheap.report()["stop"].startswith("exact graph: cheaper than the descent from 0.140 on (about 2.")
+    assert cheap.report()["estimate"]["recall"] == 1.0
+    dear = Stopper(0.99, 48, exact_s=3.0)
+    assert [dear.after(_est(r), 0.1) for r in climb] == ["go"] * (STALL_ITERS + 1) and dear.projected_s is None
+    fast = Stopper(0.99, 48, exact_s=0.05)
+    assert "stop" not in [fast.after(_est(r), 0.1) for r in (0.1, 0.5, 0.8, 0.95)]  # 0.04 left at 0.28 a step
+
+
+def test_stopper_leaves_a_stall_to_the_widening_rule_even_with_an_exact_option():
+    s = Stopper(0.99, 48, exact_s=1e-9)
+    assert [s.after(_est(0.9), 1.0) for _ in range(STALL_ITERS + 1)][-1] == "widen"
+
+
 # ---- the CPU descent ---------------------------------------------------------------------------
 def test_cpu_gnnd_meets_its_target_where_fixed_rules_fall_short():
     x = synth(6007, 48, seed=int(np.random.default_rng().integers(1 << 30)))

@@ -141,3 +141,12 @@ __device__ __forceinline__ void emit_candidate(int u, int v, float key, const fl
     const u64 packed = ((u64)f2s(key) << 32) | (u64)(u32)v;
     atomicMin(&cand[((size_t)u << logC) + slot], packed);
 }
+
+// one tensor-core step: D (16 x 8, fp32) += A (16 x 16 halves, row-major) * B (16 x 8 halves, col-major); the
+// fragments of mma.sync m16n8k16 (cross.cu's MMA tiles, exact.cu's fused k-NN)
+__device__ __forceinline__ void mma_16816(float* d, const u32* a, const u32* b) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}

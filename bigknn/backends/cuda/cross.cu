@@ -16,12 +16,6 @@
 // cores (mma.sync m16n8k16, fp16 in, fp32 accumulate: the products and sums the FMA loop computes, in another
 // order). The rows stay halves in shared memory (chunks of 2 * DCMAX dims, the same bytes); each warp owns
 // 16 x 8 tiles of NEW x (NEW u OLD), and writes its accumulators straight into the distance matrix.
-__device__ __forceinline__ void mma_16816(float* d, const u32* a, const u32* b) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
 
 template <typename T, int METRIC, int EXPAND, int MAXN, int TR, int TC, int DCMAX, int CROSS, int MMA>
 __global__ void __launch_bounds__((MAXN / TR) * (2 * MAXN / TC), ((MAXN / TR) * (2 * MAXN / TC)) >= 512 ? 1 : 6)

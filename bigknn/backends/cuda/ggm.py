@@ -139,7 +139,8 @@ def ggm(gpu: Gpu, a: ShardPart, b: ShardPart, metric: str, params: GnndParams, s
     via_rows = cp.asarray([v.graph.rows for v in vias] or [0], dtype=cp.int32)
     # the set-up and the descent see the half-precision rows and keys in their scale; the fold-back
     # (ggm_finish) recomputes the refined keys from the float32 rows and keeps the old keys as stored
-    xw, key_scale = half_rows(xd) if half else (xd, 1.0)
+    xw, scale = half_rows(xd) if half else (xd, 1.0)
+    key_scale = scale * scale  # the descent's keys are of rows scaled by `scale`
     setup_keys = old_keys * np.float32(key_scale) if half else old_keys
     sync()
     t_h2d = time.perf_counter()

@@ -69,7 +69,8 @@ def gnnd(gpu: Gpu, x, metric: str, params: GnndParams, seed: int, on_iter=None) 
     mod = compile_kernels(names)  # one NVRTC run
     t_c = time.perf_counter()
     xd, _, d, dpad = prepare_rows(x, gpu.transfer)
-    xw, key_scale = half_rows(xd) if half else (xd, 1.0)
+    xw, scale = half_rows(xd) if half else (xd, 1.0)
+    key_scale = scale * scale  # the descent's keys are of rows scaled by `scale`
     sync()
     t_h2d = time.perf_counter()
     ids, keys, flags = init_graph(xw, wct, d, dpad, m, kb, seed)

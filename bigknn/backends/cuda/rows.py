@@ -56,20 +56,26 @@ def numeric(xd, d: int):
     return xd.view(cp.float16)[:, :d] if xd.dtype == cp.uint16 else xd[:, :d]
 
 
-def half_rows(xd):
+def half_scale(amax: float) -> float:
+    """The power of two that brings rows whose largest magnitude is ``amax`` into half's range (HALF_RANGE)."""
+    return 2.0 ** math.floor(math.log2(HALF_RANGE / amax)) if amax > 0 else 1.0
+
+
+def half_rows(xd, width: int | None = None):
     """A half-precision copy of float32 rows, scaled by a power of two into half's range: (copy viewed as
-    uint16, factor of its keys). Wide rows make the cross-match a gather of random rows (1M x 64 samples
-    x 384 floats is 98 GB an iteration); halves move half of it. Ranks change only between near-equal
-    keys, and every kept key is recomputed from the float32 rows at the end (gnnd_finalize)."""
+    uint16, zero columns appended up to ``width``; the scale). Wide rows make the cross-match a gather of
+    random rows (1M x 64 samples x 384 floats is 98 GB an iteration); halves move half of it, and feed the
+    tensor cores (cross.cu's MMA tiles, exact.cu's fused k-NN). Ranks change only between near-equal keys,
+    and every kept key is recomputed from the float32 rows (gnnd_finalize, knn_exact_keys)."""
     import cupy as cp
 
-    amax = float(cp.abs(xd).max())
-    scale = 2.0 ** math.floor(math.log2(HALF_RANGE / amax)) if amax > 0 else 1.0
-    out = cp.empty(xd.shape, dtype=cp.float16)
-    step = max(1, (64 << 20) // (4 * xd.shape[1]))
-    for i in range(0, xd.shape[0], step):
-        out[i:i + step] = xd[i:i + step] * np.float32(scale)
-    return out.view(cp.uint16), scale * scale
+    n, d = xd.shape
+    scale = half_scale(float(cp.abs(xd).max()) if n else 0.0)
+    out = cp.zeros((n, width or d), dtype=cp.float16)
+    step = max(1, (64 << 20) // (4 * d))
+    for i in range(0, n, step):
+        out[i:i + step, :d] = xd[i:i + step] * np.float32(scale)
+    return out.view(cp.uint16), scale
 
 
 def cut(arr, width: int):

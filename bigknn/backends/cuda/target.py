@@ -3,13 +3,14 @@ the lists are widened in place of a stall (bigknn/recall.py decides; this module
 
 from __future__ import annotations
 
+import time
 from typing import Callable
 
 import numpy as np
 
 from bigknn.graph import ShardPart
 from bigknn.backends.cuda.compile import MAX_P
-from bigknn.backends.cuda.exact import exact_knn
+from bigknn.backends.cuda.exact import exact_knn, exact_seconds
 from bigknn.backends.cuda.gpu import Gpu
 from bigknn.backends.cuda.rows import numeric
 from bigknn.params import GnndParams
@@ -31,14 +32,19 @@ class DeviceTarget:
         self.key_scale = key_scale  # the lists' keys are the true keys times this (half-precision descent)
         self.rows = cp.asarray(probe.rows)
         self.p = self.samples(stopper.width)
+        self.clock = time.perf_counter()  # when the last iteration (or the descent) started
 
     def samples(self, width: int) -> int:
         return max(1, min(self.params.sample_count(width), MAX_P))
 
     def after_iteration(self, ids, keys) -> str:
-        """"stop", "go" or "widen", from the probe rows' current lists."""
+        """"stop", "go" or "widen", from the probe rows' current lists (reading them waits for the iteration,
+        so the clock gives its cost)."""
         keys = keys[self.rows].get() / np.float32(self.key_scale)
-        action = self.stopper.after(self.probe.measure(ids[self.rows].get(), keys))
+        ids = ids[self.rows].get()
+        now = time.perf_counter()
+        action = self.stopper.after(self.probe.measure(ids, keys), now - self.clock)
+        self.clock = now
         if action == "widen" and not self.fits(self.stopper.width, self.samples(self.stopper.width)):
             self.stopper.reason = "stalled; wider lists do not fit the GPU memory budget"
             return "stop"
@@ -70,6 +76,12 @@ def device_target(gpu: Gpu, xd, d: int, metric: str, params: GnndParams, seed: i
 
     rows_all = numeric(xd, d)
     rng = np.random.default_rng((seed, 1))
+    n = xd.shape[0]
+    if pair is None:
+        exact_s = exact_seconds(n, n, d)
+    else:
+        na = len(pair[0].vectors)
+        exact_s = exact_seconds(na, n - na, d) + exact_seconds(n - na, na, d)
     if pair is None:
         def exact(rows, k):
             g = exact_knn(gpu, rows_all[cp.asarray(rows)], k, metric, [(0, rows_all)])
@@ -86,4 +98,4 @@ def device_target(gpu: Gpu, xd, d: int, metric: str, params: GnndParams, seed: i
             return g.ids, g.dists
 
         probe = make_merge_probe(a, b, params.width(), exact, rng)
-    return DeviceTarget(probe, Stopper(params.recall, params.width()), params, fits, key_scale)
+    return DeviceTarget(probe, Stopper(params.recall, params.width(), exact_s), params, fits, key_scale)

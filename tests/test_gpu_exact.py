@@ -1,0 +1,135 @@
+"""CUDA exact k-NN by the fused tensor-core kernel (exact.cu knn_fused) against float64 NumPy brute force.
+
+The fused kernel serves large query sets only (FUSED_MIN_QUERIES); these tests lower that bound, and the
+chunk size, so that small odd-sized inputs exercise every path: several host blocks, several chunks per
+block, partial tiles, queries not a multiple of 16, k = 1 and k = 128 (no margin left), duplicates, and
+every element type. Run with ``pytest -m gpu tests/test_gpu_exact.py``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def backend():
+    from bigknn.backends.cuda import CudaBackend, cuda_available
+
+    if not cuda_available():
+        pytest.skip("CuPy or a CUDA device is not available")
+    return CudaBackend()
+
+
+@pytest.fixture
+def fused(monkeypatch):
+    """Every exact k-NN call takes the fused kernel, in chunks of 96-ish rows; counts its launches."""
+    from bigknn.backends.cuda import exact
+
+    monkeypatch.setattr(exact, "FUSED_MIN_QUERIES", 1)
+    monkeypatch.setattr(exact, "FUSED_CHUNK_BYTES", 96 * 32 * 2)
+    calls = []
+    add = exact._Fused.add
+    monkeypatch.setattr(exact._Fused, "add", lambda self, *a: (calls.append(1), add(self, *a))[1])
+    return calls
+
+
+def _data(rng, n: int, d: int, dtype) -> np.ndarray:
+    """Random rows; float rows at a random scale around a random offset (far from the origin: l2 keys must
+    not lose the neighbours' differences to the halves' rounding of the offset)."""
+    if dtype == np.uint8:
+        return rng.integers(0, 256, size=(n, d)).astype(np.uint8)
+    if dtype == np.int8:
+        return rng.integers(-128, 128, size=(n, d)).astype(np.int8)
+    scale = rng.uniform(0.1, 100)
+    return ((rng.normal(size=(n, d)) + rng.normal(size=d) * 20) * scale).astype(dtype)
+
+
+def _keys64(a: np.ndarray, b: np.ndarray, metric: str) -> np.ndarray:
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    dots = a @ b.T
+    if metric == "ip":
+        return -dots
+    return np.maximum((a * a).sum(1)[:, None] + (b * b).sum(1)[None, :] - 2 * dots, 0.0)
+
+
+def _check_exact(g, keys: np.ndarray, k: int) -> float:
+    """Every returned key is the true key of its id (float32 accuracy), ids are distinct, and the keys are the
+    k smallest; returns the share of entries whose key is within rounding of the true k-th list's."""
+    scale = np.abs(keys).max()
+    true = np.take_along_axis(keys, g.ids.astype(np.int64), 1)
+    np.testing.assert_allclose(g.dists, true, rtol=1e-4, atol=1e-6 * scale)
+    s = np.sort(g.ids, axis=1)
+    assert not (s[:, 1:] == s[:, :-1]).any()
+    ref = np.sort(keys, axis=1)[:, :k]
+    return float((np.abs(g.dists - ref) <= 1e-4 * np.abs(ref) + 1e-6 * scale).mean())
+
+
+CASES = [  # d, k, dtype, metric
+    (16, 5, np.float32, "l2"),
+    (17, 1, np.float32, "l2"),
+    (64, 49, np.float32, "l2"),
+    (100, 10, np.float32, "ip"),
+    (128, 33, np.uint8, "l2"),
+    (200, 61, np.float16, "l2"),
+    (256, 7, np.float16, "ip"),
+    (37, 20, np.int8, "l2"),
+]
+
+
+@pytest.mark.parametrize("d,k,dtype,metric", CASES)
+def test_fused_exact_knn_matches_numpy(backend, fused, d, k, dtype, metric):
+    """Fresh random rows of odd sizes over three host blocks: the fused kernel's lists (after the exact re-key)
+    are the exact top k, on every element type and both metrics."""
+    rng = np.random.default_rng([d, k])
+    sizes = [1000, 17, 2311]
+    data = _data(rng, sum(sizes), d, dtype)
+    offs = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    queries = data[rng.choice(len(data), 333, replace=False)]
+    g = backend.exact_knn(queries, k, metric, [(int(o), data[o:o + s]) for o, s in zip(offs, sizes)])
+    assert len(fused) == 3  # one add per block: the fused path ran
+    assert g.ids.shape == (333, k) and g.ids.dtype == np.int32 and g.dists.dtype == np.float32
+    assert _check_exact(g, _keys64(queries, data, metric), k) == 1.0
+
+
+def test_fused_widest_lists_without_margin(backend, fused):
+    """k = 128 leaves the fused lists no margin over k: the halves' rounding may swap only near-equal keys."""
+    rng = np.random.default_rng(128)
+    data = rng.normal(size=(3000, 96)).astype(np.float32)
+    g = backend.exact_knn(data[:500], 128, "l2", [(0, data)])
+    assert _check_exact(g, _keys64(data[:500], data, "l2"), 128) > 0.999
+
+
+def test_fused_duplicates_and_self(backend, fused):
+    """Duplicated rows come back at key 0 (exact keys), self included, ids distinct; device blocks work."""
+    import cupy as cp
+
+    rng = np.random.default_rng(5)
+    base = rng.normal(size=(700, 48)).astype(np.float32)
+    data = np.concatenate([base, base[:300], base[:50]])  # rows 0..49 thrice, 50..299 twice
+    g = backend.exact_knn(data[:100], 4, "l2", [(0, cp.asarray(data[:1000])), (1000, cp.asarray(data[1000:]))])
+    assert (g.dists[:50, :3] == 0).all() and (g.dists[50:, :2] == 0).all()
+    assert {0, 700, 1000} <= set(g.ids[0, :3].tolist())
+    assert _check_exact(g, _keys64(data[:100], data, "l2"), 4) == 1.0
+
+
+def test_exact_graph_takes_the_fused_kernel_for_large_sets(backend):
+    """Without lowered bounds a self-join of FUSED_MIN_QUERIES rows takes the fused kernel, and the graph is
+    exact (checked on sampled rows)."""
+    from bigknn.backends.cuda import exact
+
+    n = exact.FUSED_MIN_QUERIES + 1001
+    assert exact.uses_fused(n, 64) and not exact.uses_fused(n, 272) and not exact.uses_fused(1000, 64)
+    assert not exact.uses_fused(n, 15)  # too few dims to average the halves' rounding out
+    rng = np.random.default_rng(11)
+    x = rng.normal(size=(n, 64)).astype(np.float32)
+    with backend.gpu.context():
+        g = exact.exact_graph(backend.gpu, x, 32, "l2")
+    rows = rng.choice(n, 200, replace=False)
+    keys = _keys64(x[rows], x, "l2")
+    keys[np.arange(200), rows] = np.inf
+    ref = np.sort(keys, axis=1)[:, :32]
+    got = np.take_along_axis(keys, g.ids[rows].astype(np.int64), 1)
+    np.testing.assert_allclose(np.sort(got, axis=1), ref, rtol=1e-4)
