@@ -63,7 +63,7 @@ def main() -> None:
             sel.kernel = mode1.get_function(f"knn_fused<0, {sel.dp // 16}>")
             sel.kernel.max_dynamic_shared_size_bytes = sel.smem
             t_mma = timed(lambda: sel.add(0, x, qn))
-            mod = compile_kernels((f"knn_exact_keys<0>",))
+            mod = compile_kernels(("knn_exact_keys<0>",))
             kw = sel.width
             t_keys = timed(lambda: mod.get_function("knn_exact_keys<0>")(
                 (((args.rows * kw) * 32 + 255) // 256,), (256,), (Q, np.int32(args.rows), x, np.int32(args.rows),
@@ -79,7 +79,6 @@ def main() -> None:
                           "sort_rows_s": round(t_sort, 4), "predicted_s": round(exact.exact_seconds(args.rows, args.rows, d), 3),
                           "tflops_mma": round(2 * pairs * sel.dp / t_mma / 1e12, 1), "list_width": kw,
                           "first_row": g.ids[0, :5].tolist()}), flush=True)
-        del x, g, sel
 
 
 if __name__ == "__main__":

@@ -75,6 +75,16 @@ def _holds_open(pid: int, target: str) -> bool:
         return False
 
 
+@pytest.fixture(scope="session")
+def cuda_backend():
+    """One CUDA backend for the GPU tests (marked ``gpu``); they skip cleanly where CuPy or a device is missing."""
+    from bigknn.backends.cuda import CudaBackend, cuda_available
+
+    if not cuda_available():
+        pytest.skip("CuPy or a CUDA device is not available")
+    return CudaBackend()
+
+
 @pytest.fixture
 def cli():
     """The CLI runner as a fixture: ``cli("build", ...) -> (code, stdout, stderr)``."""

@@ -14,15 +14,6 @@ import pytest
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture(scope="module")
-def backend():
-    from bigknn.backends.cuda import CudaBackend, cuda_available
-
-    if not cuda_available():
-        pytest.skip("CuPy or a CUDA device is not available")
-    return CudaBackend()
-
-
 @pytest.fixture
 def fused(monkeypatch):
     """Every exact k-NN call takes the fused kernel, in chunks of 96-ish rows; counts its launches."""
@@ -80,7 +71,7 @@ CASES = [  # d, k, dtype, metric
 
 
 @pytest.mark.parametrize("d,k,dtype,metric", CASES)
-def test_fused_exact_knn_matches_numpy(backend, fused, d, k, dtype, metric):
+def test_fused_exact_knn_matches_numpy(cuda_backend, fused, d, k, dtype, metric):
     """Fresh random rows of odd sizes over three host blocks: the fused kernel's lists (after the exact re-key)
     are the exact top k, on every element type and both metrics."""
     rng = np.random.default_rng([d, k])
@@ -88,34 +79,34 @@ def test_fused_exact_knn_matches_numpy(backend, fused, d, k, dtype, metric):
     data = _data(rng, sum(sizes), d, dtype)
     offs = np.concatenate([[0], np.cumsum(sizes)[:-1]])
     queries = data[rng.choice(len(data), 333, replace=False)]
-    g = backend.exact_knn(queries, k, metric, [(int(o), data[o:o + s]) for o, s in zip(offs, sizes)])
+    g = cuda_backend.exact_knn(queries, k, metric, [(int(o), data[o:o + s]) for o, s in zip(offs, sizes)])
     assert len(fused) == 3  # one add per block: the fused path ran
     assert g.ids.shape == (333, k) and g.ids.dtype == np.int32 and g.dists.dtype == np.float32
     assert _check_exact(g, _keys64(queries, data, metric), k) == 1.0
 
 
-def test_fused_widest_lists_without_margin(backend, fused):
+def test_fused_widest_lists_without_margin(cuda_backend, fused):
     """k = 128 leaves the fused lists no margin over k: the halves' rounding may swap only near-equal keys."""
     rng = np.random.default_rng(128)
     data = rng.normal(size=(3000, 96)).astype(np.float32)
-    g = backend.exact_knn(data[:500], 128, "l2", [(0, data)])
+    g = cuda_backend.exact_knn(data[:500], 128, "l2", [(0, data)])
     assert _check_exact(g, _keys64(data[:500], data, "l2"), 128) > 0.999
 
 
-def test_fused_duplicates_and_self(backend, fused):
+def test_fused_duplicates_and_self(cuda_backend, fused):
     """Duplicated rows come back at key 0 (exact keys), self included, ids distinct; device blocks work."""
     import cupy as cp
 
     rng = np.random.default_rng(5)
     base = rng.normal(size=(700, 48)).astype(np.float32)
     data = np.concatenate([base, base[:300], base[:50]])  # rows 0..49 thrice, 50..299 twice
-    g = backend.exact_knn(data[:100], 4, "l2", [(0, cp.asarray(data[:1000])), (1000, cp.asarray(data[1000:]))])
+    g = cuda_backend.exact_knn(data[:100], 4, "l2", [(0, cp.asarray(data[:1000])), (1000, cp.asarray(data[1000:]))])
     assert (g.dists[:50, :3] == 0).all() and (g.dists[50:, :2] == 0).all()
     assert {0, 700, 1000} <= set(g.ids[0, :3].tolist())
     assert _check_exact(g, _keys64(data[:100], data, "l2"), 4) == 1.0
 
 
-def test_exact_graph_takes_the_fused_kernel_for_large_sets(backend):
+def test_exact_graph_takes_the_fused_kernel_for_large_sets(cuda_backend):
     """Without lowered bounds a self-join of FUSED_MIN_QUERIES rows takes the fused kernel, and the graph is
     exact (checked on sampled rows)."""
     from bigknn.backends.cuda import exact
@@ -125,8 +116,8 @@ def test_exact_graph_takes_the_fused_kernel_for_large_sets(backend):
     assert not exact.uses_fused(n, 15)  # too few dims to average the halves' rounding out
     rng = np.random.default_rng(11)
     x = rng.normal(size=(n, 64)).astype(np.float32)
-    with backend.gpu.context():
-        g = exact.exact_graph(backend.gpu, x, 32, "l2")
+    with cuda_backend.gpu.context():
+        g = exact.exact_graph(cuda_backend.gpu, x, 32, "l2")
     rows = rng.choice(n, 200, replace=False)
     keys = _keys64(x[rows], x, "l2")
     keys[np.arange(200), rows] = np.inf

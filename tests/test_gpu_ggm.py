@@ -20,15 +20,6 @@ from conftest import check_graph, exact_neighbours, fold_in, merged_shards, reca
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture(scope="module")
-def backend():
-    from bigknn.backends.cuda import CudaBackend, cuda_available
-
-    if not cuda_available():
-        pytest.skip("CuPy or a CUDA device is not available")
-    return CudaBackend()
-
-
 def shifted(g: KnnGraph, offset: int) -> KnnGraph:
     ids = np.where(g.ids >= 0, g.ids.astype(np.int64) + offset, -1).astype(np.int32)
     return KnnGraph(ids, g.dists.copy())
@@ -65,19 +56,19 @@ def _quantise_u8(x: np.ndarray) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------- parity with the CPU
-def test_ggm_matches_cpu_and_one_shard_build(backend):
+def test_ggm_matches_cpu_and_one_shard_build(cuda_backend):
     from bigknn.backends.cpu import CpuBackend
 
     n, half = 20_000, 10_000
     x = synth(n, 96, seed=21)
     params = GnndParams(k=32)
     w = params.width()
-    ga = backend.gnnd(x[:half], "l2", params, seed=1)
-    gb = shifted(backend.gnnd(x[half:], "l2", params, seed=2), half)
+    ga = cuda_backend.gnnd(x[:half], "l2", params, seed=1)
+    gb = shifted(cuda_backend.gnnd(x[half:], "l2", params, seed=2), half)
     a, b = ShardPart(0, x[:half], ga), ShardPart(half, x[half:], gb)
 
-    ma, mb = backend.ggm(a, b, "l2", params, seed=3)
-    stats = dict(backend.last_stats)
+    ma, mb = cuda_backend.ggm(a, b, "l2", params, seed=3)
+    stats = dict(cuda_backend.last_stats)
     ids = np.concatenate([ma.ids, mb.ids])
     dists = np.concatenate([ma.dists, mb.dists])
     assert ids.shape == (n, w) and ma.ids.dtype == np.int32 and ma.dists.dtype == np.float32
@@ -86,7 +77,7 @@ def test_ggm_matches_cpu_and_one_shard_build(backend):
     assert (ma.ids >= half).mean() > 0.3 and (mb.ids < half).mean() > 0.3, "lists reach the other shard"
 
     ca, cb = CpuBackend().ggm(a, b, "l2", params, seed=3)
-    whole = backend.gnnd(x, "l2", params, seed=4)
+    whole = cuda_backend.gnnd(x, "l2", params, seed=4)
 
     rows = np.sort(np.random.default_rng(7).choice(n, 1000, replace=False))
     truth = exact_neighbours(x, rows, 10)
@@ -100,17 +91,17 @@ def test_ggm_matches_cpu_and_one_shard_build(backend):
     assert r_gpu >= 0.95, msg
 
 
-def test_unbalanced_merge_matches_cpu(backend):
+def test_unbalanced_merge_matches_cpu(cuda_backend):
     """An ingest-like merge (20K old rows + 2K new): both sides' recall matches the CPU reference."""
     from bigknn.backends.cpu import CpuBackend
 
     big, small = 20_000, 2_000
     x = synth(big + small, 64, seed=int(np.random.default_rng().integers(1 << 30)))
     params = GnndParams(k=32)
-    ga = backend.gnnd(x[:big], "l2", params, seed=1)
-    gb = shifted(backend.gnnd(x[big:], "l2", params, seed=2), big)
+    ga = cuda_backend.gnnd(x[:big], "l2", params, seed=1)
+    gb = shifted(cuda_backend.gnnd(x[big:], "l2", params, seed=2), big)
     a, b = ShardPart(0, x[:big], ga), ShardPart(big, x[big:], gb)
-    ma, mb = backend.ggm(a, b, "l2", params, seed=3)
+    ma, mb = cuda_backend.ggm(a, b, "l2", params, seed=3)
     ids = np.concatenate([ma.ids, mb.ids])
     check_graph(ids, np.concatenate([ma.dists, mb.dists]), x, "l2")
     ca, cb = CpuBackend().ggm(a, b, "l2", params, seed=3)
@@ -125,27 +116,27 @@ def test_unbalanced_merge_matches_cpu(backend):
         assert r_gpu >= r_cpu - 0.02 and r_gpu >= 0.9, (name, r_gpu, r_cpu)
 
 
-def test_merges_reuse_device_copies_and_staged_shards_upload_nothing(backend):
+def test_merges_reuse_device_copies_and_staged_shards_upload_nothing(cuda_backend):
     """A merge's results and vectors stay on the GPU: the next merge of that shard uploads only the other
     shard, and a shard staged ahead (``stage``) uploads nothing. The graphs keep every invariant."""
     rows, dim = 3001, 48
     x = synth(4 * rows, dim, seed=int(np.random.default_rng().integers(1 << 30)))
     params = GnndParams(k=16)
     a, b, c, d = [ShardPart(i * rows, x[i * rows:(i + 1) * rows],
-                            shifted(backend.gnnd(x[i * rows:(i + 1) * rows], "l2", params, seed=i), i * rows))
+                            shifted(cuda_backend.gnnd(x[i * rows:(i + 1) * rows], "l2", params, seed=i), i * rows))
                   for i in range(4)]
     shard_bytes = a.vectors.nbytes + a.graph.ids.nbytes + a.graph.dists.nbytes
-    ma, mb = backend.ggm(a, b, "l2", params, seed=1)
-    assert backend.last_stats["h2d_bytes"] == 2 * shard_bytes  # nothing of a or b was on the GPU
+    ma, mb = cuda_backend.ggm(a, b, "l2", params, seed=1)
+    assert cuda_backend.last_stats["h2d_bytes"] == 2 * shard_bytes  # nothing of a or b was on the GPU
     a2 = ShardPart(a.offset, a.vectors, ma)
-    ma2, mc = backend.ggm(a2, c, "l2", params, seed=2)
-    assert backend.last_stats["resident_hits"] == 3  # a's vectors, ids and keys came from the first merge
-    assert backend.last_stats["h2d_bytes"] == shard_bytes  # c only
+    ma2, mc = cuda_backend.ggm(a2, c, "l2", params, seed=2)
+    assert cuda_backend.last_stats["resident_hits"] == 3  # a's vectors, ids and keys came from the first merge
+    assert cuda_backend.last_stats["h2d_bytes"] == shard_bytes  # c only
     b2 = ShardPart(b.offset, b.vectors, mb)
-    backend.stage([d.vectors, d.graph.ids, d.graph.dists])
-    backend._ahead.submit(lambda: None).result()  # the upload-ahead thread has finished
-    mb2, md = backend.ggm(b2, d, "l2", params, seed=3)
-    assert backend.last_stats["h2d_bytes"] == 0 and backend.last_stats["resident_hits"] == 6
+    cuda_backend.stage([d.vectors, d.graph.ids, d.graph.dists])
+    cuda_backend._ahead.submit(lambda: None).result()  # the upload-ahead thread has finished
+    mb2, md = cuda_backend.ggm(b2, d, "l2", params, seed=3)
+    assert cuda_backend.last_stats["h2d_bytes"] == 0 and cuda_backend.last_stats["resident_hits"] == 6
     for before, after, first in ((a2, ma2, 0), (c, mc, 2 * rows), (b2, mb2, rows), (d, md, 3 * rows)):
         assert np.all(after.dists <= before.graph.dists), "a merge only improves lists"
         check_graph(after.ids, after.dists, x, "l2", first_id=first)
@@ -154,7 +145,7 @@ def test_merges_reuse_device_copies_and_staged_shards_upload_nothing(backend):
 @pytest.mark.xfail(strict=False, reason=(
     "known gap at the edge of the bar: 64 slots (2026-11-21) cuda ggm 0.954 vs cpu 0.970; 128 slots "
     "(2026-11-22) passed in 3 of 5 device runs, failed with 0.9575 vs 0.9690; docs/perf-notes.md, GGM"))
-def test_ggm_ip_metric(backend):
+def test_ggm_ip_metric(cuda_backend):
     """Cosine (ip on normalised rows), unequal shards: parity with the CPU merge of the same shard graphs.
 
     The merge runs a fixed number of iterations (min_update_frac 0): with the default stop rule both
@@ -167,12 +158,12 @@ def test_ggm_ip_metric(backend):
     x = synth(n, 64, seed=9)
     x = x / np.linalg.norm(x, axis=1, keepdims=True)
     params = GnndParams(k=16)
-    ga = backend.gnnd(x[:half], "ip", params, seed=1)
-    gb = shifted(backend.gnnd(x[half:], "ip", params, seed=2), half)
+    ga = cuda_backend.gnnd(x[:half], "ip", params, seed=1)
+    gb = shifted(cuda_backend.gnnd(x[half:], "ip", params, seed=2), half)
     a, b = ShardPart(0, x[:half], ga), ShardPart(half, x[half:], gb)
     fixed = GnndParams(k=16, merge_iters=8, min_update_frac=0.0)
-    ma, mb = backend.ggm(a, b, "ip", fixed, seed=3)
-    stats = dict(backend.last_stats)
+    ma, mb = cuda_backend.ggm(a, b, "ip", fixed, seed=3)
+    stats = dict(cuda_backend.last_stats)
     ids, d = np.concatenate([ma.ids, mb.ids]), np.concatenate([ma.dists, mb.dists])
     check_graph(ids, d, x, "ip")
     ca, cb = CpuBackend().ggm(a, b, "ip", fixed, seed=3)
@@ -196,7 +187,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("sizes,dim,k,lw,dtype,dups", CASES)
-def test_three_shards_keep_other_shard_entries(backend, sizes, dim, k, lw, dtype, dups):
+def test_three_shards_keep_other_shard_entries(cuda_backend, sizes, dim, k, lw, dtype, dups):
     """a is merged with c, then with b: a's entries into c survive where still in the top W, ids stay global,
     and every graph keeps the invariants (no self, no duplicates, ascending, exact keys)."""
     total = sum(sizes)
@@ -214,10 +205,10 @@ def test_three_shards_keep_other_shard_entries(backend, sizes, dim, k, lw, dtype
     w = params.width()
     # rows of a shard of at most w rows start from a list that is not full; a merge need not fill it
     small = {s: n <= w for s, n in zip("abc", sizes)}
-    g = {s: shifted(backend.gnnd(xs[s], "l2", params, seed=i), offs[s]) for i, s in enumerate("abc")}
+    g = {s: shifted(cuda_backend.gnnd(xs[s], "l2", params, seed=i), offs[s]) for i, s in enumerate("abc")}
     part = lambda s: ShardPart(offs[s], xs[s], g[s])  # noqa: E731
 
-    a1, c1 = backend.ggm(part("a"), part("c"), "l2", params, seed=10)
+    a1, c1 = cuda_backend.ggm(part("a"), part("c"), "l2", params, seed=10)
     assert a1.ids.shape == (sizes[0], w) and c1.ids.shape == (sizes[2], w)
     _check(a1.ids, a1.dists, x, "l2", first_id=offs["a"], allow_empty=small["a"])
     _check(c1.ids, c1.dists, x, "l2", first_id=offs["c"], allow_empty=small["c"])
@@ -225,7 +216,7 @@ def test_three_shards_keep_other_shard_entries(backend, sizes, dim, k, lw, dtype
     assert in_c.any(), "a's lists point into c after the a-c merge"
     g["a"], g["c"] = a1, c1
 
-    a2, b2 = backend.ggm(part("a"), part("b"), "l2", params, seed=11)
+    a2, b2 = cuda_backend.ggm(part("a"), part("b"), "l2", params, seed=11)
     _check(a2.ids, a2.dists, x, "l2", first_id=offs["a"], allow_empty=small["a"])
     _check(b2.ids, b2.dists, x, "l2", first_id=offs["b"], allow_empty=small["b"])
     assert a2.ids.shape == (sizes[0], w) and b2.ids.shape == (sizes[1], w)
@@ -245,7 +236,7 @@ def test_three_shards_keep_other_shard_entries(backend, sizes, dim, k, lw, dtype
 
     # after a-c, a-b and b-c, every row holds its top-W over all three shards
     g["a"], g["b"] = a2, b2
-    b3, c3 = backend.ggm(part("b"), part("c"), "l2", params, seed=12)
+    b3, c3 = cuda_backend.ggm(part("b"), part("c"), "l2", params, seed=12)
     _check(b3.ids, b3.dists, x, "l2", first_id=offs["b"], allow_empty=small["b"])
     _check(c3.ids, c3.dists, x, "l2", first_id=offs["c"], allow_empty=small["c"])
     ids = np.concatenate([a2.ids, b3.ids, c3.ids])
@@ -253,18 +244,18 @@ def test_three_shards_keep_other_shard_entries(backend, sizes, dim, k, lw, dtype
     sample = np.sort(np.random.default_rng(0).choice(total, 600, replace=False))
     r = recall_at(ids[sample], x, sample, at)
     print(f"GGMTEST three shards {sizes} d={dim} k={k} w={w} {np.dtype(dtype).name}: recall@{at} {r:.4f}")
-    assert r >= 0.9, f"recall@{at} after all three merges {r:.4f} ({backend.last_stats})"
+    assert r >= 0.9, f"recall@{at} after all three merges {r:.4f} ({cuda_backend.last_stats})"
 
 
-def test_ggm_narrow_old_lists_and_third_shard_only_rows(backend):
+def test_ggm_narrow_old_lists_and_third_shard_only_rows(cuda_backend):
     """Old lists narrower than the width (padded), and rows whose old list holds only ids of a third shard
     (the held part is empty: the list starts from the random fill alone)."""
     na, nb = 2000, 1500
     x = synth(na + nb + 500, 48, seed=3)
     params = GnndParams(k=8)
     w = params.width()
-    ga = backend.gnnd(x[:na], "l2", params, seed=1)
-    gb = shifted(backend.gnnd(x[na:na + nb], "l2", params, seed=2), na)
+    ga = cuda_backend.gnnd(x[:na], "l2", params, seed=1)
+    gb = shifted(cuda_backend.gnnd(x[na:na + nb], "l2", params, seed=2), na)
     # a: keep 20 columns; rows 0..99 point only into the third shard [na + nb, na + nb + 500)
     ga = KnnGraph(ga.ids[:, :20].copy(), ga.dists[:, :20].copy())
     third = na + nb + np.arange(20)
@@ -273,7 +264,7 @@ def test_ggm_narrow_old_lists_and_third_shard_only_rows(backend):
     ga.dists[:100] = np.sort((diff ** 2).sum(-1), axis=1).astype(np.float32)
     order = np.argsort((diff ** 2).sum(-1), axis=1)
     ga.ids[:100] = third[order]
-    ma, mb = backend.ggm(ShardPart(0, x[:na], ga), ShardPart(na, x[na:na + nb], gb), "l2", params, seed=5)
+    ma, mb = cuda_backend.ggm(ShardPart(0, x[:na], ga), ShardPart(na, x[na:na + nb], gb), "l2", params, seed=5)
     assert ma.ids.shape == (na, w) and mb.ids.shape == (nb, w)
     check_graph(ma.ids, ma.dists, x, "l2", first_id=0)
     check_graph(mb.ids, mb.dists, x, "l2", first_id=na)
@@ -293,7 +284,7 @@ def test_ggm_narrow_old_lists_and_third_shard_only_rows(backend):
 
 
 # ----------------------------------------------------------------------------- the pipeline
-def test_pipeline_build_four_shards_matches_one_shard(backend, tmp_path):
+def test_pipeline_build_four_shards_matches_one_shard(cuda_backend, tmp_path):
     pytest.importorskip("zarr")
     from bigknn.formats import write_vectors
     from bigknn.pipeline.build import BuildRequest, build
@@ -306,13 +297,13 @@ def test_pipeline_build_four_shards_matches_one_shard(backend, tmp_path):
     write_vectors(data, synth(n, 48, seed=17))
     params = GnndParams(k=32)
     four = build(BuildRequest(input=data, store=tmp_path / "four.knn", shard_rows=n // 4, params=params),
-                 [backend], Reporter())
+                 [cuda_backend], Reporter())
     one = build(BuildRequest(input=data, store=tmp_path / "one.knn", shard_rows=n, params=params),
-                [backend], Reporter())
+                [cuda_backend], Reporter())
     assert four["shards"] == 4 and four["merges_done"] == 6
     assert one["shards"] == 1
-    r4 = recall(Store.open(tmp_path / "four.knn"), backend, sample=1000)["recall"]
-    r1 = recall(Store.open(tmp_path / "one.knn"), backend, sample=1000)["recall"]
+    r4 = recall(Store.open(tmp_path / "four.knn"), cuda_backend, sample=1000)["recall"]
+    r1 = recall(Store.open(tmp_path / "one.knn"), cuda_backend, sample=1000)["recall"]
     # The brief asked for 0.01. The CPU reference does not meet that at these parameters either: on this
     # very input it gives 0.9624 (4 shards) vs 0.9863 (one shard), and 0.968 vs 0.998 with no early stop
     # (docs/perf-notes.md, "GGM"). Every pair is merged once, so a cross-shard neighbour missed by its
@@ -337,7 +328,7 @@ def _ingest_case(rows: int, nb: int, dim: int, params: GnndParams, dtype=np.floa
 
 
 @pytest.mark.parametrize("dim,dtype", [(37, np.float32), (64, np.uint8)])
-def test_seeded_setup_takes_the_cpu_seeds(backend, dim, dtype):
+def test_seeded_setup_takes_the_cpu_seeds(cuda_backend, dim, dtype):
     """With no descent (merge_iters 0) a seeded merge's result is its set-up folded back: rows of a keep
     their lists exactly (no fill), and each row of b gains exactly the seeds the CPU reference picks
     (two hops through two vias, in the same order) wherever those fill the row's W/2 slots."""
@@ -354,8 +345,8 @@ def test_seeded_setup_takes_the_cpu_seeds(backend, dim, dtype):
         g_old, g_b = CpuBackend().ggm(old_part, b, "l2", built, seed=1 + k)
         vias.append(ShardPart(old_part.offset, old_part.vectors, g_old))
         b = ShardPart(b.offset, b.vectors, g_b)
-    ga, gb = backend.ggm(a, b, "l2", params, seed=2, vias=vias)
-    assert backend.last_stats["seeded"] == 2
+    ga, gb = cuda_backend.ggm(a, b, "l2", params, seed=2, vias=vias)
+    assert cuda_backend.last_stats["seeded"] == 2
     np.testing.assert_array_equal(ga.dists, a.graph.dists)  # ids of equal keys may swap places
     np.testing.assert_array_equal(np.sort(ga.ids, axis=1), np.sort(a.graph.ids, axis=1))
     seeds = seeds_through(b, a, vias, fill_count(32))
@@ -377,7 +368,7 @@ def test_seeded_setup_takes_the_cpu_seeds(backend, dim, dtype):
     _check(gb.ids, gb.dists, x, "l2", first_id=b.offset, allow_empty=True)
 
 
-def test_seeded_merges_match_cpu(backend):
+def test_seeded_merges_match_cpu(cuda_backend):
     """An ingest's merges (batch against three old shards, the 2nd and 3rd seeded): new and old rows reach
     the CPU reference's recall, old lists only improve, and the seeded merges insert far fewer entries."""
     from bigknn.backends.cpu import CpuBackend
@@ -388,7 +379,7 @@ def test_seeded_merges_match_cpu(backend):
     samples = {"old": np.sort(rng.choice(3 * 6001, 500, replace=False)), "new": np.arange(3 * 6001, 3 * 6001 + 700)}
     truth = {k: exact_neighbours(x, r, 10) for k, r in samples.items()}
     got = {}
-    for name, be in (("cuda", backend), ("cpu", CpuBackend())):
+    for name, be in (("cuda", cuda_backend), ("cpu", CpuBackend())):
         parts, b, updates = fold_in(be, old, batch, params, seeded=True)
         ids = np.concatenate([p.graph.ids for p in parts] + [b.graph.ids])
         check_graph(ids, np.concatenate([p.graph.dists for p in parts] + [b.graph.dists]), x, "l2")
@@ -405,7 +396,7 @@ def test_seeded_merges_match_cpu(backend):
 
 # ----------------------------------------------------------------------------- recall-targeted merges
 @pytest.mark.parametrize("dim,metric", [(200, "l2"), (384, "ip"), (96, "l2")])
-def test_targeted_merge_meets_target_and_matches_cpu(backend, dim, metric):
+def test_targeted_merge_meets_target_and_matches_cpu(cuda_backend, dim, metric):
     """A merge with the default target (0.99) on fresh data: it stops on the target (wide float32 rows go
     through the half-precision descent, whose keys the fold-back makes exact), reaches the recall of a
     one-shard build, and the CPU reference with the same parameters reaches the same."""
@@ -417,10 +408,10 @@ def test_targeted_merge_meets_target_and_matches_cpu(backend, dim, metric):
     if metric == "ip":
         x = (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
     params = GnndParams(k=10)
-    a = ShardPart(0, x[:na], backend.gnnd(x[:na], metric, params, seed=1))
-    b = ShardPart(na, x[na:], shifted(backend.gnnd(x[na:], metric, params, seed=2), na))
-    ma, mb = backend.ggm(a, b, metric, params, seed=3)
-    assert backend.last_stats["half"] == (dim >= cuda_module.HALF_MIN_DIM)
+    a = ShardPart(0, x[:na], cuda_backend.gnnd(x[:na], metric, params, seed=1))
+    b = ShardPart(na, x[na:], shifted(cuda_backend.gnnd(x[na:], metric, params, seed=2), na))
+    ma, mb = cuda_backend.ggm(a, b, metric, params, seed=3)
+    assert cuda_backend.last_stats["half"] == (dim >= cuda_module.HALF_MIN_DIM)
     # a merge of small 96-d shards can stall at the widest lists; it then returns the pair's exact lists
     assert ma.report["stop"] == "target met" or ma.report["stop"].startswith("exact graph"), ma.report
     ids, dists = np.concatenate([ma.ids, mb.ids]), np.concatenate([ma.dists, mb.dists])
@@ -434,8 +425,8 @@ def test_targeted_merge_meets_target_and_matches_cpu(backend, dim, metric):
 
 
 @pytest.mark.parametrize("dim, dtype", [(64, np.float32), (130, np.float32), (33, np.uint8)])
-def test_merge_that_falls_short_gives_the_pairs_exact_lists(backend, dim, dtype):
-    """iid rows, 2 merge iterations: the merge ends far below its target, and the CUDA backend (like the CPU
+def test_merge_that_falls_short_gives_the_pairs_exact_lists(cuda_backend, dim, dtype):
+    """iid rows, 2 merge iterations: the merge ends far below its target, and the CUDA cuda_backend (like the CPU
     one) returns each row's old list united with its exact neighbours in the other shard."""
     from bigknn.backends.cpu import CpuBackend
 
@@ -449,7 +440,7 @@ def test_merge_that_falls_short_gives_the_pairs_exact_lists(backend, dim, dtype)
         g = cpu.exact_knn(part, 11, "l2", [(off, part)])
         parts.append(ShardPart(off, part, KnnGraph(g.ids[:, 1:], g.dists[:, 1:])))
     params = GnndParams(k=10, recall=0.99, merge_iters=2)
-    ga, gb = backend.ggm(parts[0], parts[1], "l2", params, seed=4)
+    ga, gb = cuda_backend.ggm(parts[0], parts[1], "l2", params, seed=4)
     assert ga.report["stop"].startswith("exact graph"), ga.report
     truth = cpu.exact_knn(x, 11, "l2", [(0, x)])
     got = np.concatenate([ga.dists, gb.dists])  # lists of params.width(): the first 10 are the answer

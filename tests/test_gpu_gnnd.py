@@ -1,4 +1,4 @@
-"""CUDA backend: GNND quality and graph invariants, exact k-NN against NumPy brute force.
+"""CUDA cuda_backend: GNND quality and graph invariants, exact k-NN against NumPy brute force.
 
 Every test is marked ``gpu`` and skips cleanly where CuPy or a CUDA device is missing
 (run them with ``pytest -m gpu tests/test_gpu_gnnd.py``).
@@ -13,15 +13,6 @@ from bigknn.params import MIN_LIST, GnndParams
 from bigknn.synth import synth
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(scope="module")
-def backend():
-    from bigknn.backends.cuda import CudaBackend, cuda_available
-
-    if not cuda_available():
-        pytest.skip("CuPy or a CUDA device is not available")
-    return CudaBackend()
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -106,17 +97,17 @@ def _normalise(x: np.ndarray) -> np.ndarray:
 
 # ----------------------------------------------------------------------------- GNND quality
 @pytest.mark.parametrize("metric", ["l2", "ip"])
-def test_gnnd_recall_20k(backend, metric):
+def test_gnnd_recall_20k(cuda_backend, metric):
     x = synth(20000, 96, seed=11)
     if metric == "ip":
         x = _normalise(x)  # cosine as the pipeline hands it over
     params = GnndParams(k=32, iters=12, min_update_frac=0.001)
-    g = backend.gnnd(x, metric, params, seed=5)
+    g = cuda_backend.gnnd(x, metric, params, seed=5)
     _check_graph(x, g, params.width(), metric)
     rows = np.random.default_rng(0).choice(len(x), 1000, replace=False)
     exact = _exact_top(x, rows, 10, metric)
     r = _recall(g.ids[rows], exact, 10)
-    assert r >= 0.95, f"recall@10 {r:.4f} ({backend.last_stats})"
+    assert r >= 0.95, f"recall@10 {r:.4f} ({cuda_backend.last_stats})"
 
 
 # ----------------------------------------------------------------------------- GNND invariants
@@ -134,14 +125,14 @@ CASES = [
 
 
 @pytest.mark.parametrize("n,d,k,dtype,metric", CASES)
-def test_gnnd_invariants(backend, n, d, k, dtype, metric):
+def test_gnnd_invariants(cuda_backend, n, d, k, dtype, metric):
     x = synth(n, d, seed=n + d + k)
     normalised = metric == "ip" and dtype == np.float32
     if normalised:
         x = _normalise(x)
     x = _quantise(x, dtype)
     params = GnndParams(k=k, iters=10, min_update_frac=0.001)
-    g = backend.gnnd(x, metric, params, seed=3)
+    g = cuda_backend.gnnd(x, metric, params, seed=3)
     w = params.width()  # lists are built and returned w >= k wide; the first k are the answer
     assert w == max(k, MIN_LIST)
     _check_graph(x, g, w, metric)
@@ -152,43 +143,43 @@ def test_gnnd_invariants(backend, n, d, k, dtype, metric):
         # a sanity floor against broken kernels (the quality bar is test_gnnd_recall_20k): small k with the
         # default p = k/4 converges slowly on 1K rows; raw inner product is no metric
         floor = 0.85 if metric == "l2" or normalised else 0.5
-        assert r >= floor, f"recall@{at} {r:.3f} ({backend.last_stats})"
+        assert r >= floor, f"recall@{at} {r:.3f} ({cuda_backend.last_stats})"
 
 
-def test_gnnd_duplicate_rows(backend):
+def test_gnnd_duplicate_rows(cuda_backend):
     base = synth(300, 64, seed=7)
     same = np.repeat(base[:1], 500, axis=0)  # 500 identical rows
     x = np.concatenate([base, base, base, same])
     x = x[np.random.default_rng(1).permutation(len(x))]
     params = GnndParams(k=10, iters=10, min_update_frac=0.001)
-    g = backend.gnnd(x, "l2", params, seed=9)
+    g = cuda_backend.gnnd(x, "l2", params, seed=9)
     _check_graph(x, g, params.width(), "l2")
     # rows of base have at least 2 exact copies (3 for the first row): both found at key 0
     zero2 = (g.dists[:, :2] == 0).all(axis=1)
     assert zero2.mean() >= 0.95, f"only {zero2.mean():.3f} of rows found their exact duplicates"
 
 
-def test_gnnd_returns_lists_of_width(backend):
+def test_gnnd_returns_lists_of_width(cuda_backend):
     """Lists are built and returned GnndParams.width() wide (list_width > k): the first k are the answer."""
     x = synth(3000, 32, seed=6)
     params = GnndParams(k=10, list_width=48, iters=10, min_update_frac=0.001)
-    g = backend.gnnd(x, "l2", params, seed=2)
+    g = cuda_backend.gnnd(x, "l2", params, seed=2)
     assert params.width() == 48
     _check_graph(x, g, 48, "l2")
     exact = _exact_top(x, np.arange(500), 10, "l2")
     assert _recall(g.ids[:500, :10], exact, 10) >= 0.95
 
 
-def test_gnnd_small_n_is_exact(backend):
+def test_gnnd_small_n_is_exact(cuda_backend):
     x = synth(20, 16, seed=2)
     params = GnndParams(k=32)
-    g = backend.gnnd(x, "l2", params, seed=0)
+    g = cuda_backend.gnnd(x, "l2", params, seed=0)
     assert g.ids.shape == (20, params.width())
     assert (g.ids[:, 19:] == -1).all() and np.isinf(g.dists[:, 19:]).all()
     _check_graph(x, type(g)(g.ids[:, :19].copy(), g.dists[:, :19].copy()), 19, "l2")
 
 
-def test_iterate_respects_labels(backend):
+def test_iterate_respects_labels(cuda_backend):
     """GGM hook: with labels (cross-shard mode), every neighbour GNND adds to a list carries the other label.
 
     Cross-shard mode samples NEW entries only from the other label and OLD entries only from the row's own
@@ -203,13 +194,13 @@ def test_iterate_respects_labels(backend):
     n, d, k = 4000, 48, 16
     x = synth(n, d, seed=4)
     labels = (np.arange(n) % 2).astype(np.int32)
-    xd, ctype, d, dpad = prepare_rows(x, backend.gpu.transfer)
+    xd, ctype, d, dpad = prepare_rows(x, cuda_backend.gpu.transfer)
     m = kernel_metric("l2")
     ids, keys, flags = init_graph(xd, ctype, d, dpad, m, k, seed=1)
     ids0 = ids.get()
     lab_d = cp.asarray(labels)
     flags[...] = (lab_d[ids] != lab_d[:, None]).astype(cp.uint8)
-    iterate(backend.gpu, xd, ctype, dpad, m, ids, keys, flags, p=8, iters=4, min_update_frac=0.0,
+    iterate(cuda_backend.gpu, xd, ctype, dpad, m, ids, keys, flags, p=8, iters=4, min_update_frac=0.0,
             labels=cp.asarray(labels))
     ids1 = ids.get()
     new = np.array([[v not in set(a) for v in b] for a, b in zip(ids0, ids1)])
@@ -230,7 +221,7 @@ EXACT_CASES = [
 
 
 @pytest.mark.parametrize("d,k,dtype,metric", EXACT_CASES)
-def test_exact_knn_matches_numpy(backend, d, k, dtype, metric):
+def test_exact_knn_matches_numpy(cuda_backend, d, k, dtype, metric):
     rng = np.random.default_rng(d * 1000 + k)
     sizes = [1000, 2500, 17, 4099, 9000]
     if dtype == np.uint8:
@@ -243,7 +234,7 @@ def test_exact_knn_matches_numpy(backend, d, k, dtype, metric):
     qrows = rng.choice(len(data), 333, replace=False)
     queries = data[qrows]
     blocks = [(int(o), data[o:o + s]) for o, s in zip(offs, sizes)]
-    g = backend.exact_knn(queries, k, metric, blocks)
+    g = cuda_backend.exact_knn(queries, k, metric, blocks)
     assert g.ids.shape == (333, k) and g.ids.dtype == np.int32 and g.dists.dtype == np.float32
     keys = _keys64(queries, data, metric)
     ref = np.sort(keys, axis=1)[:, :k]
@@ -261,20 +252,20 @@ def test_exact_knn_matches_numpy(backend, d, k, dtype, metric):
     assert (g.ids[untied] == order[:, :k][untied]).all()
 
 
-def test_exact_knn_more_k_than_rows(backend):
+def test_exact_knn_more_k_than_rows(cuda_backend):
     rng = np.random.default_rng(3)
     data = rng.normal(size=(20, 24)).astype(np.float32)
-    g = backend.exact_knn(data[:5], 30, "l2", [(100, data[:12]), (112, data[12:])])
+    g = cuda_backend.exact_knn(data[:5], 30, "l2", [(100, data[:12]), (112, data[12:])])
     assert (g.ids[:, 20:] == -1).all() and np.isinf(g.dists[:, 20:]).all()
     assert (g.ids[:, 0] == 100 + np.arange(5)).all()  # self first (key 0), global ids
     assert sorted(g.ids[0, :20]) == list(range(100, 120))
 
 
-def test_exact_knn_device_blocks_and_self(backend):
+def test_exact_knn_device_blocks_and_self(cuda_backend):
     import cupy as cp
 
     x = synth(5000, 64, seed=8)
-    g = backend.exact_knn(x[:100], 11, "l2", [(0, cp.asarray(x[:2048])), (2048, cp.asarray(x[2048:]))])
+    g = cuda_backend.exact_knn(x[:100], 11, "l2", [(0, cp.asarray(x[:2048])), (2048, cp.asarray(x[2048:]))])
     assert (g.ids[:, 0] == np.arange(100)).all()
     exact = _exact_top(x, np.arange(100), 10, "l2")
     assert _recall(g.ids[:, 1:], exact, 10) == 1.0
@@ -292,7 +283,7 @@ TARGET_CASES = [
 
 
 @pytest.mark.parametrize("d,dtype,metric", TARGET_CASES)
-def test_gnnd_meets_recall_target(backend, d, dtype, metric):
+def test_gnnd_meets_recall_target(cuda_backend, d, dtype, metric):
     """Defaults (recall target 0.99) on fresh data of odd size: the descent stops on the target, its probe's
     estimate agrees with an exact check, every returned key is exact (the half-precision path recomputes
     them), and the CPU reference with the same parameters reaches the same recall."""
@@ -305,8 +296,8 @@ def test_gnnd_meets_recall_target(backend, d, dtype, metric):
         x = _normalise(x)
     x = _quantise(x, dtype)
     params = GnndParams(k=10)
-    g = backend.gnnd(x, metric, params, seed=4)
-    assert backend.last_stats["half"] == (dtype == np.float32 and d >= cuda_module.HALF_MIN_DIM)
+    g = cuda_backend.gnnd(x, metric, params, seed=4)
+    assert cuda_backend.last_stats["half"] == (dtype == np.float32 and d >= cuda_module.HALF_MIN_DIM)
     assert g.report["stop"] == "target met", g.report
     _check_graph(x, g, params.width(), metric)
     rows = np.random.default_rng(1).choice(n, 1000, replace=False)
@@ -319,7 +310,7 @@ def test_gnnd_meets_recall_target(backend, d, dtype, metric):
 
 
 @pytest.mark.parametrize("n,d", [(9001, 64), (30011, 128)])
-def test_gnnd_widens_where_it_stalls(backend, monkeypatch, n, d):
+def test_gnnd_widens_where_it_stalls(cuda_backend, monkeypatch, n, d):
     """iid Gaussian rows (high intrinsic dimension) stall below a 0.99 target: with the exact graph priced out
     (it would be taken at once), the lists widen, the result is cut back to the width asked for, and where
     even the widest lists stall the exact graph replaces the descent's; either way the target holds and the
@@ -329,7 +320,7 @@ def test_gnnd_widens_where_it_stalls(backend, monkeypatch, n, d):
     monkeypatch.setattr(target, "exact_seconds", lambda *shape: float("inf"))
     x = np.random.default_rng().standard_normal((n, d)).astype(np.float32)
     params = GnndParams(k=8)
-    g = backend.gnnd(x, "l2", params, seed=2)
+    g = cuda_backend.gnnd(x, "l2", params, seed=2)
     _check_graph(x, g, params.width(), "l2")
     assert g.report["widened"] >= 1 and g.report["width"] > params.width(), g.report
     assert g.report["stop"] == "target met" or g.report["stop"].startswith("exact graph"), g.report
@@ -337,11 +328,11 @@ def test_gnnd_widens_where_it_stalls(backend, monkeypatch, n, d):
     assert _recall(g.ids[:500], exact, 10) >= 0.985, g.report
 
 
-def test_gnnd_takes_the_exact_graph_early_where_descent_would_cost_more(backend):
+def test_gnnd_takes_the_exact_graph_early_where_descent_would_cost_more(cuda_backend):
     """iid rows climb slowly: the descent gives way to the exact graph after a few iterations (cheaper than
     the rest of the descent at its pace), not after widening to the widest lists; the graph is exact."""
     x = np.random.default_rng().standard_normal((40009, 96)).astype(np.float32)
-    g = backend.gnnd(x, "l2", GnndParams(k=10), seed=3)
+    g = cuda_backend.gnnd(x, "l2", GnndParams(k=10), seed=3)
     assert g.report["stop"].startswith("exact graph: cheaper than the descent"), g.report
     assert g.report["widened"] == 0 and len(g.report["trace"]) <= 12, g.report
     _check_graph(x, g, GnndParams(k=10).width(), "l2")

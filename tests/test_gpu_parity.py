@@ -12,15 +12,6 @@ from bigknn.synth import synth
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture(scope="module")
-def cuda():
-    from bigknn.backends.cuda import CudaBackend, cuda_available
-
-    if not cuda_available():
-        pytest.skip("CuPy or a CUDA device is not available")
-    return CudaBackend()
-
-
 def recall_at_10(x: np.ndarray, ids: np.ndarray, rows: np.ndarray, metric: str) -> float:
     exact = CpuBackend().exact_knn(x[rows], 11, metric, [(0, x)]).ids
     hits = 0
@@ -30,7 +21,7 @@ def recall_at_10(x: np.ndarray, ids: np.ndarray, rows: np.ndarray, metric: str) 
 
 
 @pytest.mark.parametrize("metric", ["l2", "ip"])
-def test_gnnd_recall_matches_cpu(cuda, metric):
+def test_gnnd_recall_matches_cpu(cuda_backend, metric):
     x = synth(20_000, 96, seed=int(np.random.default_rng().integers(1 << 30)))
     if metric == "ip":
         x /= np.linalg.norm(x, axis=1, keepdims=True)
@@ -38,7 +29,7 @@ def test_gnnd_recall_matches_cpu(cuda, metric):
     # candidate table keeps fewer (but the best) proposals per iteration, so it would stop at another point
     params = GnndParams(k=32, iters=14, min_update_frac=0.0)
     rows = np.random.default_rng(1).choice(len(x), 2000, replace=False)
-    r_gpu = recall_at_10(x, cuda.gnnd(x, metric, params, seed=0).ids, rows, metric)
+    r_gpu = recall_at_10(x, cuda_backend.gnnd(x, metric, params, seed=0).ids, rows, metric)
     r_cpu = recall_at_10(x, CpuBackend().gnnd(x, metric, params, seed=0).ids, rows, metric)
     assert r_gpu >= 0.95 and r_cpu >= 0.95
     assert abs(r_gpu - r_cpu) <= 0.01, (r_gpu, r_cpu)
