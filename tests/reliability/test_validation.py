@@ -120,10 +120,13 @@ def test_a_merge_count_that_cannot_finish_is_refused_without_a_prompt(tmp_path):
 def test_sigterm_mid_build_exits_143_with_the_last_commit_intact(tmp_path):
     """Reproduction: SIGTERM exited silently. It now unwinds like Ctrl-C: one line, exit 128 + 15, the lock
     free, the last commit readable, and `merge` finishes the build."""
-    write_vectors(tmp_path / "x.fbin", synth(4000, DIM, seed=10))  # 16 shards, 120 merges: the signal lands mid-merges
+    # 6 shards of 2500 rows (above EXACT_ROWS: each gets NN-Descent, each merge a descent of 5000 rows), 15
+    # merges of some 0.1 s each: the signal lands mid-merges, where 120 merges of 250-row shards had all ended
+    # between two polls on a loaded machine
+    write_vectors(tmp_path / "x.fbin", synth(15000, DIM, seed=10))
     store = tmp_path / "store"
     proc = subprocess.Popen([sys.executable, "-m", "bigknn", "build", str(tmp_path / "x.fbin"), "-o", str(store),
-                             "--k", "5", "--shard-rows", "250", "--backend", "cpu"],
+                             "--k", "5", "--shard-rows", "2500", "--backend", "cpu"],
                             env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while not _merged(store):  # the build is past its first commits, mid-merges
@@ -137,9 +140,9 @@ def test_sigterm_mid_build_exits_143_with_the_last_commit_intact(tmp_path):
     with WriterLock(store):  # free at once
         pass
     m = read_manifest(store)
-    assert len(m["shards"]) == 16 and len(m["merged"]) < 120
+    assert len(m["shards"]) == 6 and len(m["merged"]) < 15
     done = run_json("merge", store, "--backend", "cpu")
-    assert done["merges_done"] == 120
+    assert done["merges_done"] == 15
 
 
 def test_sigint_while_waiting_for_the_lock_exits_130_with_one_line(store):
