@@ -190,17 +190,24 @@ def _read_chunk(array_dir: Path, lay: _Layout, i: int, lo: int, hi: int, dest: n
         raise Damaged(path, "checksum mismatch: the chunk's bytes are not the ones written")
 
 
+def _direct_layout(array_dir: Path, require_checksums: bool) -> _Layout | None:
+    """The layout for direct reads (None: read with zarr); an array without checksums where they are required
+    (a format-2 store) is damage."""
+    lay = _layout(array_dir)
+    if lay is not None and require_checksums and not lay.checksum:
+        raise Damaged(array_dir / "zarr.json", "array has no chunk checksums")
+    return lay
+
+
 def read_rows(array_dir: Path, start: int = 0, stop: int | None = None,
               require_checksums: bool = False) -> np.ndarray | None:
     """Rows ``[start:stop]`` (Python slice semantics) of the array at ``array_dir``, read straight from its
     chunk files and checked against their checksums; None when the array's layout is not one this module
     handles (read it with zarr). ``require_checksums``: an array without them is damage (a format-2 store)."""
     array_dir = Path(array_dir)
-    lay = _layout(array_dir)
+    lay = _direct_layout(array_dir, require_checksums)
     if lay is None:
         return None
-    if require_checksums and not lay.checksum:
-        raise Damaged(array_dir / "zarr.json", "array has no chunk checksums")
     start, stop, _ = slice(start, stop).indices(lay.rows)
     stop = max(start, stop)
     out = np.empty((stop - start, lay.width), dtype=lay.dtype)
@@ -211,6 +218,31 @@ def read_rows(array_dir: Path, start: int = 0, stop: int | None = None,
 
     first, last = start // lay.chunk_rows, -(-stop // lay.chunk_rows)
     _run([lambda i=i: read(i) for i in range(first, last)] if stop > start else [])
+    return out
+
+
+def read_row_set(array_dir: Path, rows: np.ndarray, require_checksums: bool = False) -> np.ndarray | None:
+    """The array's rows ``rows`` (any order, repeats allowed), each chunk holding any of them read and checked
+    once: a sample of scattered rows costs the chunks it touches, not a chunk per row. None when the layout is
+    not one this module handles."""
+    array_dir = Path(array_dir)
+    lay = _direct_layout(array_dir, require_checksums)
+    if lay is None:
+        return None
+    rows = np.asarray(rows, dtype=np.int64)
+    if rows.size and (rows.min() < 0 or rows.max() >= lay.rows):
+        raise IndexError(f"rows outside the {lay.rows} rows of {array_dir}")
+    out = np.empty((len(rows), lay.width), dtype=lay.dtype)
+    chunk_of = rows // lay.chunk_rows
+
+    def read(i: int) -> None:
+        mine = np.nonzero(chunk_of == i)[0]
+        lo, hi = int(rows[mine].min()), int(rows[mine].max()) + 1
+        span = np.empty((hi - lo, lay.width), dtype=lay.dtype)
+        _read_chunk(array_dir, lay, i, lo, hi, span)
+        out[mine] = span[rows[mine] - lo]
+
+    _run([lambda i=i: read(i) for i in np.unique(chunk_of).tolist()])
     return out
 
 

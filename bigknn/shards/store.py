@@ -253,15 +253,14 @@ class Store:
             shutil.rmtree(self.path / "shards" / str(sid), ignore_errors=True)
 
     def vectors_of(self, global_ids: np.ndarray) -> np.ndarray:
-        """Vectors of arbitrary global rows (one read per shard touched)."""
+        """Vectors of arbitrary global rows (each chunk holding any of them read once)."""
         global_ids = np.asarray(global_ids, dtype=np.int64)
         out = np.empty((global_ids.size, self.manifest.dim), dtype=np.dtype(self.manifest.dtype))
         for shard in self.manifest.shards:
             sel = np.nonzero((global_ids >= shard.offset) & (global_ids < shard.offset + shard.rows))[0]
             if sel.size:
-                local = global_ids[sel] - shard.offset
-                lo, hi = int(local.min()), int(local.max()) + 1
-                out[sel] = self.read_vectors(shard.id, lo, hi)[local - lo]
+                out[sel] = self._read_array_rows(vectors_name(shard.id), f"shard {shard.id} vectors",
+                                                 global_ids[sel] - shard.offset)
         return out
 
     # ---- graphs -------------------------------------------------------------------------------
@@ -289,12 +288,22 @@ class Store:
                           for name in ("ids", "dists")))
 
     def read_graph_rows(self, shard_id: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(ids, keys) of a few scattered local rows of a shard's committed graph, one small read per row."""
+        """(ids, keys) of scattered local rows of a shard's committed graph: each chunk holding any of them is
+        read and checked once (a chunk a row took 10 s for a build's 2000-row recall sample of 1M rows)."""
         version = self.manifest.shards[shard_id].graph
         where = f"shard {shard_id} graph version {version}"
-        ids, keys = ([self._read_array(graph_name(shard_id, version, name), f"{where} {name}", int(r), int(r) + 1)
-                      for r in rows] for name in ("ids", "dists"))
-        return np.concatenate(ids), np.concatenate(keys)
+        return tuple(self._read_array_rows(graph_name(shard_id, version, name), f"{where} {name}", rows)
+                     for name in ("ids", "dists"))
+
+    def _read_array_rows(self, name: str, where: str, rows: np.ndarray) -> np.ndarray:
+        try:
+            out = chunks.read_row_set(self.path / name, rows, require_checksums=self.manifest.checksummed)
+        except Damaged as e:
+            raise Damaged(e.file, f"{e.problem} (`bigknn verify {self.path}` lists all damage and what repairs it)",
+                          where) from None
+        if out is None:  # a layout zarr reads: one row at a time
+            out = np.concatenate([self._read_array(name, where, int(r), int(r) + 1) for r in rows])
+        return out
 
     def _stale_graphs(self, shard_id: int, below: int | None) -> list[Path]:
         """Version directories of a shard older than ``below``."""
