@@ -68,20 +68,23 @@ def bench_bigknn(backend, x, metric, truth, family, device, out, k: int, variant
     backend.gnnd(x[:100_000], metric, base, seed=0)  # compile (NVRTC), pinned buffers
     from bigknn.backends.cuda import rows as cuda_module
 
-    default_half = cuda_module.HALF_MIN_DIM
+    default_half, default_bytes = cuda_module.HALF_MIN_DIM, cuda_module.HALF_BYTES
     for variant in variants:
         overrides = {} if variant == "defaults" else json.loads(variant)
-        # "_half_min_dim": the CUDA backend's HALF_MIN_DIM for this run (half-precision descent from that dim)
+        # "_half_min_dim": the CUDA backend's HALF_MIN_DIM for this run (half-precision descent from that dim);
+        # "_half_bytes": its HALF_BYTES (byte rows descend on half copies)
         cuda_module.HALF_MIN_DIM = overrides.pop("_half_min_dim", default_half)
+        cuda_module.HALF_BYTES = overrides.pop("_half_bytes", default_bytes)
         # "_mma": tensor-core cross-match tiles on (true) or off (false) for this run (default: the backend's)
         backend.tensor_cores = overrides.pop("_mma", None)
         params = replace(base, **overrides)
-        if cuda_module.HALF_MIN_DIM != default_half or backend.tensor_cores is not None:
+        if (cuda_module.HALF_MIN_DIM, cuda_module.HALF_BYTES) != (default_half, default_bytes) or \
+                backend.tensor_cores is not None or overrides:
             backend.gnnd(x[:100_000], metric, params, seed=0)  # compile that variant's kernels
         t0 = time.perf_counter()
         g = backend.gnnd(x, metric, params, seed=1)
         dt = time.perf_counter() - t0
-        cuda_module.HALF_MIN_DIM = default_half
+        cuda_module.HALF_MIN_DIM, cuda_module.HALF_BYTES = default_half, default_bytes
         backend.tensor_cores = None
         st = backend.last_stats
         emit({"workload": "t1", "family": family, "tool": "bigknn", "variant": variant, "rows": len(x),

@@ -10,12 +10,13 @@ from bigknn.backends.cuda.compile import CTYPES, padded_dim
 from bigknn.backends.cuda.transfer import Transfer
 
 HALF_MIN_DIM = 128  # float32 rows at least this wide descend on half-precision copies (half_rows)
+HALF_BYTES = False  # byte rows (uint8, int8) descend on half copies (exact: halves hold every byte value)
 HALF_RANGE = 2.0 ** 14  # largest magnitude after scaling (half's largest finite value is 65504)
 
 
 def descends_on_halves(ctype: str, d: int) -> bool:
     """Whether a descent over rows of this kernel type and width reads half-precision copies (half_rows)."""
-    return ctype == "float" and d >= HALF_MIN_DIM
+    return (ctype == "float" and d >= HALF_MIN_DIM) or (HALF_BYTES and ctype in ("unsigned char", "signed char"))
 
 
 def kernel_rows(raw, dpad: int):
