@@ -89,6 +89,7 @@ t4)
   step t4
   # new rows of the T2 set's own distribution (same seed: same clusters), as a daily ingest brings
   $B synth $WORK/new100k.fbin --rows 100000 --dim 96 --seed 1 --first-row 10000000 --json > /dev/null
+  sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null  # a daily cron ingest finds the store cold
   $B ingest $WORK/t2.knn --input $WORK/new100k.fbin --backend cuda --gpus $GPUS $T4_ARGS --json > "$OUT/t4_ingest.json"
   $B eval recall $WORK/t2.knn --backend cuda --rows 0:10000000 --sample 10000 --json > "$OUT/t4_old.json"
   $B eval recall $WORK/t2.knn --backend cuda --rows 10000000:10100000 --sample 10000 --json > "$OUT/t4_new.json"
