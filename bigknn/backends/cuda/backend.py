@@ -23,6 +23,7 @@ from typing import Iterable
 
 import numpy as np
 
+from bigknn.backends.cpu.search import SearchReference
 from bigknn.backends.cuda import exact, ggm, gnnd, memory
 from bigknn.backends.cuda.gpu import Gpu
 from bigknn.graph import KnnGraph, ShardPart
@@ -41,7 +42,7 @@ def _option(name: str) -> property:
     return property(lambda self: getattr(self.gpu, name), lambda self, value: setattr(self.gpu, name, value))
 
 
-class CudaBackend:
+class CudaBackend(SearchReference):  # search graphs on the host until their kernels exist
     """GNND and exact k-NN on one GPU. ``gpu_mem_bytes`` caps the device memory a call plans to use."""
 
     name = "cuda"
@@ -106,6 +107,13 @@ class CudaBackend:
 
     def exact_knn(self, queries: np.ndarray, k: int, metric: str, blocks: Iterable[tuple[int, np.ndarray]]) -> KnnGraph:
         return self._call(exact.exact_knn, queries, k, metric, blocks)
+
+    def processors(self) -> int:
+        """The device's streaming multiprocessors."""
+        with self.gpu.context():
+            import cupy
+
+            return int(cupy.cuda.Device().attributes["MultiProcessorCount"])
 
     def stage(self, arrays: Iterable[np.ndarray]) -> None:
         """Start copying host arrays (the next pair's shards) to this GPU on a stream of their own while the
