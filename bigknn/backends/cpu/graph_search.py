@@ -12,8 +12,7 @@ the CUDA kernels to come, and what every backend runs until then.
   It ends when the nearest queued row is farther than R's last by more than Δ = tau min(d_best1, d_nn1+)
   (GGNN eq. (2)), when C is empty, or after the hop limit. A row enters R when it beats R's last, and C when
   it is within Δ of R's last: GGNN's fetch criterion, to which TSDG refers for Δ (the printed Alg. 2 queues
-  only rows that enter R, which leaves Δ almost nothing to widen: recall stopped growing at tau 0.3 on a
-  12-d test set, docs/perf-notes.md).
+  only rows that enter R, which leaves Δ little to widen).
 
 Departures from the paper, the same in both backends: R_ij takes the best 32 of R_ij and R_temp (the paper
 replaces R_ij's last 16 by R_temp's best 16: the same cost on a warp, and exact for k up to 32), and a row
