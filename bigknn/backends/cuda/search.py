@@ -1,7 +1,7 @@
 """Batch graph search on the GPU (search.cu): TSDG's two procedures, one warp per search, step for step the
 NumPy reference (bigknn/backends/cpu/graph_search.py), whose docstring states them. The search graph and
-its rows go to the device once per ``SearchIndex`` (a sweep searches one index many times) and stay until
-another index is searched; the queries go batch by batch, each batch finished before the next starts (what
+its rows go to the device once per ``SearchIndex`` (a sweep searches one index many times) and stay while it
+lives (kept.py); the queries go batch by batch, each batch finished before the next starts (what
 batch-1 QPS means).
 """
 
@@ -11,6 +11,7 @@ import numpy as np
 
 from bigknn.backends.cuda.compile import compile_kernels, kernel_metric, sync_check
 from bigknn.backends.cuda.gpu import Gpu
+from bigknn.backends.cuda.kept import KeptCopy
 from bigknn.graph import EMPTY, KnnGraph, merge_lists
 from bigknn.search.graph import SearchIndex
 from bigknn.search.params import QUEUE_SEGMENTS, SEARCH_K_MAX, SEGMENT, SearchPlan
@@ -19,31 +20,20 @@ WARPS = 4  # search.cu: __launch_bounds__(128)
 SHARED_BYTES = 48 << 10  # per block without the opt-in
 
 
-class DeviceIndex:
-    """The last searched index's arrays on the device (rows as float32, edges, occlusion factors)."""
+def _upload(index: SearchIndex) -> tuple:
+    import cupy as cp
 
-    def __init__(self) -> None:
-        self._of: SearchIndex | None = None
-        self.arrays: tuple = ()
-
-    def of(self, index: SearchIndex) -> tuple:
-        import cupy as cp
-
-        if self._of is not index:
-            self.arrays = ()  # the old copy goes before the new one arrives
-            self.arrays = (cp.asarray(np.ascontiguousarray(index.vectors, dtype=np.float32)),
-                           cp.asarray(np.ascontiguousarray(index.ids, dtype=np.int32)),
-                           cp.asarray(np.ascontiguousarray(index.lambdas, dtype=np.uint8)))
-            self._of = index
-        return self.arrays
+    return (cp.asarray(np.ascontiguousarray(index.vectors, dtype=np.float32)),
+            cp.asarray(np.ascontiguousarray(index.ids, dtype=np.int32)),
+            cp.asarray(np.ascontiguousarray(index.lambdas, dtype=np.uint8)))
 
 
-def graph_search(gpu: Gpu, device: DeviceIndex, index: SearchIndex, queries: np.ndarray, query_ids: np.ndarray,
+def graph_search(gpu: Gpu, kept: KeptCopy, index: SearchIndex, queries: np.ndarray, query_ids: np.ndarray,
                  plan: SearchPlan, batch: int) -> KnnGraph:
     import cupy as cp
 
     m = kernel_metric(index.metric)
-    x, edges, lambdas = device.of(index)
+    x, edges, lambdas = kept.of(index, _upload)
     n, dim = x.shape
     deg = edges.shape[1]
     name = f"graph_search_{plan.procedure}<{m}>"
