@@ -138,6 +138,8 @@ def test_prune_commits_a_search_graph_and_keeps_the_knn_graph(store, method):
         {f: h for f, h in knn.items() if f != "manifest.json" and f != "zarr.json"}
     m = read_manifest(path)
     assert m["format"] == 3 and m["search"]["version"] == r.version and m["search"]["method"] == method
+    with bigknn.open(path) as g:
+        assert g.info.search == m["search"] and g.info.format == 3
     st = Store.open(path)
     index, entry = load_index(st, "l2")
     st.close()
