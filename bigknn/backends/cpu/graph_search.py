@@ -1,6 +1,6 @@
 """Batch graph search on the CPU: TSDG's two GPU procedures (Wang, Wang, Zhao, *Graph-based Approximate NN
 Search: A Revisit*, §4) run step for step in NumPy, vectorised over the queries of a batch. The reference of
-the CUDA kernels to come, and what every backend runs until then.
+bigknn/backends/cuda/search.cu.
 
 * ``small`` (Alg. 1): t0 independent greedy searches per query, each from the best of 32 random rows; a hop
   computes the distances of the current row's neighbours (occlusion factor < 10), keeps per warp slot w the

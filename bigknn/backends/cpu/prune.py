@@ -1,5 +1,5 @@
 """Diversification of candidate lists and GGNN's path-back check: the NumPy reference of
-the CUDA kernels to come (bigknn/search/params.py states the rules and names the papers).
+bigknn/backends/cuda/prune.cu (bigknn/search/params.py states the rules and names the papers).
 
 Pairwise keys among a row's candidates are computed in float64, so that the reference decides every
 comparison the way exact arithmetic would; the kernels compute in float32 and may differ only on near-ties.
