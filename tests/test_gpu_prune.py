@@ -54,6 +54,18 @@ def test_gpu_diversify_matches_the_reference(cuda_backend, metric, rule, rows, w
     assert cuda_backend._prune_table.arrays is arrays
 
 
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: f"{r.kind}-{r.alpha}")
+def test_a_capped_gpu_diversifies_alike_with_the_rows_each_block_names(cuda_backend, monkeypatch, rule):
+    from bigknn.backends.cuda import prune
+
+    table, cands, keys = _lists(np.random.default_rng(11), "l2", 700, 48)
+    whole = cuda_backend.diversify(cands, keys, table, "l2", rule)
+    monkeypatch.setattr(prune, "BLOCK_BYTES", 48 * (12 + 4 * 29) * 100)  # blocks of 100 rows
+    monkeypatch.setattr(cuda_backend.gpu, "budget", lambda: 4 * table.size)  # half of it holds half the table
+    capped = cuda_backend.diversify(cands, keys, table.copy(), "l2", rule)  # a table the device does not hold
+    np.testing.assert_array_equal(capped, whole)
+
+
 @pytest.mark.parametrize("method", ["tsdg", "rng"])
 def test_gpu_prune_matches_the_cpu_prune(tmp_path, cuda_backend, method):
     rng = np.random.default_rng(3)

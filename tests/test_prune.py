@@ -170,6 +170,21 @@ def test_prune_commits_a_search_graph_and_keeps_the_knn_graph(store, method):
         assert not (in_knn[rows, edges] & ~forward[rows, edges] & ~forward[edges, rows]).any()
 
 
+@pytest.mark.parametrize("method", ["tsdg", "rng"])
+def test_out_of_core_prune_gives_the_same_graph(store, method):
+    """With host memory for no whole copy of the rows, each step reads the rows it names from the store."""
+    path, _ = store
+    graphs = []
+    for host_mem in (None, 1):
+        with bigknn.open(path) as g:
+            g.prune(method, degree=16, backend="cpu", host_mem=host_mem)
+        st = Store.open(path)
+        graphs.append(load_index(st, "l2")[0])
+        st.close()
+    np.testing.assert_array_equal(graphs[0].ids, graphs[1].ids)
+    np.testing.assert_array_equal(graphs[0].lambdas, graphs[1].lambdas)
+
+
 def test_a_failed_prune_leaves_the_store_as_it_was(store, monkeypatch):
     path, _ = store
     with bigknn.open(path) as g:

@@ -12,9 +12,12 @@ class KeptCopy:
         self._key: weakref.ref | None = None
         self.arrays: tuple = ()
 
+    def holds(self, host: Any) -> bool:
+        return self._key is not None and self._key() is host
+
     def of(self, host: Any, make: Callable[[Any], tuple]) -> tuple:
         """The device arrays ``make(host)`` made for this very ``host`` object, made now if they are not kept."""
-        if self._key is None or self._key() is not host:
+        if not self.holds(host):
             self.arrays = ()  # the old copy goes before the new one arrives
             self.arrays = make(host)
             self._key = key = weakref.ref(host)
