@@ -17,12 +17,15 @@ import pytest
 import bigknn
 from bigknn.backends.cpu import CpuBackend
 from bigknn.backends.cpu.prune import diversify, reach_back
+from bigknn.errors import BadInput
 from bigknn.graph import EMPTY
+from bigknn.pipeline.verify import repair, verify
 from bigknn.search.params import NO_LAMBDA, SYM_MIDPOINT, DiversifyRule
 from bigknn.search.store import load_index
 from bigknn.shards import Store
 
 from conftest import cli_env, read_manifest, tree_hashes
+from test_chunks import flip_byte
 
 
 def _files(path: Path, skip: str = "search/") -> dict[str, str]:
@@ -183,6 +186,32 @@ def test_out_of_core_prune_gives_the_same_graph(store, method):
         st.close()
     np.testing.assert_array_equal(graphs[0].ids, graphs[1].ids)
     np.testing.assert_array_equal(graphs[0].lambdas, graphs[1].lambdas)
+
+
+def test_verify_checks_the_search_graph_and_repair_drops_a_damaged_one(tmp_path):
+    path = tmp_path / "v.knn"
+    x = np.random.default_rng(8).normal(size=(700, 5)).astype(np.float32)
+    with bigknn.build(x, k=8, store=path, backend="cpu") as g:
+        r = g.prune(degree=8, backend="cpu")
+    st = Store.open(path)
+    clean = verify(st)
+    st.close()
+    assert clean["ok"] and clean["arrays"] == 5  # vectors, graph ids and dists, and the search graph's two
+    chunk = next((path / "search" / str(r.version) / "shards" / "0" / "lambdas").rglob("c/*/*"))
+    flip_byte(chunk)
+    st = Store.open(path)
+    damaged = verify(st)
+    st.close()
+    assert not damaged["ok"] and "search graph" in damaged["damaged"][0]["what"]
+    assert damaged["repair"][-1] == f"bigknn prune {path}"
+    repaired = repair(path)
+    assert repaired["repaired"] == [f"dropped search graph version {r.version}"]
+    assert read_manifest(path)["search"] is None
+    with bigknn.open(path) as g:
+        with pytest.raises(BadInput, match="bigknn prune"):
+            g.search(x[:2], backend="cpu")
+        g.prune(degree=8, backend="cpu")
+        assert g.search(x[:2], k=1, backend="cpu").ids[:, 0].tolist() == [0, 1]
 
 
 def test_a_failed_prune_leaves_the_store_as_it_was(store, monkeypatch):
