@@ -4,7 +4,6 @@ search graphs, determinism across batch sizes, the command line end to end, and 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest

@@ -5,8 +5,8 @@ Checked: the shards' ids, offsets and rows; every merged pair names two shards w
 the manifest refers to (each shard's vectors, its committed graph version, an interrupted ingest's new shards
 and staged versions) exists with the shape and dtype the manifest implies, and every chunk of it is present,
 whole and matches its checksum; graph ids lie within the rows; so does the search graph the manifest names, if
-it was pruned from the graph as it is (a stale one is refused by search and replaced by the next prune). Older graph versions kept for readers are not
-the store's state and are not checked.
+it was pruned from the graph as it is (a stale one is refused by search and replaced by the next prune). Older
+graph versions kept for readers are not the store's state and are not checked.
 
 Repairs (``--repair``, under the writer lock; then ``bigknn merge`` recomputes what was dropped): a damaged
 graph version of a shard whose vectors are intact is dropped with the shard's merged pairs, so the merge runs
