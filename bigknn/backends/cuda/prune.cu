@@ -9,21 +9,10 @@ __device__ __forceinline__ bool rule_less(float a, float b, float alpha) {
     return METRIC == 0 ? alpha * alpha * a < b : alpha * (1.f + a) < 1.f + b;
 }
 
+// key between rows a and b of the table (search.cu row_key, which comes first in the one source)
 template <int METRIC>
 __device__ __forceinline__ float pair_key(const float* __restrict__ table, int dim, int a, int b) {
-    const float* va = table + (long long)a * dim;
-    const float* vb = table + (long long)b * dim;
-    float acc = 0.f;
-    for (int t = 0; t < dim; ++t) {
-        float x = __ldg(va + t), y = __ldg(vb + t);
-        if (METRIC == 0) {
-            float d = x - y;
-            acc += d * d;
-        } else {
-            acc += x * y;
-        }
-    }
-    return METRIC == 0 ? acc : -acc;
+    return row_key<METRIC>(table, dim, b, table + (long long)a * dim);
 }
 
 // RULE 0: rng (d(i, j) <= d(row, j) drops j); RULE 1: gd with alpha (TSDG eq. 2). Each candidate is judged
