@@ -1,6 +1,7 @@
 """Figures people would rather look at than read: recall per sampled row (``bigknn eval recall --plot``,
-``Graph.recall(plot=...)``) and the in-degree distribution (``bigknn info --plot``,
-``Graph.plot_in_degrees``). matplotlib is an optional extra (``bigknn[plot]``); the image format follows
+``Graph.recall(plot=...)``), the in-degree distribution (``bigknn info --plot``,
+``Graph.plot_in_degrees``) and recall against queries per second of a search sweep (``bigknn eval search
+--plot``). matplotlib is an optional extra (``bigknn[plot]``); the image format follows
 the file's extension (.png, .svg, .pdf, ...), and the file is written atomically like every output."""
 
 from __future__ import annotations
@@ -74,6 +75,23 @@ def in_degree_histogram(path: Path, degrees: np.ndarray, k: int, title: str) -> 
     ax.axvline(k, color="black", linewidth=1, linestyle="--", label=f"k = {k} (the mean)")
     ax.set(xlabel="in-degree (lists a row appears in)", ylabel="rows", yscale="log", title=title)
     ax.legend(loc="upper right")
+    save(fig, path)
+
+
+def search_curve(path: Path, sweep) -> None:
+    """Recall@k against queries per second of a search sweep (bigknn/search/results.py SearchSweep), each
+    point labelled with its budget: the curve search indexes are compared by (up and right is better)."""
+    plt = pyplot(path)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    recall = [p.recall for p in sweep.points]
+    qps = [p.qps for p in sweep.points]
+    ax.plot(recall, qps, marker="o", color="tab:blue", label=f"{sweep.procedure}, batch {sweep.batch:,}")
+    for p in sweep.points:
+        ax.annotate(f"{p.budget:g}", (p.recall, p.qps), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    ax.set(xlabel=f"recall@{sweep.k}", ylabel="queries per second", yscale="log",
+           title=f"{Path(sweep.store).name}: {sweep.queries:,} queries, {sweep.backend}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(loc="lower left")
     save(fig, path)
 
 

@@ -53,7 +53,8 @@ class RecallEstimate(_Report):
 class Info(_Report):
     """What a store holds: shape, metric and k of its graph, build progress (``complete`` once every shard
     has its graph and every pair is merged), the input files, disk use, seconds per phase summed over runs,
-    and the build's recall estimate (None for builds without a recall target)."""
+    the build's recall estimate (None for builds without a recall target), and the search graph's record
+    (the manifest's ``search`` entry: version, method, degree, mean degree; None before ``bigknn prune``)."""
 
     store: str
     format: int
@@ -71,6 +72,7 @@ class Info(_Report):
     disk_bytes: int
     timings_s: dict[str, float]
     recall_estimate: RecallEstimate | None
+    search: dict | None = None
 
     @classmethod
     def of(cls, store: Store) -> Info:
@@ -79,7 +81,7 @@ class Info(_Report):
                    k=m.k, shards=len(m.shards), shards_built=m.shards_built, merges_done=len(m.merged),
                    merges_pending=m.merges_pending, complete=m.complete,
                    inputs=[i["path"] for i in m.inputs], disk_bytes=store.disk_bytes(), timings_s=m.timings,
-                   recall_estimate=RecallEstimate.from_manifest(m.estimate))
+                   recall_estimate=RecallEstimate.from_manifest(m.estimate), search=m.search)
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,7 @@ class BuildReport(_Report):
     busy_frac: dict[str, float]
     descents: dict[str, dict]
     recall_estimate: RecallEstimate | None
+    search: dict | None = None
 
     @classmethod
     def from_summary(cls, summary: dict) -> BuildReport:

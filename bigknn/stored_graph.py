@@ -24,13 +24,14 @@ from bigknn.pipeline.ingest import ingest as run_ingest
 from bigknn.pipeline.readout import csr_parts, in_degrees, neighbours_per_row, shard_of, whole_graph
 from bigknn.progress import reporter
 from bigknn.results import BuildReport, ExportReport, InDegrees, Info, IngestReport, Neighbors, RecallReport
+from bigknn.search.methods import SearchMethods
 from bigknn.shards import Store
 
 PathLike = str | os.PathLike
 Gpus = str | Sequence[int] | None
 
 
-class Graph:
+class Graph(SearchMethods):
     """A k-NN graph in a store: its neighbour lists, as arrays, scipy, UMAP or files, and its upkeep.
 
     Made by ``bigknn.build`` or ``bigknn.open``. A graph built without a store lives in a temporary

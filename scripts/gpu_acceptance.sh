@@ -54,6 +54,16 @@ t1)
   python3 scripts/bench_gnnd.py --workloads t1default > "$OUT/t1default.jsonl" 2>&1
   note "T1 p16/w48/18it: $(tail -1 "$OUT/t1.jsonl" | j time_s recall@10)"
   note "T1 defaults:     $(tail -1 "$OUT/t1default.jsonl" | j time_s recall@10 iters_run)" ;;
+search)
+  # issue 15: the search kernels against the CPU reference, then the recall-vs-QPS run against CAGRA (needs cuVS
+  # on PYTHONPATH for CAGRA; without it bigknn's curves only). SEARCH_INPUTS adds FILE:METRIC inputs (text).
+  step search
+  python3 -m pytest -m gpu -q -rf tests/test_gpu_search.py tests/test_gpu_prune.py > "$OUT/pytest_gpu_search.log" 2>&1
+  note "pytest -m gpu (search, prune): $(tail -1 "$OUT/pytest_gpu_search.log")"
+  [ -f $WORK/synth_q.fbin ] || python3 scripts/families.py synth -o $WORK/synth_q.fbin --rows 1010000 > /dev/null
+  python3 scripts/bench_search.py $WORK/synth_q.fbin:l2 ${SEARCH_INPUTS:-} --work $WORK/search \
+    --batch1-seconds 2 --out "$OUT/search.jsonl" > "$OUT/search.log" 2>&1
+  note "search: $(grep -c '"workload"' "$OUT/search.jsonl") measurements in search.jsonl; $(tail -1 "$OUT/search.log" | cut -c1-200)" ;;
 cli5m)
   step cli5m
   $B synth $WORK/d5m.fbin --rows 5000000 --dim 96 --json > /dev/null

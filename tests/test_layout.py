@@ -43,7 +43,7 @@ def test_backends_implement_the_whole_protocol(backend):
     declared = protocol_methods()
     assert {"gnnd", "ggm", "exact_knn", "memory_budget", "stage"} <= set(declared)
     for name, sig in declared.items():
-        assert name in vars(backend), f"{backend.__name__} does not implement {name}"
+        assert any(name in vars(c) for c in backend.__mro__[:-1]), f"{backend.__name__} does not implement {name}"
         have = inspect.signature(getattr(backend, name)).parameters
         assert list(have) == list(sig.parameters), f"{backend.__name__}.{name}{list(have)} != {list(sig.parameters)}"
 
@@ -59,13 +59,13 @@ def public_callables():
         obj = getattr(bigknn, name)
         if inspect.isfunction(obj):
             yield f"bigknn.{name}", obj
-    for cls in (bigknn.Graph, bigknn.KNNGraphTransformer):
+    for cls in (*bigknn.Graph.__mro__[:-1], bigknn.KNNGraphTransformer):  # Graph's mixins too
         for name, member in vars(cls).items():
             if name.startswith("_"):
                 continue
             fn = member.fget if isinstance(member, property) else member
             if inspect.isfunction(fn):
-                yield f"{cls.__name__}.{name}", fn
+                yield f"Graph.{name}" if cls in bigknn.Graph.__mro__ else f"{cls.__name__}.{name}", fn
 
 
 def test_every_public_function_has_a_doctest():

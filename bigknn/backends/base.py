@@ -10,6 +10,8 @@ import numpy as np
 
 from bigknn.graph import KnnGraph, ShardPart
 from bigknn.params import GnndParams
+from bigknn.search.graph import SearchIndex
+from bigknn.search.params import DiversifyRule, SearchPlan
 
 OnIter = Callable[[int], None]  # called after each descent iteration with the number of list updates it made
 
@@ -38,3 +40,26 @@ class Backend(Protocol):
     def stage(self, arrays: Iterable[np.ndarray]) -> None:
         """Start copying host arrays (the next pair's shards) to the device while the current call computes;
         returns at once. A no-op without a device."""
+
+    # ---- search graphs (bigknn/search/: prune, search) -------------------------------------------
+    def diversify(self, cands: np.ndarray, keys: np.ndarray, table: np.ndarray, metric: str,
+                  rule: DiversifyRule) -> np.ndarray:
+        """Per row, its candidates ``cands`` (rows, c) (rows of ``table``, EMPTY-padded at the end) with their keys
+        to the row ``keys`` (ascending): the kept mask (uint8) under a sequential rule, each candidate's
+        occlusion factor (int32) under ``occlusion`` (bigknn/search/params.py DiversifyRule)."""
+
+    def reach_back(self, table: np.ndarray, lists: np.ndarray, list_index: np.ndarray, x: np.ndarray,
+                   z: np.ndarray, z_ids: np.ndarray) -> np.ndarray:
+        """GGNN's symmetric-link test, two hops: per request (table rows x, z; z's global id), whether z is in
+        x's list or in the list of a row of x's list inside the sphere around z + 0.4 (x - z) through x
+        (bigknn/backends/cpu/prune.py reach_back)."""
+
+    def graph_search(self, index: SearchIndex, queries: np.ndarray, query_ids: np.ndarray, plan: SearchPlan,
+                     batch: int) -> KnnGraph:
+        """Search the graph for the k nearest rows of each query, in consecutive batches of ``batch`` queries
+        (each finished before the next starts), by the plan's procedure (bigknn/backends/cpu/graph_search.py).
+        ``query_ids`` number the queries (their entry rows depend on it). Keys ascending, EMPTY-padded."""
+
+    def processors(self) -> int:
+        """Independent processors one call keeps busy (streaming multiprocessors, or CPU cores): the
+        small-batch bound of TSDG §4 is computed from it."""

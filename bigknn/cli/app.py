@@ -11,7 +11,7 @@ import sys
 import click
 
 from bigknn import __version__
-from bigknn.cli import build, evaluate, info, ingest, plan, synth, verify
+from bigknn.cli import build, evaluate, info, ingest, plan, search, synth, verify
 from bigknn.errors import BigknnError, Interrupted
 from bigknn.progress import configure_logging, log
 
@@ -47,11 +47,12 @@ def cli() -> None:
       bigknn build data.fbin -o data.knn --k 32 --shard-rows 25000
       bigknn eval recall data.knn
       bigknn export data.knn -o graph.ibin
+      bigknn prune data.knn && bigknn search data.knn --queries q.fbin -o found.ibin
     """
 
 
 COMMANDS = (build.build, build.merge, evaluate.eval_group, info.info, info.export, ingest.ingest, plan.plan,
-            synth.synth, verify.verify)
+            search.prune, search.search, search.truth, synth.synth, verify.verify)
 
 
 def _register() -> None:

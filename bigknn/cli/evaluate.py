@@ -8,6 +8,7 @@ import click
 
 from bigknn import api
 from bigknn.cli.common import backend_option, emit, gpu_mem_option, json_option, parse_bytes, plot_option
+from bigknn.cli.search import eval_search
 from bigknn.pipeline.evaluate import RECALL_K, SAMPLE_ROWS
 
 
@@ -19,6 +20,7 @@ def eval_group() -> None:
     Examples:
       bigknn eval recall data.knn
       bigknn eval recall data.knn --truth gt.ibin --k 10 --json
+      bigknn eval search data.knn --queries q.fbin --truth gt.ibin --plot curve.png
     """
 
 
@@ -61,3 +63,6 @@ def parse_range(text: str | None) -> tuple[int, int] | None:
     except ValueError:
         raise click.BadParameter(f"{text!r} is not LO:HI", param_hint="--rows") from None
     return lo, hi
+
+
+eval_group.add_command(eval_search)

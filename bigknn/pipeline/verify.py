@@ -4,13 +4,15 @@ what is damaged.
 Checked: the shards' ids, offsets and rows; every merged pair names two shards with a graph, once; every array
 the manifest refers to (each shard's vectors, its committed graph version, an interrupted ingest's new shards
 and staged versions) exists with the shape and dtype the manifest implies, and every chunk of it is present,
-whole and matches its checksum; graph ids lie within the rows. Older graph versions kept for readers are not
-the store's state and are not checked.
+whole and matches its checksum; graph ids lie within the rows; so does the search graph the manifest names, if
+it was pruned from the graph as it is (a stale one is refused by search and replaced by the next prune). Older
+graph versions kept for readers are not the store's state and are not checked.
 
 Repairs (``--repair``, under the writer lock; then ``bigknn merge`` recomputes what was dropped): a damaged
 graph version of a shard whose vectors are intact is dropped with the shard's merged pairs, so the merge runs
 its GNND and its merges again; invalid merged pairs are dropped; a damaged part of an interrupted ingest is
-dropped (a staged version), or the whole ingest (its new vectors: ingest that file again). Damaged vectors of a
+dropped (a staged version), or the whole ingest (its new vectors: ingest that file again); a damaged search
+graph is dropped from the manifest (``bigknn prune`` makes it again). Damaged vectors of a
 committed shard, or shards that do not add up, cannot be repaired in place: rebuild from the input files.
 """
 
@@ -26,7 +28,7 @@ from bigknn.errors import BigknnError, Damaged
 from bigknn.graph import EMPTY, ID_DTYPE
 from bigknn.shards import Store, WriterLock, checksums
 from bigknn.shards.manifest import MANIFEST
-from bigknn.shards.store import graph_name, vectors_name
+from bigknn.shards.store import graph_name, search_name, vectors_name
 
 # what repairs a problem
 REBUILD = "rebuild"  # from the input files, into a new store
@@ -34,6 +36,7 @@ GRAPH = "graph"  # drop the shard's committed graph and its pairs; merge recompu
 PAIRS = "pairs"  # drop invalid merged pairs; merge redoes the missing ones
 STAGED = "staged"  # drop a staged graph of the interrupted ingest and its pairs; merge redoes them
 PENDING = "pending"  # drop the interrupted ingest; ingest its file again
+SEARCH = "search"  # drop the search graph; prune again
 
 
 @dataclass
@@ -41,7 +44,7 @@ class Problem:
     what: str  # e.g. "shard 3 graph version 7 ids"
     file: str
     problem: str
-    repair: str  # one of REBUILD, GRAPH, PAIRS, STAGED, PENDING
+    repair: str  # one of REBUILD, GRAPH, PAIRS, STAGED, PENDING, SEARCH
     shard: int | None = None
 
 
@@ -88,6 +91,8 @@ def _advice(store: Store, problems: list[Problem]) -> list[str]:
         return [f"rebuild a new store from {inputs} (bigknn build, then bigknn ingest of any later files): "
                 "damaged vectors or shard bounds cannot be recomputed in place"]
     steps = [f"bigknn verify {store.path} --repair", f"bigknn merge {store.path}"]
+    if any(p.repair == SEARCH for p in problems):
+        steps.append(f"bigknn prune {store.path}")
     pending = store.manifest.pending
     if pending and any(p.repair in (GRAPH, PENDING) for p in problems):
         steps += [f"bigknn ingest {store.path} --input {i['path']}" for i in pending["inputs"]]
@@ -111,6 +116,9 @@ def _mend(store: Store, problems: list[Problem]) -> list[str]:
     if m.pending is not None and (graphs or any(p.repair == PENDING for p in problems)):
         done.append("dropped the interrupted ingest of " + ", ".join(i["path"] for i in m.pending["inputs"]))
         m.pending = None
+    if any(p.repair == SEARCH for p in problems):
+        done.append(f"dropped search graph version {m.search['version']}")
+        m.search = None
     for sid in graphs:
         m.shards[sid].graph = None
         m.merged = [p for p in m.merged if sid not in p]
@@ -162,6 +170,15 @@ class _Checker:
             sid = int(sid)
             if sid in rows_of:
                 self._graph(sid, version, rows_of[sid], rows_all, STAGED)
+        search = m.search
+        if search is not None and search["rows"] == m.rows and search["graphs"] == [s.graph for s in m.shards]:
+            for s in m.shards:
+                where = f"search graph version {search['version']} shard {s.id}"
+                shape = (s.rows, search["degree"])
+                self._array(search_name(search["version"], f"shards/{s.id}/ids"), f"{where} ids", shape,
+                            np.dtype(ID_DTYPE), SEARCH, s.id, m.rows)
+                self._array(search_name(search["version"], f"shards/{s.id}/lambdas"), f"{where} lambdas", shape,
+                            np.dtype(np.uint8), SEARCH, s.id)
 
     def _shards_add_up(self) -> bool:
         m = self.store.manifest

@@ -11,7 +11,8 @@ from bigknn.shards.schema import check_manifest
 
 FORMAT_VERSION = 2  # of the stores this bigknn creates
 CHECKSUMS_SINCE = 2  # the first format whose every array checksums every chunk (bigknn/shards/checksums.py)
-READ_FORMATS = (1, 2)  # format 1 (no checksums) is still read, and written: new arrays get checksums
+SEARCH_SINCE = 3  # format 2 plus a pruned search graph (``search``, bigknn/search/): what ``bigknn prune`` writes
+READ_FORMATS = (1, 2, 3)  # format 1 (no checksums) is still read, and written: new arrays get checksums
 MANIFEST = "manifest.json"
 
 
@@ -43,6 +44,9 @@ class Manifest:
     # the build's recall estimate on its sample (bigknn/pipeline/estimate.py): recall, low, high, rows, at,
     # target, graph_rows (rows of the graph it was measured on: an ingest since leaves it about fewer rows)
     estimate: dict | None = None
+    # the committed search graph (bigknn/search/store.py SearchEntry): its version under search/<v>/, how it
+    # was pruned, and the kNN graph versions it was pruned from (a search graph older than the graph is stale)
+    search: dict | None = None
 
     @property
     def checksummed(self) -> bool:

@@ -50,14 +50,20 @@ TOP: dict[str, Check] = {
     "inputs": LIST, "shards": LIST, "merged": PAIRS, "timings": OBJECT,
     "pending": (lambda v: v is None or isinstance(v, dict), "an object or null"),
     "estimate": (lambda v: v is None or isinstance(v, dict), "an object or null"),
+    "search": (lambda v: v is None or isinstance(v, dict), "an object or null"),
 }
-OPTIONAL = {"inputs", "shards", "merged", "timings", "pending", "estimate"}
+OPTIONAL = {"inputs", "shards", "merged", "timings", "pending", "estimate", "search"}
 SHARD: dict[str, Check] = {"id": INDEX, "offset": INDEX, "rows": COUNT,
                            "graph": (lambda v: v is None or (_int(v) and v >= 0), "a non-negative integer or null")}
 INPUT: dict[str, Check] = {
     "path": (lambda v: isinstance(v, str), "a string"), "size": INDEX, "mtime_ns": (_int, "an integer"),
     "sha256": (lambda v: v is None or isinstance(v, str), "a string or null"), "rows": COUNT,
     "dtype": DTYPE, "first_id": INDEX,
+}
+SEARCH: dict[str, Check] = {
+    "version": COUNT, "method": (lambda v: isinstance(v, str), "a string"), "degree": COUNT, "rows": COUNT,
+    "graphs": (lambda v: isinstance(v, list) and all(x is None or (_int(x) and x >= 0) for x in v),
+               "a list of graph versions"),
 }
 PENDING: dict[str, Check] = {"inputs": LIST, "shards": LIST, "merged": PAIRS,
                              "graphs": (lambda v: isinstance(v, dict) and all(_int(x) and x >= 0 for x in v.values()),
@@ -74,6 +80,8 @@ def check_manifest(raw: object) -> None:
         _check_object(shard, SHARD, f"shards[{i}].", optional={"graph"})
     for i, rec in enumerate(raw.get("inputs", [])):
         _check_object(rec, INPUT, f"inputs[{i}].", optional=set(INPUT) - {"path"}, closed=False)
+    if raw.get("search") is not None:  # what readers of the search graph rely on; the rest is a record
+        _check_object(raw["search"], SEARCH, "search.", closed=False)
     pending = raw.get("pending")
     if pending is not None:
         _check_object(pending, PENDING, "pending.")

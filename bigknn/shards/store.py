@@ -305,6 +305,16 @@ class Store:
             out = np.concatenate([self._read_array(name, where, int(r), int(r) + 1) for r in rows])
         return out
 
+    # ---- search graphs (bigknn/search/store.py says what they hold) ------------------------------
+    def write_search(self, version: int, name: str, data: np.ndarray) -> None:
+        """Write ``search/<version>/<name>`` (row-chunked, checksummed); readers see it once a commit names
+        the version."""
+        chunk_rows = max(1, min(data.shape[0], CHUNK_BYTES // max(1, data.shape[1] * data.itemsize)))
+        self._write_array(search_name(version, name), data, chunk_rows, data.dtype)
+
+    def read_search(self, version: int, name: str, start: int = 0, stop: int | None = None) -> np.ndarray:
+        return self._read_array(search_name(version, name), f"search graph version {version} {name}", start, stop)
+
     def _stale_graphs(self, shard_id: int, below: int | None) -> list[Path]:
         """Version directories of a shard older than ``below``."""
         gdir = self.path / "shards" / str(shard_id) / "graph"
@@ -331,6 +341,10 @@ def vectors_name(shard_id: int) -> str:
 
 def graph_name(shard_id: int, version: int, array: str) -> str:
     return f"shards/{shard_id}/graph/{version}/{array}"
+
+
+def search_name(version: int, array: str) -> str:
+    return f"search/{version}/{array}"
 
 
 def read_store(path: Path, read: Callable[[Store], T], suspect: Callable[[T], bool] | None = None) -> T:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from typing import Iterable
 
 import numpy as np
 
 from bigknn.backends.cpu.descent import DescentState, Target, cut, descend, exact_l2_keys, row_keys_local
 from bigknn.backends.cpu.exact import exact_knn
+from bigknn.backends.cpu.search import SearchReference
 from bigknn.ggm import exact_merge, finish_merge, merge_stop_frac, start_merge
 from bigknn.graph import EMPTY, ID_DTYPE, KnnGraph, ShardPart, drop_self, merge_lists
 from bigknn.params import EXACT_ROWS, GnndParams
@@ -75,7 +77,7 @@ def recall_target(xf: np.ndarray, metric: str, params: GnndParams, seed: int, pa
     return Target(probe, Stopper(params.recall, params.width()), params.sample_count, pad_key)
 
 
-class CpuBackend:
+class CpuBackend(SearchReference):
     name = "cpu"
 
     def gnnd(self, x: np.ndarray, metric: str, params: GnndParams, seed: int, on_iter=None) -> KnnGraph:
@@ -136,3 +138,7 @@ class CpuBackend:
 
     def stage(self, arrays: Iterable[np.ndarray]) -> None:
         """Nothing to copy ahead: the CPU computes on the host arrays themselves."""
+
+    def processors(self) -> int:
+        """The cores this process may run on."""
+        return len(os.sched_getaffinity(0))

@@ -7,9 +7,13 @@ CuPy is imported inside the functions only, so this package imports on machines 
 * ``ggm.py``      GGM of two shards (set-up, cross-shard descent, fold-back).
 * ``exact.py``    exact k-NN over blocks streamed from the host.
 * ``target.py``   the recall target of a descent (probe rows read off the device, lists widened).
-* ``compile.py``  the kernel sources (common.cuh, gnnd.cu, cross.cu, ggm.cu, exact.cu) compiled by NVRTC.
+* ``search.py``   batch graph search (search.cu); ``prune.py`` diversification of candidate lists (prune.cu);
+                  GGNN's path-back test runs on the host for now.
+* ``compile.py``  the kernel sources (common.cuh, gnnd.cu, cross.cu, ggm.cu, exact.cu, search.cu,
+                  prune.cu) compiled by NVRTC.
 * ``rows.py``     rows laid out for the kernels, half-precision copies; ``transfer.py`` host <-> device
-                  copies; ``resident.py`` device copies kept between calls; ``memory.py`` the budget and
+                  copies; ``resident.py`` device copies kept between calls (``kept.py``: of the index a
+                  search sweep reads, the rows a prune reads); ``memory.py`` the budget and
                   what each call needs of it.
 
 Every call frees CuPy's memory pools at its end.
@@ -23,11 +27,15 @@ from typing import Iterable
 
 import numpy as np
 
-from bigknn.backends.cuda import exact, ggm, gnnd, memory
+from bigknn.backends.cpu.search import SearchReference
+from bigknn.backends.cuda import exact, ggm, gnnd, memory, prune, search
 from bigknn.backends.cuda.gpu import Gpu
+from bigknn.backends.cuda.kept import KeptCopy
 from bigknn.graph import KnnGraph, ShardPart
 from bigknn.params import GnndParams
 from bigknn.progress import log
+from bigknn.search.graph import SearchIndex
+from bigknn.search.params import DiversifyRule, SearchPlan
 
 
 def _report_failure(future) -> None:
@@ -41,7 +49,7 @@ def _option(name: str) -> property:
     return property(lambda self: getattr(self.gpu, name), lambda self, value: setattr(self.gpu, name, value))
 
 
-class CudaBackend:
+class CudaBackend(SearchReference):  # reach_back (GGNN's path-back test) on the host until its kernel exists
     """GNND and exact k-NN on one GPU. ``gpu_mem_bytes`` caps the device memory a call plans to use."""
 
     name = "cuda"
@@ -58,6 +66,8 @@ class CudaBackend:
         self._ahead: ThreadPoolExecutor | None = None  # uploads the next pair's shards (stage)
         self._ahead_lock = threading.Lock()
         self._copy_stream = None
+        self._search_index = KeptCopy()  # the index being searched, on the device while it lives
+        self._prune_table = KeptCopy()  # the rows of the prune in progress, likewise
         # the CUDA context (~0.6 s on an H200) is made while the caller still reads and checks its input
         threading.Thread(target=self._make_context, daemon=True, name="cuda-context").start()
 
@@ -106,6 +116,21 @@ class CudaBackend:
 
     def exact_knn(self, queries: np.ndarray, k: int, metric: str, blocks: Iterable[tuple[int, np.ndarray]]) -> KnnGraph:
         return self._call(exact.exact_knn, queries, k, metric, blocks)
+
+    def diversify(self, cands: np.ndarray, keys: np.ndarray, table: np.ndarray, metric: str,
+                  rule: DiversifyRule) -> np.ndarray:
+        return self._call(prune.diversify, self._prune_table, cands, keys, table, metric, rule)
+
+    def graph_search(self, index: SearchIndex, queries: np.ndarray, query_ids: np.ndarray, plan: SearchPlan,
+                     batch: int) -> KnnGraph:
+        return self._call(search.graph_search, self._search_index, index, queries, query_ids, plan, batch)
+
+    def processors(self) -> int:
+        """The device's streaming multiprocessors."""
+        with self.gpu.context():
+            import cupy
+
+            return int(cupy.cuda.Device().attributes["MultiProcessorCount"])
 
     def stage(self, arrays: Iterable[np.ndarray]) -> None:
         """Start copying host arrays (the next pair's shards) to this GPU on a stream of their own while the

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-SOURCES = ("common.cuh", "gnnd.cu", "cross.cu", "ggm.cu", "exact.cu")
+SOURCES = ("common.cuh", "gnnd.cu", "cross.cu", "ggm.cu", "exact.cu", "search.cu", "prune.cu")
 CTYPES = {
     np.dtype(np.float32): "float",
     np.dtype(np.float16): "unsigned short",

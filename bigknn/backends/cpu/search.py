@@ -1,0 +1,25 @@
+"""The search-graph calls of the Backend protocol (bigknn/backends/base.py) on the host: the CPU backend's,
+and the CUDA backend's path-back test (reach_back) until it has a kernel."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from bigknn.backends.cpu import graph_search, prune
+from bigknn.graph import KnnGraph
+from bigknn.search.graph import SearchIndex
+from bigknn.search.params import DiversifyRule, SearchPlan
+
+
+class SearchReference:
+    def diversify(self, cands: np.ndarray, keys: np.ndarray, table: np.ndarray, metric: str,
+                  rule: DiversifyRule) -> np.ndarray:
+        return prune.diversify(cands, keys, table, metric, rule)
+
+    def reach_back(self, table: np.ndarray, lists: np.ndarray, list_index: np.ndarray, x: np.ndarray,
+                   z: np.ndarray, z_ids: np.ndarray) -> np.ndarray:
+        return prune.reach_back(table, lists, list_index, x, z, z_ids)
+
+    def graph_search(self, index: SearchIndex, queries: np.ndarray, query_ids: np.ndarray, plan: SearchPlan,
+                     batch: int) -> KnnGraph:
+        return graph_search.search_batches(index, queries, query_ids, plan, batch)

@@ -1,0 +1,61 @@
+"""Diversification of candidate lists on the GPU (prune.cu), the reference bigknn/backends/cpu/prune.py. The
+table of rows stays on the device while the prune hands the same one again (``VectorSource`` gives one table
+for the whole prune where the rows fit the host budget; kept.py) and half the device budget holds it;
+otherwise each block of candidates takes the rows it names. Blocks of BLOCK_BYTES."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from bigknn.backends.cuda.compile import compile_kernels, kernel_metric, sync_check
+from bigknn.backends.cuda.gpu import Gpu
+from bigknn.backends.cuda.kept import KeptCopy
+from bigknn.search.params import DiversifyRule
+
+WARPS = 4  # prune.cu: __launch_bounds__(128)
+BLOCK_BYTES = 256 << 20  # candidates, keys and results of one launch
+RULES = {"rng": 0, "gd": 1}
+
+
+def _upload(table: np.ndarray) -> tuple:
+    import cupy as cp
+
+    return (cp.asarray(np.ascontiguousarray(table, dtype=np.float32)),)
+
+
+def diversify(gpu: Gpu, kept: KeptCopy, cands: np.ndarray, keys: np.ndarray, table: np.ndarray, metric: str,
+              rule: DiversifyRule) -> np.ndarray:
+    import cupy as cp
+
+    m = kernel_metric(metric)
+    rows, c = cands.shape
+    out = np.zeros((rows, c), np.uint8 if rule.sequential else np.int32)
+    if rows == 0 or c == 0:
+        return out
+    # the whole table stays on the device where half the budget holds it; otherwise each block gets the rows
+    # it names (a GPU capped below the data: issue 15's out-of-core prune)
+    whole = kept.holds(table) or 4 * table.shape[0] * table.shape[1] <= gpu.budget() // 2
+    name = f"diversify_kept<{m}, {RULES[rule.kind]}>" if rule.sequential else f"diversify_occlusion<{m}>"
+    kernel = compile_kernels((name,)).get_function(name)
+    step = max(1, BLOCK_BYTES // (c * (12 if whole else 12 + 4 * table.shape[1])))
+    for r0 in range(0, rows, step):
+        block = cands[r0:r0 + step]
+        if whole:
+            (x,) = kept.of(table, _upload)
+        else:
+            used = np.unique(block[block >= 0])
+            x = cp.asarray(np.ascontiguousarray(table[used], dtype=np.float32))
+            block = np.where(block >= 0, np.searchsorted(used, block), -1)
+        cd = cp.asarray(np.ascontiguousarray(block, dtype=np.int32))
+        kd = cp.asarray(np.ascontiguousarray(keys[r0:r0 + step], dtype=np.float32))
+        n = cd.shape[0]
+        od = cp.empty((n, c), out.dtype)
+        grid = (-(-n // WARPS),)
+        if rule.sequential:
+            kernel(grid, (32 * WARPS,), (x, np.int32(x.shape[1]), cd, kd, np.int32(n), np.int32(c),
+                                         np.float32(rule.alpha), od), shared_mem=WARPS * c * 4)
+        else:
+            kernel(grid, (32 * WARPS,), (x, np.int32(x.shape[1]), cd, kd, np.int32(n), np.int32(c), od))
+        sync_check(cp)
+        out[r0:r0 + n] = od.get()
+    return out

@@ -1,0 +1,76 @@
+"""Batch graph search on the GPU (search.cu): TSDG's two procedures, one warp per search, step for step the
+NumPy reference (bigknn/backends/cpu/graph_search.py), whose docstring states them. The search graph and
+its rows go to the device once per ``SearchIndex`` (a sweep searches one index many times) and stay while it
+lives (kept.py); the queries go batch by batch, each batch finished before the next starts (what
+batch-1 QPS means).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from bigknn.backends.cuda.compile import compile_kernels, kernel_metric, sync_check
+from bigknn.backends.cuda.gpu import Gpu
+from bigknn.backends.cuda.kept import KeptCopy
+from bigknn.graph import EMPTY, KnnGraph, merge_lists
+from bigknn.search.graph import SearchIndex
+from bigknn.search.params import QUEUE_SEGMENTS, SEARCH_K_MAX, SEGMENT, SearchPlan
+
+WARPS = 4  # search.cu: __launch_bounds__(128)
+SHARED_BYTES = 48 << 10  # per block without the opt-in
+
+
+def _upload(index: SearchIndex) -> tuple:
+    import cupy as cp
+
+    return (cp.asarray(np.ascontiguousarray(index.vectors, dtype=np.float32)),
+            cp.asarray(np.ascontiguousarray(index.ids, dtype=np.int32)),
+            cp.asarray(np.ascontiguousarray(index.lambdas, dtype=np.uint8)))
+
+
+def graph_search(gpu: Gpu, kept: KeptCopy, index: SearchIndex, queries: np.ndarray, query_ids: np.ndarray,
+                 plan: SearchPlan, batch: int) -> KnnGraph:
+    import cupy as cp
+
+    m = kernel_metric(index.metric)
+    x, edges, lambdas = kept.of(index, _upload)
+    n, dim = x.shape
+    deg = edges.shape[1]
+    name = f"graph_search_{plan.procedure}<{m}>"
+    kernel = compile_kernels((name,)).get_function(name)
+    per_warp = 4 * (dim + (2 * deg + 3 * QUEUE_SEGMENTS * SEGMENT if plan.procedure == "large" else 128))
+    warps = min(WARPS, SHARED_BYTES // per_warp)
+    if warps < 1:
+        raise ValueError(f"rows of {dim} dims are too wide for the search kernels' shared memory")
+    ids_out, keys_out = [], []
+    for b0 in range(0, len(queries), batch):
+        q = cp.asarray(np.ascontiguousarray(queries[b0:b0 + batch], dtype=np.float32))
+        qid = cp.asarray(np.asarray(query_ids[b0:b0 + batch], dtype=np.int64))
+        nq = q.shape[0]
+        common = (x, np.int64(n), np.int32(dim), edges, lambdas, np.int32(deg), q, qid)
+        if plan.procedure == "large":
+            oi = cp.empty((nq, plan.k), cp.int32)
+            ok = cp.empty((nq, plan.k), cp.float32)
+            kernel((-(-nq // warps),), (32 * warps,), common + (
+                np.int32(nq), np.int32(plan.k), np.int32(plan.lambda_visit), np.int32(plan.hops),
+                np.float32(plan.budget), np.float32(index.nn1), np.uint64(plan.seed), oi, ok),
+                shared_mem=warps * per_warp)
+            sync_check(cp)
+            ids_out.append(oi.get())
+            keys_out.append(ok.get())
+        else:
+            t0 = plan.searches
+            ns = nq * t0
+            oi = cp.empty((ns, SEARCH_K_MAX), cp.int32)
+            ok = cp.empty((ns, SEARCH_K_MAX), cp.float32)
+            kernel((-(-ns // warps),), (32 * warps,), common + (
+                np.int32(ns), np.int32(t0), np.int32(plan.lambda_visit), np.int32(plan.hops),
+                np.uint64(plan.seed), oi, ok), shared_mem=warps * per_warp)
+            sync_check(cp)
+            per_query = (nq, t0 * SEARCH_K_MAX)
+            ids, keys = merge_lists(oi.get().reshape(per_query).astype(np.int64), ok.get().reshape(per_query), plan.k)
+            ids_out.append(np.where(np.isinf(keys), EMPTY, ids).astype(np.int32))
+            keys_out.append(keys)
+    if not ids_out:
+        return KnnGraph(np.empty((0, plan.k), np.int32), np.empty((0, plan.k), np.float32))
+    return KnnGraph(np.concatenate(ids_out), np.concatenate(keys_out))

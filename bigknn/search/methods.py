@@ -1,0 +1,135 @@
+"""``Graph``'s search-graph methods (prune, search, truth, search_sweep): the Python side of ``bigknn prune``,
+``bigknn search``, ``bigknn truth`` and ``bigknn eval search``, kept apart from bigknn/stored_graph.py, which
+mixes them in."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from bigknn import plot as draw
+from bigknn.backends import get_backend
+from bigknn.metrics import kernel_metric
+from bigknn.pipeline.steps import HOST_MEM_FRACTION, physical_memory
+from bigknn.progress import reporter
+from bigknn.search import run
+from bigknn.search.params import ALPHA, PruneParams
+from bigknn.search.prune import prune as run_prune
+from bigknn.search.queries import load_queries
+from bigknn.search.results import PruneReport, SearchResult, SearchSweep, TruthReport
+from bigknn.search.store import load_index
+from bigknn.shards import Store
+
+PathLike = str | os.PathLike
+
+
+class SearchMethods:
+    """Mixed into ``bigknn.Graph``; ``_live()`` gives the open store."""
+
+    def _live(self) -> Store:  # pragma: no cover - Graph's
+        raise NotImplementedError
+
+    def prune(self, method: str = "tsdg", degree: int = 32, alpha: float = ALPHA, backend: str = "auto",
+              gpu_mem: int | None = None, host_mem: int | None = None, wait: float = 0.0,
+              progress: bool = False) -> PruneReport:
+        """Turn the kNN graph into a search graph of at most ``degree`` edges a row and commit it to the store
+        (the kNN graph stays as it is). ``method``: "tsdg" (two-stage diversification, ``alpha`` its first
+        stage's relaxation) or "rng" (relative-neighbourhood rule plus GGNN's symmetric links). ``host_mem``:
+        bytes of host RAM the prune may hold all vectors in (default: half the machine's); beyond, the
+        neighbours' vectors are read from the store batched, shard by shard.
+
+        Examples
+        --------
+        >>> import numpy as np, bigknn
+        >>> x = np.random.default_rng(0).normal(size=(2000, 8)).astype(np.float32)
+        >>> with bigknn.build(x, k=16, backend="cpu") as g:
+        ...     r = g.prune("rng", degree=16, backend="cpu")
+        >>> r.method, r.degree, 0 < r.mean_degree <= 16
+        ('rng', 16, True)
+        """
+        store = self._live()
+        host = int(physical_memory() * HOST_MEM_FRACTION) if host_mem is None else host_mem
+        summary = run_prune(store.path, PruneParams(method, degree, alpha), get_backend(backend, gpu_mem),
+                            reporter(progress), host, wait)
+        self._store = Store.open(store.path)
+        return PruneReport(**summary)
+
+    def search(self, queries: Any, k: int = 10, budget: float | None = None, batch: int | None = None,
+               procedure: str = "auto", seed: int = 0, out: PathLike | None = None, backend: str = "auto",
+               gpu_mem: int | None = None) -> SearchResult:
+        """The k nearest rows of each query (an array or a vector file) found by searching the pruned graph.
+        ``batch``: queries searched together (default all); ``procedure``: "small" (independent greedy
+        searches, ``budget`` of them per query), "large" (best-first, ``budget`` the slack factor tau) or
+        "auto" (small below a batch size the device's processors and the dimension set). ``out``: also write
+        the ids and distances to this .ibin.
+
+        Examples
+        --------
+        >>> import numpy as np, bigknn
+        >>> x = np.random.default_rng(0).normal(size=(2000, 8)).astype(np.float32)
+        >>> with bigknn.build(x, k=16, backend="cpu") as g:
+        ...     _ = g.prune(degree=16, backend="cpu")
+        ...     found = g.search(x[:5], k=3, backend="cpu")
+        >>> found.ids[:, 0].tolist()
+        [0, 1, 2, 3, 4]
+        """
+        store = self._live()
+        q = load_queries(queries, store.manifest)
+        index, _ = load_index(store, kernel_metric(store.manifest.metric))
+        ids, distances, report = run.search(index, store, q, get_backend(backend, gpu_mem), k, budget, batch,
+                                            procedure, seed, None if out is None else Path(out))
+        return SearchResult(ids, distances, report)
+
+    def truth(self, queries: Any, out: PathLike, k: int = 10, backend: str = "auto",
+              gpu_mem: int | None = None) -> TruthReport:
+        """Write the exact k nearest rows of each query (a brute-force scan of the store) to ``out`` (.ibin),
+        the ground truth ``search_sweep`` measures recall against.
+
+        Examples
+        --------
+        >>> import os, tempfile
+        >>> import numpy as np, bigknn
+        >>> from bigknn.formats import read_truth
+        >>> x = np.random.default_rng(0).normal(size=(500, 4)).astype(np.float32)
+        >>> gt = os.path.join(tempfile.mkdtemp(), "gt.ibin")
+        >>> with bigknn.build(x, k=8, backend="cpu") as g:
+        ...     r = g.truth(x[:3] + 0.001, gt, k=2, backend="cpu")
+        >>> read_truth(gt)[0][:, 0].tolist()
+        [0, 1, 2]
+        """
+        store = self._live()
+        return run.truth(store, load_queries(queries, store.manifest), get_backend(backend, gpu_mem), k, Path(out))
+
+    def search_sweep(self, queries: Any, truth: PathLike, k: int = 10, budgets: list[float] | None = None,
+                     batch: int | None = None, procedure: str = "auto", seed: int = 0, backend: str = "auto",
+                     gpu_mem: int | None = None, plot: PathLike | None = None) -> SearchSweep:
+        """Recall@k against ``truth`` (an .ibin of ``truth``) and queries per second at each search budget
+        (default: the procedure's sweep); ``plot``: also draw recall against QPS into this image file
+        (matplotlib: ``bigknn[plot]``). The other parameters are ``search``'s.
+
+        Examples
+        --------
+        >>> import os, tempfile
+        >>> import numpy as np, bigknn
+        >>> rng = np.random.default_rng(0)
+        >>> x, q = rng.normal(size=(2000, 8)).astype(np.float32), rng.normal(size=(50, 8)).astype(np.float32)
+        >>> gt = os.path.join(tempfile.mkdtemp(), "gt.ibin")
+        >>> with bigknn.build(x, k=16, backend="cpu") as g:
+        ...     _ = g.prune(degree=16, backend="cpu")
+        ...     _ = g.truth(q, gt, backend="cpu")
+        ...     sweep = g.search_sweep(q, gt, budgets=[0.0, 0.5], procedure="large", backend="cpu")
+        >>> [p.budget for p in sweep.points], sweep.points[-1].recall >= 0.9
+        ([0.0, 0.5], True)
+        """
+        store = self._live()
+        if plot is not None:
+            draw.pyplot(Path(plot))  # refuse before the work
+        q = load_queries(queries, store.manifest)
+        index, _ = load_index(store, kernel_metric(store.manifest.metric))
+        result = run.sweep(index, store, q, Path(truth), get_backend(backend, gpu_mem), k, budgets, batch,
+                           procedure, seed)
+        if plot is not None:
+            draw.search_curve(Path(plot), result)
+            result = SearchSweep(**{**result.__dict__, "plot": str(plot)})
+        return result

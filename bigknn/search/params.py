@@ -1,0 +1,129 @@
+"""The knobs of pruning and search, with the papers' defaults, in one place (docs/design.md names the papers).
+
+TSDG = Wang, Wang, Zhao, *Graph-based Approximate NN Search: A Revisit* (two-stage diversification, GPU batch
+search); GGNN = Groh et al., *GGNN: Graph-Based GPU Nearest Neighbor Search* (symmetric linking, the slack
+stopping rule); GRNND = Li et al., *GRNND: A GPU-Parallel Relative NN-Descent Algorithm* (the RNG rule).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+METHODS = ("tsdg", "rng")
+PROCEDURES = ("auto", "small", "large")
+
+# ---- pruning ------------------------------------------------------------------------------------
+ALPHA = 1.2  # TSDG §3.2: the relaxation of the first stage, "usually greater than 1.1"
+LAMBDA0 = 9  # TSDG §3.3: edges whose occlusion factor exceeds it are removed; the small-batch search visits < 10
+SYM_MIDPOINT = 0.4  # GGNN §5.2.1: q_m = z + 0.4 (x - z), the worst-case query a symmetric link must serve
+MAX_CANDIDATES = 256  # longest candidate list one row is diversified over (the CUDA kernels' shared rows)
+NO_LAMBDA = 255  # the occlusion factor stored in an empty slot (and the cap of a stored factor)
+
+
+@dataclass(frozen=True)
+class DiversifyRule:
+    """How a row's candidate list (ascending by distance to the row) is diversified.
+
+    ``rng``: GRNND Alg. 2: candidate j is dropped when a kept closer candidate i has d(i, j) <= d(row, j).
+    ``gd``: TSDG eq. (2): j is dropped when a kept closer candidate i has alpha d(row, i) < d(row, j) and
+    alpha d(i, j) < d(row, j) (alpha = 1 is eq. (1), the plain graph diversification).
+    ``occlusion``: TSDG §3.3: j's occlusion factor, the number of candidates i (all of them, kept or not) with
+    d(row, i) < d(row, j) and d(i, j) < d(row, j).
+
+    Distances d are the metric's: Euclidean for l2 (alpha scales it, not its square), 1 - x.y for ip.
+    """
+
+    kind: str  # "rng", "gd" or "occlusion"
+    alpha: float = 1.0
+
+    @property
+    def sequential(self) -> bool:
+        """Whether a candidate is judged against the kept ones only (a kept mask), not against all (a count)."""
+        return self.kind != "occlusion"
+
+
+@dataclass(frozen=True)
+class PruneParams:
+    """``bigknn prune``: the method, the most edges a row keeps (``degree``) and the TSDG constants."""
+
+    method: str = "tsdg"
+    degree: int = 32
+    alpha: float = ALPHA
+    lambda0: int = LAMBDA0
+
+    def check(self, k: int) -> None:
+        """ValueError naming the first knob that cannot work with a kNN graph of ``k`` neighbours per row."""
+        if self.method not in METHODS:
+            raise ValueError(f"--method {self.method}: choose one of {', '.join(METHODS)}")
+        if not 2 <= self.degree <= MAX_CANDIDATES // 2:
+            raise ValueError(f"--degree {self.degree} is outside 2..{MAX_CANDIDATES // 2}")
+        if not self.alpha >= 1.0:
+            raise ValueError(f"--alpha {self.alpha} must be at least 1 (it relaxes the rule; 1 is plain GD)")
+        if not 0 <= self.lambda0 < NO_LAMBDA:
+            raise ValueError(f"lambda0 {self.lambda0} is outside 0..{NO_LAMBDA - 1}")
+
+    def forward_width(self, k: int) -> int:
+        """Forward edges a row keeps before the reverse ones join: TSDG keeps all its first stage keeps (at most
+        k); the RNG graph keeps at least half the degree for the nearest (GGNN §5.2: k_nn >= k/2), so
+        ceil(degree / 2) at most, the rest left to symmetric links."""
+        return k if self.method == "tsdg" else self.degree - self.degree // 2
+
+    def candidate_width(self, k: int) -> int:
+        """TSDG's second stage: the forward edges plus the nearest reverse ones, at most MAX_CANDIDATES."""
+        return min(MAX_CANDIDATES, k + self.degree)
+
+
+# ---- search -------------------------------------------------------------------------------------
+SEEDS = 32  # TSDG §4: each search starts from the best of 32 random rows
+SEARCH_K_MAX = 32  # the result list of one search is one warp wide (TSDG Alg. 1: 32 entries)
+LAMBDA_VISIT = {"small": 10, "large": 5}  # TSDG §5.4: edges visited have occlusion factors below these
+HOPS = {"small": 64, "large": 4096}  # hop limit T: Alg. 1 "converges in 4-5 iterations"; Alg. 2 ends by Δ first
+QUEUE_SEGMENTS = 16  # TSDG §4.2: the expansion queue and the visited table, in segments of 32 entries
+SEGMENT = 32
+# TSDG §4: batches below (a * SMs + b) / d queries take the small-batch procedure. The paper gives no a, b;
+# a fits its example (82 SMs, 128-d: about 300), b = 0
+SMALL_BATCH_A = 468
+BUDGETS = {"small": (1, 2, 4, 8, 16, 32, 64, 128),  # t0: independent greedy searches per query (Alg. 1)
+           "large": (0.0, 0.1, 0.2, 0.3, 0.45, 0.6, 0.8, 1.0, 1.4)}  # tau: GGNN's slack factor (Alg. 2's Δ)
+
+
+def small_batch_limit(processors: int, dim: int) -> int:
+    """Batches of fewer queries than this take the small-batch procedure (TSDG §4: (a SMs + b) / d)."""
+    return max(1, math.ceil(SMALL_BATCH_A * processors / max(1, dim)))
+
+
+@dataclass(frozen=True)
+class SearchPlan:
+    """One batch search: the procedure (``small``: TSDG Alg. 1, ``large``: Alg. 2), its budget (t0 searches per
+    query, or GGNN's slack factor tau), the neighbours wanted, the occlusion factors visited, the hop limit and
+    the seed of the entry rows."""
+
+    procedure: str
+    budget: float
+    k: int = 10
+    seed: int = 0
+
+    @property
+    def lambda_visit(self) -> int:
+        return LAMBDA_VISIT[self.procedure]
+
+    @property
+    def hops(self) -> int:
+        return HOPS[self.procedure]
+
+    @property
+    def searches(self) -> int:
+        """t0, the independent greedy searches per query of the small-batch procedure."""
+        return max(1, int(self.budget))
+
+    def check(self) -> None:
+        if self.procedure not in ("small", "large"):
+            raise ValueError(f"procedure {self.procedure!r}: choose small or large")
+        if not 1 <= self.k <= SEARCH_K_MAX:
+            raise ValueError(f"--k {self.k}: outside 1..{SEARCH_K_MAX} (one search keeps {SEARCH_K_MAX} rows)")
+        if self.procedure == "small" and (self.budget < 1 or self.budget != int(self.budget)):
+            raise ValueError(f"--budget {self.budget:g}: the small-batch procedure takes a whole number of "
+                             "searches per query (1, 2, 4, ...)")
+        if self.procedure == "large" and not self.budget >= 0:
+            raise ValueError(f"--budget {self.budget:g}: the large-batch procedure takes a slack factor >= 0")

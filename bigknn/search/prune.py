@@ -1,0 +1,250 @@
+"""``bigknn prune``: the kNN graph -> a search graph (bigknn/search/params.py names the papers and the rules),
+shard by shard, out of core, in two passes over the shards:
+
+1. forward: each row's kNN list is diversified (TSDG's first stage with alpha, or the RNG rule); the kept
+   edges are written to scratch, and each becomes a reverse edge filed under the shard of its target.
+2. reverse: each row gets its reverse edges. TSDG (§3.3): forward and reverse edges together (the nearest
+   ``k + degree``) get occlusion factors; sorted by (factor, distance), those above lambda0 dropped, cut to
+   ``degree``. RNG: GGNN's symmetric linking (§5.2): a reverse edge z -> x is added where x does not lead back
+   to z within two hops inside the sphere around z + 0.4 (x - z), the nearest first, while x has free slots.
+
+A row's candidates' vectors come from any shard: ``VectorSource`` reads them batched. Nothing the readers see
+changes until the final commit (the manifest's ``search`` entry, store format 3); a failed prune removes the
+version it was writing.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bigknn.backends import Backend
+from bigknn.errors import BadInput
+from bigknn.graph import EMPTY, ID_DTYPE, merge_lists
+from bigknn.metrics import kernel_metric
+from bigknn.progress import Reporter
+from bigknn.search.graph import key_distance
+from bigknn.search.params import NO_LAMBDA, DiversifyRule, PruneParams
+from bigknn.search.store import (SEARCH_DIR, SearchEntry, drop_versions, drop_work, locate, mark_format,
+                                 next_version, shard_rows, work_path)
+from bigknn.search.vectors import VectorSource
+from bigknn.shards import Store
+from bigknn.shards.lock import WriterLock
+from bigknn.shards.manifest import CHECKSUMS_SINCE, SEARCH_SINCE
+
+MAX_ROWS = np.iinfo(np.int32).max  # search graph ids are int32
+
+
+def prune(path: Path, params: PruneParams, backend: Backend, reporter: Reporter, host_bytes: int,
+          wait_s: float = 0.0) -> dict:
+    """Prune the store's finished kNN graph into a new search graph version and commit it; return a summary."""
+    path = Path(path)
+    Store.open(path, pin=False).manifest.require_complete(path)  # refuse before taking the lock
+    with WriterLock(path, wait_s):
+        store = Store.open(path, pin=False)
+        try:
+            _check(store, params)
+            return _Pruner(store, params, backend, host_bytes).run(reporter)
+        finally:
+            store.close()
+
+
+def _check(store: Store, params: PruneParams) -> None:
+    m = store.manifest
+    m.require_complete(store.path)
+    if m.format < CHECKSUMS_SINCE:
+        raise BadInput(store.path, f"store format {m.format} has no chunk checksums; rebuild it with this bigknn "
+                                   "to prune it")
+    if m.rows > MAX_ROWS:
+        raise BadInput(store.path, f"{m.rows} rows: search graphs hold int32 ids (at most {MAX_ROWS} rows)")
+    try:
+        params.check(m.k)
+    except ValueError as e:
+        raise BadInput(store.path, str(e)) from None
+
+
+class _Pruner:
+    def __init__(self, store: Store, params: PruneParams, backend: Backend, host_bytes: int):
+        self.store, self.params, self.backend = store, params, backend
+        self.m = store.manifest
+        self.metric = kernel_metric(self.m.metric)
+        self.k = self.m.k
+        self.vectors = VectorSource(store, host_bytes)
+        self.version = next_version(store)
+        self.work = work_path(store, self.version)
+        self.nn1 = 0.0
+        self.stats = {"forward_edges": 0, "reverse_edges": 0, "symmetric_links": 0, "edges": 0}
+
+    def run(self, reporter: Reporter) -> dict:
+        t0 = time.perf_counter()
+        shards = self.m.shards
+        try:
+            with reporter.phase("forward", len(shards), "shards") as advance:
+                for s in shards:
+                    self._forward(s)
+                    advance(1)
+            with reporter.phase("reverse", len(shards), "shards") as advance:
+                for s in shards:
+                    self._finish(s)
+                    advance(1)
+            drop_work(self.store, self.version)
+        except BaseException:
+            shutil.rmtree(self.store.path / SEARCH_DIR / str(self.version), ignore_errors=True)
+            raise
+        return self._commit(time.perf_counter() - t0)
+
+    # ---- pass 1 --------------------------------------------------------------------------------
+    def _forward(self, s) -> None:
+        g = self.store.read_graph(s.id)
+        ids, keys = g.ids[:, :self.k].astype(np.int64), g.dists[:, :self.k]
+        first = keys[:, 0][ids[:, 0] >= 0]
+        if first.size:
+            self.nn1 = max(self.nn1, float(key_distance(first, self.metric).max()))
+        p = self.params
+        rule = DiversifyRule("gd", p.alpha) if p.method == "tsdg" else DiversifyRule("rng")
+        table, index = self.vectors.table(ids)
+        kept = self.backend.diversify(index, keys, table, self.metric, rule).astype(bool)
+        f_ids, f_keys = _compact(ids, keys, kept, p.forward_width(self.k))
+        out = self.work / "forward"
+        out.mkdir(parents=True, exist_ok=True)
+        np.save(out / f"{s.id}.ids.npy", f_ids.astype(ID_DTYPE))
+        np.save(out / f"{s.id}.keys.npy", f_keys)
+        src = np.broadcast_to(shard_rows(s)[:, None], f_ids.shape)
+        valid = f_ids >= 0
+        self.stats["forward_edges"] += int(valid.sum())
+        dst, src, key = f_ids[valid], src[valid], f_keys[valid]
+        pos, _ = locate(self.store, dst)
+        for p_i in np.unique(pos):
+            mine = pos == p_i
+            to = self.work / "reverse" / str(self.m.shards[p_i].id)
+            to.mkdir(parents=True, exist_ok=True)
+            np.save(to / f"{s.id}.npy", np.rec.fromarrays([dst[mine], src[mine], key[mine]], names="dst,src,key"))
+
+    # ---- pass 2 --------------------------------------------------------------------------------
+    def _finish(self, s) -> None:
+        f_ids = np.load(self.work / "forward" / f"{s.id}.ids.npy").astype(np.int64)
+        f_keys = np.load(self.work / "forward" / f"{s.id}.keys.npy")
+        rev_dir = self.work / "reverse" / str(s.id)
+        parts = [np.load(f) for f in sorted(rev_dir.glob("*.npy"))] if rev_dir.is_dir() else []
+        rev = np.concatenate(parts) if parts else np.rec.fromarrays(
+            [np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.float32)], names="dst,src,key")
+        _, at = locate(self.store, rev["dst"])
+        self.stats["reverse_edges"] += len(rev)
+        if self.params.method == "tsdg":
+            ids, lambdas = self._tsdg(f_ids, f_keys, at, rev["src"].astype(np.int64), rev["key"])
+        else:
+            ids, lambdas = self._rng(s, f_ids, at, rev["src"].astype(np.int64), rev["key"])
+        self.stats["edges"] += int((ids >= 0).sum())
+        self.store.write_search(self.version, f"shards/{s.id}/ids", ids.astype(ID_DTYPE))
+        self.store.write_search(self.version, f"shards/{s.id}/lambdas", lambdas)
+
+    def _tsdg(self, f_ids, f_keys, at, src, key):
+        """TSDG §3.3: forward and reverse edges, occlusion factors, sorted by (factor, distance), cut."""
+        p = self.params
+        width = p.candidate_width(self.k)
+        r_ids, r_keys = _dense_lists(at, src, key, len(f_ids), width)
+        cand, ckeys = merge_lists(np.concatenate([f_ids, r_ids], axis=1).astype(np.int64),
+                                  np.concatenate([f_keys, r_keys], axis=1), width)
+        table, index = self.vectors.table(cand)
+        lam = self.backend.diversify(index, ckeys, table, self.metric, DiversifyRule("occlusion"))
+        lam = np.where(cand >= 0, np.minimum(lam, NO_LAMBDA - 1), NO_LAMBDA)
+        order = np.argsort(lam, axis=1, kind="stable")[:, :p.degree]  # keys ascend within each factor
+        lam = np.take_along_axis(lam, order, axis=1)
+        ids = np.take_along_axis(cand, order, axis=1)
+        drop = lam > p.lambda0
+        return np.where(drop, EMPTY, ids), np.where(drop, NO_LAMBDA, lam).astype(np.uint8)
+
+    def _rng(self, s, f_ids, at, src, key):
+        """GGNN §5.2: a reverse edge is added only where no two-hop path leads back, nearest first, into the
+        slots the forward edges left free."""
+        p = self.params
+        rows = shard_rows(s)
+        a_ids = np.unique(f_ids[f_ids >= 0])
+        known = np.unique(np.concatenate([rows, a_ids]))
+        table, index = self.vectors.table(np.concatenate([known, src]))
+        known_index, z_index = index[:len(known)], index[len(known):]
+        lists = self._forward_lists(known)
+        table_lists = np.full((len(table), lists.shape[1]), EMPTY, np.int64)
+        table_lists[known_index] = lists
+        list_index = np.full(table_lists.shape, -1, np.int64)
+        own = known_index[np.searchsorted(known, rows)]  # table rows of this shard's rows
+        mine = f_ids >= 0
+        list_index[own] = np.where(mine, _table_index(known, known_index, f_ids), -1)
+        found = self.backend.reach_back(table, table_lists, list_index, own[at], z_index, src)
+        need = ~found
+        free = p.degree - mine.sum(axis=1)
+        sym, _ = _dense_lists(at[need], src[need], key[need], len(rows), p.degree)
+        sym = np.where(np.arange(p.degree)[None, :] < free[:, None], sym, EMPTY)
+        self.stats["symmetric_links"] += int((sym >= 0).sum())
+        ids = np.concatenate([f_ids, sym], axis=1)
+        order = np.argsort(ids < 0, axis=1, kind="stable")[:, :p.degree]
+        ids = np.take_along_axis(ids, order, axis=1)
+        return ids, np.where(ids >= 0, 0, NO_LAMBDA).astype(np.uint8)
+
+    def _forward_lists(self, global_ids: np.ndarray) -> np.ndarray:
+        """Forward lists of any rows (scratch of pass 1, memory-mapped)."""
+        pos, local = locate(self.store, global_ids)
+        out = np.full((len(global_ids), self.params.forward_width(self.k)), EMPTY, np.int64)
+        for p_i in np.unique(pos):
+            sid = self.m.shards[p_i].id
+            f = np.load(self.work / "forward" / f"{sid}.ids.npy", mmap_mode="r")
+            mine = pos == p_i
+            out[mine] = f[local[mine]]
+        return out
+
+    # ---- commit --------------------------------------------------------------------------------
+    def _commit(self, seconds: float) -> dict:
+        m, p = self.m, self.params
+        previous = m.search["version"] if m.search else None
+        entry = SearchEntry(version=self.version, method=p.method, degree=p.degree, rows=m.rows,
+                            graphs=[s.graph for s in m.shards], alpha=p.alpha, lambda0=p.lambda0, knn_k=self.k,
+                            nn1=round(self.nn1, 7), mean_degree=round(self.stats["edges"] / max(1, m.rows), 3),
+                            seconds=round(seconds, 3))
+        with self.store.lock:
+            m.search = entry.__dict__.copy()
+            m.format = max(m.format, SEARCH_SINCE)
+            m.timings["prune"] = round(m.timings.get("prune", 0.0) + seconds, 3)
+            self.store.commit()
+        mark_format(self.store)
+        drop_versions(self.store, {self.version} | ({previous} if previous else set()))
+        return {"store": str(self.store.path), "version": self.version, "method": p.method, "degree": p.degree,
+                "alpha": p.alpha if p.method == "tsdg" else None, "rows": m.rows, "knn_k": self.k,
+                "mean_degree": entry.mean_degree, **self.stats, "backend": self.backend.name,
+                "wall_s": round(seconds, 3)}
+
+
+def _table_index(known: np.ndarray, known_index: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """The table row of each id of ``ids`` (all in ``known``; EMPTY entries give an arbitrary row)."""
+    return known_index[np.clip(np.searchsorted(known, ids), 0, len(known) - 1)]
+
+
+def _compact(ids: np.ndarray, keys: np.ndarray, kept: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """The kept entries of each row, in their order, in ``width`` columns (EMPTY / inf after them)."""
+    order = np.argsort(~kept, axis=1, kind="stable")[:, :width]
+    keep = np.take_along_axis(kept, order, axis=1)
+    out_ids = np.where(keep, np.take_along_axis(ids, order, axis=1), EMPTY)
+    out_keys = np.where(keep, np.take_along_axis(keys, order, axis=1), np.inf).astype(np.float32)
+    if out_ids.shape[1] < width:
+        pad = width - out_ids.shape[1]
+        out_ids = np.pad(out_ids, ((0, 0), (0, pad)), constant_values=EMPTY)
+        out_keys = np.pad(out_keys, ((0, 0), (0, pad)), constant_values=np.inf)
+    return out_ids, out_keys
+
+
+def _dense_lists(row: np.ndarray, ids: np.ndarray, keys: np.ndarray, rows: int,
+                 width: int) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, width) lists from (row, id, key) triples: each row's nearest ``width``, ascending."""
+    out_ids = np.full((rows, width), EMPTY, np.int64)
+    out_keys = np.full((rows, width), np.inf, np.float32)
+    if len(row):
+        order = np.lexsort((keys, row))
+        row, ids, keys = row[order], ids[order], keys[order]
+        starts = np.searchsorted(row, row, side="left")
+        rank = np.arange(len(row)) - starts
+        keep = rank < width
+        out_ids[row[keep], rank[keep]] = ids[keep]
+        out_keys[row[keep], rank[keep]] = keys[keep]
+    return out_ids, out_keys

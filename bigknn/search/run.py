@@ -1,0 +1,134 @@
+"""``bigknn search``, ``bigknn truth`` and ``bigknn eval search``: batch graph search of a query set, its exact
+ground truth (the streamed exact k-NN of ``eval recall``), and recall@k against queries per second over a
+sweep of search budgets."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bigknn.atomic import check_target
+from bigknn.backends import Backend
+from bigknn.errors import BadInput
+from bigknn.formats import TRUTH_EXTENSION, read_truth, write_truth
+from bigknn.graph import EMPTY
+from bigknn.metrics import kernel_metric, row_keys, user_distance
+from bigknn.pipeline.evaluate import TIE_RTOL
+from bigknn.search.graph import SearchIndex
+from bigknn.search.params import BUDGETS, PROCEDURES, SearchPlan, small_batch_limit
+from bigknn.search.results import SearchReport, SearchSweep, SweepPoint, TruthReport
+from bigknn.shards import Store
+
+DEFAULT_BUDGET = {"small": 16, "large": 0.3}
+WARMUP_QUERIES = 64  # searched once before timing: kernels compiled, the index on the device
+
+
+def check_output(out: Path) -> None:
+    """Refuse (exit 2, before any work) an output that is not an .ibin or cannot be written."""
+    if Path(out).suffix.lower() != TRUTH_EXTENSION:
+        raise BadInput(out, f"results are written as {TRUTH_EXTENSION} (ids, then distances)")
+    check_target(Path(out))
+
+
+def procedure_for(procedure: str, batch: int, backend: Backend, dim: int) -> str:
+    """TSDG §4: batches below (a SMs + b) / d queries take the small-batch procedure."""
+    if procedure not in PROCEDURES:
+        raise BadInput(f"--procedure {procedure}", f"choose one of {', '.join(PROCEDURES)}")
+    if procedure != "auto":
+        return procedure
+    return "small" if batch < small_batch_limit(backend.processors(), dim) else "large"
+
+
+def make_plan(procedure: str, budget: float | None, k: int, seed: int) -> SearchPlan:
+    plan = SearchPlan(procedure, DEFAULT_BUDGET[procedure] if budget is None else float(budget), k, seed)
+    try:
+        plan.check()
+    except ValueError as e:
+        option, problem = str(e).split(": ", 1)
+        raise BadInput(option, problem) from None
+    return plan
+
+
+def search(index: SearchIndex, store: Store, queries: np.ndarray, backend: Backend, k: int,
+           budget: float | None, batch: int | None, procedure: str = "auto", seed: int = 0,
+           out: Path | None = None) -> tuple[np.ndarray, np.ndarray, SearchReport]:
+    """Search every query; write ids and distances to ``out`` (.ibin) when given."""
+    batch = len(queries) if batch is None else batch
+    if batch < 1:
+        raise BadInput(f"--batch {batch}", "must be at least 1")
+    if out is not None:
+        check_output(out)
+    plan = make_plan(procedure_for(procedure, batch, backend, queries.shape[1]), budget, k, seed)
+    t0 = time.perf_counter()
+    found = backend.graph_search(index, queries, np.arange(len(queries)), plan, batch)
+    dt = time.perf_counter() - t0
+    distances = user_distance(found.dists, store.manifest.metric)
+    if out is not None:
+        write_truth(out, found.ids, distances)
+    report = SearchReport(store=str(store.path), queries=len(queries), k=k, procedure=plan.procedure,
+                          budget=plan.budget, batch=batch, qps=round(len(queries) / max(dt, 1e-9), 1),
+                          search_s=round(dt, 4), backend=backend.name, out=None if out is None else str(out))
+    return found.ids, distances, report
+
+
+def truth(store: Store, queries: np.ndarray, backend: Backend, k: int, out: Path) -> TruthReport:
+    """The exact k nearest rows of every query over the whole store, written to ``out``."""
+    m = store.manifest
+    m.require_complete(store.path)
+    check_output(out)
+    if not 1 <= k <= m.rows:
+        raise BadInput(f"--k {k}", f"is outside 1..{m.rows} (the store's rows)")
+    t0 = time.perf_counter()
+    blocks = ((s.offset, store.read_vectors(s.id)) for s in m.shards)
+    g = backend.exact_knn(queries, k, kernel_metric(m.metric), blocks)
+    write_truth(out, g.ids, user_distance(g.dists, m.metric))
+    return TruthReport(store=str(store.path), queries=len(queries), k=k, out=str(out), backend=backend.name,
+                       wall_s=round(time.perf_counter() - t0, 3))
+
+
+def recall_against(index: SearchIndex, queries: np.ndarray, found: np.ndarray, truth_ids: np.ndarray,
+                   k: int) -> float:
+    """Mean recall@k: a found row counts when its key is within the k-th true neighbour's (ties count)."""
+    kth = row_keys(queries, index.vectors[truth_ids[:, k - 1]], index.metric)
+    got = found[:, :k].astype(np.int64)
+    valid = got != EMPTY
+    keys = row_keys(queries[:, None, :], index.vectors[np.where(valid, got, 0)], index.metric)
+    correct = valid & (keys <= (kth + TIE_RTOL * np.maximum(1.0, np.abs(kth)))[:, None])
+    return float(correct.sum(axis=1).mean() / k)
+
+
+def load_truth(path: Path, queries: int, k: int, rows: int) -> np.ndarray:
+    """Ground-truth ids (queries, >= k), checked against the query set and the store."""
+    ids, _ = read_truth(path)
+    if ids.shape[0] != queries:
+        raise BadInput(path, f"has {ids.shape[0]} rows; the query set has {queries}")
+    if ids.shape[1] < k:
+        raise BadInput(path, f"holds {ids.shape[1]} neighbours per query; recall@{k} needs {k}")
+    ids = np.asarray(ids[:, :k], np.int64)
+    if ids.size and (ids.min() < 0 or ids.max() >= rows):
+        raise BadInput(path, f"lists ids outside the store's {rows} rows (ground truth of another base set?)")
+    return ids
+
+
+def sweep(index: SearchIndex, store: Store, queries: np.ndarray, truth_path: Path, backend: Backend, k: int,
+          budgets: list[float] | None, batch: int | None, procedure: str = "auto", seed: int = 0) -> SearchSweep:
+    """Recall@k and queries per second of the search at each budget (one warm-up search first)."""
+    truth_ids = load_truth(truth_path, len(queries), k, index.rows)
+    batch = len(queries) if batch is None else batch
+    if batch < 1:
+        raise BadInput(f"--batch {batch}", "must be at least 1")
+    proc = procedure_for(procedure, batch, backend, queries.shape[1])
+    budgets = list(BUDGETS[proc]) if not budgets else budgets
+    for b in budgets:
+        make_plan(proc, b, k, seed)  # every budget checked before the first search
+    warm = queries[:WARMUP_QUERIES]
+    backend.graph_search(index, warm, np.arange(len(warm)), make_plan(proc, budgets[0], k, seed), min(batch, len(warm)))
+    points = []
+    for b in budgets:
+        ids, _, rep = search(index, store, queries, backend, k, b, batch, proc, seed)
+        points.append(SweepPoint(budget=rep.budget, recall=round(recall_against(index, queries, ids, truth_ids, k), 5),
+                                 qps=rep.qps, search_s=rep.search_s))
+    return SearchSweep(store=str(store.path), queries=len(queries), k=k, truth=str(truth_path), batch=batch,
+                       procedure=proc, backend=backend.name, points=points)

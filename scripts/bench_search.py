@@ -1,0 +1,172 @@
+#!/usr/bin/env python3
+"""Issue 15's acceptance run: bigknn's search graphs (tsdg, rng) against cuVS CAGRA (graph_degree 32 and 64,
+its own build) in one process, on one family file each. The last ``--queries`` rows of a file are held out
+as queries (not in the base set); the base set is built (bigknn, GPU), pruned, and searched at several
+budgets in batches of 10K and of 1. One JSON line per measurement: workload, family, tool, params, device,
+build / prune seconds, recall@10 (ties with the 10th true neighbour count) and QPS.
+
+    PYTHONPATH=. python3 scripts/bench_search.py $WORK/synth.fbin:l2 $WORK/text.fbin:cosine \
+        --work $WORK/search --out $OUT/search.jsonl
+
+Search times include the queries' copy to the device and the results' copy back, batch by batch, for every
+tool alike; the index is on the device before the clock starts (one warm-up search).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+import bigknn
+from bench_families import emit  # scripts/ is on the path of a script run from it
+from bigknn.backends import get_backend
+from bigknn.formats import open_vectors, read_truth
+from bigknn.metrics import kernel_metric
+from bigknn.search.params import SearchPlan
+from bigknn.search.queries import load_queries
+from bigknn.search.run import recall_against
+from bigknn.search.store import load_index
+from bigknn.shards import Store
+
+BUDGETS = {  # the bigknn budgets swept: searches per query (small), the slack tau (large)
+    "small": [1, 2, 4, 8, 16, 32, 64], "large": [0.0, 0.1, 0.2, 0.3, 0.45, 0.6, 0.8, 1.0, 1.4]}
+ITOPK = [16, 32, 64, 128, 256, 512]  # CAGRA's budget
+BATCHES = [10_000, 1]
+WARMUP = 64
+
+
+def timed_search(search, q: np.ndarray, batch: int, limit_s: float) -> tuple[np.ndarray, float, int]:
+    """(ids of the queries searched, QPS, queries searched): ``search(queries, number of the first)`` batch by
+    batch, batch 1 stopped after limit_s."""
+    search(q[:min(WARMUP, batch)], 0)
+    ids, done = [], 0
+    t0 = time.perf_counter()
+    while done < len(q) and (batch > 1 or time.perf_counter() - t0 < limit_s):
+        ids.append(search(q[done:done + batch], done))
+        done += len(ids[-1])
+    dt = time.perf_counter() - t0
+    return np.concatenate(ids), done / dt, done
+
+
+def bench_bigknn(backend, backend_name: str, store: Path, q, truth, base: dict, degrees: list[int], out,
+                 limit_s: float) -> None:
+    for method in ("tsdg", "rng"):
+        for degree in degrees:
+            with bigknn.open(store) as g:
+                t0 = time.perf_counter()
+                report = g.prune(method, degree=degree, backend=backend_name)
+                prune_s = time.perf_counter() - t0
+            st = Store.open(store)
+            index, _ = load_index(st, kernel_metric(st.manifest.metric))
+            st.close()
+            for batch in BATCHES:
+                for procedure in ("small", "large"):
+                    for budget in BUDGETS[procedure]:
+                        plan = SearchPlan(procedure, budget, 10)
+                        def search(qq, first, plan=plan, index=index):  # query numbers pick the entries
+                            return backend.graph_search(index, qq, np.arange(first, first + len(qq)), plan,
+                                                        len(qq)).ids
+                        ids, qps, done = timed_search(search, q, batch, limit_s)
+                        emit({**base, "tool": "bigknn", "method": method, "degree": degree,
+                              "mean_degree": report.mean_degree, "prune_s": round(prune_s, 2),
+                              "batch": min(batch, len(q)),
+                              "procedure": procedure, "budget": budget, "queries": done,
+                              "recall@10": round(recall_against(index, q[:done], ids, truth[:done], 10), 5),
+                              "qps": round(qps, 1)}, out)
+            del index
+
+
+def bench_cagra(x, q, truth, index, metric: str, base: dict, out, limit_s: float) -> None:
+    import cupy as cp
+    from cuvs.neighbors import cagra
+
+    cuvs_metric = {"l2": "sqeuclidean", "ip": "inner_product"}[metric]
+    xd = cp.asarray(x, dtype=cp.float32)
+    for degree in (32, 64):
+        params = cagra.IndexParams(metric=cuvs_metric, graph_degree=degree, intermediate_graph_degree=2 * degree,
+                                   build_algo="nn_descent")
+        if degree == 32:
+            cagra.build(params, xd[:50_000])  # warm-up: kernels loaded
+        cp.cuda.Device().synchronize()
+        t0 = time.perf_counter()
+        idx = cagra.build(params, xd)
+        cp.cuda.Device().synchronize()
+        build_s = time.perf_counter() - t0
+        for batch in BATCHES:
+            for itopk in ITOPK:
+                sp = cagra.SearchParams(itopk_size=itopk)
+                def search(qq, first, sp=sp, idx=idx):
+                    _, nb = cagra.search(sp, idx, cp.asarray(qq), 10)
+                    return cp.asnumpy(nb).astype(np.int64)
+                ids, qps, done = timed_search(search, q, batch, limit_s)
+                emit({**base, "tool": "cagra", "degree": degree, "build_s": round(build_s, 2),
+                      "batch": min(batch, len(q)),
+                      "itopk": itopk, "queries": done,
+                      "recall@10": round(recall_against(index, q[:done], ids, truth[:done], 10), 5),
+                      "qps": round(qps, 1)}, out)
+        del idx
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("inputs", nargs="+", help="FILE:METRIC (l2, ip or cosine); the family is the file stem")
+    ap.add_argument("--work", type=Path, required=True, help="folder for the stores (replaced)")
+    ap.add_argument("--queries", type=int, default=10_000, help="rows held out at the end of each file")
+    ap.add_argument("--k", type=int, default=32, help="the kNN graph's k")
+    ap.add_argument("--degrees", default="32", help="search graph degrees to prune to (comma list)")
+    ap.add_argument("--batch1-seconds", type=float, default=5.0, help="batch-1 runs stop after this long")
+    ap.add_argument("--no-cagra", action="store_true")
+    ap.add_argument("--backend", choices=["cuda", "cpu"], default="cuda", help="cpu: a smoke test of the script")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    backend = get_backend(args.backend)
+    device = "cpu"
+    if args.backend == "cuda":
+        import cupy as cp
+
+        name = cp.cuda.runtime.getDeviceProperties(0)["name"]
+        device = name.decode() if isinstance(name, bytes) else str(name)
+    out = open(args.out, "a") if args.out else None
+    try:
+        import cuvs  # noqa: F401
+        have_cuvs = not args.no_cagra and args.backend == "cuda"
+    except ImportError:
+        have_cuvs = False
+    for spec in args.inputs:
+        path, metric = spec.rsplit(":", 1)
+        family = Path(path).name.split(".")[0]
+        vf = open_vectors(path)
+        x = vf.read(0, vf.rows - args.queries)
+        store = args.work / f"{family}.knn"
+        shutil.rmtree(store, ignore_errors=True)
+        store.parent.mkdir(parents=True, exist_ok=True)
+        t0 = time.perf_counter()
+        bigknn.build(x, k=args.k, metric=metric, store=store, backend=args.backend).close()
+        build_s = time.perf_counter() - t0
+        with bigknn.open(store) as g:
+            q = load_queries(vf.read(vf.rows - args.queries, vf.rows), g._live().manifest)
+            gt = args.work / f"{family}.gt.ibin"
+            gt.unlink(missing_ok=True)
+            g.truth(q, gt, k=10, backend=args.backend)
+        truth = read_truth(gt)[0].astype(np.int64)
+        base = {"workload": "search", "family": family, "rows": len(x), "dim": x.shape[1], "metric": metric,
+                "knn_k": args.k, "knn_build_s": round(build_s, 2), "device": device}
+        degrees = [int(d) for d in args.degrees.split(",")]
+        bench_bigknn(backend, args.backend, store, q, truth, base, degrees, out, args.batch1_seconds)
+        if have_cuvs:
+            st = Store.open(store)
+            index, _ = load_index(st, kernel_metric(metric))
+            rows = index.vectors
+            st.close()
+            bench_cagra(rows, q, truth, index, kernel_metric(metric), base, out, args.batch1_seconds)
+        del x, q
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""``bigknn search``, ``bigknn truth`` and ``bigknn eval search`` on the CPU: recall of both procedures on both
+search graphs, determinism across batch sizes, the command line end to end, and refusals of bad input."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import bigknn
+from bigknn.formats import read_truth, write_truth, write_vectors
+
+from conftest import assert_one_line_error, run_cli, run_json, tree_hashes
+
+ROWS, QUERIES, DIM, K = 4000, 150, 16, 32
+
+
+def _clustered(rng, rows: int, centres: np.ndarray) -> np.ndarray:
+    return (centres[rng.integers(0, len(centres), rows)] + rng.normal(size=(rows, centres.shape[1]))).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> dict:
+    """A clustered base set built and pruned both ways (a copy each), held-out queries and their truth."""
+    d = tmp_path_factory.mktemp("search")
+    rng = np.random.default_rng(0)
+    centres = rng.normal(size=(25, DIM)) * 1.5
+    x, q = _clustered(rng, ROWS, centres), _clustered(rng, QUERIES, centres)
+    write_vectors(d / "q.fbin", q)
+    stores = {}
+    for method in ("tsdg", "rng"):
+        stores[method] = d / f"{method}.knn"
+        with bigknn.build(x, k=K, store=stores[method], backend="cpu", shard_rows=1500) as g:
+            g.prune(method, degree=24, backend="cpu")
+    return {"dir": d, "x": x, "q": q, "stores": stores}
+
+
+def _true_ids(x: np.ndarray, q: np.ndarray, k: int = 10) -> np.ndarray:
+    keys = ((q[:, None, :] - x[None]) ** 2).sum(-1)
+    return np.argsort(keys, axis=1, kind="stable")[:, :k]
+
+
+def _recall(found: np.ndarray, truth: np.ndarray) -> float:
+    return float(np.mean([len(set(f) & set(t)) / len(t) for f, t in zip(found.tolist(), truth.tolist())]))
+
+
+@pytest.mark.parametrize("method", ["tsdg", "rng"])
+@pytest.mark.parametrize("procedure,budget,batch", [("large", 0.3, None), ("small", 16, 1)])
+def test_search_recall_on_the_cpu(data, method, procedure, budget, batch):
+    truth = _true_ids(data["x"], data["q"])
+    with bigknn.open(data["stores"][method]) as g:
+        found = g.search(data["q"], k=10, budget=budget, batch=batch, procedure=procedure, backend="cpu")
+    assert found.ids.shape == (QUERIES, 10) and found.report.procedure == procedure
+    assert _recall(found.ids, truth) >= 0.95
+    want = np.sqrt(((data["q"][:, None, :] - data["x"][found.ids]) ** 2).sum(-1))
+    np.testing.assert_allclose(found.distances, want, rtol=1e-4, atol=1e-4)
+    assert (np.diff(found.distances, axis=1) >= 0).all()
+
+
+def test_more_budget_finds_more_and_results_do_not_depend_on_the_batch(data):
+    truth = _true_ids(data["x"], data["q"])
+    with bigknn.open(data["stores"]["tsdg"]) as g:
+        one = g.search(data["q"], budget=1, batch=1, procedure="small", backend="cpu")
+        wide = g.search(data["q"], budget=8, batch=1, procedure="small", backend="cpu")
+        together = g.search(data["q"], budget=8, batch=64, procedure="small", backend="cpu")
+        slack0 = g.search(data["q"], budget=0.0, procedure="large", backend="cpu")
+        slack1 = g.search(data["q"], budget=0.3, batch=50, procedure="large", backend="cpu")
+    assert _recall(one.ids, truth) < _recall(wide.ids, truth)
+    assert _recall(slack0.ids, truth) < _recall(slack1.ids, truth)
+    np.testing.assert_array_equal(wide.ids, together.ids)
+
+
+def test_cli_truth_search_and_sweep(data):
+    d, store = data["dir"], data["stores"]["rng"]
+    t = run_json("truth", store, "--queries", d / "q.fbin", "-o", d / "gt.ibin", "--backend", "cpu")
+    gt, _ = read_truth(d / "gt.ibin")
+    assert t["queries"] == QUERIES and gt.shape == (QUERIES, 10)
+    np.testing.assert_array_equal(gt, _true_ids(data["x"], data["q"]))
+    s = run_json("search", store, "--queries", d / "q.fbin", "-o", d / "found.ibin", "--backend", "cpu")
+    found, dist = read_truth(d / "found.ibin")
+    assert s["out"] == str(d / "found.ibin") and found.shape == (QUERIES, 10) and s["qps"] > 0
+    assert _recall(found, gt) >= 0.95
+    sweep = run_json("eval", "search", store, "--queries", d / "q.fbin", "--truth", d / "gt.ibin", "--budgets",
+                     "0,0.3", "--backend", "cpu", "--plot", d / "curve.png")
+    assert [p["budget"] for p in sweep["points"]] == [0.0, 0.3] and sweep["procedure"] == "large"
+    assert sweep["points"][0]["recall"] <= sweep["points"][1]["recall"] and sweep["points"][1]["recall"] >= 0.95
+    assert (d / "curve.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bad_input_is_refused_in_one_line_with_nothing_written(data, tmp_path):
+    d, store = data["dir"], data["stores"]["tsdg"]
+    write_vectors(tmp_path / "q8.fbin", np.zeros((3, 8), np.float32))
+    before = {f: h for f, h in tree_hashes(store).items() if not f.startswith((".readers/", ".lock"))}
+    out = tmp_path / "o.ibin"
+    cases = [
+        (["search", store, "--queries", tmp_path / "q8.fbin", "-o", out], ["q8.fbin", "dim 8"]),
+        (["search", store, "--queries", d / "q.fbin", "-o", tmp_path / "o.txt"], ["o.txt", ".ibin"]),
+        (["search", store, "--queries", d / "q.fbin", "-o", out, "--k", "40"], ["--k 40"]),
+        (["search", store, "--queries", d / "q.fbin", "-o", out, "--procedure", "small", "--budget", "0.5"],
+         ["--budget 0.5"]),
+        (["truth", store, "--queries", tmp_path / "missing.fbin", "-o", out], ["missing.fbin"]),
+        (["prune", store, "--degree", "500"], ["--degree 500"]),
+        (["prune", store, "--alpha", "0.9"], ["--alpha 0.9"]),
+        (["eval", "search", store, "--queries", d / "q.fbin", "--truth", tmp_path / "short.ibin"], ["short.ibin"]),
+    ]
+    write_truth(tmp_path / "short.ibin", np.zeros((QUERIES - 1, 10), np.int32), np.zeros((QUERIES - 1, 10), np.float32))
+    for args, names in cases:
+        assert_one_line_error(*run_cli(*args, "--backend", "cpu"), *names)
+        assert not out.exists() and not (tmp_path / "o.txt").exists()
+    assert {f: h for f, h in tree_hashes(store).items() if not f.startswith((".readers/", ".lock"))} == before
+
+
+def test_search_before_prune_and_after_an_ingest_is_refused(tmp_path):
+    rng = np.random.default_rng(5)
+    path = tmp_path / "s.knn"
+    x = rng.normal(size=(600, 6)).astype(np.float32)
+    write_vectors(tmp_path / "q.fbin", x[:3])
+    with bigknn.build(x, k=8, store=path, backend="cpu") as g:
+        pass
+    args = ["search", path, "--queries", tmp_path / "q.fbin", "-o", tmp_path / "o.ibin", "--backend", "cpu"]
+    assert_one_line_error(*run_cli(*args), "s.knn", "bigknn prune")
+    with bigknn.open(path) as g:
+        g.prune(degree=8, backend="cpu")
+        g.ingest(rng.normal(size=(100, 6)).astype(np.float32), backend="cpu")
+    assert_one_line_error(*run_cli(*args), "s.knn", "bigknn prune")
+    assert not (tmp_path / "o.ibin").exists()
+    assert json.loads((path / "manifest.json").read_text())["search"]["rows"] == 600
