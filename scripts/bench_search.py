@@ -102,7 +102,7 @@ def bench_cagra(x, q, truth, index, metric: str, base: dict, out, limit_s: float
                 sp = cagra.SearchParams(itopk_size=itopk)
                 def search(qq, first, sp=sp, idx=idx):
                     _, nb = cagra.search(sp, idx, cp.asarray(qq), 10)
-                    return cp.asnumpy(nb).astype(np.int64)
+                    return cp.asnumpy(cp.asarray(nb)).astype(np.int64)  # cuVS returns a device_ndarray
                 ids, qps, done = timed_search(search, q, batch, limit_s)
                 emit({**base, "tool": "cagra", "degree": degree, "build_s": round(build_s, 2),
                       "batch": min(batch, len(q)),
