@@ -33,7 +33,8 @@ def _lists(rng, metric: str, rows: int, width: int, n: int = 3001, dim: int = 29
         key = ((table[c] - table[at[r]]) ** 2).sum(1) if metric == "l2" else -(table[c] @ table[at[r]])
         order = np.argsort(key, kind="stable")
         cands[r, :len(c)], keys[r, :len(c)] = c[order], key[order]
-    return table, cands, keys
+    twin = ((table[np.where(cands >= 0, cands, 0)] == table[at][:, None, :]).all(axis=2) & (cands >= 0)).any(axis=1)
+    return table, cands, keys, twin
 
 
 @pytest.mark.parametrize("metric", ["l2", "ip"])
@@ -41,12 +42,14 @@ def _lists(rng, metric: str, rows: int, width: int, n: int = 3001, dim: int = 29
 @pytest.mark.parametrize("rows,width", [(1, 1), (257, 33), (1001, 64), (99, 129)])
 def test_gpu_diversify_matches_the_reference(cuda_backend, metric, rule, rows, width):
     rng = np.random.default_rng(rows * 1000 + width)
-    table, cands, keys = _lists(rng, metric, rows, width)
+    table, cands, keys, twin = _lists(rng, metric, rows, width)
     want = diversify(cands, keys, table, metric, rule)
     got = cuda_backend.diversify(cands, keys, table, metric, rule)
     assert got.dtype == want.dtype and got.shape == want.shape
     assert (got[cands < 0] == 0).all()
-    same = (got == want).all(axis=1).mean()
+    # ip has no twin rule: a row's twin ties exactly with every later candidate, which rounding decides
+    judged = ~twin if metric == "ip" else np.ones(rows, bool)
+    same = (got == want).all(axis=1)[judged].mean()
     assert same >= 0.98, same  # float32 pair keys may decide a near-tie the other way
     # and the table stays on the device for the next call with the same table
     arrays = cuda_backend._prune_table.arrays
@@ -58,7 +61,7 @@ def test_gpu_diversify_matches_the_reference(cuda_backend, metric, rule, rows, w
 def test_a_capped_gpu_diversifies_alike_with_the_rows_each_block_names(cuda_backend, monkeypatch, rule):
     from bigknn.backends.cuda import prune
 
-    table, cands, keys = _lists(np.random.default_rng(11), "l2", 700, 48)
+    table, cands, keys, _ = _lists(np.random.default_rng(11), "l2", 700, 48)
     whole = cuda_backend.diversify(cands, keys, table, "l2", rule)
     monkeypatch.setattr(prune, "BLOCK_BYTES", 48 * (12 + 4 * 29) * 100)  # blocks of 100 rows
     monkeypatch.setattr(cuda_backend.gpu, "budget", lambda: 4 * table.size)  # half of it holds half the table

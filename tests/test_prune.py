@@ -79,6 +79,20 @@ def test_sequential_rules_keep_exactly_the_unoccluded(metric, rule):
     assert kept[:, 0].all()  # the nearest is never occluded
 
 
+@pytest.mark.parametrize("rule", [DiversifyRule("rng"), DiversifyRule("gd", 1.0), DiversifyRule("occlusion")])
+def test_a_twin_of_the_row_occludes_nothing(rule):
+    """l2: a twin (key 0) ties exactly with every later candidate (d(twin, j) = d(row, j)); it must not stand in for
+    the row's other edges, or a row with a duplicate keeps only its duplicate."""
+    table, cands, keys = _candidate_lists(np.random.default_rng(4), "l2")
+    table[cands[:, 0]] = table[:len(cands)]  # each row's nearest candidate becomes its twin
+    keys[:, 0] = 0.0
+    with_twin = diversify(cands, keys, table, "l2", rule)
+    without = diversify(cands[:, 1:], keys[:, 1:], table, "l2", rule)
+    if rule.sequential:
+        assert with_twin[:, 0].all()
+    np.testing.assert_array_equal(with_twin[:, 1:], without)
+
+
 def test_a_larger_alpha_keeps_more():
     table, cands, keys = _candidate_lists(np.random.default_rng(2), "l2")
     kept = [diversify(cands, keys, table, "l2", DiversifyRule("gd", a)).sum() for a in (1.0, 1.2, 1.5)]

@@ -57,6 +57,8 @@ def _diversify_block(cands, k0, table, metric, rule):
     else:
         occludes = rule_less(ki, kj, metric, rule.alpha) & rule_less(pair, kj, metric, rule.alpha)
     occludes &= valid[:, :, None] & valid[:, None, :]
+    if metric == "l2":  # a twin of the row (key 0) occludes nothing: d(twin, j) = d(row, j) for every j, an exact
+        occludes &= ki > 0  # tie that rounding would decide, and that "<=" would settle by dropping all but the twin
     c = cands.shape[1]
     if not rule.sequential:
         occludes &= ~np.eye(c, dtype=bool)[None]

@@ -1,7 +1,8 @@
 // Diversification of candidate lists (bigknn/search/params.py DiversifyRule), one warp a row: the kernels of
 // bigknn/backends/cuda/prune.py, the NumPy reference bigknn/backends/cpu/prune.py. Candidates (rows, c) are
 // rows of ``table`` (float32, m x dim), -1 at the end where a list is shorter; keys (rows, c) ascending. Pair
-// keys in float32 (the reference: float64), so near-ties may be decided the other way.
+// keys in float32 (the reference: float64), so near-ties may be decided the other way; an l2 twin of the row
+// (key 0) occludes nothing in either.
 
 // alpha d(a) < d(b) for keys a, b (cpu/prune.py rule_less): d = sqrt(key) for l2, 1 + key for ip
 template <int METRIC>
@@ -40,7 +41,9 @@ __global__ void __launch_bounds__(128) diversify_kept(const float* __restrict__ 
                 if (b + lane < nkept) {
                     int i = kept[b + lane];
                     float pk = pair_key<METRIC>(table, dim, cr[i], vj);
-                    mine = RULE == 0 ? pk <= kj : rule_less<METRIC>(kr[i], kj, alpha) && rule_less<METRIC>(pk, kj, alpha);
+                    // a twin of the row (l2 key 0) occludes nothing (cpu/prune.py says why)
+                    mine = (METRIC != 0 || kr[i] > 0.f)
+                           && (RULE == 0 ? pk <= kj : rule_less<METRIC>(kr[i], kj, alpha) && rule_less<METRIC>(pk, kj, alpha));
                 }
                 occluded = __any_sync(FULL_MASK, mine);
             }
@@ -72,7 +75,7 @@ __global__ void __launch_bounds__(128) diversify_occlusion(const float* __restri
             float kj = kr[j];
             for (int i = lane; i < c; i += 32) {
                 int vi = cr[i];
-                if (i == j || vi < 0 || !rule_less<METRIC>(kr[i], kj, 1.f)) continue;
+                if (i == j || vi < 0 || !rule_less<METRIC>(kr[i], kj, 1.f) || (METRIC == 0 && !(kr[i] > 0.f))) continue;
                 count += rule_less<METRIC>(pair_key<METRIC>(table, dim, vi, vj), kj, 1.f);
             }
         }
