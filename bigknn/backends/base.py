@@ -48,6 +48,12 @@ class Backend(Protocol):
         to the row ``keys`` (ascending): the kept mask (uint8) under a sequential rule, each candidate's
         occlusion factor (int32) under ``occlusion`` (bigknn/search/params.py DiversifyRule)."""
 
+    def nearest_lists(self, rows: int, width: int, row: np.ndarray, ids: np.ndarray, keys: np.ndarray,
+                      lists: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Per row 0..rows-1, the nearest ``width`` distinct ids of its edges (``row``, ``ids``, ``keys``; no edge
+        repeated) and of its entries in ``lists`` ((rows, m) ids and keys), ascending by key, a repeated id with
+        its smaller key: (rows, width) int64 ids, float32 keys, EMPTY / inf padded (bigknn/search/lists.py)."""
+
     def reach_back(self, table: np.ndarray, lists: np.ndarray, list_index: np.ndarray, x: np.ndarray,
                    z: np.ndarray, z_ids: np.ndarray) -> np.ndarray:
         """GGNN's symmetric-link test, two hops: per request (table rows x, z; z's global id), whether z is in

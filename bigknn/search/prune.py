@@ -8,7 +8,9 @@ shard by shard, out of core, in two passes over the shards:
    ``degree``. RNG: GGNN's symmetric linking (§5.2): a reverse edge z -> x is added where x does not lead back
    to z within two hops inside the sphere around z + 0.4 (x - z), the nearest first, while x has free slots.
 
-A row's candidates' vectors come from any shard: ``VectorSource`` reads them batched. Nothing the readers see
+A row's candidates' vectors come from any shard: ``VectorSource`` reads them batched. The sorts that turn
+edges into lists run on the backend (``Backend.nearest_lists``); what pass 1 hands pass 2 stays in memory
+where it fits (``Scratch``). Nothing the readers see
 changes until the final commit (the manifest's ``search`` entry, store format 3); a failed prune removes the
 version it was writing.
 """
@@ -23,11 +25,12 @@ import numpy as np
 
 from bigknn.backends import Backend
 from bigknn.errors import BadInput
-from bigknn.graph import EMPTY, ID_DTYPE, merge_lists
+from bigknn.graph import EMPTY, ID_DTYPE
 from bigknn.metrics import kernel_metric
 from bigknn.progress import Reporter
 from bigknn.search.graph import key_distance
 from bigknn.search.params import NO_LAMBDA, DiversifyRule, PruneParams
+from bigknn.search.scratch import Scratch
 from bigknn.search.store import (SEARCH_DIR, SearchEntry, drop_versions, drop_work, locate, mark_format,
                                  next_version, shard_rows, work_path)
 from bigknn.search.vectors import VectorSource
@@ -36,6 +39,8 @@ from bigknn.shards.lock import WriterLock
 from bigknn.shards.manifest import CHECKSUMS_SINCE, SEARCH_SINCE
 
 MAX_ROWS = np.iinfo(np.int32).max  # search graph ids are int32
+REVERSE_EDGE = np.dtype([("dst", np.int64), ("src", np.int64), ("key", np.float32)])
+SCRATCH_BYTES_PER_EDGE = 8 + REVERSE_EDGE.itemsize  # a forward edge (int32 id, float32 key) and its reverse
 
 
 def prune(path: Path, params: PruneParams, backend: Backend, reporter: Reporter, host_bytes: int,
@@ -74,7 +79,10 @@ class _Pruner:
         self.k = self.m.k
         self.vectors = VectorSource(store, host_bytes)
         self.version = next_version(store)
-        self.work = work_path(store, self.version)
+        vector_bytes = self.m.rows * self.m.dim * np.dtype(self.m.dtype).itemsize
+        scratch_bytes = self.m.rows * params.forward_width(self.k) * SCRATCH_BYTES_PER_EDGE
+        self.scratch = Scratch(work_path(store, self.version),
+                               self.vectors.whole and vector_bytes + scratch_bytes <= host_bytes)
         self.nn1 = 0.0
         self.stats = {"forward_edges": 0, "reverse_edges": 0, "symmetric_links": 0, "edges": 0}
 
@@ -108,29 +116,25 @@ class _Pruner:
         table, index = self.vectors.table(ids)
         kept = self.backend.diversify(index, keys, table, self.metric, rule).astype(bool)
         f_ids, f_keys = _compact(ids, keys, kept, p.forward_width(self.k))
-        out = self.work / "forward"
-        out.mkdir(parents=True, exist_ok=True)
-        np.save(out / f"{s.id}.ids.npy", f_ids.astype(ID_DTYPE))
-        np.save(out / f"{s.id}.keys.npy", f_keys)
-        src = np.broadcast_to(shard_rows(s)[:, None], f_ids.shape)
+        self.scratch.put(f"forward/{s.id}.ids", f_ids.astype(ID_DTYPE))
+        self.scratch.put(f"forward/{s.id}.keys", f_keys)
         valid = f_ids >= 0
         self.stats["forward_edges"] += int(valid.sum())
-        dst, src, key = f_ids[valid], src[valid], f_keys[valid]
+        dst, key = f_ids[valid], f_keys[valid]
+        src = np.repeat(shard_rows(s), valid.sum(axis=1))
         pos, _ = locate(self.store, dst)
         for p_i in np.unique(pos):
             mine = pos == p_i
-            to = self.work / "reverse" / str(self.m.shards[p_i].id)
-            to.mkdir(parents=True, exist_ok=True)
-            np.save(to / f"{s.id}.npy", np.rec.fromarrays([dst[mine], src[mine], key[mine]], names="dst,src,key"))
+            edges = np.empty(int(mine.sum()), REVERSE_EDGE)
+            edges["dst"], edges["src"], edges["key"] = dst[mine], src[mine], key[mine]
+            self.scratch.put(f"reverse/{self.m.shards[p_i].id}/{s.id}", edges)
 
     # ---- pass 2 --------------------------------------------------------------------------------
     def _finish(self, s) -> None:
-        f_ids = np.load(self.work / "forward" / f"{s.id}.ids.npy").astype(np.int64)
-        f_keys = np.load(self.work / "forward" / f"{s.id}.keys.npy")
-        rev_dir = self.work / "reverse" / str(s.id)
-        parts = [np.load(f) for f in sorted(rev_dir.glob("*.npy"))] if rev_dir.is_dir() else []
-        rev = np.concatenate(parts) if parts else np.rec.fromarrays(
-            [np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.float32)], names="dst,src,key")
+        f_ids = np.asarray(self.scratch.get(f"forward/{s.id}.ids"), np.int64)
+        f_keys = np.asarray(self.scratch.get(f"forward/{s.id}.keys"))
+        parts = self.scratch.parts(f"reverse/{s.id}")
+        rev = parts[0] if len(parts) == 1 else np.concatenate(parts) if parts else np.empty(0, REVERSE_EDGE)
         _, at = locate(self.store, rev["dst"])
         self.stats["reverse_edges"] += len(rev)
         if self.params.method == "tsdg":
@@ -145,14 +149,13 @@ class _Pruner:
         """TSDG §3.3: forward and reverse edges, occlusion factors, sorted by (factor, distance), cut."""
         p = self.params
         width = p.candidate_width(self.k)
-        r_ids, r_keys = _dense_lists(at, src, key, len(f_ids), width)
-        cand, ckeys = merge_lists(np.concatenate([f_ids, r_ids], axis=1).astype(np.int64),
-                                  np.concatenate([f_keys, r_keys], axis=1), width)
+        cand, ckeys = self.backend.nearest_lists(len(f_ids), width, at, src, key, (f_ids, f_keys))
         table, index = self.vectors.table(cand)
         lam = self.backend.diversify(index, ckeys, table, self.metric, DiversifyRule("occlusion"))
         lam = np.where(cand >= 0, np.minimum(lam, NO_LAMBDA - 1), NO_LAMBDA)
-        order = np.argsort(lam, axis=1, kind="stable")[:, :p.degree]  # keys ascend within each factor
-        lam = np.take_along_axis(lam, order, axis=1)
+        # by (factor, column): keys ascend along the columns, so within each factor; the words are distinct
+        word = np.sort(lam.astype(np.int32) * width + np.arange(width, dtype=np.int32), axis=1)[:, :p.degree]
+        lam, order = word // width, word % width
         ids = np.take_along_axis(cand, order, axis=1)
         drop = lam > p.lambda0
         return np.where(drop, EMPTY, ids), np.where(drop, NO_LAMBDA, lam).astype(np.uint8)
@@ -176,21 +179,23 @@ class _Pruner:
         found = self.backend.reach_back(table, table_lists, list_index, own[at], z_index, src)
         need = ~found
         free = p.degree - mine.sum(axis=1)
-        sym, _ = _dense_lists(at[need], src[need], key[need], len(rows), p.degree)
-        sym = np.where(np.arange(p.degree)[None, :] < free[:, None], sym, EMPTY)
+        sym, _ = self.backend.nearest_lists(len(rows), p.degree, at[need], src[need], key[need])
+        col = np.arange(p.degree)[None, :]
+        sym = np.where(col < free[:, None], sym, EMPTY)
         self.stats["symmetric_links"] += int((sym >= 0).sum())
-        ids = np.concatenate([f_ids, sym], axis=1)
-        order = np.argsort(ids < 0, axis=1, kind="stable")[:, :p.degree]
-        ids = np.take_along_axis(ids, order, axis=1)
+        # forward edges first (compacted), the symmetric links in the free slots after them
+        count = mine.sum(axis=1)[:, None]
+        fw = f_ids.shape[1]
+        ids = np.where(col < count, np.take_along_axis(f_ids, np.minimum(col, fw - 1), axis=1),
+                       np.take_along_axis(sym, np.maximum(col - count, 0), axis=1))
         return ids, np.where(ids >= 0, 0, NO_LAMBDA).astype(np.uint8)
 
     def _forward_lists(self, global_ids: np.ndarray) -> np.ndarray:
-        """Forward lists of any rows (scratch of pass 1, memory-mapped)."""
+        """Forward lists of any rows (scratch of pass 1)."""
         pos, local = locate(self.store, global_ids)
         out = np.full((len(global_ids), self.params.forward_width(self.k)), EMPTY, np.int64)
         for p_i in np.unique(pos):
-            sid = self.m.shards[p_i].id
-            f = np.load(self.work / "forward" / f"{sid}.ids.npy", mmap_mode="r")
+            f = self.scratch.get(f"forward/{self.m.shards[p_i].id}.ids")
             mine = pos == p_i
             out[mine] = f[local[mine]]
         return out
@@ -223,28 +228,12 @@ def _table_index(known: np.ndarray, known_index: np.ndarray, ids: np.ndarray) ->
 
 def _compact(ids: np.ndarray, keys: np.ndarray, kept: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
     """The kept entries of each row, in their order, in ``width`` columns (EMPTY / inf after them)."""
-    order = np.argsort(~kept, axis=1, kind="stable")[:, :width]
-    keep = np.take_along_axis(kept, order, axis=1)
-    out_ids = np.where(keep, np.take_along_axis(ids, order, axis=1), EMPTY)
-    out_keys = np.where(keep, np.take_along_axis(keys, order, axis=1), np.inf).astype(np.float32)
-    if out_ids.shape[1] < width:
-        pad = width - out_ids.shape[1]
-        out_ids = np.pad(out_ids, ((0, 0), (0, pad)), constant_values=EMPTY)
-        out_keys = np.pad(out_keys, ((0, 0), (0, pad)), constant_values=np.inf)
+    slot = np.cumsum(kept, axis=1, dtype=np.int32) - 1  # a kept entry's column in the output
+    keep = kept & (slot < width)
+    dest = (np.arange(len(ids))[:, None] * width + slot)[keep]
+    out_ids = np.full((len(ids), width), EMPTY, np.int64)
+    out_keys = np.full((len(ids), width), np.inf, np.float32)
+    out_ids.reshape(-1)[dest] = ids[keep]
+    out_keys.reshape(-1)[dest] = keys[keep]
     return out_ids, out_keys
 
-
-def _dense_lists(row: np.ndarray, ids: np.ndarray, keys: np.ndarray, rows: int,
-                 width: int) -> tuple[np.ndarray, np.ndarray]:
-    """(rows, width) lists from (row, id, key) triples: each row's nearest ``width``, ascending."""
-    out_ids = np.full((rows, width), EMPTY, np.int64)
-    out_keys = np.full((rows, width), np.inf, np.float32)
-    if len(row):
-        order = np.lexsort((keys, row))
-        row, ids, keys = row[order], ids[order], keys[order]
-        starts = np.searchsorted(row, row, side="left")
-        rank = np.arange(len(row)) - starts
-        keep = rank < width
-        out_ids[row[keep], rank[keep]] = ids[keep]
-        out_keys[row[keep], rank[keep]] = keys[keep]
-    return out_ids, out_keys

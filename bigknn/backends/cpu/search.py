@@ -7,6 +7,7 @@ import numpy as np
 
 from bigknn.backends.cpu import graph_search, prune
 from bigknn.graph import KnnGraph
+from bigknn.search.lists import nearest_lists
 from bigknn.search.graph import SearchIndex
 from bigknn.search.params import DiversifyRule, SearchPlan
 
@@ -15,6 +16,10 @@ class SearchReference:
     def diversify(self, cands: np.ndarray, keys: np.ndarray, table: np.ndarray, metric: str,
                   rule: DiversifyRule) -> np.ndarray:
         return prune.diversify(cands, keys, table, metric, rule)
+
+    def nearest_lists(self, rows: int, width: int, row: np.ndarray, ids: np.ndarray, keys: np.ndarray,
+                      lists: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        return nearest_lists(np, rows, width, row, ids, keys, lists)
 
     def reach_back(self, table: np.ndarray, lists: np.ndarray, list_index: np.ndarray, x: np.ndarray,
                    z: np.ndarray, z_ids: np.ndarray) -> np.ndarray:

@@ -121,6 +121,10 @@ class CudaBackend(SearchReference):  # reach_back (GGNN's path-back test) on the
                   rule: DiversifyRule) -> np.ndarray:
         return self._call(prune.diversify, self._prune_table, cands, keys, table, metric, rule)
 
+    def nearest_lists(self, rows: int, width: int, row: np.ndarray, ids: np.ndarray, keys: np.ndarray,
+                      lists: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        return self._call(prune.nearest_lists, rows, width, row, ids, keys, lists)
+
     def graph_search(self, index: SearchIndex, queries: np.ndarray, query_ids: np.ndarray, plan: SearchPlan,
                      batch: int) -> KnnGraph:
         return self._call(search.graph_search, self._search_index, index, queries, query_ids, plan, batch)

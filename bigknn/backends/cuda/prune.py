@@ -1,4 +1,5 @@
-"""Diversification of candidate lists on the GPU (prune.cu), the reference bigknn/backends/cpu/prune.py. The
+"""Diversification of candidate lists on the GPU (prune.cu), the reference bigknn/backends/cpu/prune.py, and the
+lists a prune builds from edges (bigknn/search/lists.py run on CuPy arrays). The
 table of rows stays on the device while the prune hands the same one again (``VectorSource`` gives one table
 for the whole prune where the rows fit the host budget; kept.py) and half the device budget holds it;
 otherwise each block of candidates takes the rows it names. Blocks of BLOCK_BYTES."""
@@ -10,6 +11,7 @@ import numpy as np
 from bigknn.backends.cuda.compile import compile_kernels, kernel_metric, sync_check
 from bigknn.backends.cuda.gpu import Gpu
 from bigknn.backends.cuda.kept import KeptCopy
+from bigknn.search.lists import edge_lists, merge_rows
 from bigknn.search.params import DiversifyRule
 
 WARPS = 4  # prune.cu: __launch_bounds__(128)
@@ -21,6 +23,25 @@ def _upload(table: np.ndarray) -> tuple:
     import cupy as cp
 
     return (cp.asarray(np.ascontiguousarray(table, dtype=np.float32)),)
+
+
+def nearest_lists(gpu: Gpu, rows: int, width: int, row: np.ndarray, ids: np.ndarray, keys: np.ndarray,
+                  lists: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Backend.nearest_lists on the device: the edges sorted at once, the merge with ``lists`` in blocks of
+    rows of BLOCK_BYTES (its sort words and temporaries, about 40 bytes an entry)."""
+    import cupy as cp
+
+    e_ids, e_keys = edge_lists(cp, rows, width, cp.asarray(row), cp.asarray(ids), cp.asarray(keys))
+    if lists is None:
+        return e_ids.get(), e_keys.get()
+    out_ids, out_keys = np.empty((rows, width), np.int64), np.empty((rows, width), np.float32)
+    step = max(1, BLOCK_BYTES // (40 * (width + lists[0].shape[1])))
+    for r0 in range(0, rows, step):
+        sl = slice(r0, r0 + step)
+        i, k = merge_rows(cp, cp.concatenate([cp.asarray(lists[0][sl], dtype=cp.int64), e_ids[sl]], axis=1),
+                          cp.concatenate([cp.asarray(lists[1][sl], dtype=cp.float32), e_keys[sl]], axis=1), width)
+        out_ids[sl], out_keys[sl] = i.get(), k.get()
+    return out_ids, out_keys
 
 
 def diversify(gpu: Gpu, kept: KeptCopy, cands: np.ndarray, keys: np.ndarray, table: np.ndarray, metric: str,

@@ -1,0 +1,74 @@
+"""Per-row candidate lists of a prune built from edges, written once for NumPy and CuPy (``xp``): the CPU
+backend runs it on the host, the CUDA backend on the device, where the sorts of tens of millions of edges
+cost milliseconds instead of the seconds they cost on the host (issue 15: the host side dominated prune).
+
+Every sort is one argsort of a packed 64-bit word (row or id in the high half, the key's order-preserving bits
+in the low half), which both libraries sort fast; no lexsort, no stable sort is needed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+EMPTY = -1  # bigknn.graph.EMPTY (not imported: this module is shared with the device code as is)
+
+
+def key_bits(xp: Any, keys: Any) -> Any:
+    """int64 codes in 0..2^32 whose order equals the float32 keys' order (bigknn.graph.sortable_float_bits)."""
+    bits = xp.ascontiguousarray(keys, dtype=xp.float32).view(xp.uint32)
+    flip = (bits >> 31) * xp.uint32(0x7FFFFFFF) | xp.uint32(0x80000000)  # all bits of a negative, the sign of others
+    return (bits ^ flip).astype(xp.int64)
+
+
+def nearest_lists(xp: Any, rows: int, width: int, row: Any, ids: Any, keys: Any,
+                  lists: tuple[Any, Any] | None = None) -> tuple[Any, Any]:
+    """Per row 0..rows-1: the nearest ``width`` distinct ids of its edges (``row``, ``ids``, ``keys``) and of
+    its entries in ``lists`` ((rows, m) ids and keys, EMPTY / inf padded), ascending by key, a repeated id
+    with its smaller key: (rows, width) int64 ids and float32 keys, EMPTY / inf padded."""
+    out_ids, out_keys = edge_lists(xp, rows, width, row, ids, keys)
+    if lists is None:
+        return out_ids, out_keys
+    return merge_rows(xp, xp.concatenate([xp.asarray(lists[0], dtype=xp.int64), out_ids], axis=1),
+                      xp.concatenate([xp.asarray(lists[1], dtype=xp.float32), out_keys], axis=1), width)
+
+
+def edge_lists(xp: Any, rows: int, width: int, row: Any, ids: Any, keys: Any) -> tuple[Any, Any]:
+    """(rows, width) lists of the edges (row, id, key), each row's nearest ``width`` ascending (the edges of a
+    row are distinct: a prune files each kept edge once under its target)."""
+    out_ids = xp.full((rows, width), EMPTY, xp.int64)
+    out_keys = xp.full((rows, width), xp.inf, xp.float32)
+    if len(row) == 0:
+        return out_ids, out_keys
+    row = xp.asarray(row, dtype=xp.int64)
+    order = xp.argsort((row << 32) | key_bits(xp, keys))
+    row = row[order]
+    starts = xp.searchsorted(row, row, side="left")
+    rank = xp.arange(len(row)) - starts
+    keep = rank < width
+    at = order[keep]
+    out_ids[row[keep], rank[keep]] = xp.asarray(ids, dtype=xp.int64)[at]
+    out_keys[row[keep], rank[keep]] = xp.asarray(keys, dtype=xp.float32)[at]
+    return out_ids, out_keys
+
+
+def merge_rows(xp: Any, ids: Any, keys: Any, width: int) -> tuple[Any, Any]:
+    """Per row of (rows, m) ids / keys in any order: the distinct ids (a repeated one with its smaller key),
+    ascending by key, cut to ``width`` columns (bigknn.graph.merge_lists' contract, int64 ids out)."""
+    keys = xp.where(ids < 0, xp.inf, keys).astype(xp.float32)
+    order = xp.argsort((ids << 32) | key_bits(xp, keys), axis=1)  # by id, then key: repeats adjacent, best first
+    sid = xp.take_along_axis(ids, order, axis=1)
+    sk = xp.take_along_axis(keys, order, axis=1)
+    repeat = xp.zeros(sid.shape, dtype=bool)
+    repeat[:, 1:] = sid[:, 1:] == sid[:, :-1]
+    sk = xp.where(repeat | (sid < 0), xp.inf, sk)
+    col = xp.arange(sid.shape[1], dtype=xp.int64)[None, :]  # m < 2^16 (a prune's lists are at most 512 wide)
+    pick = xp.argsort((key_bits(xp, sk) << 16) | col, axis=1)[:, :width]  # distinct words: no stable sort needed
+    out_k = xp.take_along_axis(sk, pick, axis=1)
+    out_i = xp.where(xp.isinf(out_k), EMPTY, xp.take_along_axis(sid, pick, axis=1))
+    if out_i.shape[1] < width:
+        pad = width - out_i.shape[1]
+        out_i = xp.concatenate([out_i, xp.full((len(out_i), pad), EMPTY, xp.int64)], axis=1)
+        out_k = xp.concatenate([out_k, xp.full((len(out_k), pad), xp.inf, xp.float32)], axis=1)
+    return out_i, out_k
