@@ -101,3 +101,18 @@ def test_gpu_nearest_lists_match_the_reference(cuda_backend):
         got = cuda_backend.nearest_lists(rows, 48, row, ids, keys, lists)
         np.testing.assert_array_equal(got[0], want[0])
         np.testing.assert_array_equal(got[1], want[1])
+
+
+def test_gpu_reach_back_matches_the_reference(cuda_backend):
+    from bigknn.backends.cpu.prune import reach_back
+
+    rng = np.random.default_rng(13)
+    n, w = 4000, 16
+    table = rng.normal(size=(n, 7)).astype(np.float32)
+    lists = np.stack([rng.choice(n, size=w, replace=False) for _ in range(n)]).astype(np.int64)
+    lists[::5, -3:] = EMPTY
+    x, z = rng.integers(0, n, 50_000), rng.integers(0, n, 50_000)
+    x[:20_000] = lists[z[:20_000], 0]  # requests with paths back
+    want = reach_back(table, lists, lists, x, z, z)
+    np.testing.assert_array_equal(cuda_backend.reach_back(table, lists, lists, x, z, z), want)
+    assert 0 < want.sum() < len(want)

@@ -7,6 +7,8 @@ comparison the way exact arithmetic would; the kernels compute in float32 and ma
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from bigknn.search.params import SYM_MIDPOINT, DiversifyRule
@@ -78,24 +80,31 @@ def reach_back(table: np.ndarray, lists: np.ndarray, list_index: np.ndarray, x: 
     none; x, z: table rows; z_ids: z's global ids. Returns a bool per request."""
     out = np.zeros(len(x), bool)
     w = lists.shape[1]
-    step = max(1, CHUNK_BYTES // max(1, (w + 2) * table.shape[1] * 8 + w * w * 8))
+    step = reach_back_step(w, table.shape[1], CHUNK_BYTES)
     for r0 in range(0, len(x), step):
         sl = slice(r0, r0 + step)
-        out[sl] = _reach_back_block(table, lists, list_index, x[sl], z[sl], z_ids[sl])
+        out[sl] = reach_back_block(np, table, lists, list_index, x[sl], z[sl], z_ids[sl])
     return out
 
 
-def _reach_back_block(table, lists, list_index, x, z, z_ids):
-    zid = np.asarray(z_ids, np.int64)[:, None]
+def reach_back_step(width: int, dim: int, block_bytes: int) -> int:
+    """Requests of one reach_back block: float64 rows of x, z and x's list, and the lists of x's list."""
+    return max(1, block_bytes // max(1, (width + 2) * dim * 8 + width * width * 8))
+
+
+def reach_back_block(xp: Any, table, lists, list_index, x, z, z_ids):
+    """reach_back of one block of requests, written for NumPy and CuPy (``xp``): the CUDA backend runs it on the
+    device with every array there."""
+    zid = xp.asarray(z_ids, dtype=xp.int64)[:, None]
     direct = (lists[x] == zid).any(axis=1)
-    xv = np.asarray(table[x], np.float64)
-    zv = np.asarray(table[z], np.float64)
+    xv = xp.asarray(table[x], dtype=xp.float64)
+    zv = xp.asarray(table[z], dtype=xp.float64)
     qm = zv + SYM_MIDPOINT * (xv - zv)
     radius = ((xv - qm) ** 2).sum(axis=1)
     a = list_index[x]  # (r, w)
     has = a >= 0
-    av = np.asarray(table[np.where(has, a, 0)], np.float64)
+    av = xp.asarray(table[xp.where(has, a, 0)], dtype=xp.float64)
     inside = has & (((av - qm[:, None, :]) ** 2).sum(axis=2) < radius[:, None])
-    lists_of_a = lists[np.where(has, a, 0)]  # (r, w, w)
+    lists_of_a = lists[xp.where(has, a, 0)]  # (r, w, w)
     lists_z = (lists_of_a == zid[:, :, None]).any(axis=2)
     return direct | (inside & lists_z).any(axis=1)

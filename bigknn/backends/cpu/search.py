@@ -1,5 +1,5 @@
-"""The search-graph calls of the Backend protocol (bigknn/backends/base.py) on the host: the CPU backend's,
-and the CUDA backend's path-back test (reach_back) until it has a kernel."""
+"""The search-graph calls of the Backend protocol (bigknn/backends/base.py) on the host: the CPU backend's (the
+CUDA backend overrides each with its device version)."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ CuPy is imported inside the functions only, so this package imports on machines 
 * ``exact.py``    exact k-NN over blocks streamed from the host.
 * ``target.py``   the recall target of a descent (probe rows read off the device, lists widened).
 * ``search.py``   batch graph search (search.cu); ``prune.py`` diversification of candidate lists (prune.cu);
-                  GGNN's path-back test runs on the host for now.
+                  GGNN's path-back test (the reference's blocks on CuPy arrays).
 * ``compile.py``  the kernel sources (common.cuh, gnnd.cu, cross.cu, ggm.cu, exact.cu, search.cu,
                   prune.cu) compiled by NVRTC.
 * ``rows.py``     rows laid out for the kernels, half-precision copies; ``transfer.py`` host <-> device
@@ -49,7 +49,7 @@ def _option(name: str) -> property:
     return property(lambda self: getattr(self.gpu, name), lambda self, value: setattr(self.gpu, name, value))
 
 
-class CudaBackend(SearchReference):  # reach_back (GGNN's path-back test) on the host until its kernel exists
+class CudaBackend(SearchReference):
     """GNND and exact k-NN on one GPU. ``gpu_mem_bytes`` caps the device memory a call plans to use."""
 
     name = "cuda"
@@ -124,6 +124,10 @@ class CudaBackend(SearchReference):  # reach_back (GGNN's path-back test) on the
     def nearest_lists(self, rows: int, width: int, row: np.ndarray, ids: np.ndarray, keys: np.ndarray,
                       lists: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
         return self._call(prune.nearest_lists, rows, width, row, ids, keys, lists)
+
+    def reach_back(self, table: np.ndarray, lists: np.ndarray, list_index: np.ndarray, x: np.ndarray,
+                   z: np.ndarray, z_ids: np.ndarray) -> np.ndarray:
+        return self._call(prune.reach_back, table, lists, list_index, x, z, z_ids)
 
     def graph_search(self, index: SearchIndex, queries: np.ndarray, query_ids: np.ndarray, plan: SearchPlan,
                      batch: int) -> KnnGraph:

@@ -11,6 +11,7 @@ import numpy as np
 from bigknn.backends.cuda.compile import compile_kernels, kernel_metric, sync_check
 from bigknn.backends.cuda.gpu import Gpu
 from bigknn.backends.cuda.kept import KeptCopy
+from bigknn.backends.cpu import prune as reference
 from bigknn.search.lists import edge_lists, merge_rows
 from bigknn.search.params import DiversifyRule
 
@@ -42,6 +43,27 @@ def nearest_lists(gpu: Gpu, rows: int, width: int, row: np.ndarray, ids: np.ndar
                           cp.concatenate([cp.asarray(lists[1][sl], dtype=cp.float32), e_keys[sl]], axis=1), width)
         out_ids[sl], out_keys[sl] = i.get(), k.get()
     return out_ids, out_keys
+
+
+def reach_back(gpu: Gpu, table: np.ndarray, lists: np.ndarray, list_index: np.ndarray, x: np.ndarray,
+               z: np.ndarray, z_ids: np.ndarray) -> np.ndarray:
+    """Backend.reach_back: the reference's blocks run on the device where the table, the lists and their
+    table rows take at most half the budget (every request gathers rows from anywhere in them); otherwise on
+    the host (bigknn/backends/cpu/prune.py)."""
+    import cupy as cp
+
+    held = table.shape[0] * table.shape[1] * 4 + lists.nbytes + list_index.nbytes
+    if len(x) == 0 or held > gpu.budget() // 2:
+        return reference.reach_back(table, lists, list_index, x, z, z_ids)
+    t = cp.asarray(np.ascontiguousarray(table, dtype=np.float32))
+    d_lists, d_index = cp.asarray(lists), cp.asarray(list_index)
+    out = np.zeros(len(x), bool)
+    step = reference.reach_back_step(lists.shape[1], table.shape[1], BLOCK_BYTES)
+    for r0 in range(0, len(x), step):
+        sl = slice(r0, r0 + step)
+        out[sl] = reference.reach_back_block(cp, t, d_lists, d_index, cp.asarray(x[sl]), cp.asarray(z[sl]),
+                                             cp.asarray(z_ids[sl])).get()
+    return out
 
 
 def diversify(gpu: Gpu, kept: KeptCopy, cands: np.ndarray, keys: np.ndarray, table: np.ndarray, metric: str,
