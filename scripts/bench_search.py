@@ -41,13 +41,13 @@ WARMUP = 64
 
 
 def timed_search(search, q: np.ndarray, batch: int, limit_s: float) -> tuple[np.ndarray, float, int]:
-    """(ids of the queries searched, QPS, queries searched): ``search(queries, number of the first)`` batch by
+    """(ids of the queries searched, QPS, queries searched): ``search(queries)`` batch by
     batch, batch 1 stopped after limit_s."""
-    search(q[:min(WARMUP, batch)], 0)
+    search(q[:min(WARMUP, batch)])
     ids, done = [], 0
     t0 = time.perf_counter()
     while done < len(q) and (batch > 1 or time.perf_counter() - t0 < limit_s):
-        ids.append(search(q[done:done + batch], done))
+        ids.append(search(q[done:done + batch]))
         done += len(ids[-1])
     dt = time.perf_counter() - t0
     return np.concatenate(ids), done / dt, done
@@ -68,9 +68,8 @@ def bench_bigknn(backend, backend_name: str, store: Path, q, truth, base: dict, 
                 for procedure in ("small", "large"):
                     for budget in BUDGETS[procedure]:
                         plan = SearchPlan(procedure, budget, 10)
-                        def search(qq, first, plan=plan, index=index):  # query numbers pick the entries
-                            return backend.graph_search(index, qq, np.arange(first, first + len(qq)), plan,
-                                                        len(qq)).ids
+                        def search(qq, plan=plan, index=index):
+                            return backend.graph_search(index, qq, plan, len(qq)).ids
                         ids, qps, done = timed_search(search, q, batch, limit_s)
                         emit({**base, "tool": "bigknn", "method": method, "degree": degree,
                               "mean_degree": report.mean_degree, "prune_s": round(prune_s, 2),
@@ -100,7 +99,7 @@ def bench_cagra(x, q, truth, index, metric: str, base: dict, out, limit_s: float
         for batch in BATCHES:
             for itopk in ITOPK:
                 sp = cagra.SearchParams(itopk_size=itopk)
-                def search(qq, first, sp=sp, idx=idx):
+                def search(qq, sp=sp, idx=idx):
                     _, nb = cagra.search(sp, idx, cp.asarray(qq), 10)
                     return cp.asnumpy(cp.asarray(nb)).astype(np.int64)  # cuVS returns a device_ndarray
                 ids, qps, done = timed_search(search, q, batch, limit_s)

@@ -67,9 +67,8 @@ def test_gpu_search_finds_what_the_reference_finds(indexes, cuda_backend, dtype,
     rng = np.random.default_rng(zlib.crc32(f"{dtype.__name__} {metric} {method} {procedure} {k}".encode()))
     index, q = indexes(dtype, metric, method)
     plan = SearchPlan(procedure, budget, k, seed=int(rng.integers(1 << 30)))
-    qids = np.arange(len(q)) + 1000
-    want = CpuBackend().graph_search(index, q, qids, plan, batch)
-    got = cuda_backend.graph_search(index, q, qids, plan, batch)
+    want = CpuBackend().graph_search(index, q, plan, batch)
+    got = cuda_backend.graph_search(index, q, plan, batch)
     assert got.ids.shape == want.ids.shape == (len(q), k)
     same_rows = (got.ids == want.ids).all(axis=1).mean()
     assert same_rows >= 0.95, same_rows  # near-ties in float32 may send a few searches elsewhere
@@ -84,8 +83,8 @@ def test_gpu_search_finds_what_the_reference_finds(indexes, cuda_backend, dtype,
 def test_gpu_search_keeps_the_index_on_the_device_between_calls(indexes, cuda_backend):
     index, q = indexes(np.float32, "l2", "tsdg")
     plan = SearchPlan("large", 0.3, 10)
-    first = cuda_backend.graph_search(index, q, np.arange(len(q)), plan, len(q))
+    first = cuda_backend.graph_search(index, q, plan, len(q))
     arrays = cuda_backend._search_index.arrays
-    again = cuda_backend.graph_search(index, q, np.arange(len(q)), plan, 5)
+    again = cuda_backend.graph_search(index, q, plan, 5)
     assert cuda_backend._search_index.arrays is arrays
     np.testing.assert_array_equal(first.ids, again.ids)  # results do not depend on the batch

@@ -60,11 +60,11 @@ class Backend(Protocol):
         x's list or in the list of a row of x's list inside the sphere around z + 0.4 (x - z) through x
         (bigknn/backends/cpu/prune.py reach_back)."""
 
-    def graph_search(self, index: SearchIndex, queries: np.ndarray, query_ids: np.ndarray, plan: SearchPlan,
-                     batch: int) -> KnnGraph:
+    def graph_search(self, index: SearchIndex, queries: np.ndarray, plan: SearchPlan, batch: int) -> KnnGraph:
         """Search the graph for the k nearest rows of each query, in consecutive batches of ``batch`` queries
         (each finished before the next starts), by the plan's procedure (bigknn/backends/cpu/graph_search.py).
-        ``query_ids`` number the queries (their entry rows depend on it). Keys ascending, EMPTY-padded."""
+        Entry points come from the entry sample nearest each query (bigknn/search/graph.py). Keys ascending,
+        EMPTY-padded."""
 
     def processors(self) -> int:
         """Independent processors one call keeps busy (streaming multiprocessors, or CPU cores): the

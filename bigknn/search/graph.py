@@ -1,17 +1,25 @@
-"""A search graph as the search procedures read it, and the entry rows they start from.
+"""A search graph as the search procedures read it, and the entry points they start from.
 
-Both backends draw a query's entry rows from the same hash of (seed, query number, search number, draw), so
-that a query gets the same entries whichever backend and whatever batch it is searched in: results depend on
-the query, not on its neighbours in the batch.
+TSDG (§4, Alg. 1 and 2) starts every search from the best of 32 random rows and reports this as effective as
+HNSW's hierarchy or NSG's navigating node. It is not where the kNN graph falls apart into components (the 200
+well-separated clusters of ``bigknn synth``: a search from another cluster never reaches the query's, recall
+0.22 at batch 10K on the GPU, issue 15). So every query is compared exactly with a fixed entry sample of
+ENTRY_SAMPLE rows (one GEMM a batch, on the backend), and search j of a query starts from the sample row
+j-th nearest to it (j modulo SEEDS): search 0 from the nearest, the small-batch procedure's t0 searches from
+different rows near the query. The sample is drawn from a hash of the plan's seed, so it is the same whichever
+backend and batch: a query's results depend on the query, not on its neighbours in the batch.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from typing import Any
+
 import numpy as np
 
-from bigknn.search.params import SEEDS
+from bigknn.search.lists import key_bits
+from bigknn.search.params import ENTRY_SAMPLE, SEEDS
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -43,15 +51,28 @@ def _mix(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
-def entry_rows(seed: int, query_ids: np.ndarray, search: np.ndarray | int, rows: int) -> np.ndarray:
-    """(len(query_ids), SEEDS) random rows: draw i of search j of query q is mix(mix(mix(seed) ^ q) ^ (32 j + i))
-    mod rows."""
+def entry_sample(seed: int, rows: int) -> np.ndarray:
+    """The rows searches start from: ENTRY_SAMPLE draws mix(mix(seed) ^ i) mod rows, distinct, ascending (every
+    row where there are no more)."""
+    if rows <= ENTRY_SAMPLE:
+        return np.arange(rows, dtype=np.int64)
     with np.errstate(over="ignore"):
-        base = _mix(np.asarray([seed], np.uint64))
-        q = _mix(base ^ np.asarray(query_ids, np.uint64))
-        draw = (np.asarray(search, np.uint64) * np.uint64(SEEDS))[..., None] + np.arange(SEEDS, dtype=np.uint64)
-        h = _mix(q[:, None] ^ draw)
-    return (h % np.uint64(rows)).astype(np.int64)
+        h = _mix(_mix(np.asarray([seed], np.uint64)) ^ np.arange(ENTRY_SAMPLE, dtype=np.uint64))
+    return np.unique((h % np.uint64(rows)).astype(np.int64))
+
+
+def nearest_entries(xp: Any, sample: Any, sample_ids: Any, queries: Any, metric: str) -> Any:
+    """(queries, min(SEEDS, sample rows)) ids of the sample rows nearest each query, nearest first (the lower
+    sample position on equal keys), for NumPy or CuPy arrays (``xp``): one GEMM. Keys drop the query's own
+    norm (the same for every row of the sample)."""
+    dots = xp.asarray(queries, dtype=xp.float32) @ xp.asarray(sample, dtype=xp.float32).T
+    keys = -dots if metric == "ip" else (sample * sample).sum(axis=1, dtype=xp.float32)[None, :] - 2 * dots
+    w = min(SEEDS, keys.shape[1])
+    col = xp.arange(keys.shape[1], dtype=xp.int64)[None, :]
+    word = ((key_bits(xp, keys) - (1 << 31)) << 32) | col  # distinct (no tie left to the sort), within int64
+    if w < keys.shape[1]:
+        word = xp.partition(word, w - 1, axis=1)[:, :w]
+    return sample_ids[xp.sort(word, axis=1) & 0xFFFFFFFF]
 
 
 def key_distance(keys: np.ndarray | float, metric: str) -> np.ndarray:

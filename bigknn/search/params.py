@@ -75,7 +75,8 @@ class PruneParams:
 
 
 # ---- search -------------------------------------------------------------------------------------
-SEEDS = 32  # TSDG §4: each search starts from the best of 32 random rows
+SEEDS = 32  # the entry sample rows nearest each query that its searches start from (search/graph.py)
+ENTRY_SAMPLE = 4096  # rows every query is compared with for its entry points (a GEMM a batch; search/graph.py)
 SEARCH_K_MAX = 32  # the result list of one search is one warp wide (TSDG Alg. 1: 32 entries)
 LAMBDA_VISIT = {"small": 10, "large": 5}  # TSDG §5.4: edges visited have occlusion factors below these
 HOPS = {"small": 64, "large": 4096}  # hop limit T: Alg. 1 "converges in 4-5 iterations"; Alg. 2 ends by Δ first
@@ -97,7 +98,7 @@ def small_batch_limit(processors: int, dim: int) -> int:
 class SearchPlan:
     """One batch search: the procedure (``small``: TSDG Alg. 1, ``large``: Alg. 2), its budget (t0 searches per
     query, or GGNN's slack factor tau), the neighbours wanted, the occlusion factors visited, the hop limit and
-    the seed of the entry rows."""
+    the seed of the entry sample."""
 
     procedure: str
     budget: float

@@ -62,7 +62,7 @@ def search(index: SearchIndex, store: Store, queries: np.ndarray, backend: Backe
         check_output(out)
     plan = make_plan(procedure_for(procedure, batch, backend, queries.shape[1]), budget, k, seed)
     t0 = time.perf_counter()
-    found = backend.graph_search(index, queries, np.arange(len(queries)), plan, batch)
+    found = backend.graph_search(index, queries, plan, batch)
     dt = time.perf_counter() - t0
     distances = user_distance(found.dists, store.manifest.metric)
     if out is not None:
@@ -124,7 +124,7 @@ def sweep(index: SearchIndex, store: Store, queries: np.ndarray, truth_path: Pat
     for b in budgets:
         make_plan(proc, b, k, seed)  # every budget checked before the first search
     warm = queries[:WARMUP_QUERIES]
-    backend.graph_search(index, warm, np.arange(len(warm)), make_plan(proc, budgets[0], k, seed), min(batch, len(warm)))
+    backend.graph_search(index, warm, make_plan(proc, budgets[0], k, seed), min(batch, len(warm)))
     points = []
     for b in budgets:
         ids, _, rep = search(index, store, queries, backend, k, b, batch, proc, seed)

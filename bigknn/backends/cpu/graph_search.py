@@ -2,11 +2,12 @@
 Search: A Revisit*, §4) run step for step in NumPy, vectorised over the queries of a batch. The reference of
 bigknn/backends/cuda/search.cu.
 
-* ``small`` (Alg. 1): t0 independent greedy searches per query, each from the best of 32 random rows; a hop
+* ``small`` (Alg. 1): t0 independent greedy searches per query, search j from the entry sample's row j-th
+  nearest the query (bigknn/search/graph.py; the paper: the best of 32 random rows); a hop
   computes the distances of the current row's neighbours (occlusion factor < 10), keeps per warp slot w the
   best of the neighbours w, w + 32, ... (R_temp), merges R_temp into the search's 32-entry list R_ij and moves
   to R_temp's best; a search ends when R_ij did not change. The t0 lists are merged into the top k.
-* ``large`` (Alg. 2): one best-first search per query from the best of 32 random rows, with the result list
+* ``large`` (Alg. 2): one best-first search per query from the entry sample's row nearest it, with the result list
   R of k entries, an expansion queue C of QUEUE_SEGMENTS sorted segments of 32 (row id mod segments), and a
   visited table V of the same segments (circular, the oldest entry replaced); edges with occlusion factor < 5.
   It ends when the nearest queued row is farther than R's last by more than Δ = tau min(d_best1, d_nn1+)
@@ -24,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from bigknn.graph import EMPTY, ID_DTYPE, KnnGraph, merge_lists
-from bigknn.search.graph import SearchIndex, entry_rows, key_distance
+from bigknn.search.graph import SearchIndex, entry_sample, key_distance, nearest_entries
 from bigknn.search.params import QUEUE_SEGMENTS, SEARCH_K_MAX, SEGMENT, SearchPlan
 
 GATHER_BYTES = 64 << 20  # float32 temporaries of one distance gather
@@ -46,30 +47,28 @@ def query_keys(index: SearchIndex, q: np.ndarray, rows: np.ndarray) -> np.ndarra
     return out
 
 
-def search(index: SearchIndex, queries: np.ndarray, query_ids: np.ndarray, plan: SearchPlan) -> KnnGraph:
+def search(index: SearchIndex, queries: np.ndarray, plan: SearchPlan) -> KnnGraph:
     """The k nearest rows each query's search found, nearest first (keys ascending, EMPTY-padded)."""
     q = np.ascontiguousarray(queries, dtype=np.float32)
+    sample = entry_sample(plan.seed, index.rows)
+    starts = nearest_entries(np, index.vectors[sample].astype(np.float32), sample, q, index.metric)
     if plan.procedure == "small":
-        return _small(index, q, np.asarray(query_ids, np.int64), plan)
-    return _large(index, q, np.asarray(query_ids, np.int64), plan)
+        return _small(index, q, starts, plan)
+    return _large(index, q, starts, plan)
 
 
-def search_batches(index: SearchIndex, queries: np.ndarray, query_ids: np.ndarray, plan: SearchPlan,
-                   batch: int) -> KnnGraph:
+def search_batches(index: SearchIndex, queries: np.ndarray, plan: SearchPlan, batch: int) -> KnnGraph:
     """``search`` over consecutive batches of ``batch`` queries, each finished before the next starts."""
-    parts = [search(index, queries[i:i + batch], query_ids[i:i + batch], plan) for i in range(0, len(queries), batch)]
+    parts = [search(index, queries[i:i + batch], plan) for i in range(0, len(queries), batch)]
     if not parts:
         return KnnGraph(np.empty((0, plan.k), ID_DTYPE), np.empty((0, plan.k), np.float32))
     return KnnGraph(np.concatenate([p.ids for p in parts]), np.concatenate([p.dists for p in parts]))
 
 
-def _entries(index: SearchIndex, q: np.ndarray, query_ids: np.ndarray, search: np.ndarray | int, seed: int):
-    """(row, key) of the best of the 32 entry rows of each search."""
-    seeds = entry_rows(seed, query_ids, search, index.rows)
-    keys = query_keys(index, q, seeds)
-    best = np.argmin(keys, axis=1)
-    at = np.arange(len(seeds))
-    return seeds[at, best], keys[at, best]
+def _entries(index: SearchIndex, q: np.ndarray, starts: np.ndarray, search: np.ndarray | int):
+    """(row, key) each search starts from: search j of a query from its ``starts`` entry j mod their number."""
+    rows = starts[np.arange(len(starts)), np.asarray(search) % starts.shape[1]]
+    return rows, query_keys(index, q, rows[:, None])[:, 0]
 
 
 def _neighbours(index: SearchIndex, rows: np.ndarray, lambda_visit: int) -> np.ndarray:
@@ -79,10 +78,10 @@ def _neighbours(index: SearchIndex, rows: np.ndarray, lambda_visit: int) -> np.n
 
 
 # ---- Alg. 1: small batches --------------------------------------------------------------------
-def _small(index: SearchIndex, q: np.ndarray, query_ids: np.ndarray, plan: SearchPlan) -> KnnGraph:
+def _small(index: SearchIndex, q: np.ndarray, starts: np.ndarray, plan: SearchPlan) -> KnnGraph:
     t0 = plan.searches
     owner = np.repeat(np.arange(len(q)), t0)  # query of each search
-    u, _ = _entries(index, q[owner], query_ids[owner], np.tile(np.arange(t0), len(q)), plan.seed)
+    u, _ = _entries(index, q[owner], starts[owner], np.tile(np.arange(t0), len(q)))
     best_ids = np.full((len(owner), SEARCH_K_MAX), EMPTY, np.int64)  # R_ij, ascending
     best_keys = np.full((len(owner), SEARCH_K_MAX), np.inf, np.float32)
     active = np.ones(len(owner), bool)
@@ -129,9 +128,9 @@ def _merge_sorted(ids_a, keys_a, ids_b, keys_b, width):
 
 
 # ---- Alg. 2: large batches --------------------------------------------------------------------
-def _large(index: SearchIndex, q: np.ndarray, query_ids: np.ndarray, plan: SearchPlan) -> KnnGraph:
+def _large(index: SearchIndex, q: np.ndarray, starts: np.ndarray, plan: SearchPlan) -> KnnGraph:
     nq, k, m, s = len(q), plan.k, QUEUE_SEGMENTS, SEGMENT
-    u0, k0 = _entries(index, q, query_ids, 0, plan.seed)
+    u0, k0 = _entries(index, q, starts, 0)
     at = np.arange(nq)
     r_ids = np.full((nq, k), EMPTY, np.int64)  # R, ascending
     r_keys = np.full((nq, k), np.inf, np.float32)

@@ -25,6 +25,5 @@ class SearchReference:
                    z: np.ndarray, z_ids: np.ndarray) -> np.ndarray:
         return prune.reach_back(table, lists, list_index, x, z, z_ids)
 
-    def graph_search(self, index: SearchIndex, queries: np.ndarray, query_ids: np.ndarray, plan: SearchPlan,
-                     batch: int) -> KnnGraph:
-        return graph_search.search_batches(index, queries, query_ids, plan, batch)
+    def graph_search(self, index: SearchIndex, queries: np.ndarray, plan: SearchPlan, batch: int) -> KnnGraph:
+        return graph_search.search_batches(index, queries, plan, batch)

@@ -129,9 +129,8 @@ class CudaBackend(SearchReference):
                    z: np.ndarray, z_ids: np.ndarray) -> np.ndarray:
         return self._call(prune.reach_back, table, lists, list_index, x, z, z_ids)
 
-    def graph_search(self, index: SearchIndex, queries: np.ndarray, query_ids: np.ndarray, plan: SearchPlan,
-                     batch: int) -> KnnGraph:
-        return self._call(search.graph_search, self._search_index, index, queries, query_ids, plan, batch)
+    def graph_search(self, index: SearchIndex, queries: np.ndarray, plan: SearchPlan, batch: int) -> KnnGraph:
+        return self._call(search.graph_search, self._search_index, index, queries, plan, batch)
 
     def processors(self) -> int:
         """The device's streaming multiprocessors."""

@@ -3,15 +3,9 @@
 // they depart from the paper). Rows are float32 (n, dim); edges (n, deg) int32 global ids, EMPTY-padded;
 // occlusion factors (n, deg) uint8. Keys as everywhere: squared L2, or -dot for ip.
 
-#define SEARCH_SEEDS 32     // params.py SEEDS: entry candidates per search
 #define SEARCH_SEG 16       // params.py QUEUE_SEGMENTS
 #define SEARCH_SEG_LEN 32   // params.py SEGMENT
 
-// draw i of search j of query q (search/graph.py entry_rows)
-__device__ __forceinline__ long long entry_row(u64 seed, long long q, int j, int i, long long rows) {
-    u64 h = mix64(mix64(mix64(seed) ^ (u64)q) ^ (u64)(SEARCH_SEEDS * j + i));
-    return (long long)(h % (u64)rows);
-}
 
 template <int METRIC>
 __device__ __forceinline__ float key_term(float acc, float a, float b) {
@@ -47,20 +41,14 @@ __device__ __forceinline__ float row_key(const float* __restrict__ x, int dim, l
 template <int METRIC>
 __device__ __forceinline__ float key_dist(float key) { return METRIC == 0 ? sqrtf(fmaxf(key, 0.f)) : 1.f + key; }
 
-// the best of the search's 32 entry rows (first on equal keys): (row, key) on every lane
+// where search j of query qi starts (search/graph.py): its entry sample row j mod nstart, (row, key) on every
+// lane; starts (nq, nstart) are the sample rows nearest each query, nearest first
 template <int METRIC>
-__device__ __forceinline__ void best_entry(const float* __restrict__ x, long long n, int dim, const float* q, u64 seed,
-                                           long long qid, int j, int lane, int* row, float* key) {
-    int r = (int)entry_row(seed, qid, j, lane, n);
-    float kk = row_key<METRIC>(x, dim, r, q);
-    int at = lane;
-    for (int off = 16; off > 0; off >>= 1) {  // argmin, lowest draw on ties
-        float ok = __shfl_xor_sync(FULL_MASK, kk, off);
-        int oa = __shfl_xor_sync(FULL_MASK, at, off);
-        if (ok < kk || (ok == kk && oa < at)) { kk = ok; at = oa; }
-    }
-    *row = __shfl_sync(FULL_MASK, r, at);
-    *key = kk;
+__device__ __forceinline__ void entry(const float* __restrict__ x, int dim, const float* q,
+                                      const int* __restrict__ starts, int nstart, int qi, int j, int* row,
+                                      float* key) {
+    *row = starts[(long long)qi * nstart + j % nstart];
+    *key = row_key<METRIC>(x, dim, *row, q);
 }
 
 // insert (id, key) into the ascending list held one entry a lane (lanes < width), after equal keys; the last
@@ -82,8 +70,8 @@ template <int METRIC>
 __global__ void __launch_bounds__(128) graph_search_large(
         const float* __restrict__ x, long long n, int dim, const int* __restrict__ edges,
         const unsigned char* __restrict__ lambdas, int deg, const float* __restrict__ queries,
-        const long long* __restrict__ qids, int nq, int k, int lambda_visit, int hops, float tau, float nn1,
-        u64 seed, int* __restrict__ out_ids, float* __restrict__ out_keys) {
+        const int* __restrict__ starts, int nstart, int nq, int k, int lambda_visit, int hops, float tau,
+        float nn1, int* __restrict__ out_ids, float* __restrict__ out_keys) {
     extern __shared__ float smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int qi = blockIdx.x * (blockDim.x >> 5) + warp;
@@ -99,7 +87,7 @@ __global__ void __launch_bounds__(128) graph_search_large(
     for (int t = lane; t < SEARCH_SEG * SEARCH_SEG_LEN; t += 32) { ck[t] = INF_F; ci[t] = -1; vi[t] = -1; }
     __syncwarp();
     int u0; float k0;
-    best_entry<METRIC>(x, n, dim, q, seed, qids[qi], 0, lane, &u0, &k0);
+    entry<METRIC>(x, dim, q, starts, nstart, qi, 0, &u0, &k0);
     float rk = lane == 0 ? k0 : INF_F;  // R: entry `lane` on lane `lane` (lanes < k)
     int ri = lane == 0 ? u0 : -1;
     int vhead = 0;  // lane s < 16: the ring head of V's segment s
@@ -177,7 +165,7 @@ template <int METRIC>
 __global__ void __launch_bounds__(128) graph_search_small(
         const float* __restrict__ x, long long n, int dim, const int* __restrict__ edges,
         const unsigned char* __restrict__ lambdas, int deg, const float* __restrict__ queries,
-        const long long* __restrict__ qids, int nsearch, int t0, int lambda_visit, int hops, u64 seed,
+        const int* __restrict__ starts, int nstart, int nsearch, int t0, int lambda_visit, int hops,
         int* __restrict__ out_ids, float* __restrict__ out_keys) {
     extern __shared__ float smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -190,7 +178,7 @@ __global__ void __launch_bounds__(128) graph_search_small(
     for (int t = lane; t < dim; t += 32) q[t] = queries[(long long)qi * dim + t];
     __syncwarp();
     int u; float uk;
-    best_entry<METRIC>(x, n, dim, q, seed, qids[qi], s % t0, lane, &u, &uk);
+    entry<METRIC>(x, dim, q, starts, nstart, qi, s % t0, &u, &uk);
     float bk = INF_F;  // R_ij, ascending
     int bi = -1;
     for (int hop = 0; hop < hops; ++hop) {

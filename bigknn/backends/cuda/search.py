@@ -2,7 +2,8 @@
 NumPy reference (bigknn/backends/cpu/graph_search.py), whose docstring states them. The search graph and
 its rows go to the device once per ``SearchIndex`` (a sweep searches one index many times) and stay while it
 lives (kept.py); the queries go batch by batch, each batch finished before the next starts (what
-batch-1 QPS means).
+batch-1 QPS means). Each batch is compared with the entry sample (a GEMM, bigknn/search/graph.py), and each
+search starts from the sample row its number picks.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from bigknn.backends.cuda.compile import compile_kernels, kernel_metric, sync_ch
 from bigknn.backends.cuda.gpu import Gpu
 from bigknn.backends.cuda.kept import KeptCopy
 from bigknn.graph import EMPTY, KnnGraph, merge_lists
-from bigknn.search.graph import SearchIndex
+from bigknn.search.graph import SearchIndex, entry_sample, nearest_entries
 from bigknn.search.params import QUEUE_SEGMENTS, SEARCH_K_MAX, SEGMENT, SearchPlan
 
 WARPS = 4  # search.cu: __launch_bounds__(128)
@@ -28,8 +29,8 @@ def _upload(index: SearchIndex) -> tuple:
             cp.asarray(np.ascontiguousarray(index.lambdas, dtype=np.uint8)))
 
 
-def graph_search(gpu: Gpu, kept: KeptCopy, index: SearchIndex, queries: np.ndarray, query_ids: np.ndarray,
-                 plan: SearchPlan, batch: int) -> KnnGraph:
+def graph_search(gpu: Gpu, kept: KeptCopy, index: SearchIndex, queries: np.ndarray, plan: SearchPlan,
+                 batch: int) -> KnnGraph:
     import cupy as cp
 
     m = kernel_metric(index.metric)
@@ -42,18 +43,20 @@ def graph_search(gpu: Gpu, kept: KeptCopy, index: SearchIndex, queries: np.ndarr
     warps = min(WARPS, SHARED_BYTES // per_warp)
     if warps < 1:
         raise ValueError(f"rows of {dim} dims are too wide for the search kernels' shared memory")
+    sample_ids = cp.asarray(entry_sample(plan.seed, n))
+    sample = x[sample_ids]
     ids_out, keys_out = [], []
     for b0 in range(0, len(queries), batch):
         q = cp.asarray(np.ascontiguousarray(queries[b0:b0 + batch], dtype=np.float32))
-        qid = cp.asarray(np.asarray(query_ids[b0:b0 + batch], dtype=np.int64))
+        starts = cp.ascontiguousarray(nearest_entries(cp, sample, sample_ids, q, index.metric), dtype=cp.int32)
         nq = q.shape[0]
-        common = (x, np.int64(n), np.int32(dim), edges, lambdas, np.int32(deg), q, qid)
+        common = (x, np.int64(n), np.int32(dim), edges, lambdas, np.int32(deg), q, starts, np.int32(starts.shape[1]))
         if plan.procedure == "large":
             oi = cp.empty((nq, plan.k), cp.int32)
             ok = cp.empty((nq, plan.k), cp.float32)
             kernel((-(-nq // warps),), (32 * warps,), common + (
                 np.int32(nq), np.int32(plan.k), np.int32(plan.lambda_visit), np.int32(plan.hops),
-                np.float32(plan.budget), np.float32(index.nn1), np.uint64(plan.seed), oi, ok),
+                np.float32(plan.budget), np.float32(index.nn1), oi, ok),
                 shared_mem=warps * per_warp)
             sync_check(cp)
             ids_out.append(oi.get())
@@ -65,7 +68,7 @@ def graph_search(gpu: Gpu, kept: KeptCopy, index: SearchIndex, queries: np.ndarr
             ok = cp.empty((ns, SEARCH_K_MAX), cp.float32)
             kernel((-(-ns // warps),), (32 * warps,), common + (
                 np.int32(ns), np.int32(t0), np.int32(plan.lambda_visit), np.int32(plan.hops),
-                np.uint64(plan.seed), oi, ok), shared_mem=warps * per_warp)
+                oi, ok), shared_mem=warps * per_warp)
             sync_check(cp)
             per_query = (nq, t0 * SEARCH_K_MAX)
             ids, keys = merge_lists(oi.get().reshape(per_query).astype(np.int64), ok.get().reshape(per_query), plan.k)
