@@ -126,3 +126,19 @@ def test_search_before_prune_and_after_an_ingest_is_refused(tmp_path):
     assert_one_line_error(*run_cli(*args), "s.knn", "bigknn prune")
     assert not (tmp_path / "o.ibin").exists()
     assert json.loads((path / "manifest.json").read_text())["search"]["rows"] == 600
+
+
+def test_searches_start_in_the_query_cluster_of_a_disconnected_graph(tmp_path, monkeypatch):
+    """Clusters 8 sigma apart: the kNN graph has no edge between them, so a search finds a query's neighbours
+    only from an entry in its cluster (the paper's best of 32 random rows of 30 clusters misses it in
+    (29/30)^32 = 34 % of queries)."""
+    import bigknn.search.graph as search_graph
+
+    monkeypatch.setattr(search_graph, "ENTRY_SAMPLE", 300)  # a sample, not every row
+    rng = np.random.default_rng(7)
+    centres = rng.normal(size=(30, 8)) * 8
+    x, q = _clustered(rng, 3000, centres), _clustered(rng, 60, centres)
+    with bigknn.build(x, k=16, store=tmp_path / "s.knn", backend="cpu") as g:
+        g.prune("tsdg", degree=16, backend="cpu")
+        found = g.search(q, k=10, budget=0.0, procedure="large", backend="cpu")
+    assert _recall(found.ids, _true_ids(x, q)) >= 0.95

@@ -26,7 +26,17 @@ def _upload(index: SearchIndex) -> tuple:
 
     return (cp.asarray(np.ascontiguousarray(index.vectors, dtype=np.float32)),
             cp.asarray(np.ascontiguousarray(index.ids, dtype=np.int32)),
-            cp.asarray(np.ascontiguousarray(index.lambdas, dtype=np.uint8)))
+            cp.asarray(np.ascontiguousarray(index.lambdas, dtype=np.uint8)),
+            {})  # the entry sample of each seed searched: (ids, rows), made once (batch-1 calls pay nothing)
+
+
+def _entry_sample(x, samples: dict, seed: int) -> tuple:
+    import cupy as cp
+
+    if seed not in samples:
+        ids = cp.asarray(entry_sample(seed, x.shape[0]))
+        samples[seed] = (ids, x[ids])
+    return samples[seed]
 
 
 def graph_search(gpu: Gpu, kept: KeptCopy, index: SearchIndex, queries: np.ndarray, plan: SearchPlan,
@@ -34,7 +44,7 @@ def graph_search(gpu: Gpu, kept: KeptCopy, index: SearchIndex, queries: np.ndarr
     import cupy as cp
 
     m = kernel_metric(index.metric)
-    x, edges, lambdas = kept.of(index, _upload)
+    x, edges, lambdas, samples = kept.of(index, _upload)
     n, dim = x.shape
     deg = edges.shape[1]
     name = f"graph_search_{plan.procedure}<{m}>"
@@ -43,8 +53,7 @@ def graph_search(gpu: Gpu, kept: KeptCopy, index: SearchIndex, queries: np.ndarr
     warps = min(WARPS, SHARED_BYTES // per_warp)
     if warps < 1:
         raise ValueError(f"rows of {dim} dims are too wide for the search kernels' shared memory")
-    sample_ids = cp.asarray(entry_sample(plan.seed, n))
-    sample = x[sample_ids]
+    sample_ids, sample = _entry_sample(x, samples, plan.seed)
     ids_out, keys_out = [], []
     for b0 in range(0, len(queries), batch):
         q = cp.asarray(np.ascontiguousarray(queries[b0:b0 + batch], dtype=np.float32))
