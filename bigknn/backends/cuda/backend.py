@@ -16,7 +16,7 @@ CuPy is imported inside the functions only, so this package imports on machines 
                   search sweep reads, the rows a prune reads); ``memory.py`` the budget and
                   what each call needs of it.
 
-Every call frees CuPy's memory pools at its end.
+Every call but a search frees CuPy's memory pools at its end.
 """
 
 from __future__ import annotations
@@ -130,7 +130,10 @@ class CudaBackend(SearchReference):
         return self._call(prune.reach_back, table, lists, list_index, x, z, z_ids)
 
     def graph_search(self, index: SearchIndex, queries: np.ndarray, plan: SearchPlan, batch: int) -> KnnGraph:
-        return self._call(search.graph_search, self._search_index, index, queries, plan, batch)
+        """Unlike the other calls, CuPy's pool keeps what a search allocated (a few MB a batch): freed after
+        each call, every batch-1 search paid cudaMalloc / cudaFree (which waits for the device) per array."""
+        with self.gpu.context():
+            return search.graph_search(self.gpu, self._search_index, index, queries, plan, batch)
 
     def processors(self) -> int:
         """The device's streaming multiprocessors."""
