@@ -23,7 +23,7 @@ procedure_option = click.option("--procedure", type=click.Choice(PROCEDURES), de
                                 help="small: independent greedy searches per query (budget: how many); large: "
                                      "best-first with a slack (budget: tau); auto: small below a batch size set "
                                      "by the device's processors and the dimension.")
-seed_option = click.option("--seed", type=int, default=0, show_default=True, help="Seed of the entry rows.")
+seed_option = click.option("--seed", type=int, default=0, show_default=True, help="Seed of the entry sample (the rows searches start from).")
 output_option = click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
                              help=".ibin to write (ids, then distances; row i: query i).")
 

@@ -123,7 +123,7 @@ class _Pruner:
         dst, key = f_ids[valid], f_keys[valid]
         src = np.repeat(shard_rows(s), valid.sum(axis=1))
         pos, _ = locate(self.store, dst)
-        for p_i in np.unique(pos):
+        for p_i in np.flatnonzero(np.bincount(pos, minlength=len(self.m.shards))):
             mine = pos == p_i
             edges = np.empty(int(mine.sum()), REVERSE_EDGE)
             edges["dst"], edges["src"], edges["key"] = dst[mine], src[mine], key[mine]
@@ -165,17 +165,21 @@ class _Pruner:
         slots the forward edges left free."""
         p = self.params
         rows = shard_rows(s)
-        a_ids = np.unique(f_ids[f_ids >= 0])
-        known = np.unique(np.concatenate([rows, a_ids]))
+        mine = f_ids >= 0
+        member = np.zeros(self.m.rows, bool)  # the rows whose lists the test reads: this shard's and their lists'
+        member[rows] = True
+        member[f_ids[mine]] = True
+        known = np.flatnonzero(member)  # distinct, ascending, without a sort
         table, index = self.vectors.table(np.concatenate([known, src]))
         known_index, z_index = index[:len(known)], index[len(known):]
+        table_row = np.full(self.m.rows, -1, np.int64)  # global id -> table row, for the known ids
+        table_row[known] = known_index
         lists = self._forward_lists(known)
         table_lists = np.full((len(table), lists.shape[1]), EMPTY, np.int64)
         table_lists[known_index] = lists
         list_index = np.full(table_lists.shape, -1, np.int64)
-        own = known_index[np.searchsorted(known, rows)]  # table rows of this shard's rows
-        mine = f_ids >= 0
-        list_index[own] = np.where(mine, _table_index(known, known_index, f_ids), -1)
+        own = table_row[rows]  # table rows of this shard's rows
+        list_index[own] = np.where(mine, table_row[np.where(mine, f_ids, 0)], -1)
         found = self.backend.reach_back(table, table_lists, list_index, own[at], z_index, src)
         need = ~found
         free = p.degree - mine.sum(axis=1)
@@ -194,7 +198,7 @@ class _Pruner:
         """Forward lists of any rows (scratch of pass 1)."""
         pos, local = locate(self.store, global_ids)
         out = np.full((len(global_ids), self.params.forward_width(self.k)), EMPTY, np.int64)
-        for p_i in np.unique(pos):
+        for p_i in np.flatnonzero(np.bincount(pos, minlength=len(self.m.shards))):
             f = self.scratch.get(f"forward/{self.m.shards[p_i].id}.ids")
             mine = pos == p_i
             out[mine] = f[local[mine]]
@@ -219,11 +223,6 @@ class _Pruner:
                 "alpha": p.alpha if p.method == "tsdg" else None, "rows": m.rows, "knn_k": self.k,
                 "mean_degree": entry.mean_degree, **self.stats, "backend": self.backend.name,
                 "wall_s": round(seconds, 3)}
-
-
-def _table_index(known: np.ndarray, known_index: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    """The table row of each id of ``ids`` (all in ``known``; EMPTY entries give an arbitrary row)."""
-    return known_index[np.clip(np.searchsorted(known, ids), 0, len(known) - 1)]
 
 
 def _compact(ids: np.ndarray, keys: np.ndarray, kept: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
