@@ -39,8 +39,7 @@ from bigknn.shards.lock import WriterLock
 from bigknn.shards.manifest import CHECKSUMS_SINCE, SEARCH_SINCE
 
 MAX_ROWS = np.iinfo(np.int32).max  # search graph ids are int32
-REVERSE_EDGE = np.dtype([("dst", np.int64), ("src", np.int64), ("key", np.float32)])
-SCRATCH_BYTES_PER_EDGE = 8 + REVERSE_EDGE.itemsize  # a forward edge (int32 id, float32 key) and its reverse
+SCRATCH_BYTES_PER_EDGE = 8 + 12  # a forward edge (int32 id, float32 key) and its reverse (int32 dst, src, key)
 
 
 def prune(path: Path, params: PruneParams, backend: Backend, reporter: Reporter, host_bytes: int,
@@ -107,7 +106,7 @@ class _Pruner:
     # ---- pass 1 --------------------------------------------------------------------------------
     def _forward(self, s) -> None:
         g = self.store.read_graph(s.id)
-        ids, keys = g.ids[:, :self.k].astype(np.int64), g.dists[:, :self.k]
+        ids, keys = g.ids[:, :self.k], g.dists[:, :self.k]
         first = keys[:, 0][ids[:, 0] >= 0]
         if first.size:
             self.nn1 = max(self.nn1, float(key_distance(first, self.metric).max()))
@@ -116,31 +115,33 @@ class _Pruner:
         table, index = self.vectors.table(ids)
         kept = self.backend.diversify(index, keys, table, self.metric, rule).astype(bool)
         f_ids, f_keys = _compact(ids, keys, kept, p.forward_width(self.k))
-        self.scratch.put(f"forward/{s.id}.ids", f_ids.astype(ID_DTYPE))
+        self.scratch.put(f"forward/{s.id}.ids", f_ids)
         self.scratch.put(f"forward/{s.id}.keys", f_keys)
         valid = f_ids >= 0
         self.stats["forward_edges"] += int(valid.sum())
         dst, key = f_ids[valid], f_keys[valid]
-        src = np.repeat(shard_rows(s), valid.sum(axis=1))
+        src = np.repeat(shard_rows(s).astype(ID_DTYPE), valid.sum(axis=1))
         pos, _ = locate(self.store, dst)
         for p_i in np.flatnonzero(np.bincount(pos, minlength=len(self.m.shards))):
             mine = pos == p_i
-            edges = np.empty(int(mine.sum()), REVERSE_EDGE)
-            edges["dst"], edges["src"], edges["key"] = dst[mine], src[mine], key[mine]
-            self.scratch.put(f"reverse/{self.m.shards[p_i].id}/{s.id}", edges)
+            to = f"reverse/{self.m.shards[p_i].id}/{s.id}"
+            self.scratch.put(f"{to}.pairs", np.stack([dst[mine], src[mine]]))  # (2, edges): dst, src
+            self.scratch.put(f"{to}.keys", key[mine])
 
     # ---- pass 2 --------------------------------------------------------------------------------
     def _finish(self, s) -> None:
         f_ids = np.asarray(self.scratch.get(f"forward/{s.id}.ids"), np.int64)
         f_keys = np.asarray(self.scratch.get(f"forward/{s.id}.keys"))
-        parts = self.scratch.parts(f"reverse/{s.id}")
-        rev = parts[0] if len(parts) == 1 else np.concatenate(parts) if parts else np.empty(0, REVERSE_EDGE)
-        _, at = locate(self.store, rev["dst"])
-        self.stats["reverse_edges"] += len(rev)
+        pairs = self.scratch.parts(f"reverse/{s.id}", ".pairs")
+        dst, src = np.concatenate(pairs, axis=1) if pairs else np.empty((2, 0), ID_DTYPE)
+        keys = self.scratch.parts(f"reverse/{s.id}", ".keys")
+        key = np.concatenate(keys) if keys else np.empty(0, np.float32)
+        _, at = locate(self.store, dst)
+        self.stats["reverse_edges"] += len(dst)
         if self.params.method == "tsdg":
-            ids, lambdas = self._tsdg(f_ids, f_keys, at, rev["src"].astype(np.int64), rev["key"])
+            ids, lambdas = self._tsdg(f_ids, f_keys, at, src, key)
         else:
-            ids, lambdas = self._rng(s, f_ids, at, rev["src"].astype(np.int64), rev["key"])
+            ids, lambdas = self._rng(s, f_ids, at, src.astype(np.int64), key)
         self.stats["edges"] += int((ids >= 0).sum())
         self.store.write_search(self.version, f"shards/{s.id}/ids", ids.astype(ID_DTYPE))
         self.store.write_search(self.version, f"shards/{s.id}/lambdas", lambdas)
@@ -230,7 +231,7 @@ def _compact(ids: np.ndarray, keys: np.ndarray, kept: np.ndarray, width: int) ->
     slot = np.cumsum(kept, axis=1, dtype=np.int32) - 1  # a kept entry's column in the output
     keep = kept & (slot < width)
     dest = (np.arange(len(ids))[:, None] * width + slot)[keep]
-    out_ids = np.full((len(ids), width), EMPTY, np.int64)
+    out_ids = np.full((len(ids), width), EMPTY, ids.dtype)
     out_keys = np.full((len(ids), width), np.inf, np.float32)
     out_ids.reshape(-1)[dest] = ids[keep]
     out_keys.reshape(-1)[dest] = keys[keep]

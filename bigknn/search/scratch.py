@@ -28,9 +28,9 @@ class Scratch:
         """The array kept under ``name`` (memory-mapped from disk when not held)."""
         return self._held[name] if self.in_memory else np.load(self.folder / f"{name}.npy", mmap_mode="r")
 
-    def parts(self, prefix: str) -> list[np.ndarray]:
-        """Every array kept under ``prefix/``, in name order."""
+    def parts(self, prefix: str, suffix: str) -> list[np.ndarray]:
+        """Every array kept under ``prefix/`` whose name ends with ``suffix``, in name order."""
         if self.in_memory:
-            return [self._held[n] for n in sorted(self._held) if n.startswith(prefix + "/")]
+            return [self._held[n] for n in sorted(self._held) if n.startswith(prefix + "/") and n.endswith(suffix)]
         d = self.folder / prefix
-        return [np.load(f) for f in sorted(d.glob("*.npy"))] if d.is_dir() else []
+        return [np.load(f) for f in sorted(d.glob(f"*{suffix}.npy"))] if d.is_dir() else []
