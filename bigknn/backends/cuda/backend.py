@@ -127,7 +127,7 @@ class CudaBackend(SearchReference):
 
     def reach_back(self, table: np.ndarray, lists: np.ndarray, list_index: np.ndarray, x: np.ndarray,
                    z: np.ndarray, z_ids: np.ndarray) -> np.ndarray:
-        return self._call(prune.reach_back, table, lists, list_index, x, z, z_ids)
+        return self._call(prune.reach_back, self._prune_table, table, lists, list_index, x, z, z_ids)
 
     def graph_search(self, index: SearchIndex, queries: np.ndarray, plan: SearchPlan, batch: int) -> KnnGraph:
         """Unlike the other calls, CuPy's pool keeps what a search allocated (a few MB a batch): freed after

@@ -45,17 +45,17 @@ def nearest_lists(gpu: Gpu, rows: int, width: int, row: np.ndarray, ids: np.ndar
     return out_ids, out_keys
 
 
-def reach_back(gpu: Gpu, table: np.ndarray, lists: np.ndarray, list_index: np.ndarray, x: np.ndarray,
-               z: np.ndarray, z_ids: np.ndarray) -> np.ndarray:
-    """Backend.reach_back: the reference's blocks run on the device where the table, the lists and their
-    table rows take at most half the budget (every request gathers rows from anywhere in them); otherwise on
-    the host (bigknn/backends/cpu/prune.py)."""
+def reach_back(gpu: Gpu, kept: KeptCopy, table: np.ndarray, lists: np.ndarray, list_index: np.ndarray,
+               x: np.ndarray, z: np.ndarray, z_ids: np.ndarray) -> np.ndarray:
+    """Backend.reach_back: the reference's blocks run on the device where the table (kept there as for
+    diversify), the lists and their table rows take at most half the budget (every request gathers rows from
+    anywhere in them); otherwise on the host (bigknn/backends/cpu/prune.py)."""
     import cupy as cp
 
-    held = table.shape[0] * table.shape[1] * 4 + lists.nbytes + list_index.nbytes
+    held = (0 if kept.holds(table) else table.shape[0] * table.shape[1] * 4) + lists.nbytes + list_index.nbytes
     if len(x) == 0 or held > gpu.budget() // 2:
         return reference.reach_back(table, lists, list_index, x, z, z_ids)
-    t = cp.asarray(np.ascontiguousarray(table, dtype=np.float32))
+    (t,) = kept.of(table, _upload)
     d_lists, d_index = cp.asarray(lists), cp.asarray(list_index)
     out = np.zeros(len(x), bool)
     step = reference.reach_back_step(lists.shape[1], table.shape[1], BLOCK_BYTES)
