@@ -70,9 +70,7 @@ def nearest_entries(xp: Any, sample: Any, sample_ids: Any, queries: Any, metric:
     w = min(SEEDS, keys.shape[1])
     col = xp.arange(keys.shape[1], dtype=xp.int64)[None, :]
     word = ((key_bits(xp, keys) - (1 << 31)) << 32) | col  # distinct (no tie left to the sort), within int64
-    if w < keys.shape[1]:
-        word = xp.partition(word, w - 1, axis=1)[:, :w]
-    return sample_ids[xp.sort(word, axis=1) & 0xFFFFFFFF]
+    return sample_ids[xp.sort(word, axis=1)[:, :w] & 0xFFFFFFFF]  # a whole-row sort: CuPy's is segmented
 
 
 def key_distance(keys: np.ndarray | float, metric: str) -> np.ndarray:
