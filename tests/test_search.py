@@ -142,3 +142,16 @@ def test_searches_start_in_the_query_cluster_of_a_disconnected_graph(tmp_path, m
         g.prune("tsdg", degree=16, backend="cpu")
         found = g.search(q, k=10, budget=0.0, procedure="large", backend="cpu")
     assert _recall(found.ids, _true_ids(x, q)) >= 0.95
+
+
+def test_entry_points_are_the_sample_rows_nearest_each_query():
+    from bigknn.search.graph import entry_sample, nearest_entries
+
+    rng = np.random.default_rng(9)
+    x, q = rng.normal(size=(9000, 6)).astype(np.float32), rng.normal(size=(20, 6)).astype(np.float32)
+    sample = entry_sample(3, len(x))
+    assert len(sample) > 3000 and (np.diff(sample) > 0).all() and sample[-1] < len(x)
+    assert not np.array_equal(sample, entry_sample(4, len(x)))  # the seed draws the sample
+    for metric, keys in (("l2", ((q[:, None] - x[sample][None]) ** 2).sum(-1)), ("ip", -(q @ x[sample].T))):
+        got = nearest_entries(np, x[sample], sample, q, metric)
+        np.testing.assert_array_equal(got, sample[np.argsort(keys, axis=1)[:, :32]])
