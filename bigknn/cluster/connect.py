@@ -97,15 +97,14 @@ def _local_cluster(address: str, backend: str) -> Any:
             raise ValueError
     except ValueError:
         raise BadInput(f"--scheduler {address}", "local:N takes a worker count N of 1 or more") from None
-    if backend != "cpu" and _cuda_usable():
+    if backend != "cpu" and _cuda_usable():  # plain worker processes would all take GPU 0
         try:
             from dask_cuda import LocalCUDACluster
-
-            return LocalCUDACluster(CUDA_VISIBLE_DEVICES=list(range(workers)), threads_per_worker=1,
-                                    dashboard_address=":0")
         except ImportError:
-            if backend == "cuda":
-                raise BadInput(f"--scheduler {address}", "GPU workers need dask-cuda: pip install dask-cuda") from None
+            raise BadInput(f"--scheduler {address}", "GPU workers need dask-cuda (pip install dask-cuda), "
+                                                     "or use --backend cpu") from None
+        return LocalCUDACluster(CUDA_VISIBLE_DEVICES=list(range(workers)), threads_per_worker=1,
+                                dashboard_address=":0")
     from distributed import LocalCluster
 
     return LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0")
