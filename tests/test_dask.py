@@ -24,6 +24,7 @@ distributed = pytest.importorskip("distributed")
 import bigknn  # noqa: E402
 from bigknn.cluster.connect import Cluster  # noqa: E402
 from bigknn.cluster.executor import check_visible  # noqa: E402
+from bigknn.cluster.tasks import claim_version  # noqa: E402
 from bigknn.errors import BadInput  # noqa: E402
 from bigknn.shards import Store  # noqa: E402
 from conftest import assert_one_line_error, cli_env, read_manifest, run_json, write_synth  # noqa: E402
@@ -172,3 +173,13 @@ def test_no_scheduler_imports_no_dask(tmp_path):
 def test_bad_local_count(reference, tmp_path):
     with pytest.raises(BadInput, match="--scheduler local:0: local:N takes a worker count"):
         bigknn.build(reference["data"], store=tmp_path / "y.knn", scheduler="local:0", **OPTS)
+
+
+def test_each_attempt_claims_its_own_version(reference, tmp_path):
+    """Two attempts of one task (a retry, a straggler) never write into the same graph version directory."""
+    shutil.copytree(Path(reference["data"]).parent / "ref.knn", tmp_path / "v.knn")
+    store = Store.open(tmp_path / "v.knn")
+    current = store.manifest.shards[0].graph
+    first, second = claim_version(store, 0, current), claim_version(store, 0, current)
+    assert current < first < second
+    assert (store.path / "shards" / "0" / "graph" / str(second)).is_dir()

@@ -4,7 +4,8 @@ The same ``Scheduler`` as in-process decides what may run (GNND of each shard as
 pending pair once both shards have a graph and no running merge touches either), with one client thread per
 worker thread of the cluster: each takes a task, submits it (``tasks.gnnd`` / ``tasks.merge``) with the
 graph versions it must read, waits for its result and commits it. The client is the only committer, and a
-pair is committed once (the scheduler hands it out once; a result for a pair already merged is dropped).
+pair is committed once: the scheduler hands each pending pair out once, and a task's retries and Dask's
+reruns all end in that one future's single result.
 
 A task whose worker dies is rerun by Dask on another worker; a task that fails is submitted again with the
 shards' current versions (``ATTEMPTS`` in all). Each submission carries a ``workers=`` hint, the worker
@@ -183,8 +184,6 @@ class _Run:
     def _commit(self, res: TaskResult, pair: tuple[int, int] | None, phase: str) -> None:
         """Record a task's graph versions (and its pair) in the manifest and commit: the one committer."""
         with self.store.lock:
-            if pair is not None and pair in self.ledger.done():
-                return  # already committed by another attempt: its versions stand
             for sid, version in res.versions.items():
                 self.ledger.set_version(sid, version)
             if pair is not None:
