@@ -20,6 +20,7 @@ from typing import Any
 
 from bigknn.arrays import input_file
 from bigknn.backends import get_backends
+from bigknn.cluster import use_scheduler
 from bigknn.metrics import METRICS
 from bigknn.params import GnndParams
 from bigknn.pipeline.build import BuildRequest, build as run_build
@@ -38,7 +39,8 @@ def build(data: Any, k: int = DEFAULTS.k, metric: str = "l2", store: PathLike | 
           recall: float = DEFAULTS.recall, backend: str = "auto", gpus: Gpus = None, *, shard_rows: int = 0,
           list_width: int = 0, samples: int = 0, iters: int = DEFAULTS.iters,
           merge_iters: int = DEFAULTS.merge_iters, seed: int = 0, gpu_mem: int | None = None,
-          host_mem: int | None = None, wait: float = 0.0, progress: bool = False) -> Graph:
+          host_mem: int | None = None, wait: float = 0.0, progress: bool = False,
+          scheduler: str | None = None) -> Graph:
     """Build the approximate k-NN graph of ``data``: every row gets its top-k over all rows.
 
     Parameters
@@ -74,6 +76,10 @@ def build(data: Any, k: int = DEFAULTS.k, metric: str = "l2", store: PathLike | 
         Seconds to wait for another writer of ``store``.
     progress : bool
         Show progress bars on stderr.
+    scheduler : str, optional
+        Run the shards' GNND and the merges as tasks on a Dask cluster: its scheduler's address
+        ("tcp://host:8786"), or "local:N" for N local worker processes (needs ``bigknn[dask]``). The store
+        must be on a path every worker sees. Default: in this process.
 
     Returns
     -------
@@ -109,7 +115,9 @@ def build(data: Any, k: int = DEFAULTS.k, metric: str = "l2", store: PathLike | 
         with input_file(data, path, new_store=True) as input_path:
             req = BuildRequest(input=input_path, store=path, metric=metric, shard_rows=shard_rows, params=params,
                                seed=seed, wait_s=wait, host_mem=host_mem)
-            summary = run_build(req, backends, reporter(progress))
+            rep = reporter(progress)
+            with use_scheduler(scheduler, backend, gpu_mem, rep):
+                summary = run_build(req, backends, rep)
     except BaseException:
         if temporary is not None:
             shutil.rmtree(temporary, ignore_errors=True)

@@ -10,7 +10,8 @@ from bigknn import api
 from bigknn.api import DEFAULTS
 from bigknn.backends import get_backends
 from bigknn.cli.common import (backend_option, emit, gpu_mem_option, gpus_option, host_mem_option, json_option,
-                               parse_bytes, reporter_for, show_progress, wait_option)
+                               parse_bytes, reporter_for, scheduler_option, show_progress, wait_option)
+from bigknn.cluster import use_scheduler
 from bigknn.metrics import METRICS
 from bigknn.pipeline.finish import finish
 
@@ -43,10 +44,11 @@ from bigknn.pipeline.finish import finish
 @gpu_mem_option
 @host_mem_option
 @wait_option
+@scheduler_option
 @json_option
 def build(input: Path, store: Path, k: int, metric: str, shard_rows: int, recall: float, iters: int, merge_iters: int,
           samples: int, list_width: int, seed: int, backend: str, gpus: str | None, gpu_mem: str | None, host_mem: str | None,
-          wait_s: float, as_json: bool) -> None:
+          wait_s: float, scheduler: str | None, as_json: bool) -> None:
     """Build the k-NN graph of INPUT (.fbin .u8bin .i8bin .f16bin .fvecs .bvecs .ivecs .npy) into a store.
 
     Rows are split into shards, each gets a GNND graph, then every pair of shards is merged (GGM), so each
@@ -60,11 +62,12 @@ def build(input: Path, store: Path, k: int, metric: str, shard_rows: int, recall
       bigknn build emb.npy -o emb.knn --metric cosine --k 16 --json
       bigknn build data.fbin -o data.knn --recall 0.995
       bigknn build deep10m.fbin -o deep.knn --shard-rows 1000000 --gpus all --host-mem 64G
+      bigknn build /shared/deep10m.fbin -o /shared/deep.knn --scheduler tcp://head:8786
     """
     graph = api.build(input, k=k, metric=metric, store=store, recall=recall, backend=backend, gpus=gpus,
                       shard_rows=shard_rows, list_width=list_width, samples=samples, iters=iters,
                       merge_iters=merge_iters, seed=seed, gpu_mem=parse_bytes(gpu_mem), host_mem=parse_bytes(host_mem),
-                      wait=wait_s, progress=show_progress(as_json))
+                      wait=wait_s, progress=show_progress(as_json), scheduler=scheduler)
     emit(graph.report.to_dict(), as_json, "build")
 
 
@@ -75,9 +78,10 @@ def build(input: Path, store: Path, k: int, metric: str, shard_rows: int, recall
 @gpu_mem_option
 @host_mem_option
 @wait_option
+@scheduler_option
 @json_option
 def merge(store: Path, backend: str, gpus: str | None, gpu_mem: str | None, host_mem: str | None, wait_s: float,
-          as_json: bool) -> None:
+          scheduler: str | None, as_json: bool) -> None:
     """Finish a store's pending work: GNND of unbuilt shards and every pending shard-pair merge, or the
     rest of an interrupted ingest.
 
@@ -85,7 +89,10 @@ def merge(store: Path, backend: str, gpus: str | None, gpu_mem: str | None, host
     Examples:
       bigknn merge data.knn
       bigknn merge data.knn --wait 600 --json
+      bigknn merge /shared/data.knn --scheduler local:2
     """
-    result = finish(store, get_backends(backend, gpus, parse_bytes(gpu_mem)), reporter_for(as_json), wait_s,
-                    parse_bytes(host_mem))
+    reporter = reporter_for(as_json)
+    with use_scheduler(scheduler, backend, parse_bytes(gpu_mem), reporter):
+        result = finish(store, get_backends(backend, gpus, parse_bytes(gpu_mem)), reporter, wait_s,
+                        parse_bytes(host_mem))
     emit(result, as_json, "merge")

@@ -63,6 +63,12 @@ gpus_option = click.option("--gpus", type=str, default=None,
 host_mem_option = click.option("--host-mem", "host_mem", type=str, default=None,
                                help="Host RAM for cached shards, e.g. 64G (default: half the machine's RAM).")
 
+scheduler_option = click.option(
+    "--scheduler", type=str, default=None, envvar="DASK_SCHEDULER_ADDRESS", show_envvar=True,
+    help="Run the GNND and merge tasks on a Dask cluster: its scheduler's address (tcp://host:8786), or "
+         "local:N for N local worker processes (GPU workers with dask-cuda). The store must be on a path "
+         "every worker sees. Needs bigknn[dask].")
+
 plot_option = click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=None,
                            help="Also draw a picture into this file (.png, .svg, .pdf; needs matplotlib: "
                                 "pip install 'bigknn[plot]').")

@@ -9,7 +9,8 @@ import click
 
 from bigknn.backends import get_backends
 from bigknn.cli.common import (backend_option, emit, gpu_mem_option, gpus_option, host_mem_option, json_option,
-                               parse_bytes, reporter_for)
+                               parse_bytes, reporter_for, scheduler_option)
+from bigknn.cluster import use_scheduler
 from bigknn.errors import StoreBusy
 from bigknn.pipeline.ingest import drop_folder_files, ingest as run_ingest
 
@@ -29,9 +30,11 @@ from bigknn.pipeline.ingest import drop_folder_files, ingest as run_ingest
 @gpus_option
 @gpu_mem_option
 @host_mem_option
+@scheduler_option
 @json_option
 def ingest(store: Path, inputs: tuple[Path, ...], watch_dir: Path | None, wait_s: float, busy_exit: int,
-           backend: str, gpus: str | None, gpu_mem: str | None, host_mem: str | None, as_json: bool) -> None:
+           backend: str, gpus: str | None, gpu_mem: str | None, host_mem: str | None, scheduler: str | None,
+           as_json: bool) -> None:
     """Add new vectors to a finished store: every row, old and new, again holds its top-k over the whole set.
 
     New rows get ids after the last existing id, in input order. Inputs are checked against the store
@@ -48,9 +51,11 @@ def ingest(store: Path, inputs: tuple[Path, ...], watch_dir: Path | None, wait_s
         raise click.UsageError("give --input FILE (one or more) or --watch-dir DIR")
     listed = drop_folder_files(watch_dir) if watch_dir else None
     files = list(inputs) if inputs else list(listed)
+    reporter = reporter_for(as_json)
     try:
-        result = run_ingest(store, files, get_backends(backend, gpus, parse_bytes(gpu_mem)), reporter_for(as_json),
-                            wait_s, parse_bytes(host_mem), listed)
+        with use_scheduler(scheduler, backend, parse_bytes(gpu_mem), reporter):
+            result = run_ingest(store, files, get_backends(backend, gpus, parse_bytes(gpu_mem)), reporter, wait_s,
+                                parse_bytes(host_mem), listed)
     except StoreBusy as e:
         click.echo(f"bigknn: {e}", err=True)
         sys.exit(busy_exit)

@@ -15,7 +15,7 @@ import numpy as np
 
 from bigknn.backends import Backend
 from bigknn.formats import VectorFile
-from bigknn.graph import EMPTY, merge_lists
+from bigknn.graph import EMPTY, KnnGraph, merge_lists
 from bigknn.metrics import kernel_metric, prepare_rows
 from bigknn.recall import ESTIMATE_ROWS, RECALL_AT, Estimate, estimate, without_self
 from bigknn.shards import Manifest, Store
@@ -44,7 +44,11 @@ class SampleTruth:
 
     def add(self, backend: Backend, shard_id: int, offset: int, x: np.ndarray) -> None:
         """Fold the exact neighbours among one shard's rows (global ids from ``offset``) into the truth."""
-        g = backend.exact_knn(self.vectors, self.m + 1, self.metric, [(offset, x)])
+        self.fold(shard_id, backend.exact_knn(self.vectors, self.m + 1, self.metric, [(offset, x)]))
+
+    def fold(self, shard_id: int, g: KnnGraph) -> None:
+        """Fold one shard's exact neighbours of the sample (computed here by ``add``, or on a Dask worker
+        that had the shard in memory) into the truth; a shard folded before is ignored."""
         with self._lock:
             if shard_id in self.covered:
                 return

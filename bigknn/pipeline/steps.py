@@ -16,6 +16,7 @@ from typing import Iterable
 import numpy as np
 
 from bigknn.backends import Backend
+from bigknn.cluster import active as active_cluster
 from bigknn.errors import BadInput
 from bigknn.params import GnndParams
 from bigknn.pipeline.estimate import SampleTruth
@@ -82,6 +83,11 @@ def run_pending(store: Store, ledger: Ledger, backends: list[Backend], reporter:
     ``incoming``: (stream of (shard, vectors), their sizes) from a sharding pass still running; GNND
     takes each shard as it arrives. Shards already in the store without a graph are read from it. ``sample``:
     the build's recall sample, whose exact neighbours GNND's workers gather from each shard they see."""
+    if (cluster := active_cluster()) is not None:  # --scheduler: the same tasks, on Dask workers
+        from bigknn.cluster.executor import run_on_cluster
+
+        run_on_cluster(cluster, store, ledger, reporter, acct, incoming, sample)
+        return
     shards = ledger.shards()
     new_sizes = incoming[1] if incoming else []
     todo = [s for s in shards if ledger.version(s.id) is None]

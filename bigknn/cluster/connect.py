@@ -1,0 +1,118 @@
+"""Connecting a run to a Dask cluster (``--scheduler``, ``scheduler=``): an existing one by address, or a
+local one (``local:N``) started for the run and stopped after it.
+
+The cluster in use is held in a context variable for the duration of a ``with use_scheduler(...)`` block:
+the write paths (build, ingest, merge) all end in ``steps.run_pending``, which hands its tasks to the cluster
+when one is in use. So the flag reaches that one place without threading a parameter through every write
+path's signature, and nothing imports dask unless a scheduler was asked for.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterator
+
+from bigknn.errors import BadInput
+from bigknn.progress import Reporter
+
+if TYPE_CHECKING:
+    from distributed import Client
+
+LOCAL_PREFIX = "local:"
+CONNECT_TIMEOUT_S = 30  # for a scheduler to answer, and for its first worker to join
+INSTALL_HINT = "needs dask and distributed: pip install 'bigknn[dask]' (and dask-cuda for GPU workers)"
+
+
+@dataclass
+class Cluster:
+    """The Dask client of a run and how its workers make their backend (name, GPU memory cap)."""
+
+    client: "Client"
+    backend: str
+    gpu_mem: int | None
+
+    def slots(self) -> int:
+        """Tasks to keep in flight: one per worker thread (a task holds a whole GPU or CPU core)."""
+        return max(1, sum(self.client.nthreads().values()))
+
+
+_ACTIVE: ContextVar[Cluster | None] = ContextVar("bigknn_cluster", default=None)
+
+
+def active() -> Cluster | None:
+    """The cluster the current run's tasks go to, or None: run them in this process."""
+    return _ACTIVE.get()
+
+
+@contextmanager
+def use_scheduler(address: str | None, backend: str, gpu_mem: int | None, reporter: Reporter) -> Iterator[None]:
+    """Within the block, runs go to the Dask cluster at ``address`` ("tcp://host:8786", or "local:N" for a
+    local cluster of N single-threaded worker processes); ``None`` or "" changes nothing."""
+    if not address:
+        yield
+        return
+    client, local = _connect(address, backend)
+    try:
+        reporter.note(f"Dask scheduler {client.scheduler.address}; dashboard {client.dashboard_link}")
+        token = _ACTIVE.set(Cluster(client, backend, gpu_mem))
+        try:
+            yield
+        finally:
+            _ACTIVE.reset(token)
+    finally:
+        client.close()
+        if local is not None:
+            local.close()
+
+
+def _connect(address: str, backend: str) -> tuple["Client", Any]:
+    """A client of the cluster at ``address``, and the local cluster started for it (None if it existed)."""
+    try:
+        from distributed import Client
+    except ImportError:
+        raise BadInput(f"--scheduler {address}", INSTALL_HINT) from None
+    local = _local_cluster(address, backend) if address.startswith(LOCAL_PREFIX) else None
+    try:
+        client = Client(local if local is not None else address, timeout=CONNECT_TIMEOUT_S)
+    except (OSError, TimeoutError) as e:
+        if local is not None:
+            local.close()
+        raise BadInput(f"--scheduler {address}", f"no Dask scheduler answers there ({e})") from None
+    try:
+        client.wait_for_workers(1, timeout=CONNECT_TIMEOUT_S)
+    except TimeoutError:
+        client.close()
+        raise BadInput(f"--scheduler {address}", f"no worker joined within {CONNECT_TIMEOUT_S} s") from None
+    return client, local
+
+
+def _local_cluster(address: str, backend: str) -> Any:
+    """``local:N``: N worker processes of one thread each; on a GPU machine with dask-cuda and a CUDA
+    backend, a ``LocalCUDACluster`` of N workers, one GPU each."""
+    try:
+        workers = int(address[len(LOCAL_PREFIX):])
+        if workers < 1:
+            raise ValueError
+    except ValueError:
+        raise BadInput(f"--scheduler {address}", "local:N takes a worker count N of 1 or more") from None
+    if backend != "cpu" and _cuda_usable():  # plain worker processes would all take GPU 0
+        try:
+            from dask_cuda import LocalCUDACluster
+        except ImportError:
+            raise BadInput(f"--scheduler {address}", "GPU workers need dask-cuda (pip install dask-cuda), "
+                                                     "or use --backend cpu") from None
+        return LocalCUDACluster(CUDA_VISIBLE_DEVICES=list(range(workers)), threads_per_worker=1,
+                                dashboard_address=":0")
+    from distributed import LocalCluster
+
+    return LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0")
+
+
+def _cuda_usable() -> bool:
+    try:
+        from bigknn.backends.cuda import cuda_available
+    except ImportError:
+        return False
+    return cuda_available()
