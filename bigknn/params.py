@@ -6,6 +6,8 @@ from dataclasses import asdict, dataclass
 
 MIN_LIST = 48  # NN-Descent converges poorly on short lists: graphs are built at least this wide
 AUTO_SAMPLES = 16  # largest automatic p: 2p = 32 samples per list keep the cross-match in its small tile class
+CPU_AUTO_SAMPLES = 8  # the CPU's: a core pays for every key, so fewer per iteration (more iterations) measured
+# faster there: 100K x 96, k = 32 to recall 0.99: p = 16 in 6 iterations 40 s, 8 in 9 31 s, 6 in 12 36 s
 EXACT_ROWS = 2048  # shards up to this size get their exact graph: too few rows for NN-Descent to mix well
 
 
@@ -37,11 +39,12 @@ class GnndParams:
         near 0.985 (docs/perf-notes.md)."""
         return max(self.k, self.list_width or MIN_LIST)
 
-    def sample_count(self, width: int = 0) -> int:
+    def sample_count(self, width: int = 0, cap: int = AUTO_SAMPLES) -> int:
         """p for lists of ``width`` entries (default: ``width()``): the user's, or a third of the width up to
         AUTO_SAMPLES. The cross-match costs ~(2p)^2 per list whatever the width, so a fixed p keeps the cost of
-        wider lists about linear (p = 24 doubled the sample tile and made lists of 96 cost 5x lists of 64)."""
-        return self.samples if self.samples > 0 else max(4, min(AUTO_SAMPLES, (width or self.width()) // 3))
+        wider lists about linear (p = 24 doubled the sample tile and made lists of 96 cost 5x lists of 64).
+        ``cap``: the largest automatic p (CPU_AUTO_SAMPLES on the CPU)."""
+        return self.samples if self.samples > 0 else max(4, min(cap, (width or self.width()) // 3))
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -14,11 +14,13 @@ import numpy as np
 import pytest
 
 from bigknn.backends.cpu import CpuBackend, compiled, descent, exact_l2_keys, random_init
+from bigknn.backends.cpu.rptree import tree_init
 from bigknn.errors import BadInput
 from bigknn.graph import EMPTY, ShardPart
 from bigknn.params import GnndParams
+from bigknn.synth import synth
 
-from conftest import recall_at
+from conftest import check_graph, recall_at
 
 
 def rows_with_twins(n: int, dim: int, seed: int, twins: bool = True) -> np.ndarray:
@@ -122,3 +124,18 @@ def test_threads_are_checked_and_reported():
     assert CpuBackend(threads=1).processors() == 1
     with pytest.raises(BadInput, match="--threads 0"):
         CpuBackend(threads=0)
+
+
+def test_tree_init_seeds_near_neighbours():
+    """RP-tree lists: valid graphs with exact keys, far nearer than random ones; duplicated rows (no
+    hyperplane separates them) still end in leaves; without trees the lists fill with random rows."""
+    x = synth(3001, 24, seed=8)
+    x[:400] = x[0]  # one clump of identical rows
+    state = tree_init(x, 16, "l2", 4, np.random.default_rng(0))
+    check_graph(state.ids, state.dists, x, "l2", rtol=1e-2)
+    assert state.is_new.all()
+    rows = np.arange(400, len(x), 3)
+    assert recall_at(state.ids[rows], x, rows, 10) >= 0.5
+    assert recall_at(random_init(x, 16, "l2", np.random.default_rng(0)).ids[rows], x, rows, 10) < 0.05
+    rand = tree_init(x[400:901], 16, "ip", 0, np.random.default_rng(1))  # no trees: random rows only
+    check_graph(rand.ids, rand.dists, x[400:901], "ip", rtol=1e-2)

@@ -16,8 +16,11 @@ from bigknn.backends.cpu.threads import use_threads
 from bigknn.errors import BadInput
 from bigknn.ggm import exact_merge, finish_merge, merge_stop_frac, start_merge
 from bigknn.graph import EMPTY, ID_DTYPE, KnnGraph, ShardPart, drop_self, merge_lists
-from bigknn.params import EXACT_ROWS, GnndParams
+from bigknn.params import CPU_AUTO_SAMPLES, EXACT_ROWS, GnndParams
 from bigknn.recall import Stopper, make_merge_probe, make_probe
+
+
+RP_TREES = 6  # RP trees seeding the compiled GNND's lists (rptree.py)
 
 
 def as_float(x: np.ndarray) -> np.ndarray:
@@ -97,7 +100,8 @@ def recall_target(xf: np.ndarray, metric: str, params: GnndParams, seed: int, pa
             return g.ids, g.dists
 
         probe = make_merge_probe(a, b, params.width(), exact, rng)
-    return Target(probe, Stopper(params.recall, params.width()), params.sample_count, pad_key)
+    return Target(probe, Stopper(params.recall, params.width()), lambda w: params.sample_count(w, CPU_AUTO_SAMPLES),
+                  pad_key)
 
 
 class CpuBackend(SearchReference):
@@ -120,9 +124,14 @@ class CpuBackend(SearchReference):
             return exact_graph(xf, params.width(), metric, self.compiled)
         rng = np.random.default_rng(seed)
         width = params.width()
-        state = random_init(xf, width, metric, rng, self.compiled)
+        if self.compiled:  # RP-tree seeds, drawn from their own generator (rptree.py)
+            from bigknn.backends.cpu.rptree import tree_init
+
+            state = tree_init(xf, width, metric, RP_TREES, np.random.default_rng((seed, 2)))
+        else:
+            state = random_init(xf, width, metric, rng)
         target = recall_target(xf, metric, params, seed)
-        descend(xf, state, metric, params.sample_count(), params.iters, params.min_update_frac, rng,
+        descend(xf, state, metric, params.sample_count(cap=CPU_AUTO_SAMPLES), params.iters, params.min_update_frac, rng,
                 on_iter=on_iter, target=target, compiled=self.compiled)
         if target is not None and target.stopper.fell_short():
             target.stopper.exact_instead()
@@ -150,7 +159,7 @@ class CpuBackend(SearchReference):
         stop = merge_stop_frac(params.min_update_frac, len(a.vectors), len(b.vectors))
         width = ids.shape[1]
         target = None if vias else recall_target(xf, metric, params, seed, setup.bound, pair=(a, b))
-        descend(xf, state, metric, params.sample_count(), params.merge_iters, stop, rng,
+        descend(xf, state, metric, params.sample_count(cap=CPU_AUTO_SAMPLES), params.merge_iters, stop, rng,
                 part=setup.part, on_iter=on_iter, target=target, compiled=self.compiled)
         if target is not None and target.stopper.fell_short():
             target.stopper.exact_instead()

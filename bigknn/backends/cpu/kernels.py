@@ -67,31 +67,54 @@ def first_p(ids, is_new, part, cross_only, p):
     return fwd_new, fwd_old
 
 
-@njit(cache=True)
+@njit(cache=True, parallel=True)
 def reverse_fill(fwd, perm, p):
     """descent._with_reverse given its permutation: append s to list v for each forward sample v of s (in
     ``perm`` order over the row-major valid entries) while v holds fewer than 2p ids; sort each list and
-    blank its repeats."""
+    blank its repeats. The entries are grouped by v first, so that the lists fill in parallel, each taking
+    its entries in ``perm`` order."""
     n = fwd.shape[0]
     out = np.full((n, 2 * p), EMPTY, np.int32)
-    fill = np.zeros(n, np.int64)
-    src = np.empty(perm.size, np.int32)
-    col = np.empty(perm.size, np.int32)
-    e = 0
-    for i in range(n):
+    own = np.zeros(n, np.int64)  # forward samples of each row: entries first[i]:first[i] + own[i]
+    for i in prange(n):
         for j in range(p):
             if fwd[i, j] != EMPTY:
-                out[i, j] = fwd[i, j]
-                fill[i] += 1
-                src[e] = i
-                col[e] = j
-                e += 1
-    for t in range(perm.size):
-        s = src[perm[t]]
-        v = fwd[s, col[perm[t]]]
-        if fill[v] < 2 * p:
-            out[v, fill[v]] = s
-            fill[v] += 1
+                out[i, own[i]] = fwd[i, j]
+                own[i] += 1
+    first = np.zeros(n + 1, np.int64)
+    for i in range(n):
+        first[i + 1] = first[i] + own[i]
+    rank = np.empty(perm.size, np.int64)  # entry e's place in perm order
+    for t in prange(perm.size):
+        rank[perm[t]] = t
+    starts = np.zeros(n + 1, np.int64)  # entries grouped by their target v (counting sort)
+    for i in range(n):
+        for j in range(own[i]):
+            starts[out[i, j] + 1] += 1
+    for v in range(n):
+        starts[v + 1] += starts[v]
+    pos = starts[:-1].copy()
+    g_src = np.empty(perm.size, np.int32)
+    g_rank = np.empty(perm.size, np.int64)
+    for i in range(n):
+        for j in range(own[i]):
+            v = out[i, j]
+            g_src[pos[v]] = i
+            g_rank[pos[v]] = rank[first[i] + j]
+            pos[v] += 1
+    for v in prange(n):
+        lo, hi = starts[v], starts[v + 1]
+        for e in range(lo + 1, hi):  # insertion sort of v's entries by rank (a handful each)
+            r, src = g_rank[e], g_src[e]
+            f = e
+            while f > lo and g_rank[f - 1] > r:
+                g_rank[f] = g_rank[f - 1]
+                g_src[f] = g_src[f - 1]
+                f -= 1
+            g_rank[f] = r
+            g_src[f] = src
+        for e in range(lo, min(hi, lo + 2 * p - own[v])):
+            out[v, own[v] + e - lo] = g_src[e]
     _sort_blank_repeats(out)
     return out
 
@@ -99,10 +122,17 @@ def reverse_fill(fwd, perm, p):
 @njit(cache=True, parallel=True)
 def _sort_blank_repeats(out):
     for i in prange(out.shape[0]):
-        out[i].sort()
-        for j in range(out.shape[1] - 1, 0, -1):
-            if out[i, j] != EMPTY and out[i, j] == out[i, j - 1]:
-                out[i, j] = EMPTY
+        row = out[i]
+        for a in range(1, row.size):  # insertion sort: 2p ids, and numba's sort costs more per call
+            v = row[a]
+            b = a
+            while b > 0 and row[b - 1] > v:
+                row[b] = row[b - 1]
+                b -= 1
+            row[b] = v
+        for j in range(row.size - 1, 0, -1):
+            if row[j] != EMPTY and row[j] == row[j - 1]:
+                row[j] = EMPTY
 
 
 @njit(cache=True, parallel=True, fastmath=FAST)
@@ -183,10 +213,12 @@ def _emit(out_t, out_c, out_k, m, owners, args, best, bound):
 
 
 @njit(cache=True)
-def _group(targets, n):
-    """Counting sort of the candidate slots by target: (starts (n + 1,), slot indices grouped by target,
-    each group in slot order)."""
+def _group(targets, cands, keys, n):
+    """Counting sort of the candidates by target: (starts (n + 1,), their ids, their keys), each target's
+    in slot order; grouped once here, so that each list then reads its candidates from one place."""
     flat = targets.ravel()
+    c_flat = cands.ravel()
+    k_flat = keys.ravel()
     starts = np.zeros(n + 1, np.int64)
     for t in flat:
         if t != EMPTY:
@@ -194,13 +226,29 @@ def _group(targets, n):
     for r in range(n):
         starts[r + 1] += starts[r]
     pos = starts[:-1].copy()
-    order = np.empty(starts[n], np.int64)
+    gc = np.empty(starts[n], np.int32)
+    gk = np.empty(starts[n], np.float32)
     for s in range(flat.size):
         t = flat[s]
         if t != EMPTY:
-            order[pos[t]] = s
+            gc[pos[t]] = c_flat[s]
+            gk[pos[t]] = k_flat[s]
             pos[t] += 1
-    return starts, order
+    return starts, gc, gk
+
+
+@njit(cache=True, inline="always")
+def place(ids, dists, is_new, c, key):
+    """Put id ``c`` at ``key`` into a sorted list (after the entries of equal key), NEW; the last falls out."""
+    pos = ids.size - 1
+    while pos > 0 and dists[pos - 1] > key:
+        ids[pos] = ids[pos - 1]
+        dists[pos] = dists[pos - 1]
+        is_new[pos] = is_new[pos - 1]
+        pos -= 1
+    ids[pos] = c
+    dists[pos] = key
+    is_new[pos] = True
 
 
 @njit(cache=True, parallel=True)
@@ -209,9 +257,7 @@ def insert(ids, dists, is_new, targets, cands, keys):
     candidates (repeats and ids already listed dropped) enter where they beat the last entry, marked NEW.
     Returns the number of entries inserted."""
     n, k = ids.shape
-    starts, order = _group(targets, n)
-    c_flat = cands.ravel()
-    k_flat = keys.ravel()
+    starts, gc, gk = _group(targets, cands, keys, n)
     added = np.zeros(n, np.int64)
     for r in prange(n):
         m = starts[r + 1] - starts[r]
@@ -220,8 +266,7 @@ def insert(ids, dists, is_new, targets, cands, keys):
         cid = np.empty(m, np.int32)  # the row's candidates, sorted by key (stable insertion sort: m is small)
         ckey = np.empty(m, np.float32)
         for a in range(m):
-            s = order[starts[r] + a]
-            c, key = c_flat[s], k_flat[s]
+            c, key = gc[starts[r] + a], gk[starts[r] + a]
             pos = a
             while pos > 0 and ckey[pos - 1] > key:
                 cid[pos] = cid[pos - 1]
@@ -244,15 +289,7 @@ def insert(ids, dists, is_new, targets, cands, keys):
                     break
             if seen:
                 continue
-            pos = k - 1
-            while pos > 0 and dists[r, pos - 1] > key:
-                ids[r, pos] = ids[r, pos - 1]
-                dists[r, pos] = dists[r, pos - 1]
-                is_new[r, pos] = is_new[r, pos - 1]
-                pos -= 1
-            ids[r, pos] = c
-            dists[r, pos] = key
-            is_new[r, pos] = True
+            place(ids[r], dists[r], is_new[r], c, key)
             added[r] += 1
     return added.sum()
 
