@@ -13,6 +13,7 @@ import copy
 import numpy as np
 import pytest
 
+from bigknn.backends import get_backends
 from bigknn.backends.cpu import CpuBackend, compiled, descent, exact_l2_keys, random_init
 from bigknn.backends.cpu.rptree import tree_init
 from bigknn.errors import BadInput
@@ -120,8 +121,16 @@ def test_gnnd_and_ggm_reach_the_reference_recall(metric, k):
     assert got["fast"] >= 0.99 and abs(got["fast"] - got["ref"]) <= 0.005, got
 
 
-def test_threads_are_checked_and_reported():
-    assert CpuBackend(threads=1).processors() == 1
+def test_threads_are_checked_and_used():
+    """--threads reaches the backend, which runs its calls' kernels on that many threads."""
+    import numba
+
+    be = get_backends("cpu", threads=1)[0]
+    assert be.processors() == 1
+    be.gnnd(rows_with_twins(100, 4, seed=1), "l2", GnndParams(k=3), seed=0)
+    assert numba.get_num_threads() == 1
+    CpuBackend().gnnd(rows_with_twins(100, 4, seed=1), "l2", GnndParams(k=3), seed=0)
+    assert numba.get_num_threads() == numba.config.NUMBA_NUM_THREADS
     with pytest.raises(BadInput, match="--threads 0"):
         CpuBackend(threads=0)
 
