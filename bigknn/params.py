@@ -6,8 +6,9 @@ from dataclasses import asdict, dataclass
 
 MIN_LIST = 48  # NN-Descent converges poorly on short lists: graphs are built at least this wide
 AUTO_SAMPLES = 16  # largest automatic p: 2p = 32 samples per list keep the cross-match in its small tile class
-CPU_AUTO_SAMPLES = 8  # the CPU's: a core pays for every key, so fewer per iteration (more iterations) measured
-# faster there: 100K x 96, k = 32 to recall 0.99: p = 16 in 6 iterations 40 s, 8 in 9 31 s, 6 in 12 36 s
+CPU_AUTO_SAMPLES = 12  # the CPU's: a core pays for every key, so fewer per iteration (more iterations) measured
+# faster there. Random start, 100K x 96 synth, k = 32: p = 16 40 s (6 iterations), 8 31 s (9), 6 36 s (12); with
+# the RP-tree start 8 and 12 tie (31-32 s); text 20K x 384 cosine: 8 33.5 s, 12 24.0 s, 16 31.7 s
 EXACT_ROWS = 2048  # shards up to this size get their exact graph: too few rows for NN-Descent to mix well
 
 
