@@ -86,15 +86,13 @@ def descend(x: np.ndarray, state: DescentState, metric: str, samples: int, iters
     ``compiled``: run each iteration through the numba kernels (compiled.py) instead of this NumPy.
     """
     sq = np.einsum("ij,ij->i", x, x)
+    step = _iteration
+    if compiled:  # imported here: the reference alone never loads numba
+        from bigknn.backends.cpu.compiled import iteration as step
     history: list[int] = []
     for _ in range(iters):
         n, k = state.ids.shape
-        if compiled:
-            from bigknn.backends.cpu import compiled as fast
-
-            updates = fast.iteration(x, sq, state, metric, samples, rng, part)
-        else:
-            updates = _iteration(x, sq, state, metric, samples, rng, part)
+        updates = step(x, sq, state, metric, samples, rng, part)
         history.append(updates)
         if on_iter is not None:
             on_iter(updates)
