@@ -36,7 +36,8 @@ TEMP_STORE = "graph.knn"  # the store's name inside the temporary directory of a
 
 
 def build(data: Any, k: int = DEFAULTS.k, metric: str = "l2", store: PathLike | None = None,
-          recall: float = DEFAULTS.recall, backend: str = "auto", gpus: Gpus = None, *, shard_rows: int = 0,
+          recall: float = DEFAULTS.recall, backend: str = "auto", gpus: Gpus = None, *, threads: int | None = None,
+          shard_rows: int = 0,
           list_width: int = 0, samples: int = 0, iters: int = DEFAULTS.iters,
           merge_iters: int = DEFAULTS.merge_iters, seed: int = 0, gpu_mem: int | None = None,
           host_mem: int | None = None, wait: float = 0.0, progress: bool = False,
@@ -68,6 +69,8 @@ def build(data: Any, k: int = DEFAULTS.k, metric: str = "l2", store: PathLike | 
         "auto" uses the GPU when CuPy and a CUDA device are present.
     gpus : "all", list of int or "0,1", optional
         GPUs to use, one worker each (default: GPU 0).
+    threads : int, optional
+        CPU threads the CPU backend's compiled loops use (default: all cores).
     shard_rows, list_width, samples, iters, merge_iters, seed
         Experts' overrides, as the CLI's ``bigknn build`` options (0: automatic).
     gpu_mem, host_mem : int, optional
@@ -108,7 +111,7 @@ def build(data: Any, k: int = DEFAULTS.k, metric: str = "l2", store: PathLike | 
         raise ValueError(f"recall must be in [0, 1), got {recall}")
     params = GnndParams(k=k, recall=recall, samples=samples, iters=iters, merge_iters=merge_iters,
                         list_width=list_width)
-    backends = get_backends(backend, gpu_ids(gpus), gpu_mem)
+    backends = get_backends(backend, gpu_ids(gpus), gpu_mem, threads)
     temporary = None if store is not None else Path(tempfile.mkdtemp(prefix="bigknn-"))
     path = Path(store) if store is not None else temporary / TEMP_STORE
     try:

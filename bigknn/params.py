@@ -6,6 +6,9 @@ from dataclasses import asdict, dataclass
 
 MIN_LIST = 48  # NN-Descent converges poorly on short lists: graphs are built at least this wide
 AUTO_SAMPLES = 16  # largest automatic p: 2p = 32 samples per list keep the cross-match in its small tile class
+CPU_AUTO_SAMPLES = 12  # the CPU's: a core pays for every key, so fewer per iteration (more iterations) measured
+# faster there. Random start, 100K x 96 synth, k = 32: p = 16 40 s (6 iterations), 8 31 s (9), 6 36 s (12); with
+# the RP-tree start 8 and 12 tie (31-32 s); text 20K x 384 cosine: 8 33.5 s, 12 24.0 s, 16 31.7 s
 EXACT_ROWS = 2048  # shards up to this size get their exact graph: too few rows for NN-Descent to mix well
 
 
@@ -37,11 +40,12 @@ class GnndParams:
         near 0.985 (docs/perf-notes.md)."""
         return max(self.k, self.list_width or MIN_LIST)
 
-    def sample_count(self, width: int = 0) -> int:
+    def sample_count(self, width: int = 0, cap: int = AUTO_SAMPLES) -> int:
         """p for lists of ``width`` entries (default: ``width()``): the user's, or a third of the width up to
         AUTO_SAMPLES. The cross-match costs ~(2p)^2 per list whatever the width, so a fixed p keeps the cost of
-        wider lists about linear (p = 24 doubled the sample tile and made lists of 96 cost 5x lists of 64)."""
-        return self.samples if self.samples > 0 else max(4, min(AUTO_SAMPLES, (width or self.width()) // 3))
+        wider lists about linear (p = 24 doubled the sample tile and made lists of 96 cost 5x lists of 64).
+        ``cap``: the largest automatic p (CPU_AUTO_SAMPLES on the CPU)."""
+        return self.samples if self.samples > 0 else max(4, min(cap, (width or self.width()) // 3))
 
     def to_dict(self) -> dict:
         return asdict(self)

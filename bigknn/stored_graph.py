@@ -288,7 +288,8 @@ class Graph(SearchMethods):
         return ExportReport(**run_export(self._live(), Path(path), include_self))
 
     def ingest(self, data: Any, backend: str = "auto", gpus: Gpus = None, gpu_mem: int | None = None,
-               host_mem: int | None = None, wait: float = 0.0, progress: bool = False) -> IngestReport:
+               host_mem: int | None = None, wait: float = 0.0, progress: bool = False,
+               threads: int | None = None) -> IngestReport:
         """Add rows to the graph: every row, old and new, again holds its top-k over the whole set.
 
         New rows get the ids after the last existing one, in order. ``data`` is an array or an input file
@@ -307,7 +308,7 @@ class Graph(SearchMethods):
         """
         path = self._live().path
         with input_file(data, path, new_store=False) as input_path:
-            result = run_ingest(path, [input_path], get_backends(backend, gpu_ids(gpus), gpu_mem),
+            result = run_ingest(path, [input_path], get_backends(backend, gpu_ids(gpus), gpu_mem, threads),
                                 reporter(progress), wait, host_mem)
         self._store = Store.open(path)
         return IngestReport(**result)

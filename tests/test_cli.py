@@ -132,7 +132,7 @@ def test_export_refuses_a_mismatched_extension(built, tmp_path):
 def test_build_other_metrics(built, tmp_path, metric):
     store = tmp_path / f"store_{metric}"
     s = run_json("build", built["data"], "-o", store, "--k", K, "--shard-rows", SHARD_ROWS, "--backend", "cpu",
-                 "--metric", metric)
+                 "--metric", metric, "--threads", 1)
     assert s["metric"] == metric and s["merges_done"] == 6
     assert read_manifest(store)["dtype"] == "<f4"
     r = run_json("eval", "recall", store, "--backend", "cpu", "--sample", 2000)
@@ -173,7 +173,7 @@ def test_merge_of_a_finished_store_does_nothing(built, tmp_path):
     store = tmp_path / "store"
     shutil.copytree(built["store"], store)
     before = tree_hashes(store)
-    s = run_json("merge", store, "--backend", "cpu")
+    s = run_json("merge", store, "--backend", "cpu", "--threads", 1)
     assert s["merges_done"] == 6 and s["merges_total"] == 6
     after = tree_hashes(store)
     before.pop(".lock", None), after.pop(".lock", None)

@@ -76,7 +76,7 @@ def test_ggm_matches_cpu_and_one_shard_build(cuda_backend):
     assert np.all(ma.dists <= ga.dists) and np.all(mb.dists <= gb.dists), "a merge only improves lists"
     assert (ma.ids >= half).mean() > 0.3 and (mb.ids < half).mean() > 0.3, "lists reach the other shard"
 
-    ca, cb = CpuBackend().ggm(a, b, "l2", params, seed=3)
+    ca, cb = CpuBackend(reference=True).ggm(a, b, "l2", params, seed=3)
     whole = cuda_backend.gnnd(x, "l2", params, seed=4)
 
     rows = np.sort(np.random.default_rng(7).choice(n, 1000, replace=False))
@@ -104,7 +104,7 @@ def test_unbalanced_merge_matches_cpu(cuda_backend):
     ma, mb = cuda_backend.ggm(a, b, "l2", params, seed=3)
     ids = np.concatenate([ma.ids, mb.ids])
     check_graph(ids, np.concatenate([ma.dists, mb.dists]), x, "l2")
-    ca, cb = CpuBackend().ggm(a, b, "l2", params, seed=3)
+    ca, cb = CpuBackend(reference=True).ggm(a, b, "l2", params, seed=3)
     cpu_ids = np.concatenate([ca.ids, cb.ids])
     rng = np.random.default_rng(5)
     for name, rows in (("old", rng.choice(big, 500, replace=False)), ("new", big + rng.choice(small, 500, replace=False))):
@@ -166,7 +166,7 @@ def test_ggm_ip_metric(cuda_backend):
     stats = dict(cuda_backend.last_stats)
     ids, d = np.concatenate([ma.ids, mb.ids]), np.concatenate([ma.dists, mb.dists])
     check_graph(ids, d, x, "ip")
-    ca, cb = CpuBackend().ggm(a, b, "ip", fixed, seed=3)
+    ca, cb = CpuBackend(reference=True).ggm(a, b, "ip", fixed, seed=3)
     rows = np.sort(np.random.default_rng(1).choice(n, 1000, replace=False))
     truth = exact_neighbours(x, rows, 10, "ip")
     r = recall_at(ids[rows], x, rows, 10, "ip", truth=truth)
@@ -321,7 +321,7 @@ def _ingest_case(rows: int, nb: int, dim: int, params: GnndParams, dtype=np.floa
     x = synth(3 * rows + nb, dim, seed=int(np.random.default_rng().integers(1 << 30)))
     if dtype == np.uint8:
         x = _quantise_u8(x)
-    cpu = CpuBackend()
+    cpu = CpuBackend(reference=True)
     old = merged_shards(cpu, x[:3 * rows], rows, params)
     batch = ShardPart(3 * rows, x[3 * rows:], shifted(cpu.gnnd(x[3 * rows:], "l2", params, seed=9), 3 * rows))
     return x, old, batch
@@ -342,7 +342,7 @@ def test_seeded_setup_takes_the_cpu_seeds(cuda_backend, dim, dtype):
     # b has met old[0] and old[2] (as after an ingest's first merges)
     vias, b = [], batch
     for k, old_part in enumerate((old[0], old[2])):
-        g_old, g_b = CpuBackend().ggm(old_part, b, "l2", built, seed=1 + k)
+        g_old, g_b = CpuBackend(reference=True).ggm(old_part, b, "l2", built, seed=1 + k)
         vias.append(ShardPart(old_part.offset, old_part.vectors, g_old))
         b = ShardPart(b.offset, b.vectors, g_b)
     ga, gb = cuda_backend.ggm(a, b, "l2", params, seed=2, vias=vias)
@@ -379,7 +379,7 @@ def test_seeded_merges_match_cpu(cuda_backend):
     samples = {"old": np.sort(rng.choice(3 * 6001, 500, replace=False)), "new": np.arange(3 * 6001, 3 * 6001 + 700)}
     truth = {k: exact_neighbours(x, r, 10) for k, r in samples.items()}
     got = {}
-    for name, be in (("cuda", cuda_backend), ("cpu", CpuBackend())):
+    for name, be in (("cuda", cuda_backend), ("cpu", CpuBackend(reference=True))):
         parts, b, updates = fold_in(be, old, batch, params, seeded=True)
         ids = np.concatenate([p.graph.ids for p in parts] + [b.graph.ids])
         check_graph(ids, np.concatenate([p.graph.dists for p in parts] + [b.graph.dists]), x, "l2")
@@ -419,7 +419,7 @@ def test_targeted_merge_meets_target_and_matches_cpu(cuda_backend, dim, metric):
     rows = np.sort(np.random.default_rng(7).choice(na + nb, 1000, replace=False))
     truth = exact_neighbours(x, rows, 10, metric)
     r_gpu = recall_at(ids[rows], x, rows, 10, metric, truth=truth)
-    ca, cb = CpuBackend().ggm(a, b, metric, params, seed=3)
+    ca, cb = CpuBackend(reference=True).ggm(a, b, metric, params, seed=3)
     r_cpu = recall_at(np.concatenate([ca.ids, cb.ids])[rows], x, rows, 10, metric, truth=truth)
     assert r_gpu >= 0.985 and abs(r_gpu - r_cpu) <= 0.01, (r_gpu, r_cpu, ma.report)
 
@@ -434,7 +434,7 @@ def test_merge_that_falls_short_gives_the_pairs_exact_lists(cuda_backend, dim, d
     x = rng.standard_normal((2 * 2203 + 1, dim)) * (40 if dtype == np.uint8 else 1)
     x = (np.clip(x + 128, 0, 255) if dtype == np.uint8 else x).astype(dtype)
     na = 2203
-    cpu = CpuBackend()
+    cpu = CpuBackend(reference=True)
     parts = []
     for off, part in ((0, x[:na]), (na, x[na:])):
         g = cpu.exact_knn(part, 11, "l2", [(off, part)])

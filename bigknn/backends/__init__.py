@@ -10,9 +10,10 @@ BACKENDS = ("auto", "cpu", "cuda")
 __all__ = ["BACKENDS", "Backend", "get_backend", "get_backends"]
 
 
-def get_backends(name: str = "auto", gpus: str | None = None, gpu_mem_bytes: int | None = None) -> list[Backend]:
+def get_backends(name: str = "auto", gpus: str | None = None, gpu_mem_bytes: int | None = None,
+                 threads: int | None = None) -> list[Backend]:
     """One backend per worker: one per selected GPU (``gpus``: "all" or "0,1"; default the first GPU),
-    or a single CPU worker."""
+    or a single CPU worker on ``threads`` cores (None: all)."""
     if name not in BACKENDS:
         raise BadInput(f"--backend {name}", f"unknown backend; choose one of {', '.join(BACKENDS)}")
     chosen = _gpu_list(gpus)
@@ -26,7 +27,7 @@ def get_backends(name: str = "auto", gpus: str | None = None, gpu_mem_bytes: int
                                              "or [gpu-cuda13], or use --backend cpu)")
     from bigknn.backends.cpu import CpuBackend
 
-    return [CpuBackend()]
+    return [CpuBackend(threads=threads)]
 
 
 def get_backend(name: str = "auto", gpu_mem_bytes: int | None = None) -> Backend:

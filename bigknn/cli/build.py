@@ -10,7 +10,8 @@ from bigknn import api
 from bigknn.api import DEFAULTS
 from bigknn.backends import get_backends
 from bigknn.cli.common import (backend_option, emit, gpu_mem_option, gpus_option, host_mem_option, json_option,
-                               parse_bytes, reporter_for, scheduler_option, show_progress, wait_option)
+                               parse_bytes, reporter_for, scheduler_option, show_progress, threads_option,
+                               wait_option)
 from bigknn.cluster import use_scheduler
 from bigknn.metrics import METRICS
 from bigknn.pipeline.finish import finish
@@ -40,6 +41,7 @@ from bigknn.pipeline.finish import finish
               help="Entries per list while building (0: max(k, 32)); wider lists reach higher recall@k.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @backend_option
+@threads_option
 @gpus_option
 @gpu_mem_option
 @host_mem_option
@@ -47,8 +49,8 @@ from bigknn.pipeline.finish import finish
 @scheduler_option
 @json_option
 def build(input: Path, store: Path, k: int, metric: str, shard_rows: int, recall: float, iters: int, merge_iters: int,
-          samples: int, list_width: int, seed: int, backend: str, gpus: str | None, gpu_mem: str | None, host_mem: str | None,
-          wait_s: float, scheduler: str | None, as_json: bool) -> None:
+          samples: int, list_width: int, seed: int, backend: str, threads: int | None, gpus: str | None,
+          gpu_mem: str | None, host_mem: str | None, wait_s: float, scheduler: str | None, as_json: bool) -> None:
     """Build the k-NN graph of INPUT (.fbin .u8bin .i8bin .f16bin .fvecs .bvecs .ivecs .npy) into a store.
 
     Rows are split into shards, each gets a GNND graph, then every pair of shards is merged (GGM), so each
@@ -58,14 +60,14 @@ def build(input: Path, store: Path, k: int, metric: str, shard_rows: int, recall
     \b
     Examples:
       bigknn build data.fbin -o data.knn --k 32
-      bigknn build data.fbin -o data.knn --k 32 --shard-rows 25000 --backend cpu
+      bigknn build data.fbin -o data.knn --k 32 --shard-rows 25000 --backend cpu --threads 4
       bigknn build emb.npy -o emb.knn --metric cosine --k 16 --json
       bigknn build data.fbin -o data.knn --recall 0.995
       bigknn build deep10m.fbin -o deep.knn --shard-rows 1000000 --gpus all --host-mem 64G
       bigknn build /shared/deep10m.fbin -o /shared/deep.knn --scheduler tcp://head:8786
     """
     graph = api.build(input, k=k, metric=metric, store=store, recall=recall, backend=backend, gpus=gpus,
-                      shard_rows=shard_rows, list_width=list_width, samples=samples, iters=iters,
+                      threads=threads, shard_rows=shard_rows, list_width=list_width, samples=samples, iters=iters,
                       merge_iters=merge_iters, seed=seed, gpu_mem=parse_bytes(gpu_mem), host_mem=parse_bytes(host_mem),
                       wait=wait_s, progress=show_progress(as_json), scheduler=scheduler)
     emit(graph.report.to_dict(), as_json, "build")
@@ -74,14 +76,15 @@ def build(input: Path, store: Path, k: int, metric: str, shard_rows: int, recall
 @click.command()
 @click.argument("store", type=click.Path(path_type=Path))
 @backend_option
+@threads_option
 @gpus_option
 @gpu_mem_option
 @host_mem_option
 @wait_option
 @scheduler_option
 @json_option
-def merge(store: Path, backend: str, gpus: str | None, gpu_mem: str | None, host_mem: str | None, wait_s: float,
-          scheduler: str | None, as_json: bool) -> None:
+def merge(store: Path, backend: str, threads: int | None, gpus: str | None, gpu_mem: str | None, host_mem: str | None,
+          wait_s: float, scheduler: str | None, as_json: bool) -> None:
     """Finish a store's pending work: GNND of unbuilt shards and every pending shard-pair merge, or the
     rest of an interrupted ingest.
 
@@ -93,6 +96,6 @@ def merge(store: Path, backend: str, gpus: str | None, gpu_mem: str | None, host
     """
     reporter = reporter_for(as_json)
     with use_scheduler(scheduler, backend, parse_bytes(gpu_mem), reporter):
-        result = finish(store, get_backends(backend, gpus, parse_bytes(gpu_mem)), reporter, wait_s,
+        result = finish(store, get_backends(backend, gpus, parse_bytes(gpu_mem), threads), reporter, wait_s,
                         parse_bytes(host_mem))
     emit(result, as_json, "merge")

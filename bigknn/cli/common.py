@@ -56,6 +56,8 @@ wait_option = click.option("--wait", "wait_s", type=float, default=0.0, show_def
                            help="Seconds to wait for another writer to release the store.")
 backend_option = click.option("--backend", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
                               show_default=True, help="auto uses the GPU when CuPy and a device are present.")
+threads_option = click.option("--threads", type=click.IntRange(min=1), default=None,
+                              help="CPU threads of the CPU backend's compiled loops (default: all cores).")
 gpu_mem_option = click.option("--gpu-mem", "gpu_mem", type=str, default=None,
                               help="Cap on GPU memory to use per GPU, e.g. 8G or 512M (default: what is free).")
 gpus_option = click.option("--gpus", type=str, default=None,

@@ -9,7 +9,7 @@ import click
 
 from bigknn.backends import get_backends
 from bigknn.cli.common import (backend_option, emit, gpu_mem_option, gpus_option, host_mem_option, json_option,
-                               parse_bytes, reporter_for, scheduler_option)
+                               parse_bytes, reporter_for, scheduler_option, threads_option)
 from bigknn.cluster import use_scheduler
 from bigknn.errors import StoreBusy
 from bigknn.pipeline.ingest import drop_folder_files, ingest as run_ingest
@@ -27,13 +27,15 @@ from bigknn.pipeline.ingest import drop_folder_files, ingest as run_ingest
 @click.option("--busy-exit", type=click.IntRange(0, 255), default=0, show_default=True,
               help="Exit code when another writer still holds the store after --wait (e.g. 75 for cron alerts).")
 @backend_option
+@threads_option
 @gpus_option
 @gpu_mem_option
 @host_mem_option
 @scheduler_option
 @json_option
 def ingest(store: Path, inputs: tuple[Path, ...], watch_dir: Path | None, wait_s: float, busy_exit: int,
-           backend: str, gpus: str | None, gpu_mem: str | None, host_mem: str | None, scheduler: str | None,
+           backend: str, threads: int | None, gpus: str | None, gpu_mem: str | None, host_mem: str | None,
+           scheduler: str | None,
            as_json: bool) -> None:
     """Add new vectors to a finished store: every row, old and new, again holds its top-k over the whole set.
 
@@ -54,8 +56,8 @@ def ingest(store: Path, inputs: tuple[Path, ...], watch_dir: Path | None, wait_s
     reporter = reporter_for(as_json)
     try:
         with use_scheduler(scheduler, backend, parse_bytes(gpu_mem), reporter):
-            result = run_ingest(store, files, get_backends(backend, gpus, parse_bytes(gpu_mem)), reporter, wait_s,
-                                parse_bytes(host_mem), listed)
+            result = run_ingest(store, files, get_backends(backend, gpus, parse_bytes(gpu_mem), threads), reporter,
+                                wait_s, parse_bytes(host_mem), listed)
     except StoreBusy as e:
         click.echo(f"bigknn: {e}", err=True)
         sys.exit(busy_exit)

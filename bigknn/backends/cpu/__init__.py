@@ -1,4 +1,5 @@
-"""The NumPy backend: the reference implementation, and the one that runs where no GPU exists."""
+"""The CPU backend: the NumPy reference implementation, and the one that runs where no GPU exists, with its
+descent loops compiled by numba (kernels.py) unless the reference is asked for."""
 
 from __future__ import annotations
 
@@ -7,13 +8,19 @@ from typing import Iterable
 
 import numpy as np
 
-from bigknn.backends.cpu.descent import DescentState, Target, cut, descend, exact_l2_keys, row_keys_local
+from bigknn.backends.cpu import descent
+from bigknn.backends.cpu.descent import DescentState, Target, cut, descend
 from bigknn.backends.cpu.exact import exact_knn
 from bigknn.backends.cpu.search import SearchReference
+from bigknn.backends.cpu.threads import use_threads
+from bigknn.errors import BadInput
 from bigknn.ggm import exact_merge, finish_merge, merge_stop_frac, start_merge
 from bigknn.graph import EMPTY, ID_DTYPE, KnnGraph, ShardPart, drop_self, merge_lists
-from bigknn.params import EXACT_ROWS, GnndParams
+from bigknn.params import CPU_AUTO_SAMPLES, EXACT_ROWS, GnndParams
 from bigknn.recall import Stopper, make_merge_probe, make_probe
+
+
+RP_TREES = 6  # RP trees seeding the compiled GNND's lists (rptree.py)
 
 
 def as_float(x: np.ndarray) -> np.ndarray:
@@ -21,21 +28,40 @@ def as_float(x: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(x, dtype=np.float32)
 
 
-def exact_graph(x: np.ndarray, width: int, metric: str) -> KnnGraph:
+def _row_keys(compiled: bool):
+    """The per-row key pass: compiled, or the NumPy reference."""
+    if compiled:
+        from bigknn.backends.cpu import compiled as fast
+
+        return fast.row_keys
+    return descent.row_keys_local
+
+
+def exact_l2_keys(x: np.ndarray, state: DescentState, compiled: bool) -> None:
+    """descent.exact_l2_keys, compiled or not."""
+    if compiled:
+        from bigknn.backends.cpu import compiled as fast
+
+        fast.exact_l2_keys(x, state)
+    else:
+        descent.exact_l2_keys(x, state)
+
+
+def exact_graph(x: np.ndarray, width: int, metric: str, compiled: bool = False) -> KnnGraph:
     """The exact graph of a small set: every row's ``width`` nearest others (EMPTY-padded if fewer)."""
     n = len(x)
     g = exact_knn(x, min(width + 1, n), metric, [(0, x)])
     ids, dists = drop_self(g.ids, g.dists, np.arange(n))
     if metric == "l2":
         state = DescentState(ids.copy(), dists.copy(), np.zeros(ids.shape, bool))
-        exact_l2_keys(x, state)
+        exact_l2_keys(x, state, compiled)
         ids, dists = state.ids, state.dists
     pad = width - ids.shape[1]
     return KnnGraph(np.pad(ids, ((0, 0), (0, pad)), constant_values=EMPTY),
                     np.pad(dists, ((0, 0), (0, pad)), constant_values=np.inf))
 
 
-def random_init(x: np.ndarray, k: int, metric: str, rng: np.random.Generator) -> DescentState:
+def random_init(x: np.ndarray, k: int, metric: str, rng: np.random.Generator, compiled: bool = False) -> DescentState:
     """k random neighbours per row (never itself), keys computed, sorted, all NEW.
 
     Repeated draws within a row are dropped by the merge; the empty slots fill during descent.
@@ -46,7 +72,7 @@ def random_init(x: np.ndarray, k: int, metric: str, rng: np.random.Generator) ->
     rows = np.arange(n)
     draw += draw >= rows[:, None]  # skip self
     ids = draw.astype(ID_DTYPE)
-    ids, dists = merge_lists(ids, row_keys_local(x, sq, rows, ids, metric), k)
+    ids, dists = merge_lists(ids, _row_keys(compiled)(x, sq, rows, ids, metric), k)
     return DescentState(ids, dists, np.ones_like(ids, dtype=bool))
 
 
@@ -74,48 +100,67 @@ def recall_target(xf: np.ndarray, metric: str, params: GnndParams, seed: int, pa
             return g.ids, g.dists
 
         probe = make_merge_probe(a, b, params.width(), exact, rng)
-    return Target(probe, Stopper(params.recall, params.width()), params.sample_count, pad_key)
+    return Target(probe, Stopper(params.recall, params.width()), lambda w: params.sample_count(w, CPU_AUTO_SAMPLES),
+                  pad_key)
 
 
 class CpuBackend(SearchReference):
+    """``threads``: cores the compiled loops run on (None: all this process may use). ``reference``: run the
+    NumPy reference instead of the compiled loops (the same lists, slower; what the kernels are tested
+    against)."""
+
     name = "cpu"
 
+    def __init__(self, threads: int | None = None, reference: bool = False):
+        if threads is not None and threads < 1:
+            raise BadInput(f"--threads {threads}", "takes a number of threads >= 1")
+        self.threads = threads
+        self.compiled = not reference
+
     def gnnd(self, x: np.ndarray, metric: str, params: GnndParams, seed: int, on_iter=None) -> KnnGraph:
+        use_threads(self.threads)
         xf = as_float(x)
         if len(xf) <= EXACT_ROWS:
-            return exact_graph(xf, params.width(), metric)
+            return exact_graph(xf, params.width(), metric, self.compiled)
         rng = np.random.default_rng(seed)
         width = params.width()
-        state = random_init(xf, width, metric, rng)
+        if self.compiled:  # RP-tree seeds, drawn from their own generator (rptree.py)
+            from bigknn.backends.cpu.rptree import tree_init
+
+            state = tree_init(xf, width, metric, RP_TREES, np.random.default_rng((seed, 2)))
+        else:
+            state = random_init(xf, width, metric, rng)
         target = recall_target(xf, metric, params, seed)
-        descend(xf, state, metric, params.sample_count(), params.iters, params.min_update_frac, rng,
-                on_iter=on_iter, target=target)
+        descend(xf, state, metric, params.sample_count(cap=CPU_AUTO_SAMPLES), params.iters, params.min_update_frac, rng,
+                on_iter=on_iter, target=target, compiled=self.compiled)
         if target is not None and target.stopper.fell_short():
             target.stopper.exact_instead()
-            g = exact_graph(xf, width, metric)
+            g = exact_graph(xf, width, metric, self.compiled)
             return KnnGraph(g.ids, g.dists, target.stopper.report())
         cut(state, width)
         if metric == "l2":
-            exact_l2_keys(xf, state)
+            exact_l2_keys(xf, state, self.compiled)
         return KnnGraph(state.ids, state.dists, target.stopper.report() if target else None)
 
     def ggm(self, a: ShardPart, b: ShardPart, metric: str, params: GnndParams, seed: int,
             on_iter=None, vias: list[ShardPart] | None = None) -> tuple[KnnGraph, KnnGraph]:
+        use_threads(self.threads)
         rng = np.random.default_rng(seed)
         xf = as_float(np.concatenate([a.vectors, b.vectors]))
         setup = start_merge(a, b, rng, vias)
         fill = setup.fill_mask
         sq = np.einsum("ij,ij->i", xf, xf)
         filled = np.nonzero(fill.any(axis=1))[0]  # rows with a fill: the last setup.fill columns
-        setup.dists[filled, -setup.fill:] = row_keys_local(xf, sq, filled, setup.ids[filled, -setup.fill:], metric)
+        setup.dists[filled, -setup.fill:] = _row_keys(self.compiled)(xf, sq, filled, setup.ids[filled, -setup.fill:],
+                                                                     metric)
         ids, dists, is_new = merge_lists(setup.ids, setup.dists, setup.ids.shape[1], extra=fill)
         dists = np.where(ids == EMPTY, setup.bound[:, None], dists)
         state = DescentState(ids, dists, is_new)
         stop = merge_stop_frac(params.min_update_frac, len(a.vectors), len(b.vectors))
         width = ids.shape[1]
         target = None if vias else recall_target(xf, metric, params, seed, setup.bound, pair=(a, b))
-        descend(xf, state, metric, params.sample_count(), params.merge_iters, stop, rng,
-                part=setup.part, on_iter=on_iter, target=target)
+        descend(xf, state, metric, params.sample_count(cap=CPU_AUTO_SAMPLES), params.merge_iters, stop, rng,
+                part=setup.part, on_iter=on_iter, target=target, compiled=self.compiled)
         if target is not None and target.stopper.fell_short():
             target.stopper.exact_instead()
             ga, gb = exact_merge(a, b, width, lambda own, other, m: exact_knn(
@@ -123,7 +168,7 @@ class CpuBackend(SearchReference):
         else:
             cut(state, width)
             if metric == "l2":
-                exact_l2_keys(xf, state)
+                exact_l2_keys(xf, state, self.compiled)
             ga, gb = finish_merge(a, b, state.ids, state.dists)
         ga.report = gb.report = target.stopper.report() if target else None
         return ga, gb
@@ -140,5 +185,5 @@ class CpuBackend(SearchReference):
         """Nothing to copy ahead: the CPU computes on the host arrays themselves."""
 
     def processors(self) -> int:
-        """The cores this process may run on."""
-        return len(os.sched_getaffinity(0))
+        """The threads one call runs on: ``threads``, or the cores this process may run on."""
+        return self.threads or len(os.sched_getaffinity(0))

@@ -77,20 +77,22 @@ class Target:
 
 def descend(x: np.ndarray, state: DescentState, metric: str, samples: int, iters: int,
             min_update_frac: float, rng: np.random.Generator, part: np.ndarray | None = None,
-            on_iter=None, target: Target | None = None) -> list[int]:
+            on_iter=None, target: Target | None = None, compiled: bool = False) -> list[int]:
     """Refine ``state`` in place; return the update count of each iteration.
 
     ``part``: optional per-row label; when given, only pairs with different labels are matched
     (GGM's cross-shard-only mode). ``target``: stop by the probe's recall estimate instead of the update
     fraction, and widen the lists (``state`` grows) where it stalls; the caller cuts them back.
+    ``compiled``: run each iteration through the numba kernels (compiled.py) instead of this NumPy.
     """
-    sq = np.einsum("ij,ij->i", x, x) if metric == "l2" else None
+    sq = np.einsum("ij,ij->i", x, x)
+    step = _iteration
+    if compiled:  # imported here: the reference alone never loads numba
+        from bigknn.backends.cpu.compiled import iteration as step
     history: list[int] = []
     for _ in range(iters):
         n, k = state.ids.shape
-        new_s, old_s = _sample(state, samples, rng, part)
-        targets, cands, keys = _cross_match(x, sq, new_s, old_s, metric, part)
-        updates = _insert(state, targets, cands, keys)
+        updates = step(x, sq, state, metric, samples, rng, part)
         history.append(updates)
         if on_iter is not None:
             on_iter(updates)
@@ -106,6 +108,14 @@ def descend(x: np.ndarray, state: DescentState, metric: str, samples: int, iters
             widen(state, target.stopper.width, target.pad_key)
             samples = target.samples_at(target.stopper.width)
     return history
+
+
+def _iteration(x: np.ndarray, sq: np.ndarray, state: DescentState, metric: str, p: int,
+               rng: np.random.Generator, part: np.ndarray | None) -> int:
+    """Sample, cross-match, insert: one iteration in NumPy; return entries inserted."""
+    new_s, old_s = _sample(state, p, rng, part)
+    targets, cands, keys = _cross_match(x, sq, new_s, old_s, metric, part)
+    return _insert(state, targets, cands, keys)
 
 
 def widen(state: DescentState, width: int, pad_key: np.ndarray | float) -> None:

@@ -1,0 +1,332 @@
+"""GNND's hot loops compiled with numba, on every core: sampling, cross-matching with selective update,
+list insertion, and per-row keys.
+
+The NumPy code in descent.py is the definition: these kernels compute the same lists (sampling and
+insertion bit for bit; cross-matching up to the rounding of its float32 dot products, which may swap
+candidates at near-equal keys). The reference pays for its vectorisation with temporaries of
+(rows, 2p, 4p) keys and whole-array sorts; here each list is matched in registers and cache, EMPTY
+sample slots cost nothing, NEW x NEW keys are computed once for both ends, and a candidate no better
+than its target's last entry is dropped before it is written. pynndescent and UMAP compile their
+NN-Descent the same way, and this measured faster than the vectorised NumPy (docs/perf-notes.md).
+
+Every kernel takes one fixed signature (float32 vectors, int32 ids, C order), so a process compiles
+each once and ``cache=True`` keeps the machine code between runs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+EMPTY = -1  # bigknn.graph.EMPTY (numba needs it as a global constant)
+FAST = {"reassoc", "contract"}  # let LLVM vectorise the dot products (sums reassociated); inf/nan stay exact.
+# An inlined helper compiles under its CALLER's flags: every kernel that computes keys must carry FAST.
+
+
+@njit(cache=True, fastmath=FAST, inline="always")
+def _dot(x, a, b):
+    s = np.float32(0.0)
+    for j in range(x.shape[1]):
+        s += x[a, j] * x[b, j]
+    return s
+
+
+@njit(cache=True, fastmath=FAST, inline="always")
+def _key(x, sq, a, b, is_l2):
+    """The descent's key: |a|^2 + |b|^2 - 2ab clamped at 0 (l2), or -ab (ip), as descent._keys."""
+    d = _dot(x, a, b)
+    if is_l2:
+        k = sq[a] + sq[b] - np.float32(2.0) * d
+        return k if k > 0 else np.float32(0.0)
+    return -d
+
+
+@njit(cache=True, parallel=True)
+def first_p(ids, is_new, part, cross_only, p):
+    """Forward samples, as descent._sample/_first_p: the first p NEW and the first p OLD ids of each list
+    (cross-shard mode: NEW ones of the other shard, OLD ones of the own shard); sampled NEW become OLD."""
+    n, k = ids.shape
+    fwd_new = np.full((n, p), EMPTY, np.int32)
+    fwd_old = np.full((n, p), EMPTY, np.int32)
+    for i in prange(n):
+        nn = 0
+        no = 0
+        for j in range(k):
+            v = ids[i, j]
+            if v == EMPTY:
+                continue
+            same = part[v] == part[i]
+            if is_new[i, j]:
+                if nn < p and not (cross_only and same):
+                    fwd_new[i, nn] = v
+                    nn += 1
+                    is_new[i, j] = False
+            elif no < p and not (cross_only and not same):
+                fwd_old[i, no] = v
+                no += 1
+    return fwd_new, fwd_old
+
+
+@njit(cache=True, parallel=True)
+def reverse_fill(fwd, perm, p):
+    """descent._with_reverse given its permutation: append s to list v for each forward sample v of s (in
+    ``perm`` order over the row-major valid entries) while v holds fewer than 2p ids; sort each list and
+    blank its repeats. The entries are grouped by v first, so that the lists fill in parallel, each taking
+    its entries in ``perm`` order."""
+    n = fwd.shape[0]
+    out = np.full((n, 2 * p), EMPTY, np.int32)
+    own = np.zeros(n, np.int64)  # forward samples of each row: entries first[i]:first[i] + own[i]
+    for i in prange(n):
+        for j in range(p):
+            if fwd[i, j] != EMPTY:
+                out[i, own[i]] = fwd[i, j]
+                own[i] += 1
+    first = np.zeros(n + 1, np.int64)
+    for i in range(n):
+        first[i + 1] = first[i] + own[i]
+    rank = np.empty(perm.size, np.int64)  # entry e's place in perm order
+    for t in prange(perm.size):
+        rank[perm[t]] = t
+    starts = np.zeros(n + 1, np.int64)  # entries grouped by their target v (counting sort)
+    for i in range(n):
+        for j in range(own[i]):
+            starts[out[i, j] + 1] += 1
+    for v in range(n):
+        starts[v + 1] += starts[v]
+    pos = starts[:-1].copy()
+    g_src = np.empty(perm.size, np.int32)
+    g_rank = np.empty(perm.size, np.int64)
+    for i in range(n):
+        for j in range(own[i]):
+            v = out[i, j]
+            g_src[pos[v]] = i
+            g_rank[pos[v]] = rank[first[i] + j]
+            pos[v] += 1
+    for v in prange(n):
+        lo, hi = starts[v], starts[v + 1]
+        for e in range(lo + 1, hi):  # insertion sort of v's entries by rank (a handful each)
+            r, src = g_rank[e], g_src[e]
+            f = e
+            while f > lo and g_rank[f - 1] > r:
+                g_rank[f] = g_rank[f - 1]
+                g_src[f] = g_src[f - 1]
+                f -= 1
+            g_rank[f] = r
+            g_src[f] = src
+        for e in range(lo, min(hi, lo + 2 * p - own[v])):
+            out[v, own[v] + e - lo] = g_src[e]
+    _sort_blank_repeats(out)
+    return out
+
+
+@njit(cache=True, parallel=True)
+def _sort_blank_repeats(out):
+    for i in prange(out.shape[0]):
+        row = out[i]
+        for a in range(1, row.size):  # insertion sort: 2p ids, and numba's sort costs more per call
+            v = row[a]
+            b = a
+            while b > 0 and row[b - 1] > v:
+                row[b] = row[b - 1]
+                b -= 1
+            row[b] = v
+        for j in range(row.size - 1, 0, -1):
+            if row[j] != EMPTY and row[j] == row[j - 1]:
+                row[j] = EMPTY
+
+
+@njit(cache=True, parallel=True, fastmath=FAST)
+def cross_match(x, sq, new_s, old_s, bound, is_l2, cross_only):
+    """Selective-update candidates of every list, as descent._match_lists: each NEW sample's nearest OLD
+    and (unless ``cross_only``) nearest other NEW sample, each OLD sample's nearest NEW one. A candidate is
+    kept only if its key is below its target's ``bound`` (the list's last key: nothing else can enter).
+
+    Returns (targets, candidates, keys), (n, 3 * 2p) each, target EMPTY on unused slots.
+    """
+    n, w = new_s.shape
+    out_t = np.full((n, 3 * w), EMPTY, np.int32)
+    out_c = np.empty((n, 3 * w), np.int32)
+    out_k = np.empty((n, 3 * w), np.float32)
+    for i in prange(n):
+        ns = np.empty(w, np.int32)
+        os_ = np.empty(w, np.int32)
+        nn = 0
+        no = 0
+        for j in range(w):
+            if new_s[i, j] != EMPTY:
+                ns[nn] = new_s[i, j]
+                nn += 1
+            if old_s[i, j] != EMPTY:
+                os_[no] = old_s[i, j]
+                no += 1
+        if nn == 0:
+            continue
+        d_no = np.empty((nn, no), np.float32)  # keys first, in tight loops; the choices after
+        for a in range(nn):
+            for b in range(no):
+                d_no[a, b] = _key(x, sq, ns[a], os_[b], is_l2)
+        best_n = np.full(nn, np.inf, np.float32)  # NEW u: nearest OLD
+        arg_n = np.empty(nn, np.int32)
+        best_o = np.full(no, np.inf, np.float32)  # OLD v: nearest NEW
+        arg_o = np.empty(no, np.int32)
+        for a in range(nn):
+            for b in range(no):
+                d = d_no[a, b]
+                if d < best_n[a] and ns[a] != os_[b]:
+                    best_n[a] = d
+                    arg_n[a] = os_[b]
+                if d < best_o[b] and ns[a] != os_[b]:
+                    best_o[b] = d
+                    arg_o[b] = ns[a]
+        best_nn = np.full(nn, np.inf, np.float32)  # NEW u: nearest other NEW
+        arg_nn = np.empty(nn, np.int32)
+        if not cross_only:
+            d_nn = np.empty((nn, nn), np.float32)
+            for a in range(nn):
+                for b in range(a + 1, nn):
+                    d_nn[a, b] = _key(x, sq, ns[a], ns[b], is_l2)
+            for a in range(nn):
+                for b in range(a + 1, nn):
+                    d = d_nn[a, b]
+                    if d < best_nn[a]:
+                        best_nn[a] = d
+                        arg_nn[a] = ns[b]
+                    if d < best_nn[b]:
+                        best_nn[b] = d
+                        arg_nn[b] = ns[a]
+        m = _emit(out_t[i], out_c[i], out_k[i], 0, ns[:nn], arg_n, best_n, bound)
+        m = _emit(out_t[i], out_c[i], out_k[i], m, os_[:no], arg_o, best_o, bound)
+        _emit(out_t[i], out_c[i], out_k[i], m, ns[:nn], arg_nn, best_nn, bound)
+    return out_t, out_c, out_k
+
+
+@njit(cache=True, inline="always")
+def _emit(out_t, out_c, out_k, m, owners, args, best, bound):
+    """Write each owner's candidate from slot m on, where it beats the owner's bound; return the next slot."""
+    for a in range(owners.size):
+        if best[a] < bound[owners[a]]:
+            out_t[m] = owners[a]
+            out_c[m] = args[a]
+            out_k[m] = best[a]
+            m += 1
+    return m
+
+
+@njit(cache=True)
+def _group(targets, cands, keys, n):
+    """Counting sort of the candidates by target: (starts (n + 1,), their ids, their keys), each target's
+    in slot order; grouped once here, so that each list then reads its candidates from one place."""
+    flat = targets.ravel()
+    c_flat = cands.ravel()
+    k_flat = keys.ravel()
+    starts = np.zeros(n + 1, np.int64)
+    for t in flat:
+        if t != EMPTY:
+            starts[t + 1] += 1
+    for r in range(n):
+        starts[r + 1] += starts[r]
+    pos = starts[:-1].copy()
+    gc = np.empty(starts[n], np.int32)
+    gk = np.empty(starts[n], np.float32)
+    for s in range(flat.size):
+        t = flat[s]
+        if t != EMPTY:
+            gc[pos[t]] = c_flat[s]
+            gk[pos[t]] = k_flat[s]
+            pos[t] += 1
+    return starts, gc, gk
+
+
+@njit(cache=True, inline="always")
+def place(ids, dists, is_new, c, key):
+    """Put id ``c`` at ``key`` into a sorted list (after the entries of equal key), NEW; the last falls out."""
+    pos = ids.size - 1
+    while pos > 0 and dists[pos - 1] > key:
+        ids[pos] = ids[pos - 1]
+        dists[pos] = dists[pos - 1]
+        is_new[pos] = is_new[pos - 1]
+        pos -= 1
+    ids[pos] = c
+    dists[pos] = key
+    is_new[pos] = True
+
+
+@njit(cache=True, parallel=True)
+def insert(ids, dists, is_new, targets, cands, keys):
+    """Merge the candidates into the lists in place, as descent._insert: per target, its k nearest
+    candidates (repeats and ids already listed dropped) enter where they beat the last entry, marked NEW.
+    Returns the number of entries inserted."""
+    n, k = ids.shape
+    starts, gc, gk = _group(targets, cands, keys, n)
+    added = np.zeros(n, np.int64)
+    for r in prange(n):
+        m = starts[r + 1] - starts[r]
+        if m == 0:
+            continue
+        cid = np.empty(m, np.int32)  # the row's candidates, sorted by key (stable insertion sort: m is small)
+        ckey = np.empty(m, np.float32)
+        for a in range(m):
+            c, key = gc[starts[r] + a], gk[starts[r] + a]
+            pos = a
+            while pos > 0 and ckey[pos - 1] > key:
+                cid[pos] = cid[pos - 1]
+                ckey[pos] = ckey[pos - 1]
+                pos -= 1
+            cid[pos] = c
+            ckey[pos] = key
+        for a in range(min(k, m)):
+            c, key = cid[a], ckey[a]
+            if key >= dists[r, k - 1]:
+                break
+            seen = False
+            for b in range(a):
+                if cid[b] == c:
+                    seen = True
+                    break
+            for j in range(k):
+                if ids[r, j] == c:
+                    seen = True
+                    break
+            if seen:
+                continue
+            place(ids[r], dists[r], is_new[r], c, key)
+            added[r] += 1
+    return added.sum()
+
+
+@njit(cache=True, parallel=True, fastmath=FAST)
+def row_keys(x, sq, rows, ids, is_l2):
+    """Keys between each row of ``rows`` and the ids of its block (EMPTY ids: +inf), as
+    descent.row_keys_local."""
+    out = np.empty(ids.shape, np.float32)
+    for i in prange(ids.shape[0]):
+        for j in range(ids.shape[1]):
+            v = ids[i, j]
+            out[i, j] = np.inf if v == EMPTY else _key(x, sq, rows[i], v, is_l2)
+    return out
+
+
+@njit(cache=True, parallel=True, fastmath=FAST)
+def exact_l2_resort(x, ids, dists, is_new):
+    """descent.exact_l2_keys: every l2 key as the direct sum of squared differences, then each list
+    re-sorted (stably)."""
+    n, k = ids.shape
+    for i in prange(n):
+        keys = np.empty(k, np.float32)
+        for j in range(k):
+            v = ids[i, j]
+            if v == EMPTY:
+                keys[j] = np.inf
+                continue
+            s = np.float32(0.0)
+            for t in range(x.shape[1]):
+                diff = x[v, t] - x[i, t]
+                s += diff * diff
+            keys[j] = s
+        order = np.argsort(keys, kind="mergesort")
+        row_ids = ids[i].copy()
+        row_new = is_new[i].copy()
+        for j in range(k):
+            ids[i, j] = row_ids[order[j]]
+            dists[i, j] = keys[order[j]]
+            is_new[i, j] = row_new[order[j]]

@@ -1,0 +1,130 @@
+"""Seed GNND's lists with random-projection-tree neighbours (compiled; the CPU's fast path).
+
+From random lists NN-Descent spends its first iterations only finding the neighbourhood (recall 0.01 ->
+0.06 -> 0.31 in the first three on 100K x 96, each costing as much as a late one). Rows that share a leaf
+of an RP tree (split by the hyperplane halfway between two random rows, down to leaves of about a list's
+width) are mostly near each other, and a handful of trees gives every list a good start at the cost of
+about one iteration: the initialisation pynndescent uses, and the RP-tree of paper 003 (docs/design.md).
+Slots the trees leave empty get random rows, which also keep far parts of the set linked.
+
+Each row lies in one leaf per tree, so the leaves of a tree fill their rows' lists in parallel without
+locks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from bigknn.backends.cpu.descent import DescentState
+from bigknn.graph import ID_DTYPE
+
+from bigknn.backends.cpu.kernels import EMPTY, FAST, _key, place
+
+MAX_TRIES = 8  # random pairs tried for a split before the leaf is cut in half at random (duplicated rows)
+
+
+def tree_init(x: np.ndarray, width: int, metric: str, trees: int, rng: np.random.Generator) -> DescentState:
+    """Lists of ``width`` entries, all NEW: the nearest leaf-mates of ``trees`` RP trees, then random rows
+    where a list is not full."""
+    n = len(x)
+    sq = np.einsum("ij,ij->i", x, x)
+    state = DescentState(np.full((n, width), EMPTY, ID_DTYPE), np.full((n, width), np.inf, np.float32),
+                         np.ones((n, width), bool))
+    for _ in range(trees):
+        order, bounds = _leaves(x, max(8, width), int(rng.integers(2 ** 31)))
+        _join_leaves(x, sq, order, bounds, state.ids, state.dists, state.is_new, metric == "l2")
+    fill_random(x, sq, state.ids, state.dists, state.is_new, int(rng.integers(2 ** 31)), metric == "l2")
+    return state
+
+
+@njit(cache=True, fastmath=FAST)
+def _leaves(x, leaf, seed):
+    """One RP tree: the row order with each leaf contiguous, and the leaves' bounds in it."""
+    np.random.seed(seed)
+    n, d = x.shape
+    order = np.arange(n).astype(np.int32)
+    side = np.empty(n, np.bool_)
+    bounds = [0]
+    stack = [(0, n)]
+    while len(stack) > 0:
+        lo, hi = stack.pop()
+        if hi - lo <= leaf:
+            bounds.append(hi)
+            continue
+        mid = lo
+        for _ in range(MAX_TRIES):
+            a = order[lo + np.random.randint(hi - lo)]
+            b = order[lo + np.random.randint(hi - lo)]
+            offset = np.float32(0.0)
+            for j in range(d):
+                offset += (x[a, j] - x[b, j]) * (x[a, j] + x[b, j])
+            offset *= np.float32(0.5)
+            mid = lo
+            for i in range(lo, hi):
+                r = order[i]
+                s = np.float32(0.0)
+                for j in range(d):
+                    s += (x[a, j] - x[b, j]) * x[r, j]
+                side[i] = s > offset
+                mid += not side[i]
+            if lo < mid < hi:
+                break
+        else:  # every pair tied (duplicated rows): cut in half
+            mid = lo + (hi - lo) // 2
+            for i in range(lo, hi):
+                side[i] = i >= mid
+        left = lo  # stable partition: rows with side False first
+        right = np.empty(hi - mid, np.int32)
+        nr = 0
+        for i in range(lo, hi):
+            if side[i]:
+                right[nr] = order[i]
+                nr += 1
+            else:
+                order[left] = order[i]
+                left += 1
+        order[mid:hi] = right[:nr]
+        stack.append((mid, hi))
+        stack.append((lo, mid))
+    bounds.sort()
+    return order, np.array(bounds, np.int64)
+
+
+@njit(cache=True, parallel=True, fastmath=FAST)
+def _join_leaves(x, sq, order, bounds, ids, dists, is_new, is_l2):
+    """Every pair of leaf-mates offered to both their lists (each key computed once)."""
+    for leaf in prange(bounds.size - 1):
+        lo, hi = bounds[leaf], bounds[leaf + 1]
+        for a in range(lo, hi):
+            r = order[a]
+            for b in range(a + 1, hi):
+                c = order[b]
+                key = _key(x, sq, r, c, is_l2)
+                _offer(ids[r], dists[r], is_new[r], c, key)
+                _offer(ids[c], dists[c], is_new[c], r, key)
+
+
+@njit(cache=True, parallel=True, fastmath=FAST)
+def fill_random(x, sq, ids, dists, is_new, seed, is_l2):
+    """Fill each list's empty slots with random other rows (NEW), as pynndescent does after its trees."""
+    n, k = ids.shape
+    np.random.seed(seed)
+    for r in prange(n):
+        for _ in range(2 * k):
+            if ids[r, k - 1] != EMPTY:
+                break
+            c = np.random.randint(n - 1)
+            c += c >= r  # never the row itself
+            _offer(ids[r], dists[r], is_new[r], c, _key(x, sq, r, c, is_l2))
+
+
+@njit(cache=True, inline="always")
+def _offer(ids, dists, is_new, c, key):
+    """Insert ``c`` into a sorted list if it beats the last entry and is not listed yet."""
+    if key >= dists[ids.size - 1]:
+        return
+    for j in range(ids.size):
+        if ids[j] == c:
+            return
+    place(ids, dists, is_new, c, key)

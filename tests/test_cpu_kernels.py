@@ -1,0 +1,150 @@
+"""The compiled CPU loops (bigknn/backends/cpu/kernels.py) against the NumPy reference they must equal.
+
+Inputs are fresh random draws of odd sizes and both metrics. Without equal keys the compiled iterations must
+give the very same lists (cross-matching differs only in float32 rounding, which on these draws never
+decides); with duplicated rows (ties at key 0, where either order is right) the same recall. Everything stays small: each kernel compiles once for the
+one signature the backend uses, and the suite pays that once.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+
+from bigknn.backends import get_backends
+from bigknn.backends.cpu import CpuBackend, compiled, descent, exact_l2_keys, random_init
+from bigknn.backends.cpu.rptree import tree_init
+from bigknn.errors import BadInput
+from bigknn.graph import EMPTY, ShardPart
+from bigknn.params import GnndParams
+from bigknn.synth import synth
+
+from conftest import check_graph, recall_at
+
+
+def rows_with_twins(n: int, dim: int, seed: int, twins: bool = True) -> np.ndarray:
+    """Gaussian rows, a few of them repeated exactly (ties at key 0 and between equal candidates)."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, dim)).astype(np.float32)
+    if twins:
+        x[rng.choice(n, n // 20, replace=False)] = x[rng.choice(n, n // 20, replace=False)]
+    return x
+
+
+@pytest.mark.parametrize("metric", ["l2", "ip"])
+@pytest.mark.parametrize("cross_shard", [False, True])
+def test_iterations_equal_the_reference(metric, cross_shard):
+    """Same draws, same lists: at most a few slots apart, where float32 rounding decided a near tie."""
+    x = rows_with_twins(1237, 13, seed=5 + cross_shard, twins=False)
+    sq = np.einsum("ij,ij->i", x, x)
+    ref = random_init(x, 21, metric, np.random.default_rng(1), compiled=False)
+    part = None
+    if cross_shard:  # GGM's set-up: entries into the other shard are the NEW fill, the own shard's are OLD
+        part = (np.arange(len(x)) >= 600).astype(np.int8)
+        ref.is_new = part[ref.ids] != part[:, None]
+    fast = copy.deepcopy(ref)
+    for it in range(4):
+        want = descent._iteration(x, sq, ref, metric, 5, np.random.default_rng(it), part)
+        got = compiled.iteration(x, sq, fast, metric, 5, np.random.default_rng(it), part)
+        assert want > 0 and abs(got - want) <= 0.002 * want
+        assert (fast.ids != ref.ids).mean() <= 0.001
+        same = fast.ids == ref.ids
+        np.testing.assert_allclose(fast.dists[same], ref.dists[same], rtol=1e-5, atol=1e-4)
+        assert (fast.is_new[same] == ref.is_new[same]).all()
+
+
+def test_insert_keeps_the_nearest_new_entries_once():
+    """Candidates naming ids already listed, repeated ones, and more than k for one target; every key is
+    the pair's (a table), as in a descent, where a listed id comes back with the key it is listed at."""
+    rng = np.random.default_rng(9)
+    n, k, m = 97, 6, 900
+    table = rng.random((n, n)).astype(np.float32)
+    ids = np.stack([rng.choice(np.arange(1, n), k, replace=False) for _ in range(n)]).astype(np.int32)
+    dists = np.take_along_axis(table, ids, axis=1)
+    order = np.argsort(dists, axis=1)
+    ids, dists = np.take_along_axis(ids, order, axis=1), np.take_along_axis(dists, order, axis=1)
+    ids[::7, -2:], dists[::7, -2:] = EMPTY, np.inf  # lists with room
+    state = descent.DescentState(ids, dists, rng.random((n, k)) < 0.5)
+    targets = rng.integers(0, n, m).astype(np.int32)
+    cands = np.where(rng.random(m) < 0.3, ids[targets, 0], rng.integers(0, n, m)).astype(np.int32)
+    keys = table[targets, cands]
+    closer = keys < dists[targets, -1]  # cross_match's bound, which the kernel relies on
+    targets, cands, keys = targets[closer], cands[closer], keys[closer]
+    fast = copy.deepcopy(state)
+    want = descent._insert(state, targets, cands, keys)
+    slots = np.full((n, len(targets)), EMPTY, np.int32)  # the kernel's (lists, slots) layout
+    slots[np.arange(len(targets)) % n, np.arange(len(targets))] = targets
+    got = compiled.kernels.insert(fast.ids, fast.dists, fast.is_new, slots, np.tile(cands, (n, 1)),
+                                  np.tile(keys, (n, 1)))
+    assert got == want > 0
+    np.testing.assert_array_equal(fast.ids, state.ids)
+    np.testing.assert_array_equal(fast.dists, state.dists)
+    np.testing.assert_array_equal(fast.is_new, state.is_new)
+
+
+def test_exact_l2_keys_and_row_keys_equal_the_reference():
+    x = rows_with_twins(503, 11, seed=3, twins=False)
+    x[1:500:2] = x[0:500:2]  # rows 2i and 2i + 1 are twins, and list each other
+    state = random_init(x, 9, "l2", np.random.default_rng(2), compiled=True)
+    state.ids[:500, 0] = np.arange(500) ^ 1
+    state.ids[::5, -3:] = EMPTY
+    ref = copy.deepcopy(state)
+    exact_l2_keys(x, ref, compiled=False)
+    exact_l2_keys(x, state, compiled=True)
+    np.testing.assert_allclose(state.dists, ref.dists, rtol=1e-5, atol=1e-5)
+    assert (state.dists[:500, 0] == 0).all() and (state.ids[:500, 0] == np.arange(500) ^ 1).all()
+    np.testing.assert_array_equal(np.sort(state.ids, axis=1), np.sort(ref.ids, axis=1))
+    sq = np.einsum("ij,ij->i", x, x)
+    rows = np.arange(0, len(x), 3)
+    for metric in ("l2", "ip"):
+        np.testing.assert_allclose(compiled.row_keys(x, sq, rows, state.ids[rows], metric),
+                                   descent.row_keys_local(x, sq, rows, state.ids[rows], metric), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("metric,k", [("l2", 1), ("ip", 12)])
+def test_gnnd_and_ggm_reach_the_reference_recall(metric, k):
+    """Whole descents, compiled and reference: GNND of two shards, then their merge (GGM), the recall target
+    met alike (ids differ only where rounding broke a tie differently)."""
+    x = rows_with_twins(5003, 16, seed=11)
+    half = 2601
+    params = GnndParams(k=k)
+    rows = np.arange(0, len(x), 5)
+    got = {}
+    for name, be in (("fast", CpuBackend(threads=2)), ("ref", CpuBackend(reference=True))):
+        ga = be.gnnd(x[:half], metric, params, seed=4)
+        gb = be.gnnd(x[half:], metric, params, seed=5)
+        gb.ids[gb.ids >= 0] += half
+        ma, mb = be.ggm(ShardPart(0, x[:half], ga), ShardPart(half, x[half:], gb), metric, params, seed=6)
+        got[name] = recall_at(np.concatenate([ma.ids, mb.ids])[rows], x, rows, min(k, 10), metric)
+    assert got["fast"] >= 0.99 and abs(got["fast"] - got["ref"]) <= 0.005, got
+
+
+def test_threads_are_checked_and_used():
+    """--threads reaches the backend, which runs its calls' kernels on that many threads."""
+    import numba
+
+    be = get_backends("cpu", threads=1)[0]
+    assert be.processors() == 1
+    be.gnnd(rows_with_twins(100, 4, seed=1), "l2", GnndParams(k=3), seed=0)
+    assert numba.get_num_threads() == 1
+    CpuBackend().gnnd(rows_with_twins(100, 4, seed=1), "l2", GnndParams(k=3), seed=0)
+    assert numba.get_num_threads() == numba.config.NUMBA_NUM_THREADS
+    with pytest.raises(BadInput, match="--threads 0"):
+        CpuBackend(threads=0)
+
+
+def test_tree_init_seeds_near_neighbours():
+    """RP-tree lists: valid graphs with exact keys, far nearer than random ones; duplicated rows (no
+    hyperplane separates them) still end in leaves; without trees the lists fill with random rows."""
+    x = synth(3001, 24, seed=8)
+    x[:400] = x[0]  # one clump of identical rows
+    state = tree_init(x, 16, "l2", 4, np.random.default_rng(0))
+    check_graph(state.ids, state.dists, x, "l2", rtol=1e-2)
+    assert state.is_new.all()
+    rows = np.arange(400, len(x), 3)
+    assert recall_at(state.ids[rows], x, rows, 10) >= 0.5
+    assert recall_at(random_init(x, 16, "l2", np.random.default_rng(0)).ids[rows], x, rows, 10) < 0.05
+    rand = tree_init(x[400:901], 16, "ip", 0, np.random.default_rng(1))  # no trees: random rows only
+    check_graph(rand.ids, rand.dists, x[400:901], "ip", rtol=1e-2)
