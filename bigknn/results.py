@@ -98,7 +98,9 @@ class BuildReport(_Report):
     metric: str
     shards: int
     merges_done: int
-    merges_total: int
+    merges_total: int  # the pairs the plan merges (a partitioned store's near pairs; else all_pairs)
+    all_pairs: int
+    partition: str
     backend: str
     workers: int
     resumed: bool

@@ -93,6 +93,8 @@ class IngestLedger(Ledger):
             shard.graph = self.pending["graphs"][str(shard.id)]
         m.shards.extend(self.new)
         m.merged.extend(self.pending["merged"])
+        if m.pairs is not None:  # a planned store's merges stay its plan plus what the ingest merged
+            m.pairs.extend(self.pending["merged"])
         m.inputs.extend(self.pending["inputs"])
         m.pending = None
 

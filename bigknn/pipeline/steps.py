@@ -60,8 +60,9 @@ class Ledger:
         return self.store.manifest.merged
 
     def wanted(self, i: int, j: int) -> bool:
-        """Pairs this run must merge: all of them for a build."""
-        return True
+        """Pairs this run must merge: a build's planned pairs (every pair of a contiguous store; none of a
+        partitioned one until its plan is committed)."""
+        return self.store.manifest.planned(i, j)
 
     def ordered(self, pairs: list[tuple[int, int]]) -> list[tuple[int, int]]:
         """The order in which pairs are preferred (round-robin rounds, for a build)."""

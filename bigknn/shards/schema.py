@@ -51,8 +51,12 @@ TOP: dict[str, Check] = {
     "pending": (lambda v: v is None or isinstance(v, dict), "an object or null"),
     "estimate": (lambda v: v is None or isinstance(v, dict), "an object or null"),
     "search": (lambda v: v is None or isinstance(v, dict), "an object or null"),
+    "partition": (lambda v: v is None or (isinstance(v, dict) and isinstance(v.get("method"), str)
+                                          and isinstance(v.get("arrays"), list)),
+                  "null or an object with a method and its arrays"),
+    "pairs": (lambda v: v is None or PAIRS[0](v), "null or a list of [i, j] shard pairs"),
 }
-OPTIONAL = {"inputs", "shards", "merged", "timings", "pending", "estimate", "search"}
+OPTIONAL = {"inputs", "shards", "merged", "timings", "pending", "estimate", "search", "partition", "pairs"}
 SHARD: dict[str, Check] = {"id": INDEX, "offset": INDEX, "rows": COUNT,
                            "graph": (lambda v: v is None or (_int(v) and v >= 0), "a non-negative integer or null")}
 INPUT: dict[str, Check] = {

@@ -1,0 +1,87 @@
+"""A partition of the input's rows into S shards: learnt on a sample, stored with the store, applied to rows.
+
+Both locality-aware methods end as centroids, each belonging to one shard (k-means' fine clusters, or the
+sample means of the RP-tree's leaves): a row's cost of a shard is its squared distance to the shard's nearest
+centroid (the RP-tree puts the row's own leaf first), and the capacity rule of ``balance`` turns costs into
+labels. Distances are L2 on the rows as stored
+(unit rows for cosine): for ``ip`` that is a locality heuristic, not the metric, and the recall target decides
+the merges anyway.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from bigknn.partition.balance import sq_distances
+from bigknn.partition.kmeans import learn_kmeans
+from bigknn.partition.rptree import RPTree, learn_rptree
+
+METHODS = ("kmeans", "rptree", "contiguous")
+DEFAULT_METHOD = "contiguous"  # until GPU timings (T2) show kmeans faster at the same recall: docs/design.md
+SLACK = 1.15  # a shard may hold this much more than an equal share (never more than --shard-rows)
+
+
+@dataclass
+class Partition:
+    method: str
+    centroids: np.ndarray  # (C, d) float32: k-means' fine centroids, or the RP-tree leaves' sample means
+    shard_of: np.ndarray  # (C,) int64: each centroid's shard, -1 once its shard was dropped
+    tree: RPTree | None = None  # the RP-tree (its leaf c is centroid c)
+
+    @property
+    def shards(self) -> int:
+        return int(self.shard_of.max()) + 1
+
+    def cost(self, x: np.ndarray) -> np.ndarray:
+        """(n, S) costs, lower preferred: squared distance to the shard's nearest centroid; the own leaf
+        first (RP-tree)."""
+        d2 = sq_distances(x, self.centroids)
+        if self.tree is not None:
+            d2[np.arange(len(x)), self.tree.leaves(x)] = -np.inf
+        out = np.empty((len(x), self.shards), np.float32)
+        for s in range(self.shards):
+            out[:, s] = d2[:, self.shard_of == s].min(axis=1)
+        return out
+
+    def drop(self, shard: int) -> None:
+        """Remove one shard (too few rows for a graph): its rows go to their next choice."""
+        self.shard_of = np.where(self.shard_of == shard, -1, self.shard_of - (self.shard_of > shard))
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """What the store keeps under ``partition/`` (2-d arrays, as the store writes them)."""
+        out = {"centroids": self.centroids, "shard_of": self.shard_of[:, None]}
+        if self.tree is not None:
+            out.update(directions=self.tree.directions, thresholds=self.tree.thresholds[:, None],
+                       children=self.tree.children)
+        return out
+
+    @classmethod
+    def from_arrays(cls, method: str, arrays: dict[str, np.ndarray]) -> "Partition":
+        tree = None if method != "rptree" else RPTree(arrays["directions"], arrays["thresholds"][:, 0],
+                                                      arrays["children"].astype(np.int64))
+        return cls(method, arrays["centroids"], arrays["shard_of"][:, 0].astype(np.int64), tree)
+
+
+def learn(method: str, sample: np.ndarray, shards: int, seed: int) -> Partition:
+    """Learn ``method``'s partition into ``shards`` shards on ``sample`` (rows prepared as stored)."""
+    if method == "kmeans":
+        return Partition(method, *learn_kmeans(sample, shards, seed, SLACK))
+    if method == "rptree":
+        tree = learn_rptree(sample, shards, seed)
+        leaf = tree.leaves(sample)
+        x = sample.astype(np.float32, copy=False)
+        sums = np.zeros((shards, x.shape[1]), np.float64)
+        np.add.at(sums, leaf, x)
+        centroids = (sums / np.maximum(np.bincount(leaf, minlength=shards), 1)[:, None]).astype(np.float32)
+        return Partition(method, centroids, np.arange(shards, dtype=np.int64), tree)
+    raise ValueError(f"no partition method {method!r}; one of {METHODS}")
+
+
+def load(store) -> Partition | None:
+    """The stored partition of a store (None: contiguous)."""
+    spec = store.manifest.partition
+    if spec is None:
+        return None
+    return Partition.from_arrays(spec["method"], {name: store.read_partition(name) for name in spec["arrays"]})
