@@ -15,6 +15,7 @@ from bigknn.partition.learn import Partition
 from bigknn.partition.balance import assign_balanced
 from bigknn.partition.pairs import choose_pairs, coverage, pair_masses
 from bigknn.partition.rowmap import RowMap
+from bigknn.shards import Store
 from bigknn.synth import synth
 
 from conftest import run_cli, run_json
@@ -117,3 +118,30 @@ def test_resuming_with_another_partition_is_refused(stores):
     code, out, err = run_cli("build", stores["dir"] / "x.fbin", "-o", stores["dir"] / "kmeans.knn", "--k", K,
                              "--shard-rows", SHARD_ROWS, "--backend", "cpu", "--partition", "rptree")
     assert code == 2 and "partition kmeans" in err and len(err.strip().splitlines()) == 1
+
+
+def test_ingest_into_a_kmeans_store_merges_only_the_shards_near_the_batch(stores, tmp_path):
+    """A batch in one region of the data merges with the shards there (a batch spread over every region,
+    like a random 1 % of the input, still meets every shard)."""
+    import shutil
+
+    store = tmp_path / "k.knn"
+    shutil.copytree(stores["dir"] / "kmeans.knn", store)
+    with Store.open(store) as st:  # a batch of new rows in one region (the rows of shard 0, moved a little)
+        home = st.read_row_ids(0)[:300]
+    new = (stores["x"][home] + np.random.default_rng(1).normal(0, 0.05, (len(home), DIM))).astype(np.float32)
+    write_vectors(tmp_path / "new.fbin", new)
+    m0 = json.loads((store / "manifest.json").read_text())
+    run_json("ingest", store, "--input", tmp_path / "new.fbin", "--backend", "cpu")
+    m = json.loads((store / "manifest.json").read_text())
+    first_new = len(m0["shards"])
+    added = [p for p in m["merged"] if p not in m0["merged"]]
+    old = {a for a, b in added if a < first_new}
+    assert added and all(b >= first_new for a, b in added) and len(old) < first_new
+    assert sorted(map(tuple, m["pairs"])) == sorted(map(tuple, m["merged"])) and run_json("info", store)["complete"]
+    r = run_json("eval", "recall", store, "--backend", "cpu", "--k", K, "--rows", f"{ROWS}:{ROWS + len(new)}")
+    assert r["recall"] >= 0.95
+    ids, _ = bigknn.open(store).neighbors()
+    x = np.concatenate([stores["x"], new])
+    exact = np.argsort(((x[ROWS:, None] - x[None]) ** 2).sum(-1), axis=1)[:, 1:K + 1]
+    assert np.mean([len(set(a) & set(b)) / K for a, b in zip(ids[ROWS:], exact)]) >= 0.95

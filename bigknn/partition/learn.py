@@ -11,6 +11,7 @@ the merges anyway.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -21,6 +22,18 @@ from bigknn.partition.rptree import RPTree, learn_rptree
 METHODS = ("kmeans", "rptree", "contiguous")
 DEFAULT_METHOD = "contiguous"  # until GPU timings (T2) show kmeans faster at the same recall: docs/design.md
 SLACK = 1.15  # a shard may hold this much more than an equal share (never more than --shard-rows)
+NEAREST = 16  # centroids whose shards a row may go to before it goes to any shard with room
+
+Nearest = Callable[[np.ndarray, int, np.ndarray], tuple[np.ndarray, np.ndarray]] | None
+
+
+def _nearest_numpy(x: np.ndarray, count: int, centroids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    d2 = sq_distances(x, centroids)
+    ids = np.argpartition(d2, count - 1, axis=1)[:, :count] if count < d2.shape[1] else \
+        np.broadcast_to(np.arange(d2.shape[1]), d2.shape).copy()
+    keys = np.take_along_axis(d2, ids, axis=1)
+    order = np.argsort(keys, axis=1)
+    return np.take_along_axis(ids, order, axis=1), np.take_along_axis(keys, order, axis=1)
 
 
 @dataclass
@@ -34,15 +47,24 @@ class Partition:
     def shards(self) -> int:
         return int(self.shard_of.max()) + 1
 
-    def cost(self, x: np.ndarray) -> np.ndarray:
-        """(n, S) costs, lower preferred: squared distance to the shard's nearest centroid; the own leaf
-        first (RP-tree)."""
-        d2 = sq_distances(x, self.centroids)
+    def cost(self, x: np.ndarray, nearest: Nearest = None) -> np.ndarray:
+        """(n, S) costs, lower preferred: squared distance to the shard's nearest centroid among the row's
+        ``NEAREST`` nearest centroids (+inf for other shards: they take the row only when all of those are
+        full); the own leaf first (RP-tree). ``nearest(x, count, centroids)``: (ids, squared distances) of
+        each row's nearest centroids, ascending (the backend's exact k-NN: the GPU labels a billion rows);
+        None: NumPy."""
+        count = min(NEAREST, len(self.centroids))
+        ids, d2 = (nearest or _nearest_numpy)(x, count, self.centroids)
+        out = np.full((len(x), self.shards), np.inf, np.float32)
+        rows = np.arange(len(x))
+        for j in reversed(range(count)):  # the nearest centroid of each shard writes last
+            shard = self.shard_of[ids[:, j]]
+            kept = shard >= 0
+            out[rows[kept], shard[kept]] = d2[kept, j]
         if self.tree is not None:
-            d2[np.arange(len(x)), self.tree.leaves(x)] = -np.inf
-        out = np.empty((len(x), self.shards), np.float32)
-        for s in range(self.shards):
-            out[:, s] = d2[:, self.shard_of == s].min(axis=1)
+            own = self.shard_of[self.tree.leaves(x)]
+            kept = own >= 0
+            out[rows[kept], own[kept]] = -np.inf
         return out
 
     def drop(self, shard: int) -> None:

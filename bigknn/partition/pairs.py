@@ -52,3 +52,14 @@ def choose_pairs(mass: np.ndarray, within: int, recall: float) -> list[list[int]
     if len(chosen) > ALL_PAIRS_FRACTION * len(every):
         return every
     return sorted([a, b] for a, b in chosen)
+
+
+def near_shards(primary: np.ndarray, pairs: list[list[int]], recall: float) -> list[int]:
+    """The build shards a new batch must merge with: the shards its rows would be stored in (``primary``:
+    rows per shard, by the stored partition), by decreasing count until ``coverage(recall)`` of the rows,
+    and each one's partners in the build's plan (``pairs``: where the neighbours of that shard's rows live)."""
+    order = np.argsort(-primary, kind="stable")
+    need = int(np.searchsorted(np.cumsum(primary[order]), coverage(recall) * primary.sum())) + 1
+    home = {int(s) for s in order[:need]}
+    near = home | {b if a in home else a for a, b in pairs if a in home or b in home}
+    return sorted(s for s in near if s < len(primary))

@@ -19,13 +19,12 @@ from bigknn.formats import VectorFile, file_sha256, open_vectors
 from bigknn.graph import ID_DTYPE
 from bigknn.metrics import stored_dtype
 from bigknn.params import GnndParams
-from bigknn.partition.assign import layout, learn_from_file, shard_count
+from bigknn.partition.assign import backend_nearest, layout, learn_from_file, shard_count
 from bigknn.partition.learn import DEFAULT_METHOD, METHODS, Partition
-from bigknn.pipeline.pairplan import plan_pairs
 from bigknn.pipeline.estimate import SampleTruth, record_estimate
 from bigknn.pipeline.plan import auto_shard_rows
 from bigknn.pipeline.sharding import shard_sizes, stream_shards
-from bigknn.pipeline.steps import (Ledger, cache_shards, check_merge_count, record_timings, run_pending,
+from bigknn.pipeline.steps import (cache_shards, check_merge_count, record_timings, run_build_steps,
                                    smallest_shard_rows)
 from bigknn.pipeline.workers import Accounting
 from bigknn.progress import Reporter
@@ -74,7 +73,7 @@ def build(req: BuildRequest, backends: list[Backend], reporter: Reporter) -> dic
     elif method != "contiguous":  # learn the partition and label every row (bad rows refused here)
         part = learn_from_file(vf, method, shard_count(vf.rows, req.shard_rows, req.params.width()), req.metric,
                                req.seed)
-        rows_of = layout(vf, part, req.metric, req.shard_rows, req.params.width())
+        rows_of = layout(vf, part, req.metric, req.shard_rows, req.params.width(), backend_nearest(backends[0]))
         sizes = [len(r) for r in rows_of]
     cache_shards(manifest, req.store, max(sizes), len(backends), req.host_mem)
     check_merge_count(req.store, len(sizes), len(sizes) * (len(sizes) - 1) // 2,
@@ -95,10 +94,7 @@ def build(req: BuildRequest, backends: list[Backend], reporter: Reporter) -> dic
                 if part is not None:
                     _record_partition(store, part)
                 incoming = (stream_shards(store, vf, sizes, acct, layout=rows_of), sizes)
-            run_pending(store, Ledger(store), backends, reporter, acct, req.host_mem, incoming, sample)
-            if store.manifest.partition is not None and store.manifest.pairs is None:  # then the near pairs
-                plan_pairs(store, backends[0], sample, reporter)
-                run_pending(store, Ledger(store), backends, reporter, acct, req.host_mem)
+            run_build_steps(store, backends, reporter, acct, req.host_mem, incoming, sample)
             if sample is not None:
                 record_estimate(store, backends[0], sample)
             record_timings(store, acct)
@@ -136,7 +132,7 @@ def _check_same_build(m: Manifest, req: BuildRequest, vf: VectorFile, method: st
     want = {"dim": vf.dim, "metric": req.metric, "k": req.params.k, "shard_rows": req.shard_rows,
             "params": req.params.to_dict(), "seed": req.seed, "partition": method}
     have = {"dim": m.dim, "metric": m.metric, "k": m.k, "shard_rows": m.shard_rows, "params": m.params,
-            "seed": m.seed, "partition": m.partition["method"] if m.partition else "contiguous"}
+            "seed": m.seed, "partition": m.partition_method}
     diff = [f"{key} {have[key]} (asked {want[key]})" for key in want if have[key] != want[key]]
     src = m.inputs[0] if m.inputs else {}
     if src.get("path") != str(Path(vf.path).resolve()) or src.get("size") != vf.state.size:
@@ -173,7 +169,7 @@ def summary(store: Store, acct: Accounting, wall: float, resumed: bool, backends
     n = len(m.shards)
     return {"store": str(store.path), "rows": m.rows, "dim": m.dim, "k": m.k, "metric": m.metric,
             "shards": n, "merges_done": len(m.merged), "merges_total": m.merges_total, "all_pairs": n * (n - 1) // 2,
-            "partition": m.partition["method"] if m.partition else "contiguous",
+            "partition": m.partition_method,
             "backend": backends[0].name, "workers": len(backends), "resumed": resumed, "wall_s": round(wall, 3),
             "phase_s": {p: round(s, 3) for p, s in acct.seconds.items()}, "phase_wall_s": acct.spans,
             "read_gb": round(acct.bytes_read / 1e9, 3), "written_gb": round(acct.bytes_written / 1e9, 3),

@@ -19,6 +19,7 @@ from bigknn.backends import Backend
 from bigknn.errors import BadInput
 from bigknn.params import GnndParams
 from bigknn.pipeline.estimate import SampleTruth
+from bigknn.pipeline.pairplan import plan_pairs
 from bigknn.pipeline.workers import (Accounting, Scheduler, ShardCache, Writer, pending_pairs, run_tasks,
                                      shards_from_store)
 from bigknn.progress import Reporter
@@ -101,6 +102,17 @@ def run_pending(store: Store, ledger: Ledger, backends: list[Backend], reporter:
     finally:
         writer.close()  # what finished is written and committed, also when a worker failed
         cache.close()
+
+
+def run_build_steps(store: Store, backends: list[Backend], reporter: Reporter, acct: Accounting,
+                    host_mem: int | None = None, incoming: tuple[Iterable, list[int]] | None = None,
+                    sample: SampleTruth | None = None) -> None:
+    """A build's compute (``run_pending``), and for a partitioned store the plan step between its shards'
+    GNND and its merges: the near pairs are chosen once every shard has a graph (bigknn/pipeline/pairplan.py)."""
+    run_pending(store, Ledger(store), backends, reporter, acct, host_mem, incoming, sample)
+    if store.manifest.partition is not None and store.manifest.pairs is None:
+        plan_pairs(store, backends[0], sample, reporter)
+        run_pending(store, Ledger(store), backends, reporter, acct, host_mem)
 
 
 def cache_shards(m: Manifest, where: Path, biggest: int, workers: int, host_mem: int | None = None) -> int:

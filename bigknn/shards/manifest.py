@@ -70,6 +70,11 @@ class Manifest:
             return len(self.pairs)
         return len(self.shards) * (len(self.shards) - 1) // 2
 
+    @property
+    def partition_method(self) -> str:
+        """How the build's rows were split: kmeans, rptree or contiguous (bigknn/partition/)."""
+        return self.partition["method"] if self.partition else "contiguous"
+
     def planned(self, i: int, j: int) -> bool:
         """Whether the pair (i, j), i < j, is one this store merges: every pair of a contiguous store; of a
         partitioned one, those of its plan (none before the plan is committed)."""
