@@ -16,6 +16,11 @@ def assign_balanced(cost: np.ndarray, room: np.ndarray) -> np.ndarray:
     n, shards = cost.shape
     if n > int(room.sum()):
         raise ValueError(f"{n} rows exceed the {int(room.sum())} rows of room left in the shards")
+    first = cost.argmin(axis=1)
+    counts = np.bincount(first, minlength=shards)
+    if (counts <= room).all():  # the common case (shards have room until the last rows): no sorting
+        room -= counts
+        return first
     labels = np.full(n, -1, np.int64)
     order = np.argsort(cost, axis=1)
     todo = np.arange(n)

@@ -26,7 +26,7 @@ from bigknn.pipeline.plan import auto_shard_rows
 from bigknn.pipeline.sharding import shard_sizes, stream_shards
 from bigknn.pipeline.steps import (cache_shards, check_merge_count, record_timings, run_build_steps,
                                    smallest_shard_rows)
-from bigknn.pipeline.workers import Accounting
+from bigknn.pipeline.accounting import Accounting
 from bigknn.progress import Reporter
 from bigknn.shards import Manifest, Store, WriterLock
 from bigknn.shards.manifest import PARTITIONED_SINCE
@@ -71,9 +71,12 @@ def build(req: BuildRequest, backends: list[Backend], reporter: Reporter) -> dic
     if manifest.shards:
         sizes = [s.rows for s in manifest.shards]
     elif method != "contiguous":  # learn the partition and label every row (bad rows refused here)
-        part = learn_from_file(vf, method, shard_count(vf.rows, req.shard_rows, req.params.width()), req.metric,
-                               req.seed)
-        rows_of = layout(vf, part, req.metric, req.shard_rows, req.params.width(), backend_nearest(backends[0]))
+        t = time.perf_counter()
+        with acct.span("partition"):
+            part = learn_from_file(vf, method, shard_count(vf.rows, req.shard_rows, req.params.width()),
+                                   req.metric, req.seed)
+            rows_of = layout(vf, part, req.metric, req.shard_rows, req.params.width(), backend_nearest(backends[0]))
+        acct.add("partition", time.perf_counter() - t, vf.rows * vf.dim * vf.dtype.itemsize)
         sizes = [len(r) for r in rows_of]
     cache_shards(manifest, req.store, max(sizes), len(backends), req.host_mem)
     check_merge_count(req.store, len(sizes), len(sizes) * (len(sizes) - 1) // 2,

@@ -10,7 +10,7 @@ from bigknn.errors import BadInput
 from bigknn.pipeline.build import summary
 from bigknn.pipeline.ingest import resume_pending
 from bigknn.pipeline.steps import cache_shards, record_timings, run_build_steps
-from bigknn.pipeline.workers import Accounting
+from bigknn.pipeline.accounting import Accounting
 from bigknn.progress import Reporter
 from bigknn.shards import Store, WriterLock
 

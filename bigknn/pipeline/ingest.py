@@ -29,7 +29,7 @@ from bigknn.partition.pairs import near_shards
 from bigknn.pipeline.build import MAX_ROWS, fingerprint
 from bigknn.pipeline.sharding import shard_sizes
 from bigknn.pipeline.steps import Ledger, cache_shards, check_merge_count, record_timings, run_pending
-from bigknn.pipeline.workers import Accounting
+from bigknn.pipeline.accounting import Accounting
 from bigknn.progress import Reporter
 from bigknn.shards import ShardEntry, Store, WriterLock
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from bigknn.formats import VectorFile, check_rows, file_sha256
 from bigknn.metrics import prepare_rows
-from bigknn.pipeline.workers import Accounting
+from bigknn.pipeline.accounting import Accounting
 from bigknn.shards import ShardEntry, Store
 
 WRITES_IN_FLIGHT = 2  # shards being written while the next is read
@@ -42,7 +42,8 @@ def stream_shards(store: Store, vf: VectorFile, sizes: list[int], acct: Accounti
     is written, at most ``ready`` ahead of the consumer. ``layout``: each shard's input rows (a partitioned
     build, bigknn/partition/assign.py), stored with it as ``row_ids``; None: consecutive rows. Commits the
     shards (and the input's sha256, in ``store.manifest.inputs[-1]``) once all are written; raises BadInput
-    on a bad row or a file that changed meanwhile, committing nothing. Closing the generator early stops the pass, committing nothing."""
+    on a bad row or a file that changed meanwhile, committing nothing. Closing the generator early stops the
+    pass, committing nothing."""
     out: queue.Queue = queue.Queue(maxsize=max(1, ready))
     stop = threading.Event()
     done = object()

@@ -18,10 +18,14 @@ import numpy as np
 from bigknn.backends import Backend
 from bigknn.errors import BadInput
 from bigknn.params import GnndParams
+from bigknn.pipeline import schedule
 from bigknn.pipeline.estimate import SampleTruth
 from bigknn.pipeline.pairplan import plan_pairs
-from bigknn.pipeline.workers import (Accounting, Scheduler, ShardCache, Writer, pending_pairs, run_tasks,
-                                     shards_from_store)
+from bigknn.pipeline.accounting import Accounting
+from bigknn.pipeline.cache import ShardCache
+from bigknn.pipeline.scheduler import Scheduler
+from bigknn.pipeline.workers import run_tasks, shards_from_store
+from bigknn.pipeline.writer import Writer
 from bigknn.progress import Reporter
 from bigknn.shards import Manifest, ShardEntry, Store
 
@@ -69,6 +73,11 @@ class Ledger:
         """The order in which pairs are preferred (round-robin rounds, for a build)."""
         return pairs
 
+    def todo_pairs(self, shards: int) -> list[tuple[int, int]]:
+        """Pairs of the first ``shards`` shards this run must merge and has not, in the ledger's order (the
+        one place that turns the schedule into a run's work)."""
+        return self.ordered([p for p in schedule.pending_pairs(shards, self.done()) if self.wanted(*p)])
+
     def seed_shards(self, i: int, j: int, merged_with: list[int]) -> list[int]:
         """The shards the merge of (i, j) is seeded through (bigknn/ggm.py), given the shards j was merged
         with, in order; none: the paper's merge (a build's shards are all of one size)."""
@@ -93,7 +102,7 @@ def run_pending(store: Store, ledger: Ledger, backends: list[Backend], reporter:
     biggest = max([s.rows for s in shards] + new_sizes)
     cache = ShardCache(store, ledger, cache_shards(store.manifest, store.path, biggest, len(backends), host_mem), acct)
     writer = Writer(store, ledger, acct, cache)
-    sched = Scheduler(pending_pairs(ledger, len(shards) + len(new_sizes)),
+    sched = Scheduler(ledger.todo_pairs(len(shards) + len(new_sizes)),
                       ready=[s.id for s in shards if ledger.version(s.id) is not None],
                       feeding=source is not None, queue_limit=len(backends) + 1)
     try:
