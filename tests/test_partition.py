@@ -114,6 +114,19 @@ def test_kmeans_store_records_its_partition_and_merges_only_near_pairs(stores):
         json.loads((stores["dir"] / "contiguous.knn" / "manifest.json").read_text())["partition"] is None
 
 
+def test_verify_checks_the_row_ids_of_a_partitioned_store(stores, tmp_path):
+    import shutil
+
+    store = tmp_path / "k.knn"
+    shutil.copytree(stores["dir"] / "kmeans.knn", store)
+    s = run_json("verify", store)
+    assert s["ok"] and s["format"] == 4
+    chunk = next(p for p in (store / "shards" / "2" / "row_ids").rglob("*") if p.is_file() and p.name != "zarr.json")
+    chunk.write_bytes(chunk.read_bytes()[:-1] + b"\x00")
+    code, out, err = run_cli("verify", store, "--json")
+    assert code == 1 and any("shard 2 row ids" in d["what"] for d in json.loads(out)["damaged"])
+
+
 def test_resuming_with_another_partition_is_refused(stores):
     code, out, err = run_cli("build", stores["dir"] / "x.fbin", "-o", stores["dir"] / "kmeans.knn", "--k", K,
                              "--shard-rows", SHARD_ROWS, "--backend", "cpu", "--partition", "rptree")
