@@ -49,8 +49,9 @@ class Partition:
 
     def cost(self, x: np.ndarray, nearest: Nearest = None) -> np.ndarray:
         """(n, S) costs, lower preferred: squared distance to the shard's nearest centroid among the row's
-        ``NEAREST`` nearest centroids (+inf for other shards: they take the row only when all of those are
-        full); the own leaf first (RP-tree). ``nearest(x, count, centroids)``: (ids, squared distances) of
+        ``NEAREST`` nearest centroids; other shards after those, by distance to their mean centroid (a row
+        whose near shards are all full spills to the next shard in space, never to an arbitrary one); the own
+        leaf first (RP-tree). ``nearest(x, count, centroids)``: (ids, squared distances) of
         each row's nearest centroids, ascending (the backend's exact k-NN: the GPU labels a billion rows);
         None: NumPy."""
         count = min(NEAREST, len(self.centroids))
@@ -61,6 +62,14 @@ class Partition:
             shard = self.shard_of[ids[:, j]]
             kept = shard >= 0
             out[rows[kept], shard[kept]] = d2[kept, j]
+        far = np.isinf(out)  # other shards: by distance to their mean centroid, after every near one
+        if far.any():
+            means = np.stack([self.centroids[self.shard_of == s].mean(axis=0) for s in range(self.shards)])
+            ids, d2 = (nearest or _nearest_numpy)(x, self.shards, means.astype(np.float32))
+            by_mean = np.empty_like(out)
+            by_mean[rows[:, None], ids] = d2
+            nearest_max = np.where(far, -np.inf, out).max(axis=1, keepdims=True)
+            out = np.where(far, nearest_max + by_mean - by_mean.min(axis=1, keepdims=True), out)
         if self.tree is not None:
             own = self.shard_of[self.tree.leaves(x)]
             kept = own >= 0

@@ -13,7 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 ALL_PAIRS_FRACTION = 0.5  # choosing more than this share of all pairs takes them all
-MISSED_SHARE = 0.25  # of the recall target's allowed misses, the share the partition may cause
+MISSED_SHARE = 0.1  # of the recall target's allowed misses, the share the partition may cause (0.25 left the
+# clustered synth 200K x 96, 17 shards, at 0.988 by eval recall: the plan fits its own 2000-row sample)
 
 
 def coverage(recall: float) -> float:

@@ -29,9 +29,9 @@ from bigknn.shards import Store
 from bigknn.synth import synth
 
 CPU_SHARD_ROWS = 1_000_000  # shard size on the CPU backend, where no device memory bounds it
-# merges per shard of a partitioned build when no store's plan is at hand: the clustered synth (200K x 96, 16
-# shards, recall 0.99) planned 12 pairs (0.75 per shard); data with less locality needs more
-ASSUMED_PAIRS_PER_SHARD = 1.0
+# merges per shard of a partitioned build when no store's plan is at hand: the clustered synth (200K x 96, 17
+# shards, recall 0.99) plans 39 pairs (2.3 per shard); data with less locality needs more
+ASSUMED_PAIRS_PER_SHARD = 2.3
 
 
 def pairs_per_shard_from_store(store: Store) -> float | None:
