@@ -23,6 +23,8 @@ from bigknn.backends import get_backends
 from bigknn.cluster import use_scheduler
 from bigknn.metrics import METRICS
 from bigknn.params import GnndParams
+from bigknn.partition import METHODS as PARTITIONS
+from bigknn.partition.learn import DEFAULT_METHOD
 from bigknn.pipeline.build import BuildRequest, build as run_build
 from bigknn.progress import reporter
 from bigknn.results import BuildReport
@@ -41,7 +43,7 @@ def build(data: Any, k: int = DEFAULTS.k, metric: str = "l2", store: PathLike | 
           list_width: int = 0, samples: int = 0, iters: int = DEFAULTS.iters,
           merge_iters: int = DEFAULTS.merge_iters, seed: int = 0, gpu_mem: int | None = None,
           host_mem: int | None = None, wait: float = 0.0, progress: bool = False,
-          scheduler: str | None = None) -> Graph:
+          partition: str = DEFAULT_METHOD, scheduler: str | None = None) -> Graph:
     """Build the approximate k-NN graph of ``data``: every row gets its top-k over all rows.
 
     Parameters
@@ -73,6 +75,10 @@ def build(data: Any, k: int = DEFAULTS.k, metric: str = "l2", store: PathLike | 
         CPU threads the CPU backend's compiled loops use (default: all cores).
     shard_rows, list_width, samples, iters, merge_iters, seed
         Experts' overrides, as the CLI's ``bigknn build`` options (0: automatic).
+    partition : {"kmeans", "rptree", "contiguous"}
+        How rows are split into shards (bigknn/partition/): balanced k-means or an RP-tree learnt on a sample
+        put near rows together, so only near shard pairs are merged; contiguous ranges merge every pair.
+        Ids are the input's row numbers whatever the partition.
     gpu_mem, host_mem : int, optional
         Bytes of GPU memory per GPU and of host RAM for cached shards (default: what is free; half the RAM).
     wait : float
@@ -109,6 +115,8 @@ def build(data: Any, k: int = DEFAULTS.k, metric: str = "l2", store: PathLike | 
         raise ValueError(f"unknown metric {metric!r}; choose one of {', '.join(METRICS)}")
     if not 0.0 <= recall < 1.0:
         raise ValueError(f"recall must be in [0, 1), got {recall}")
+    if partition not in PARTITIONS:
+        raise ValueError(f"unknown partition {partition!r}; choose one of {', '.join(PARTITIONS)}")
     params = GnndParams(k=k, recall=recall, samples=samples, iters=iters, merge_iters=merge_iters,
                         list_width=list_width)
     backends = get_backends(backend, gpu_ids(gpus), gpu_mem, threads)
@@ -117,7 +125,7 @@ def build(data: Any, k: int = DEFAULTS.k, metric: str = "l2", store: PathLike | 
     try:
         with input_file(data, path, new_store=True) as input_path:
             req = BuildRequest(input=input_path, store=path, metric=metric, shard_rows=shard_rows, params=params,
-                               seed=seed, wait_s=wait, host_mem=host_mem)
+                               seed=seed, wait_s=wait, host_mem=host_mem, partition=partition)
             rep = reporter(progress)
             with use_scheduler(scheduler, backend, gpu_mem, rep):
                 summary = run_build(req, backends, rep)

@@ -126,6 +126,10 @@ class VectorFile:
             raise ValueError(f"rows [{start}, {stop}) are outside [0, {self.rows}) of {self.path}")
         return np.array(self.data[start:stop], dtype=self.read_dtype, order="C")
 
+    def take(self, rows: np.ndarray) -> np.ndarray:
+        """Scattered rows (sorted ascending, for sequential access) as a fresh C-contiguous array."""
+        return np.array(self.data[np.asarray(rows, dtype=np.int64)], dtype=self.read_dtype, order="C")
+
     def chunks(self, chunk_rows: int) -> Iterator[tuple[int, np.ndarray]]:
         """(start, block) pairs covering every row once, in order, at most ``chunk_rows`` rows each."""
         if chunk_rows < 1:

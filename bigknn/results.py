@@ -68,6 +68,7 @@ class Info(_Report):
     merges_done: int
     merges_pending: int
     complete: bool
+    partition: str  # kmeans, rptree or contiguous (bigknn/partition/)
     inputs: list[str]
     disk_bytes: int
     timings_s: dict[str, float]
@@ -80,7 +81,8 @@ class Info(_Report):
         return cls(store=str(store.path), format=m.format, rows=m.rows, dim=m.dim, dtype=m.dtype, metric=m.metric,
                    k=m.k, shards=len(m.shards), shards_built=m.shards_built, merges_done=len(m.merged),
                    merges_pending=m.merges_pending, complete=m.complete,
-                   inputs=[i["path"] for i in m.inputs], disk_bytes=store.disk_bytes(), timings_s=m.timings,
+                   partition=m.partition_method, inputs=[i["path"] for i in m.inputs],
+                   disk_bytes=store.disk_bytes(), timings_s=m.timings,
                    recall_estimate=RecallEstimate.from_manifest(m.estimate), search=m.search)
 
 
@@ -98,7 +100,9 @@ class BuildReport(_Report):
     metric: str
     shards: int
     merges_done: int
-    merges_total: int
+    merges_total: int  # the pairs the plan merges (a partitioned store's near pairs; else all_pairs)
+    all_pairs: int
+    partition: str
     backend: str
     workers: int
     resumed: bool

@@ -21,6 +21,7 @@ from bigknn.metrics import kernel_metric, prepare_rows, user_distance
 from bigknn.pipeline.evaluate import RECALL_K, SAMPLE_ROWS, recall_rows
 from bigknn.pipeline.export import export as run_export
 from bigknn.pipeline.ingest import ingest as run_ingest
+from bigknn.partition.rowmap import RowMap
 from bigknn.pipeline.readout import csr_parts, in_degrees, neighbours_per_row, shard_of, whole_graph
 from bigknn.progress import reporter
 from bigknn.results import BuildReport, ExportReport, InDegrees, Info, IngestReport, Neighbors, RecallReport
@@ -185,7 +186,7 @@ class Graph(SearchMethods):
         q = prepare_rows(host_array(x).astype(np.float32, copy=False), m.metric)
         blocks = ((s.offset, store.read_vectors(s.id)) for s in m.shards)
         found = get_backend(backend, gpu_mem).exact_knn(q, k, kernel_metric(m.metric), blocks)
-        return Neighbors(found.ids, user_distance(found.dists, m.metric))
+        return Neighbors(RowMap.of(store).to_input(found.ids), user_distance(found.dists, m.metric))
 
     def recall(self, sample: int = SAMPLE_ROWS, k: int = RECALL_K, truth: PathLike | None = None, seed: int = 0,
                rows: tuple[int, int] | None = None, backend: str = "auto", gpu_mem: int | None = None,

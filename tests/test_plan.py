@@ -10,6 +10,8 @@ from bigknn.pipeline.plan import CPU_SHARD_ROWS, auto_shard_rows, largest_shard_
 
 from conftest import run_cli, run_json
 
+DISK = {"read_gbps": 2.0, "write_gbps": 2.0, "source": "test"}
+
 
 @pytest.mark.parametrize("gib,dim,itemsize,k", [(8, 96, 4, 32), (120, 96, 4, 32), (40, 384, 2, 10), (2, 128, 1, 64)])
 def test_largest_shard_is_the_biggest_whose_merge_fits(gib, dim, itemsize, k):
@@ -28,13 +30,25 @@ def test_auto_shard_rows_without_a_gpu():
 def test_plan_scales_measured_rates():
     params = GnndParams(k=32, list_width=48)
     rates = {"gnnd_rows_per_s": 2.5e6, "ggm_rows_per_s": 4e6}
-    p = plan(10**9, 96, 4, params, 25_000_000, 1, rates)
+    p = plan(10**9, 96, 4, params, 25_000_000, 1, rates, DISK)
     assert p["shards"] == 40 and p["merges"] == 40 * 39 // 2 and p["rounds"] == 39
     assert p["estimate_s"]["gnnd"] == pytest.approx(400, rel=0.01)  # 1e9 rows at 2.5M rows/s
     assert p["estimate_s"]["ggm"] == pytest.approx(780 * 50e6 / 4e6, rel=0.01)  # each merge: 2 shards of rows
-    two = plan(10**9, 96, 4, params, 25_000_000, 2, rates)
+    two = plan(10**9, 96, 4, params, 25_000_000, 2, rates, DISK)
     assert two["estimate_s"]["ggm"] == pytest.approx(p["estimate_s"]["ggm"] / 2, rel=0.01)
     assert p["gpu_bytes_per_worker"] == merge_gpu_bytes(25_000_000, 96, 4, params)
+
+
+def test_partitioned_plan_merges_pairs_per_shard_and_reads_the_input_twice():
+    params = GnndParams(k=32, list_width=48)
+    rates = {"gnnd_rows_per_s": 2.5e6, "ggm_rows_per_s": 4e6}
+    full = plan(10**9, 96, 4, params, 25_000_000, 1, rates, DISK)
+    near = plan(10**9, 96, 4, params, 25_000_000, 1, rates, DISK, "kmeans", pairs_per_shard=1.5)
+    assert near["shards"] == 46 and near["merges"] == 69 and near["all_pairs"] == 46 * 45 // 2  # 1.15 x 40
+    assert near["estimate_s"]["ggm"] == pytest.approx(69 * 2 * near["shard_rows"] / 4e6, rel=0.01)
+    assert near["read_bytes"] - 69 * 2 * (near["shard_rows"] * (96 * 4 + 48 * 8)) == 2 * 10**9 * 96 * 4
+    assert full["read_bytes"] - full["merges"] * 2 * (full["shard_rows"] * (96 * 4 + 48 * 8)) == 10**9 * 96 * 4
+    assert near["estimate_s"]["total"] < full["estimate_s"]["total"] / 5
 
 
 def test_plan_command_calibrates_on_the_cpu():
@@ -44,6 +58,9 @@ def test_plan_command_calibrates_on_the_cpu():
     assert out["gpu_bytes_per_worker"] <= 120 << 30
     assert out["merges"] == out["shards"] * (out["shards"] - 1) // 2
     assert out["estimate_s"]["total"] > 0 and out["rates"]["source"].startswith("calibration on cpu")
+    disk = out["assumptions"]["disk"]
+    assert disk["read_gbps"] > 0 and disk["write_gbps"] > 0 and disk["source"].startswith("measured in")
+    assert out["assumptions"]["host_ram_bytes"] > 0 and out["assumptions"]["gpu_bytes"] == 120 << 30
     code, _, err = run_cli("plan", "--dim", 96)
     assert code == 2 and "--rows" in err
 

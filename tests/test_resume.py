@@ -58,16 +58,15 @@ def killed_when(stage: str, m: dict | None) -> bool:
     return 1 <= len(m["merged"]) < MERGES
 
 
-@pytest.mark.parametrize("stage", ["gnnd", "merge"])
-def test_kill_and_resume(reference, tmp_path, stage):
-    store = tmp_path / "store"
-    proc = subprocess.Popen([sys.executable, "-m", "bigknn", "build", str(reference["data"]), "-o", str(store),
-                             *map(str, BUILD_ARGS), "--json"],
+def build_killed_when(data, store, args, when) -> None:
+    """Start ``bigknn build``; kill -9 it once ``when(manifest)`` holds."""
+    proc = subprocess.Popen([sys.executable, "-m", "bigknn", "build", str(data), "-o", str(store),
+                             *map(str, args), "--json"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=cli_env())
     try:
         deadline = time.monotonic() + 240
-        while not killed_when(stage, manifest_or_none(store)):
-            assert proc.poll() is None, f"the build ended (exit {proc.returncode}) before the {stage} stage was seen"
+        while not when(manifest_or_none(store)):
+            assert proc.poll() is None, f"the build ended (exit {proc.returncode}) before the stage was seen"
             assert time.monotonic() < deadline, "timed out waiting for the build's progress"
             time.sleep(0.005)
         proc.send_signal(signal.SIGKILL)
@@ -76,6 +75,12 @@ def test_kill_and_resume(reference, tmp_path, stage):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.parametrize("stage", ["gnnd", "merge"])
+def test_kill_and_resume(reference, tmp_path, stage):
+    store = tmp_path / "store"
+    build_killed_when(reference["data"], store, BUILD_ARGS, lambda m: killed_when(stage, m))
 
     # the store is readable and consistent at the last commit
     info = killed = run_json("info", store)
@@ -121,3 +126,20 @@ def test_kill_and_resume(reference, tmp_path, stage):
         # only the quality is compared
         done = killed["merges_done"]
         assert m["merged"][:done] == ref_m["merged"][:done]
+
+
+def test_kill_during_partitioned_merges_resumes_the_committed_plan(reference, tmp_path):
+    """The near-pair plan is committed before the first merge: the resumed run merges exactly those pairs
+    and reaches the contiguous build's recall."""
+    store = tmp_path / "store"
+    build_killed_when(reference["data"], store, [*BUILD_ARGS, "--partition", "kmeans"],
+                      lambda m: bool(m and m.get("pairs") and 1 <= len(m["merged"]) < len(m["pairs"])))
+    killed = manifest_or_none(store)
+    planned, shards = killed["pairs"], len(killed["shards"])
+    assert len(planned) < shards * (shards - 1) // 2  # near pairs only: the clustered set has locality
+    s = run_json("merge", store, "--backend", "cpu")
+    m = json.loads((store / "manifest.json").read_text())
+    assert m["pairs"] == planned and sorted(map(list, m["merged"])) == sorted(planned)
+    assert s["merges_done"] == len(planned) and run_json("info", store)["complete"] is True
+    recall = run_json("eval", "recall", store, "--backend", "cpu", "--sample", 2000)["recall"]
+    assert recall >= reference["recall"] - 0.01, (recall, reference["recall"])

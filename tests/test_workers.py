@@ -15,7 +15,7 @@ from bigknn.formats import write_vectors
 from bigknn.params import GnndParams
 from bigknn.pipeline.build import BuildRequest, build
 from bigknn.pipeline.evaluate import recall
-from bigknn.pipeline.workers import Scheduler
+from bigknn.pipeline.scheduler import Scheduler
 from bigknn.progress import Reporter
 from bigknn.shards import Store
 from bigknn.synth import synth
@@ -164,7 +164,8 @@ def test_resume_redoes_only_uncommitted_pairs(data, tmp_path):
 def test_cache_never_evicts_a_result_the_writer_has_not_stored(data, tmp_path):
     from bigknn.graph import ShardPart
     from bigknn.graph import KnnGraph
-    from bigknn.pipeline.workers import Accounting, ShardCache
+    from bigknn.pipeline.accounting import Accounting
+    from bigknn.pipeline.cache import ShardCache
 
     build(BuildRequest(input=data, store=tmp_path / "s.knn", shard_rows=700, params=GnndParams(k=10)),
           [CpuBackend()], Reporter())

@@ -14,6 +14,8 @@ from bigknn.cli.common import (backend_option, emit, gpu_mem_option, gpus_option
                                wait_option)
 from bigknn.cluster import use_scheduler
 from bigknn.metrics import METRICS
+from bigknn.partition import METHODS as PARTITIONS
+from bigknn.partition.learn import DEFAULT_METHOD
 from bigknn.pipeline.finish import finish
 
 
@@ -24,7 +26,7 @@ from bigknn.pipeline.finish import finish
 @click.option("--k", type=click.IntRange(min=1), default=DEFAULTS.k, show_default=True, help="Neighbours per row.")
 @click.option("--metric", type=click.Choice(METRICS), default="l2", show_default=True)
 @click.option("--shard-rows", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Most rows per shard (balanced, contiguous). 0: the largest whose merge fits the GPU "
+              help="Most rows per shard (shards are balanced). 0: the largest whose merge fits the GPU "
                    "memory budget (--gpu-mem, or what is free), 1M on the CPU.")
 @click.option("--recall", type=click.FloatRange(min=0.0, max=1.0, max_open=True), default=DEFAULTS.recall,
               show_default=True,
@@ -39,6 +41,10 @@ from bigknn.pipeline.finish import finish
               help="p: NEW/OLD samples per list per iteration (0: width/4, at least 4).")
 @click.option("--list-width", type=click.IntRange(min=0), default=0, show_default=True,
               help="Entries per list while building (0: max(k, 32)); wider lists reach higher recall@k.")
+@click.option("--partition", type=click.Choice(PARTITIONS), default=DEFAULT_METHOD, show_default=True,
+              help="How rows are split into shards: balanced k-means or an RP-tree learnt on a sample keep near "
+                   "rows together, so only the near shard pairs the recall target needs are merged; contiguous "
+                   "ranges merge every pair. Ids are the input's row numbers either way.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @backend_option
 @threads_option
@@ -49,13 +55,15 @@ from bigknn.pipeline.finish import finish
 @scheduler_option
 @json_option
 def build(input: Path, store: Path, k: int, metric: str, shard_rows: int, recall: float, iters: int, merge_iters: int,
-          samples: int, list_width: int, seed: int, backend: str, threads: int | None, gpus: str | None,
-          gpu_mem: str | None, host_mem: str | None, wait_s: float, scheduler: str | None, as_json: bool) -> None:
+          samples: int, list_width: int, partition: str, seed: int, backend: str, threads: int | None,
+          gpus: str | None, gpu_mem: str | None, host_mem: str | None, wait_s: float, scheduler: str | None,
+          as_json: bool) -> None:
     """Build the k-NN graph of INPUT (.fbin .u8bin .i8bin .f16bin .fvecs .bvecs .ivecs .npy) into a store.
 
-    Rows are split into shards, each gets a GNND graph, then every pair of shards is merged (GGM), so each
-    row ends with its top-k over the whole set. Each step is committed: rerunning the same command after a
-    crash resumes; a store built from another input or with other parameters is refused.
+    Rows are split into shards (contiguous ranges, or near rows together with --partition kmeans/rptree),
+    each gets a GNND graph, then shard pairs are merged (GGM: every pair, or the near pairs the recall target
+    needs), so each row ends with its top-k over the whole set. Each step is committed: rerunning the same
+    command after a crash resumes; a store built from another input or with other parameters is refused.
 
     \b
     Examples:
@@ -63,13 +71,14 @@ def build(input: Path, store: Path, k: int, metric: str, shard_rows: int, recall
       bigknn build data.fbin -o data.knn --k 32 --shard-rows 25000 --backend cpu --threads 4
       bigknn build emb.npy -o emb.knn --metric cosine --k 16 --json
       bigknn build data.fbin -o data.knn --recall 0.995
+      bigknn build data.fbin -o data.knn --partition kmeans --shard-rows 1000000
       bigknn build deep10m.fbin -o deep.knn --shard-rows 1000000 --gpus all --host-mem 64G
       bigknn build /shared/deep10m.fbin -o /shared/deep.knn --scheduler tcp://head:8786
     """
     graph = api.build(input, k=k, metric=metric, store=store, recall=recall, backend=backend, gpus=gpus,
                       threads=threads, shard_rows=shard_rows, list_width=list_width, samples=samples, iters=iters,
-                      merge_iters=merge_iters, seed=seed, gpu_mem=parse_bytes(gpu_mem), host_mem=parse_bytes(host_mem),
-                      wait=wait_s, progress=show_progress(as_json), scheduler=scheduler)
+                      merge_iters=merge_iters, seed=seed, partition=partition, gpu_mem=parse_bytes(gpu_mem),
+                      host_mem=parse_bytes(host_mem), wait=wait_s, progress=show_progress(as_json), scheduler=scheduler)
     emit(graph.report.to_dict(), as_json, "build")
 
 

@@ -13,7 +13,12 @@ from bigknn.cli.common import (backend_option, emit, gpu_mem_option, gpus_option
 from bigknn.formats import open_vectors
 from bigknn.params import GnndParams
 from bigknn.human import human_bytes, human_duration
-from bigknn.pipeline.plan import CALIBRATION_STEPS, auto_shard_rows, calibrate, plan as make_plan, rates_from_store
+from bigknn.partition import METHODS as PARTITIONS
+from bigknn.partition.learn import DEFAULT_METHOD
+from bigknn.pipeline.diskrate import measure_disk
+from bigknn.pipeline.plan import (ASSUMED_PAIRS_PER_SHARD, CALIBRATION_STEPS, auto_shard_rows, calibrate,
+                                  pairs_per_shard_from_store, plan as make_plan, rates_from_store)
+from bigknn.pipeline.steps import physical_memory
 from bigknn.shards import Store
 
 DTYPES = ("float32", "float16", "uint8", "int8")
@@ -33,14 +38,23 @@ SLOW_ON_CPU_S = 86400.0  # a CPU estimate above this gets a note that a GPU is t
               help="Take rates from this store's recorded timings instead of calibrating.")
 @click.option("--calibrate-rows", type=click.IntRange(min=1000), default=None,
               help="Rows of the calibration shard (default 1M on a GPU, 20K on the CPU).")
-@click.option("--disk-gbps", type=float, default=2.0, show_default=True, help="Disk bandwidth to assume.")
+@click.option("--disk-gbps", type=click.FloatRange(min=0.001), default=None,
+              help="Disk bandwidth (GB/s, read and write) to assume instead of measuring it (256 MiB written "
+                   "and read back uncached in INPUT's directory, else the current one).")
+@click.option("--partition", type=click.Choice(PARTITIONS), default=DEFAULT_METHOD, show_default=True,
+              help="The build's partition (bigknn build --partition): contiguous merges every shard pair, "
+                   "kmeans/rptree the near pairs only.")
+@click.option("--pairs-per-shard", type=click.FloatRange(min=0.0, min_open=True), default=None,
+              help="Merges per shard of a partitioned build (default: --store's committed plan, else "
+                   f"{ASSUMED_PAIRS_PER_SHARD}, the clustered synth's; the JSON's assumptions say which).")
 @backend_option
 @gpus_option
 @gpu_mem_option
 @json_option
 def plan(input: Path | None, rows: int | None, dim: int | None, dtype: str, k: int, list_width: int,
-         shard_rows: int | None, store: Path | None, calibrate_rows: int | None, disk_gbps: float, backend: str,
-         gpus: str | None, gpu_mem: str | None, as_json: bool) -> None:
+         shard_rows: int | None, store: Path | None, calibrate_rows: int | None, disk_gbps: float | None,
+         partition: str, pairs_per_shard: float | None, backend: str, gpus: str | None, gpu_mem: str | None,
+         as_json: bool) -> None:
     """Shards, merges, disk, host and GPU memory per worker, and the estimated time of a build.
 
     Rates come from a store's recorded timings (--store) or from a short calibration run on this
@@ -51,6 +65,7 @@ def plan(input: Path | None, rows: int | None, dim: int | None, dtype: str, k: i
       bigknn plan --rows 1000000000 --dim 96 --k 32
       bigknn plan deep1b.fbin --gpus all --gpu-mem 120G
       bigknn plan --rows 1000000000 --dim 96 --store t2.knn --shard-rows 50000000
+      bigknn plan --rows 1000000000 --dim 96 --k 32 --partition kmeans --store t2.knn
     """
     if input is not None:
         vf = open_vectors(input)
@@ -63,13 +78,29 @@ def plan(input: Path | None, rows: int | None, dim: int | None, dtype: str, k: i
     backends = get_backends(backend, gpus, parse_bytes(gpu_mem))
     if shard_rows is None:
         shard_rows = auto_shard_rows(backends, dim, itemsize, params, parse_bytes(gpu_mem))
-    if store is not None:
-        rates = rates_from_store(Store.open(store, pin=False))
+    measured = Store.open(store, pin=False) if store is not None else None
+    pairs_source = "--pairs-per-shard"
+    if pairs_per_shard is None:
+        from_store = pairs_per_shard_from_store(measured) if measured is not None else None
+        pairs_per_shard = ASSUMED_PAIRS_PER_SHARD if from_store is None else from_store
+        pairs_source = f"the plan of {store}" if from_store is not None else "assumed (the clustered synth's)"
+    if disk_gbps is None:
+        disk = measure_disk(input.parent if input is not None else Path.cwd())
+    else:
+        disk = {"read_gbps": disk_gbps, "write_gbps": disk_gbps, "source": "--disk-gbps"}
+    gpu_bytes = [b for b in (be.memory_budget() for be in backends) if b is not None] or [parse_bytes(gpu_mem)]
+    assumptions = {"host_ram_bytes": physical_memory(), "gpu_bytes": gpu_bytes[0],
+                   "pairs_per_shard": round(pairs_per_shard, 3), "pairs_source": pairs_source,
+                   "labelling": "the partition's labelling pass is counted as one more read of the input; its "
+                                "nearest-centroid search runs on the backend and is not timed"}
+    if measured is not None:
+        rates = rates_from_store(measured)
     else:
         c_rows = calibrate_rows or (1_000_000 if backends[0].name == "cuda" else 20_000)
         with reporter_for(as_json).phase("calibrate", CALIBRATION_STEPS, "steps") as advance:
             rates = calibrate(backends[0], c_rows, dim, params, advance)
-    result = make_plan(rows, dim, itemsize, params, min(shard_rows, rows), len(backends), rates, disk_gbps * 1e9)
+    result = make_plan(rows, dim, itemsize, params, min(shard_rows, rows), len(backends), rates, disk, partition,
+                       pairs_per_shard, assumptions)
     if as_json:
         emit(result, as_json, "plan")
     else:
@@ -80,10 +111,12 @@ def show(p: dict, backend: str, dtype: str) -> None:
     """The plan for people: sizes in GB, time in the largest readable unit."""
     est = p["estimate_s"]
     rates = p["rates"]
+    assumed = p["assumptions"]
+    disk = assumed["disk"]
     lines = [
         f"plan: {p['rows']:,} rows x {p['dim']} ({dtype}), k {p['k']}, lists of {p['list_width']}",
-        f"  shards       {p['shards']:,} of {p['shard_rows']:,} rows; {p['merges']:,} merges in {p['rounds']:,} "
-        f"rounds on {p['workers']} worker{'s' * (p['workers'] > 1)}",
+        f"  shards       {p['shards']:,} of {p['shard_rows']:,} rows ({p['partition']}); {p['merges']:,} of "
+        f"{p['all_pairs']:,} pairs merged, on {p['workers']} worker{'s' * (p['workers'] > 1)}",
         f"  disk         {human_bytes(p['disk_bytes'])} for the store; {human_bytes(p['io_bytes'])} read and "
         "written during the build",
         f"  host memory  {human_bytes(p['host_bytes_per_worker'])} per worker, {human_bytes(p['host_bytes_total'])} "
@@ -94,6 +127,11 @@ def show(p: dict, backend: str, dtype: str) -> None:
         f"{human_duration(est['ggm'])}, disk I/O {human_duration(est['io'])} (overlapped with compute)",
         f"  rates        {rates['source']}: GNND {rates['gnnd_rows_per_s']:,} rows/s, merges "
         f"{rates['ggm_rows_per_s']:,} rows/s",
+        f"  disk rates   read {disk['read_gbps']} GB/s, write {disk['write_gbps']} GB/s ({disk['source']})",
+        f"  assumed      host RAM {human_bytes(assumed['host_ram_bytes'])}"
+        + (f", GPU memory {human_bytes(assumed['gpu_bytes'])}" if assumed["gpu_bytes"] else "")
+        + (f", {assumed['pairs_per_shard']} merges per shard ({assumed['pairs_source']})"
+           if p["partition"] != "contiguous" else ""),
     ]
     if backend == "cpu" and est["total"] > SLOW_ON_CPU_S:
         lines.append(f"  note         {human_duration(est['total'])} on the CPU: a GPU would take a small fraction of "

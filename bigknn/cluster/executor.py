@@ -27,7 +27,9 @@ from bigknn.cluster import tasks
 from bigknn.cluster.connect import Cluster
 from bigknn.cluster.tasks import ShardRef, StoreSpec, TaskResult
 from bigknn.pipeline.estimate import SampleTruth
-from bigknn.pipeline.workers import Accounting, Scheduler, pending_pairs, seed_for
+from bigknn.pipeline.accounting import Accounting
+from bigknn.pipeline.scheduler import Scheduler
+from bigknn.pipeline.workers import seed_for
 from bigknn.progress import Reporter
 from bigknn.shards import ShardEntry, Store
 
@@ -47,7 +49,7 @@ def run_on_cluster(cluster: Cluster, store: Store, ledger, reporter: Reporter, a
     if incoming:
         source = chain(source or (), incoming[0])
     slots = cluster.slots()
-    sched = Scheduler(pending_pairs(ledger, len(shards) + len(new_sizes)),
+    sched = Scheduler(ledger.todo_pairs(len(shards) + len(new_sizes)),
                       ready=[s.id for s in shards if ledger.version(s.id) is not None],
                       feeding=source is not None, queue_limit=slots + 1)
     tasks_total = len(sched.pending) + len(todo) + len(new_sizes)

@@ -19,14 +19,17 @@ from bigknn.formats import VectorFile, file_sha256, open_vectors
 from bigknn.graph import ID_DTYPE
 from bigknn.metrics import stored_dtype
 from bigknn.params import GnndParams
+from bigknn.partition.assign import backend_nearest, layout, learn_from_file, shard_count
+from bigknn.partition.learn import DEFAULT_METHOD, METHODS, Partition
 from bigknn.pipeline.estimate import SampleTruth, record_estimate
 from bigknn.pipeline.plan import auto_shard_rows
 from bigknn.pipeline.sharding import shard_sizes, stream_shards
-from bigknn.pipeline.steps import (Ledger, cache_shards, check_merge_count, record_timings, run_pending,
+from bigknn.pipeline.steps import (cache_shards, check_merge_count, record_timings, run_build_steps,
                                    smallest_shard_rows)
-from bigknn.pipeline.workers import Accounting
+from bigknn.pipeline.accounting import Accounting
 from bigknn.progress import Reporter
 from bigknn.shards import Manifest, Store, WriterLock
+from bigknn.shards.manifest import PARTITIONED_SINCE
 from bigknn.shards.creation import NewStore
 
 MAX_ROWS = np.iinfo(ID_DTYPE).max  # ids are int32
@@ -42,6 +45,7 @@ class BuildRequest:
     seed: int = 0
     wait_s: float = 0.0
     host_mem: int | None = None
+    partition: str = DEFAULT_METHOD  # bigknn/partition/: kmeans, rptree or contiguous
 
 
 def build(req: BuildRequest, backends: list[Backend], reporter: Reporter) -> dict:
@@ -58,10 +62,22 @@ def build(req: BuildRequest, backends: list[Backend], reporter: Reporter) -> dic
     elif not req.shard_rows:
         req = replace(req, shard_rows=auto_shard_rows(backends, vf.dim, vf.read_dtype.itemsize, req.params))
     _check_request(req, vf)
-    manifest = Store.open(req.store).manifest if resuming else _new_manifest(req, vf)
+    sizes = shard_sizes(vf.rows, req.shard_rows, req.params.width())
+    method = req.partition if len(sizes) > 1 else "contiguous"  # one shard: nothing to partition
+    manifest = Store.open(req.store).manifest if resuming else _new_manifest(req, vf, method)
     if resuming:  # refuse another build before the lock is taken: a refusal writes nothing, .lock included
-        _check_same_build(manifest, req, vf)
-    sizes = [s.rows for s in manifest.shards] or shard_sizes(vf.rows, req.shard_rows, req.params.width())
+        _check_same_build(manifest, req, vf, method)
+    part, rows_of = None, None
+    if manifest.shards:
+        sizes = [s.rows for s in manifest.shards]
+    elif method != "contiguous":  # learn the partition and label every row (bad rows refused here)
+        t = time.perf_counter()
+        with acct.span("partition"):
+            part = learn_from_file(vf, method, shard_count(vf.rows, req.shard_rows, req.params.width()),
+                                   req.metric, req.seed)
+            rows_of = layout(vf, part, req.metric, req.shard_rows, req.params.width(), backend_nearest(backends[0]))
+        acct.add("partition", time.perf_counter() - t, vf.rows * vf.dim * vf.dtype.itemsize)
+        sizes = [len(r) for r in rows_of]
     cache_shards(manifest, req.store, max(sizes), len(backends), req.host_mem)
     check_merge_count(req.store, len(sizes), len(sizes) * (len(sizes) - 1) // 2,
                       f"use --shard-rows {smallest_shard_rows(vf.rows):,} or more", reporter)
@@ -69,7 +85,7 @@ def build(req: BuildRequest, backends: list[Backend], reporter: Reporter) -> dic
     with WriterLock(req.store, req.wait_s):
         if Store.exists(req.store):  # again, under the lock: another writer may have created it meanwhile
             store = Store.open(req.store, pin=False)
-            _check_same_build(store.manifest, req, vf)
+            _check_same_build(store.manifest, req, vf, method)
             new_store = None
         else:
             store = Store.create(req.store, manifest)
@@ -78,8 +94,10 @@ def build(req: BuildRequest, backends: list[Backend], reporter: Reporter) -> dic
             sample = SampleTruth.draw(vf, store.manifest, req.seed) if (
                 req.params.recall > 0 and store.manifest.estimate is None) else None
             if not store.manifest.shards:  # shard, with GNND running on each shard as it is written
-                incoming = (stream_shards(store, vf, sizes, acct), sizes)
-            run_pending(store, Ledger(store), backends, reporter, acct, req.host_mem, incoming, sample)
+                if part is not None:
+                    _record_partition(store, part)
+                incoming = (stream_shards(store, vf, sizes, acct, layout=rows_of), sizes)
+            run_build_steps(store, backends, reporter, acct, req.host_mem, incoming, sample)
             if sample is not None:
                 record_estimate(store, backends[0], sample)
             record_timings(store, acct)
@@ -103,6 +121,8 @@ def _check_request(req: BuildRequest, vf: VectorFile) -> None:
         raise BadInput(req.input, f"{vf.rows} rows exceed the {MAX_ROWS} that int32 ids can address")
     if req.shard_rows <= k:
         raise BadInput(req.input, f"--shard-rows {req.shard_rows} must exceed k = {k}")
+    if req.partition not in METHODS:
+        raise BadInput(req.input, f"--partition {req.partition} is not one of {', '.join(METHODS)}")
 
 
 def fingerprint(vf: VectorFile, sha256: str | None) -> dict:
@@ -111,11 +131,11 @@ def fingerprint(vf: VectorFile, sha256: str | None) -> dict:
             "sha256": sha256, "rows": vf.rows, "dtype": np.dtype(vf.read_dtype).str, "first_id": 0}
 
 
-def _check_same_build(m: Manifest, req: BuildRequest, vf: VectorFile) -> None:
+def _check_same_build(m: Manifest, req: BuildRequest, vf: VectorFile, method: str) -> None:
     want = {"dim": vf.dim, "metric": req.metric, "k": req.params.k, "shard_rows": req.shard_rows,
-            "params": req.params.to_dict(), "seed": req.seed}
+            "params": req.params.to_dict(), "seed": req.seed, "partition": method}
     have = {"dim": m.dim, "metric": m.metric, "k": m.k, "shard_rows": m.shard_rows, "params": m.params,
-            "seed": m.seed}
+            "seed": m.seed, "partition": m.partition_method}
     diff = [f"{key} {have[key]} (asked {want[key]})" for key in want if have[key] != want[key]]
     src = m.inputs[0] if m.inputs else {}
     if src.get("path") != str(Path(vf.path).resolve()) or src.get("size") != vf.state.size:
@@ -130,17 +150,29 @@ def _check_same_build(m: Manifest, req: BuildRequest, vf: VectorFile) -> None:
 
 
 # ---- steps ----------------------------------------------------------------------------------------
-def _new_manifest(req: BuildRequest, vf: VectorFile) -> Manifest:
-    return Manifest(dim=vf.dim, dtype=stored_dtype(req.metric, vf.read_dtype).str, metric=req.metric,
-                    k=req.params.k, shard_rows=req.shard_rows, params=req.params.to_dict(), seed=req.seed,
-                    inputs=[fingerprint(vf, sha256=None)])  # the sharding pass records the sha256
+def _new_manifest(req: BuildRequest, vf: VectorFile, method: str) -> Manifest:
+    m = Manifest(dim=vf.dim, dtype=stored_dtype(req.metric, vf.read_dtype).str, metric=req.metric,
+                 k=req.params.k, shard_rows=req.shard_rows, params=req.params.to_dict(), seed=req.seed,
+                 inputs=[fingerprint(vf, sha256=None)])  # the sharding pass records the sha256
+    if method != "contiguous":  # the arrays come with the sharding pass's commit (_record_partition)
+        m.format, m.partition = PARTITIONED_SINCE, {"method": method, "arrays": [], "shards": 0}
+    return m
+
+
+def _record_partition(store: Store, part: Partition) -> None:
+    """Write the learnt partition's arrays; the sharding pass's commit makes them (and the shards) visible."""
+    arrays = part.arrays()
+    for name, data in arrays.items():
+        store.write_partition(name, data)
+    store.manifest.partition = {"method": part.method, "arrays": sorted(arrays), "shards": part.shards}
 
 
 def summary(store: Store, acct: Accounting, wall: float, resumed: bool, backends: list[Backend]) -> dict:
     m = store.manifest
     n = len(m.shards)
     return {"store": str(store.path), "rows": m.rows, "dim": m.dim, "k": m.k, "metric": m.metric,
-            "shards": n, "merges_done": len(m.merged), "merges_total": n * (n - 1) // 2,
+            "shards": n, "merges_done": len(m.merged), "merges_total": m.merges_total, "all_pairs": n * (n - 1) // 2,
+            "partition": m.partition_method,
             "backend": backends[0].name, "workers": len(backends), "resumed": resumed, "wall_s": round(wall, 3),
             "phase_s": {p: round(s, 3) for p, s in acct.seconds.items()}, "phase_wall_s": acct.spans,
             "read_gb": round(acct.bytes_read / 1e9, 3), "written_gb": round(acct.bytes_written / 1e9, 3),

@@ -17,6 +17,7 @@ from bigknn.backends import Backend
 from bigknn.formats import VectorFile
 from bigknn.graph import EMPTY, KnnGraph, merge_lists
 from bigknn.metrics import kernel_metric, prepare_rows
+from bigknn.partition.rowmap import RowMap
 from bigknn.recall import ESTIMATE_ROWS, RECALL_AT, Estimate, estimate, without_self
 from bigknn.shards import Manifest, Store
 
@@ -42,6 +43,17 @@ class SampleTruth:
         x = prepare_rows(raw, m.metric).astype(np.dtype(m.dtype), copy=False)
         return cls(rows.astype(np.int64), np.ascontiguousarray(x), m.metric, m.k)
 
+    @classmethod
+    def from_store(cls, store: Store, size: int = ESTIMATE_ROWS) -> "SampleTruth":
+        """The build's sample drawn again from the store's own rows (a resumed run without the input at hand)."""
+        m = store.manifest
+        rows = np.sort(np.random.default_rng((m.seed, 2)).choice(m.rows, size=min(size, m.rows), replace=False))
+        return cls(rows.astype(np.int64), store.vectors_of(RowMap.of(store).to_position(rows)), m.metric, m.k)
+
+    def positions(self, store: Store) -> np.ndarray:
+        """The sample's store positions (its rows are input rows)."""
+        return RowMap.of(store).to_position(self.rows)
+
     def add(self, backend: Backend, shard_id: int, offset: int, x: np.ndarray) -> None:
         """Fold the exact neighbours among one shard's rows (global ids from ``offset``) into the truth."""
         self.fold(shard_id, backend.exact_knn(self.vectors, self.m + 1, self.metric, [(offset, x)]))
@@ -62,16 +74,21 @@ class SampleTruth:
             if s.id not in self.covered:
                 self.add(backend, s.id, s.offset, store.read_vectors(s.id))
 
+    def truth(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The sample's exact top-m (store positions, keys), each row itself left out."""
+        return without_self(self.ids, self.keys, positions, self.m)
+
     def measure(self, store: Store) -> Estimate:
         """Recall@m of the store's committed graph on the sample."""
-        truth, keys = without_self(self.ids, self.keys, self.rows, self.m)
+        rows = self.positions(store)
+        truth, keys = self.truth(rows)
         kth = keys[:, -1].copy()
-        got_ids = np.empty((len(self.rows), self.m), np.int64)
-        got_keys = np.empty((len(self.rows), self.m), np.float32)
+        got_ids = np.empty((len(rows), self.m), np.int64)
+        got_keys = np.empty((len(rows), self.m), np.float32)
         for s in store.manifest.shards:
-            sel = np.nonzero((self.rows >= s.offset) & (self.rows < s.offset + s.rows))[0]
+            sel = np.nonzero((rows >= s.offset) & (rows < s.offset + s.rows))[0]
             if sel.size:
-                ids, keys = store.read_graph_rows(s.id, self.rows[sel] - s.offset)
+                ids, keys = store.read_graph_rows(s.id, rows[sel] - s.offset)
                 got_ids[sel], got_keys[sel] = ids[:, :self.m], keys[:, :self.m]
         return estimate(got_ids, got_keys, truth, kth)
 

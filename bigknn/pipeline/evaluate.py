@@ -18,6 +18,7 @@ from bigknn.errors import BadInput
 from bigknn.formats import read_truth
 from bigknn.graph import EMPTY, drop_self
 from bigknn.metrics import kernel_metric, row_keys
+from bigknn.partition.rowmap import RowMap
 from bigknn.shards import Store
 
 TIE_RTOL = 1e-5  # relative slack on the k-th key: float32 keys of equal distances differ in rounding
@@ -55,16 +56,19 @@ def recall_rows(store: Store, backend: Backend, sample: int = SAMPLE_ROWS, k: in
         raise BadInput(store.path, f"--rows {lo}:{hi} is outside the {pool} rows")
     rng = np.random.default_rng(seed)
     rows = np.sort(rng.choice(np.arange(lo, hi), size=min(sample, hi - lo), replace=False))
-    q = store.vectors_of(rows).astype(np.float32)
+    rowmap = RowMap.of(store)  # rows and truth are input rows; the store is read by position
+    positions = rowmap.to_position(rows)
+    q = store.vectors_of(positions).astype(np.float32)
     if truth is not None:
         exact_ids = without_self(np.asarray(truth_ids[rows]), rows, k)
         _check_truth_ids(truth, exact_ids, rows, m.rows)
+        exact_ids = rowmap.to_position(exact_ids)
     else:
         blocks = ((s.offset, store.read_vectors(s.id)) for s in m.shards)
-        exact_ids = without_self(backend.exact_knn(q, k + 1, metric, blocks).ids, rows, k)
+        exact_ids = without_self(backend.exact_knn(q, k + 1, metric, blocks).ids, positions, k)
     t_exact = time.perf_counter() - t0
     kth_key = row_keys(q, store.vectors_of(exact_ids[:, -1]), metric)
-    graph_ids = graph_rows(store, rows)[:, :k]
+    graph_ids = graph_rows(store, positions)[:, :k]
     valid = graph_ids != EMPTY
     nb = store.vectors_of(np.where(valid, graph_ids, 0).ravel()).reshape(len(rows), k, -1)
     keys = row_keys(q[:, None, :], nb, metric)
@@ -91,7 +95,7 @@ def without_self(ids: np.ndarray, rows: np.ndarray, k: int) -> np.ndarray:
 
 
 def graph_rows(store: Store, rows: np.ndarray) -> np.ndarray:
-    """The committed graph's neighbour ids of the given global rows."""
+    """The committed graph's neighbour ids (store positions) of the given store positions."""
     out = np.empty((len(rows), store.manifest.k), dtype=np.int64)
     for shard in store.manifest.shards:
         sel = np.nonzero((rows >= shard.offset) & (rows < shard.offset + shard.rows))[0]

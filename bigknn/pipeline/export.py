@@ -29,18 +29,18 @@ def export(store: Store, out: Path, include_self: bool = False) -> dict:
     cols = neighbours_per_row(store, None) + include_self
     if fmt == "ibin":
         with truth_writer(out, m.rows, cols) as (ids, dists):
-            for first, block_ids, block_dists in shard_blocks(store, include_self=include_self):
-                ids[first:first + len(block_ids)] = block_ids
-                dists[first:first + len(block_ids)] = block_dists
+            for rows, block_ids, block_dists in shard_blocks(store, include_self=include_self):
+                ids[rows] = block_ids
+                dists[rows] = block_dists
         files = [str(out)]
     elif fmt == "npy":
         dist_path = out.with_name(out.stem + ".dists.npy")
         with npy_writer(out, np.int32, (m.rows, cols)) as ids, \
                 npy_writer(dist_path, np.float32, (m.rows, cols)) as dists:
             # both files are renamed into place only after both are complete
-            for first, block_ids, block_dists in shard_blocks(store, include_self=include_self):
-                ids[first:first + len(block_ids)] = block_ids
-                dists[first:first + len(block_ids)] = block_dists
+            for rows, block_ids, block_dists in shard_blocks(store, include_self=include_self):
+                ids[rows] = block_ids
+                dists[rows] = block_dists
         files = [str(out), str(dist_path)]
     else:  # the file scipy.sparse.save_npz writes for a CSR matrix, written without needing scipy
         data, indices, indptr = csr_parts(*whole_graph(store, include_self=include_self))

@@ -9,8 +9,8 @@ from bigknn.backends import Backend
 from bigknn.errors import BadInput
 from bigknn.pipeline.build import summary
 from bigknn.pipeline.ingest import resume_pending
-from bigknn.pipeline.steps import Ledger, cache_shards, record_timings, run_pending
-from bigknn.pipeline.workers import Accounting
+from bigknn.pipeline.steps import cache_shards, record_timings, run_build_steps
+from bigknn.pipeline.accounting import Accounting
 from bigknn.progress import Reporter
 from bigknn.shards import Store, WriterLock
 
@@ -27,7 +27,7 @@ def finish(store_path: Path, backends: list[Backend], reporter: Reporter, wait_s
         if store.manifest.pending:
             resume_pending(store, backends, reporter, acct, host_mem)
         else:
-            run_pending(store, Ledger(store), backends, reporter, acct, host_mem)
+            run_build_steps(store, backends, reporter, acct, host_mem)
         record_timings(store, acct)
         store.close()
     return summary(store, acct, time.perf_counter() - t0, resumed=True, backends=backends)

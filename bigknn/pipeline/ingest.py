@@ -23,10 +23,13 @@ from bigknn.formats import VECTOR_EXTENSIONS, FileState, VectorFile, check_and_h
 from bigknn.ggm import SEED_SHARDS, seeded_merge_fits
 from bigknn.metrics import prepare_rows
 from bigknn.params import GnndParams
+from bigknn.partition import load as load_partition
+from bigknn.partition.assign import LABEL_CHUNK_ROWS
+from bigknn.partition.pairs import near_shards
 from bigknn.pipeline.build import MAX_ROWS, fingerprint
 from bigknn.pipeline.sharding import shard_sizes
 from bigknn.pipeline.steps import Ledger, cache_shards, check_merge_count, record_timings, run_pending
-from bigknn.pipeline.workers import Accounting
+from bigknn.pipeline.accounting import Accounting
 from bigknn.progress import Reporter
 from bigknn.shards import ShardEntry, Store, WriterLock
 
@@ -67,7 +70,13 @@ class IngestLedger(Ledger):
         self.pending["merged"].append([i, j])
 
     def wanted(self, i: int, j: int) -> bool:
-        return j >= self.first_new  # pairs among old shards were merged before
+        """Pairs with a new shard (pairs among old shards were merged before); in a partitioned store only
+        the old shards near the batch (``pending["near"]``, chosen before the first merge) and every shard an
+        earlier ingest added."""
+        near = self.pending.get("near")
+        if near is None or i >= self.first_new:
+            return j >= self.first_new
+        return j >= self.first_new and (i in near or i >= self.store.manifest.partition["shards"])
 
     def ordered(self, pairs: list[tuple[int, int]]) -> list[tuple[int, int]]:
         """Old shards first, the largest first: a new shard's first merge (the paper's, the anchor of the
@@ -93,6 +102,8 @@ class IngestLedger(Ledger):
             shard.graph = self.pending["graphs"][str(shard.id)]
         m.shards.extend(self.new)
         m.merged.extend(self.pending["merged"])
+        if m.pairs is not None:  # a planned store's merges stay its plan plus what the ingest merged
+            m.pairs.extend(self.pending["merged"])
         m.inputs.extend(self.pending["inputs"])
         m.pending = None
 
@@ -269,10 +280,24 @@ def _stage(store: Store, vf: VectorFile, fp: dict, watching: bool, report: dict,
     if not unchanged:
         store.remove_uncommitted_shards(new_ids)
         return False
-    m.pending = {"inputs": [fp], "shards": new, "graphs": {}, "merged": []}
+    m.pending = {"inputs": [fp], "shards": new, "graphs": {}, "merged": [], "near": _near(store, vf)}
     store.commit()
     acct.add("shard", time.perf_counter() - t, nbytes_written=vf.rows * vf.dim * vf.dtype.itemsize)
     return True
+
+
+def _near(store: Store, vf: VectorFile) -> list[int] | None:
+    """The build shards near a new batch in a partitioned store (bigknn/partition/pairs.py near_shards): a cold
+    ingest reads those, not the whole store. None: a contiguous store, whose every shard is merged."""
+    m = store.manifest
+    if m.partition is None or m.pairs is None:
+        return None
+    part = load_partition(store)
+    primary = np.zeros(part.shards, np.int64)
+    for _, block in vf.chunks(LABEL_CHUNK_ROWS):
+        primary += np.bincount(part.cost(prepare_rows(block, m.metric)).argmin(axis=1), minlength=part.shards)
+    built = [p for p in m.pairs if max(p) < m.partition["shards"]]
+    return near_shards(primary, built, m.params.get("recall") or GnndParams().recall)
 
 
 def resume_pending(store: Store, backends: list[Backend], reporter: Reporter, acct: Accounting,

@@ -4,10 +4,11 @@ Time comes from rates measured on this machine: a store's recorded timings (``--
 per shard row, of GGM per merged pair row), or a short calibration run (GNND of one synthetic shard and
 one merge of two). GNND time grows linearly with shard rows, a merge's with its two shards' rows, so
 
-    time = S * R / gnnd_rate + S(S-1)/2 * 2R / ggm_rate        (divided by the number of workers)
+    time = S * R / gnnd_rate + M * 2R / ggm_rate        (divided by the number of workers)
 
-for S shards of R rows. Disk reads and writes overlap with compute, so the I/O time only counts where it
-is the larger of the two.
+for S shards of R rows and M merges: S(S-1)/2 for contiguous shards, S x pairs-per-shard for a partitioned
+build (bigknn/partition/; the rate is a store's measured plan, or an assumption the plan states). Disk reads
+and writes (at measured rates) overlap with compute, so the I/O time only counts where it is the larger.
 """
 
 from __future__ import annotations
@@ -22,12 +23,21 @@ from bigknn.backends import Backend
 from bigknn.errors import BadInput
 from bigknn.graph import KnnGraph, ShardPart
 from bigknn.params import GnndParams
+from bigknn.partition.assign import shard_count
 from bigknn.pipeline.schedule import round_robin
 from bigknn.shards import Store
 from bigknn.synth import synth
 
 CPU_SHARD_ROWS = 1_000_000  # shard size on the CPU backend, where no device memory bounds it
-DISK_BYTES_PER_S = 2e9  # assumed sequential disk bandwidth when nothing was measured
+# merges per shard of a partitioned build when no store's plan is at hand: the clustered synth (200K x 96, 17
+# shards, recall 0.99) plans 39 pairs (2.3 per shard); data with less locality needs more
+ASSUMED_PAIRS_PER_SHARD = 2.3
+
+
+def pairs_per_shard_from_store(store: Store) -> float | None:
+    """Merges per shard of a partitioned store's committed plan (None: contiguous, or not planned yet)."""
+    m = store.manifest
+    return len(m.pairs) / len(m.shards) if m.partition is not None and m.pairs is not None else None
 
 
 def rates_from_store(store: Store) -> dict:
@@ -68,29 +78,41 @@ def calibrate(backend: Backend, rows: int, dim: int, params: GnndParams,
 
 
 def plan(rows: int, dim: int, itemsize: int, params: GnndParams, shard_rows: int, workers: int, rates: dict,
-         disk_bytes_per_s: float = DISK_BYTES_PER_S) -> dict:
+         disk: dict, partition: str = "contiguous", pairs_per_shard: float = ASSUMED_PAIRS_PER_SHARD,
+         assumptions: dict | None = None) -> dict:
+    """The plan of a build; ``disk``: {"read_gbps", "write_gbps", "source"} (diskrate.measure_disk);
+    ``assumptions``: what else it rests on (host RAM, GPU memory, where pairs-per-shard came from), reported."""
     width = params.width()
-    shards = max(1, math.ceil(rows / shard_rows))
+    if partition == "contiguous":
+        shards = max(1, math.ceil(rows / shard_rows))
+        merges = shards * (shards - 1) // 2
+    else:
+        shards = shard_count(rows, shard_rows, width)
+        merges = min(shards * (shards - 1) // 2, math.ceil(shards * pairs_per_shard))
     r = math.ceil(rows / shards)
-    merges = shards * (shards - 1) // 2
     row_bytes = dim * itemsize
     graph_row = width * 8
     shard_bytes = r * (row_bytes + graph_row)
     gnnd_s = shards * r / rates["gnnd_rows_per_s"]
     ggm_s = merges * 2 * r / rates["ggm_rows_per_s"]
     compute_s = (gnnd_s + ggm_s) / workers
-    io_bytes = rows * row_bytes * 2 + shards * r * graph_row + merges * 2 * shard_bytes + merges * 2 * r * graph_row
-    io_s = io_bytes / disk_bytes_per_s
+    input_passes = 1 if partition == "contiguous" else 2  # a partitioned build labels every row first
+    read_bytes = input_passes * rows * row_bytes + merges * 2 * shard_bytes
+    written_bytes = rows * row_bytes + shards * r * graph_row + merges * 2 * r * graph_row
+    io_s = read_bytes / (disk["read_gbps"] * 1e9) + written_bytes / (disk["write_gbps"] * 1e9)
     return {
-        "rows": rows, "dim": dim, "k": params.k, "list_width": width, "shards": shards, "shard_rows": r,
-        "merges": merges, "rounds": len(round_robin(shards)), "workers": workers,
+        "rows": rows, "dim": dim, "k": params.k, "list_width": width, "partition": partition, "shards": shards,
+        "shard_rows": r, "merges": merges, "all_pairs": shards * (shards - 1) // 2,
+        "rounds": len(round_robin(shards)), "workers": workers,
         "disk_bytes": rows * row_bytes + 2 * rows * graph_row,
         "host_bytes_per_worker": 2 * shard_bytes, "host_bytes_total": (2 * workers + 2) * shard_bytes,
         "gpu_bytes_per_worker": merge_gpu_bytes(r, dim, itemsize, params),
-        "io_bytes": io_bytes, "estimate_s": {"gnnd": round(gnnd_s / workers, 1), "ggm": round(ggm_s / workers, 1),
-                                            "io": round(io_s, 1), "total": round(max(compute_s, io_s), 1)},
+        "io_bytes": read_bytes + written_bytes, "read_bytes": read_bytes, "written_bytes": written_bytes,
+        "estimate_s": {"gnnd": round(gnnd_s / workers, 1), "ggm": round(ggm_s / workers, 1),
+                       "io": round(io_s, 1), "total": round(max(compute_s, io_s), 1)},
         "estimate_h": round(max(compute_s, io_s) / 3600, 2),
         "rates": {k: (round(v) if isinstance(v, float) else v) for k, v in rates.items()},
+        "assumptions": {"disk": disk, **(assumptions or {})},
     }
 
 

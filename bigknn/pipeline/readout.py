@@ -15,6 +15,7 @@ import numpy as np
 from bigknn.errors import BadInput
 from bigknn.graph import ID_DTYPE
 from bigknn.metrics import user_distance
+from bigknn.partition.rowmap import RowMap
 from bigknn.shards import Store
 
 
@@ -29,19 +30,22 @@ def neighbours_per_row(store: Store, k: int | None) -> int:
 
 
 def shard_blocks(store: Store, k: int | None = None,
-                 include_self: bool = False) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
-    """(first global row, ids, distances) of each shard in row order, one shard in memory at a time."""
+                 include_self: bool = False) -> Iterator[tuple[slice | np.ndarray, np.ndarray, np.ndarray]]:
+    """(input rows, ids, distances) of each shard, one shard in memory at a time; the rows are a slice of
+    consecutive rows (a contiguous store) or an index array (a partitioned one), ids are input rows."""
     store.manifest.require_complete(store.path)  # unfinished lists are not yet top-k over all rows
     m = store.manifest
     k = neighbours_per_row(store, k)
+    rowmap = RowMap.of(store)
     for shard in m.shards:
         g = store.read_graph(shard.id)
-        ids, dists = g.ids[:, :k], user_distance(g.dists[:, :k], m.metric)
+        ids, dists = rowmap.to_input(g.ids[:, :k]), user_distance(g.dists[:, :k], m.metric)
+        positions = np.arange(shard.offset, shard.offset + shard.rows, dtype=ID_DTYPE)
+        rows = slice(shard.offset, shard.offset + shard.rows) if rowmap.identity else rowmap.to_input(positions)
         if include_self:
-            me = np.arange(shard.offset, shard.offset + shard.rows, dtype=ID_DTYPE)[:, None]
-            ids = np.concatenate([me, ids], axis=1)
+            ids = np.concatenate([rowmap.to_input(positions)[:, None], ids], axis=1)
             dists = np.concatenate([np.zeros((shard.rows, 1), np.float32), dists], axis=1)
-        yield shard.offset, ids, dists
+        yield rows, ids, dists
 
 
 def whole_graph(store: Store, k: int | None = None, include_self: bool = False) -> tuple[np.ndarray, np.ndarray]:
@@ -49,9 +53,9 @@ def whole_graph(store: Store, k: int | None = None, include_self: bool = False) 
     cols = neighbours_per_row(store, k) + include_self
     ids = np.empty((store.manifest.rows, cols), ID_DTYPE)
     dists = np.empty((store.manifest.rows, cols), np.float32)
-    for first, block_ids, block_dists in shard_blocks(store, k, include_self):
-        ids[first:first + len(block_ids)] = block_ids
-        dists[first:first + len(block_ids)] = block_dists
+    for rows, block_ids, block_dists in shard_blocks(store, k, include_self):
+        ids[rows] = block_ids
+        dists[rows] = block_dists
     return ids, dists
 
 
@@ -65,9 +69,9 @@ def in_degrees(store: Store, k: int | None = None) -> np.ndarray:
 
 
 def shard_of(store: Store, rows: np.ndarray) -> np.ndarray:
-    """The shard index holding each global row."""
+    """The shard index holding each input row."""
     starts = np.array([s.offset for s in store.manifest.shards])
-    return np.searchsorted(starts, rows, side="right") - 1
+    return np.searchsorted(starts, RowMap.of(store).to_position(rows), side="right") - 1
 
 
 def csr_parts(ids: np.ndarray, dists: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -22,7 +22,7 @@ import numpy as np
 
 from bigknn.formats import VectorFile, check_rows, file_sha256
 from bigknn.metrics import prepare_rows
-from bigknn.pipeline.workers import Accounting
+from bigknn.pipeline.accounting import Accounting
 from bigknn.shards import ShardEntry, Store
 
 WRITES_IN_FLIGHT = 2  # shards being written while the next is read
@@ -36,12 +36,14 @@ def shard_sizes(rows: int, shard_rows: int, k: int) -> list[int]:
     return [base + (i < extra) for i in range(count)]
 
 
-def stream_shards(store: Store, vf: VectorFile, sizes: list[int], acct: Accounting,
-                  ready: int = 2) -> Iterator[tuple[ShardEntry, np.ndarray]]:
+def stream_shards(store: Store, vf: VectorFile, sizes: list[int], acct: Accounting, ready: int = 2,
+                  layout: list[np.ndarray] | None = None) -> Iterator[tuple[ShardEntry, np.ndarray]]:
     """Write the input's rows as shards ``sizes`` after the store's last row; yield (shard, vectors) as each
-    is written, at most ``ready`` ahead of the consumer. Commits the shards (and the input's sha256, in
-    ``store.manifest.inputs[-1]``) once all are written; raises BadInput on a bad row or a file that
-    changed meanwhile, committing nothing. Closing the generator early stops the pass, committing nothing."""
+    is written, at most ``ready`` ahead of the consumer. ``layout``: each shard's input rows (a partitioned
+    build, bigknn/partition/assign.py), stored with it as ``row_ids``; None: consecutive rows. Commits the
+    shards (and the input's sha256, in ``store.manifest.inputs[-1]``) once all are written; raises BadInput
+    on a bad row or a file that changed meanwhile, committing nothing. Closing the generator early stops the
+    pass, committing nothing."""
     out: queue.Queue = queue.Queue(maxsize=max(1, ready))
     stop = threading.Event()
     done = object()
@@ -63,11 +65,12 @@ def stream_shards(store: Store, vf: VectorFile, sizes: list[int], acct: Accounti
                     put((entry, x))
 
                 for i, rows in enumerate(sizes):
-                    raw = vf.read(start, start + rows)
+                    raw = vf.read(start, start + rows) if layout is None else vf.take(layout[i])
                     check_rows(vf.path, start, raw)
                     x = np.ascontiguousarray(prepare_rows(raw, m.metric).astype(np.dtype(m.dtype), copy=False))
                     entry = ShardEntry(id=first + i, offset=offset + start, rows=rows)
-                    in_flight.append((entry, x, writers.submit(store.write_vectors, entry.id, x)))
+                    row_ids = None if layout is None else layout[i]
+                    in_flight.append((entry, x, writers.submit(_write_shard, store, entry.id, x, row_ids)))
                     start += rows
                     while len(in_flight) >= WRITES_IN_FLIGHT or (in_flight and in_flight[0][2].done()):
                         hand_on(*in_flight.popleft())
@@ -107,6 +110,12 @@ def stream_shards(store: Store, vf: VectorFile, sizes: list[int], acct: Accounti
         finally:
             stop.set()
             thread.join()
+
+
+def _write_shard(store: Store, sid: int, x: np.ndarray, row_ids: np.ndarray | None) -> None:
+    store.write_vectors(sid, x)
+    if row_ids is not None:
+        store.write_row_ids(sid, row_ids)
 
 
 class _Stopped(Exception):

@@ -19,9 +19,14 @@ from bigknn.backends import Backend
 from bigknn.cluster import active as active_cluster
 from bigknn.errors import BadInput
 from bigknn.params import GnndParams
+from bigknn.pipeline import schedule
 from bigknn.pipeline.estimate import SampleTruth
-from bigknn.pipeline.workers import (Accounting, Scheduler, ShardCache, Writer, pending_pairs, run_tasks,
-                                     shards_from_store)
+from bigknn.pipeline.pairplan import plan_pairs
+from bigknn.pipeline.accounting import Accounting
+from bigknn.pipeline.cache import ShardCache
+from bigknn.pipeline.scheduler import Scheduler
+from bigknn.pipeline.workers import run_tasks, shards_from_store
+from bigknn.pipeline.writer import Writer
 from bigknn.progress import Reporter
 from bigknn.shards import Manifest, ShardEntry, Store
 
@@ -61,12 +66,18 @@ class Ledger:
         return self.store.manifest.merged
 
     def wanted(self, i: int, j: int) -> bool:
-        """Pairs this run must merge: all of them for a build."""
-        return True
+        """Pairs this run must merge: a build's planned pairs (every pair of a contiguous store; none of a
+        partitioned one until its plan is committed)."""
+        return self.store.manifest.planned(i, j)
 
     def ordered(self, pairs: list[tuple[int, int]]) -> list[tuple[int, int]]:
         """The order in which pairs are preferred (round-robin rounds, for a build)."""
         return pairs
+
+    def todo_pairs(self, shards: int) -> list[tuple[int, int]]:
+        """Pairs of the first ``shards`` shards this run must merge and has not, in the ledger's order (the
+        one place that turns the schedule into a run's work)."""
+        return self.ordered([p for p in schedule.pending_pairs(shards, self.done()) if self.wanted(*p)])
 
     def seed_shards(self, i: int, j: int, merged_with: list[int]) -> list[int]:
         """The shards the merge of (i, j) is seeded through (bigknn/ggm.py), given the shards j was merged
@@ -97,7 +108,7 @@ def run_pending(store: Store, ledger: Ledger, backends: list[Backend], reporter:
     biggest = max([s.rows for s in shards] + new_sizes)
     cache = ShardCache(store, ledger, cache_shards(store.manifest, store.path, biggest, len(backends), host_mem), acct)
     writer = Writer(store, ledger, acct, cache)
-    sched = Scheduler(pending_pairs(ledger, len(shards) + len(new_sizes)),
+    sched = Scheduler(ledger.todo_pairs(len(shards) + len(new_sizes)),
                       ready=[s.id for s in shards if ledger.version(s.id) is not None],
                       feeding=source is not None, queue_limit=len(backends) + 1)
     try:
@@ -106,6 +117,17 @@ def run_pending(store: Store, ledger: Ledger, backends: list[Backend], reporter:
     finally:
         writer.close()  # what finished is written and committed, also when a worker failed
         cache.close()
+
+
+def run_build_steps(store: Store, backends: list[Backend], reporter: Reporter, acct: Accounting,
+                    host_mem: int | None = None, incoming: tuple[Iterable, list[int]] | None = None,
+                    sample: SampleTruth | None = None) -> None:
+    """A build's compute (``run_pending``), and for a partitioned store the plan step between its shards'
+    GNND and its merges: the near pairs are chosen once every shard has a graph (bigknn/pipeline/pairplan.py)."""
+    run_pending(store, Ledger(store), backends, reporter, acct, host_mem, incoming, sample)
+    if store.manifest.partition is not None and store.manifest.pairs is None:
+        plan_pairs(store, backends[0], sample, reporter)
+        run_pending(store, Ledger(store), backends, reporter, acct, host_mem)
 
 
 def cache_shards(m: Manifest, where: Path, biggest: int, workers: int, host_mem: int | None = None) -> int:

@@ -28,7 +28,7 @@ from bigknn.errors import BigknnError, Damaged
 from bigknn.graph import EMPTY, ID_DTYPE
 from bigknn.shards import Store, WriterLock, checksums
 from bigknn.shards.manifest import MANIFEST
-from bigknn.shards.store import graph_name, search_name, vectors_name
+from bigknn.shards.store import graph_name, row_ids_name, search_name, vectors_name
 
 # what repairs a problem
 REBUILD = "rebuild"  # from the input files, into a new store
@@ -163,6 +163,10 @@ class _Checker:
             self._vectors(s.id, s.rows, REBUILD)
             if s.graph is not None:
                 self._graph(s.id, s.graph, s.rows, m.rows, GRAPH)
+        built = m.partition["shards"] if m.partition is not None else 0  # shards stored by the partition
+        for s in m.shards[:built]:
+            self._array(row_ids_name(s.id), f"shard {s.id} row ids", (s.rows, 1), np.dtype(np.int64), REBUILD,
+                        s.id, m.rows)
         for s in new:
             self._vectors(s["id"], s["rows"], PENDING)
         rows_of = {s.id: s.rows for s in m.shards} | {s["id"]: s["rows"] for s in new}

@@ -15,6 +15,7 @@ from bigknn.errors import BadInput
 from bigknn.formats import TRUTH_EXTENSION, read_truth, write_truth
 from bigknn.graph import EMPTY
 from bigknn.metrics import kernel_metric, row_keys, user_distance
+from bigknn.partition.rowmap import RowMap
 from bigknn.pipeline.evaluate import TIE_RTOL
 from bigknn.search.graph import SearchIndex
 from bigknn.search.params import BUDGETS, PROCEDURES, SearchPlan, small_batch_limit
@@ -65,12 +66,13 @@ def search(index: SearchIndex, store: Store, queries: np.ndarray, backend: Backe
     found = backend.graph_search(index, queries, plan, batch)
     dt = time.perf_counter() - t0
     distances = user_distance(found.dists, store.manifest.metric)
+    ids = RowMap.of(store).to_input(found.ids)  # the index searches store positions; users see input rows
     if out is not None:
-        write_truth(out, found.ids, distances)
+        write_truth(out, ids, distances)
     report = SearchReport(store=str(store.path), queries=len(queries), k=k, procedure=plan.procedure,
                           budget=plan.budget, batch=batch, qps=round(len(queries) / max(dt, 1e-9), 1),
                           search_s=round(dt, 4), backend=backend.name, out=None if out is None else str(out))
-    return found.ids, distances, report
+    return ids, distances, report
 
 
 def truth(store: Store, queries: np.ndarray, backend: Backend, k: int, out: Path) -> TruthReport:
@@ -83,7 +85,7 @@ def truth(store: Store, queries: np.ndarray, backend: Backend, k: int, out: Path
     t0 = time.perf_counter()
     blocks = ((s.offset, store.read_vectors(s.id)) for s in m.shards)
     g = backend.exact_knn(queries, k, kernel_metric(m.metric), blocks)
-    write_truth(out, g.ids, user_distance(g.dists, m.metric))
+    write_truth(out, RowMap.of(store).to_input(g.ids), user_distance(g.dists, m.metric))
     return TruthReport(store=str(store.path), queries=len(queries), k=k, out=str(out), backend=backend.name,
                        wall_s=round(time.perf_counter() - t0, 3))
 
@@ -115,7 +117,8 @@ def load_truth(path: Path, queries: int, k: int, rows: int) -> np.ndarray:
 def sweep(index: SearchIndex, store: Store, queries: np.ndarray, truth_path: Path, backend: Backend, k: int,
           budgets: list[float] | None, batch: int | None, procedure: str = "auto", seed: int = 0) -> SearchSweep:
     """Recall@k and queries per second of the search at each budget (one warm-up search first)."""
-    truth_ids = load_truth(truth_path, len(queries), k, index.rows)
+    rowmap = RowMap.of(store)  # truth and results name input rows; the index holds store positions
+    truth_ids = rowmap.to_position(load_truth(truth_path, len(queries), k, index.rows))
     batch = len(queries) if batch is None else batch
     if batch < 1:
         raise BadInput(f"--batch {batch}", "must be at least 1")
@@ -128,7 +131,8 @@ def sweep(index: SearchIndex, store: Store, queries: np.ndarray, truth_path: Pat
     points = []
     for b in budgets:
         ids, _, rep = search(index, store, queries, backend, k, b, batch, proc, seed)
-        points.append(SweepPoint(budget=rep.budget, recall=round(recall_against(index, queries, ids, truth_ids, k), 5),
+        recall = recall_against(index, queries, rowmap.to_position(ids), truth_ids, k)
+        points.append(SweepPoint(budget=rep.budget, recall=round(recall, 5),
                                  qps=rep.qps, search_s=rep.search_s))
     return SearchSweep(store=str(store.path), queries=len(queries), k=k, truth=str(truth_path), batch=batch,
                        procedure=proc, backend=backend.name, points=points)

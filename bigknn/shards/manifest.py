@@ -12,7 +12,8 @@ from bigknn.shards.schema import check_manifest
 FORMAT_VERSION = 2  # of the stores this bigknn creates
 CHECKSUMS_SINCE = 2  # the first format whose every array checksums every chunk (bigknn/shards/checksums.py)
 SEARCH_SINCE = 3  # format 2 plus a pruned search graph (``search``, bigknn/search/): what ``bigknn prune`` writes
-READ_FORMATS = (1, 2, 3)  # format 1 (no checksums) is still read, and written: new arrays get checksums
+PARTITIONED_SINCE = 4  # rows stored by a learnt partition (``partition``, shards/<id>/row_ids) and chosen ``pairs``
+READ_FORMATS = (1, 2, 3, 4)  # format 1 (no checksums) is still read, and written: new arrays get checksums
 MANIFEST = "manifest.json"
 
 
@@ -47,6 +48,12 @@ class Manifest:
     # the committed search graph (bigknn/search/store.py SearchEntry): its version under search/<v>/, how it
     # was pruned, and the kNN graph versions it was pruned from (a search graph older than the graph is stale)
     search: dict | None = None
+    # a partitioned store (format 4): the method and the arrays stored under partition/ (bigknn/partition/);
+    # shard <id>'s input rows are shards/<id>/row_ids. None: contiguous, shard rows are input rows from offset
+    partition: dict | None = None
+    # the shard pairs this store merges (bigknn/partition/pairs.py), committed before the first merge so that a
+    # resumed run merges the same ones. None: every pair
+    pairs: list[list[int]] | None = None
 
     @property
     def checksummed(self) -> bool:
@@ -59,7 +66,21 @@ class Manifest:
 
     @property
     def merges_total(self) -> int:
+        if self.pairs is not None:
+            return len(self.pairs)
         return len(self.shards) * (len(self.shards) - 1) // 2
+
+    @property
+    def partition_method(self) -> str:
+        """How the build's rows were split: kmeans, rptree or contiguous (bigknn/partition/)."""
+        return self.partition["method"] if self.partition else "contiguous"
+
+    def planned(self, i: int, j: int) -> bool:
+        """Whether the pair (i, j), i < j, is one this store merges: every pair of a contiguous store; of a
+        partitioned one, those of its plan (none before the plan is committed)."""
+        if self.pairs is None:
+            return self.partition is None
+        return [i, j] in self.pairs
 
     @property
     def shards_built(self) -> int:

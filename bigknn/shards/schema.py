@@ -51,8 +51,12 @@ TOP: dict[str, Check] = {
     "pending": (lambda v: v is None or isinstance(v, dict), "an object or null"),
     "estimate": (lambda v: v is None or isinstance(v, dict), "an object or null"),
     "search": (lambda v: v is None or isinstance(v, dict), "an object or null"),
+    "partition": (lambda v: v is None or (isinstance(v, dict) and isinstance(v.get("method"), str)
+                                          and isinstance(v.get("arrays"), list)),
+                  "null or an object with a method and its arrays"),
+    "pairs": (lambda v: v is None or PAIRS[0](v), "null or a list of [i, j] shard pairs"),
 }
-OPTIONAL = {"inputs", "shards", "merged", "timings", "pending", "estimate", "search"}
+OPTIONAL = {"inputs", "shards", "merged", "timings", "pending", "estimate", "search", "partition", "pairs"}
 SHARD: dict[str, Check] = {"id": INDEX, "offset": INDEX, "rows": COUNT,
                            "graph": (lambda v: v is None or (_int(v) and v >= 0), "a non-negative integer or null")}
 INPUT: dict[str, Check] = {
@@ -66,6 +70,8 @@ SEARCH: dict[str, Check] = {
                "a list of graph versions"),
 }
 PENDING: dict[str, Check] = {"inputs": LIST, "shards": LIST, "merged": PAIRS,
+                             "near": (lambda v: v is None or (isinstance(v, list) and all(INDEX[0](i) for i in v)),
+                                      "null or a list of shard ids"),
                              "graphs": (lambda v: isinstance(v, dict) and all(_int(x) and x >= 0 for x in v.values()),
                                         "an object of shard id -> graph version")}
 
@@ -84,7 +90,7 @@ def check_manifest(raw: object) -> None:
         _check_object(raw["search"], SEARCH, "search.", closed=False)
     pending = raw.get("pending")
     if pending is not None:
-        _check_object(pending, PENDING, "pending.")
+        _check_object(pending, PENDING, "pending.", optional={"near"})
         for i, shard in enumerate(pending["shards"]):
             _check_object(shard, SHARD, f"pending.shards[{i}].", optional={"graph"})
         for i, rec in enumerate(pending["inputs"]):

@@ -245,6 +245,21 @@ class Store:
     def read_vectors(self, shard_id: int, start: int = 0, stop: int | None = None) -> np.ndarray:
         return self._read_array(vectors_name(shard_id), f"shard {shard_id} vectors", start, stop)
 
+    def write_row_ids(self, shard_id: int, rows: np.ndarray) -> None:
+        """A partitioned shard's input row numbers, one per stored row (bigknn/partition/rowmap.py)."""
+        data = np.asarray(rows, np.int64)[:, None]
+        self._write_array(row_ids_name(shard_id), data, max(1, min(len(data), CHUNK_BYTES // 8)), np.int64)
+
+    def read_row_ids(self, shard_id: int) -> np.ndarray:
+        return self._read_array(row_ids_name(shard_id), f"shard {shard_id} row ids")[:, 0]
+
+    def write_partition(self, name: str, data: np.ndarray) -> None:
+        """One array of the learnt partition (bigknn/partition/learn.py), under ``partition/``."""
+        self._write_array(partition_name(name), data, max(1, data.shape[0]), data.dtype)
+
+    def read_partition(self, name: str) -> np.ndarray:
+        return self._read_array(partition_name(name), f"partition {name}")
+
     def remove_uncommitted_shards(self, ids: Iterable[int]) -> None:
         """Delete the arrays of shards that no commit refers to (written by a step that was then refused)."""
         for sid in ids:
@@ -337,6 +352,14 @@ class Store:
 
 def vectors_name(shard_id: int) -> str:
     return f"shards/{shard_id}/vectors"
+
+
+def row_ids_name(shard_id: int) -> str:
+    return f"shards/{shard_id}/row_ids"
+
+
+def partition_name(array: str) -> str:
+    return f"partition/{array}"
 
 
 def graph_name(shard_id: int, version: int, array: str) -> str:

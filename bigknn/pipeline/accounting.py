@@ -1,0 +1,62 @@
+"""What a run did, for its summary and the manifest's timings: seconds per phase (summed over workers), bytes
+moved, each worker's busy time, each phase's wall-clock span, and how recall-targeted descents ended."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Iterator
+
+
+@dataclass
+class Accounting:
+    """What a run did: seconds per phase (summed over workers), bytes moved, each worker's busy time, and
+    the wall-clock span of each phase."""
+
+    seconds: dict = field(default_factory=dict)
+    bytes_read: int = 0
+    bytes_written: int = 0
+    busy: dict = field(default_factory=dict)  # worker name -> seconds inside backend calls
+    spans: dict = field(default_factory=dict)  # phase -> [start, end] seconds since t0
+    descents: dict = field(default_factory=dict)  # "gnnd" / "ggm" -> how recall-targeted descents ended
+    t0: float = field(default_factory=time.perf_counter)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, phase: str, seconds: float, nbytes_read: int = 0, nbytes_written: int = 0) -> None:
+        with self.lock:
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + seconds
+            self.bytes_read += nbytes_read
+            self.bytes_written += nbytes_written
+
+    def add_descent(self, phase: str, report: dict | None) -> None:
+        """Count a descent's iterations, widenings and how it ended (bigknn/recall.py Stopper.report)."""
+        if report is None:
+            return
+        with self.lock:
+            d = self.descents.setdefault(phase, {"count": 0, "iterations": 0, "widened": 0, "stops": {}})
+            d["count"] += 1
+            d["iterations"] += len(report["trace"])
+            d["widened"] += report["widened"]
+            reason = report["stop"].split(":")[0]
+            d["stops"][reason] = d["stops"].get(reason, 0) + 1
+
+    def add_busy(self, worker: str, seconds: float) -> None:
+        with self.lock:
+            self.busy[worker] = self.busy.get(worker, 0.0) + seconds
+
+    def extend_span(self, phase: str, start: float, end: float) -> None:
+        """Widen ``phase``'s span to cover [start, end] (perf_counter times; phases of tasks interleave)."""
+        with self.lock:
+            lo, hi = self.spans.get(phase, [math.inf, -math.inf])
+            self.spans[phase] = [round(min(lo, start - self.t0), 3), round(max(hi, end - self.t0), 3)]
+
+    @contextmanager
+    def span(self, phase: str) -> Iterator[None]:
+        start = time.perf_counter() - self.t0
+        try:
+            yield
+        finally:
+            self.spans[phase] = [round(start, 3), round(time.perf_counter() - self.t0, 3)]

@@ -1,0 +1,91 @@
+"""The scheduler of a run's tasks: GNND of arriving shards first, then merges of ready pairs no running merge
+touches (bigknn/pipeline/workers.py runs them)."""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from typing import Iterable
+
+
+class Scheduler:
+    """The work of a run as tasks for the workers: GNND of each shard that arrives, and the merge of each
+    pending pair once both its shards have a graph ("ready") and no running merge touches either.
+
+    GNND comes first (it unblocks pairs and frees the memory of queued shards). Among the pairs, one that
+    shares a shard with the worker's previous pair is preferred (that shard is at hand).
+    """
+
+    def __init__(self, pairs: list[tuple[int, int]], ready: Iterable[int], feeding: bool = False,
+                 queue_limit: int = 2):
+        self.pending = list(pairs)
+        self.ready = set(ready)
+        self.busy: set[int] = set()
+        self.shards: deque = deque()  # (shard, vectors) waiting for GNND
+        self.feeding = feeding  # more shards will arrive
+        self.queue_limit = queue_limit
+        self.cond = threading.Condition()
+        self.stopped = False
+
+    # -- the feeder's side
+    def add_shard(self, item) -> bool:
+        """Queue a shard for GNND, waiting while ``queue_limit`` wait already; False once the run stopped."""
+        with self.cond:
+            while len(self.shards) >= self.queue_limit and not self.stopped:
+                self.cond.wait()
+            if self.stopped:
+                return False
+            self.shards.append(item)
+            self.cond.notify_all()
+            return True
+
+    def feed_done(self) -> None:
+        with self.cond:
+            self.feeding = False
+            self.cond.notify_all()
+
+    # -- the workers' side
+    def next_task(self, prefer: set[int]) -> tuple[str, object] | None:
+        """("gnnd", (shard, vectors)) or ("merge", (i, j)); None when all is done or the run stopped."""
+        with self.cond:
+            while True:
+                if self.stopped:
+                    return None
+                if self.shards:
+                    item = self.shards.popleft()
+                    self.cond.notify_all()
+                    return "gnnd", item
+                free = [p for p in self.pending if p[0] in self.ready and p[1] in self.ready
+                        and p[0] not in self.busy and p[1] not in self.busy]
+                if free:
+                    pair = max(free, key=lambda p: (p[0] in prefer) + (p[1] in prefer))
+                    self.pending.remove(pair)
+                    self.busy.update(pair)
+                    return "merge", pair
+                if not self.pending and not self.feeding:
+                    return None
+                self.cond.wait()
+
+    def shard_ready(self, sid: int) -> None:
+        with self.cond:
+            self.ready.add(sid)
+            self.cond.notify_all()
+
+    def release(self, pair: tuple[int, int]) -> list[int]:
+        """Free the shards of a finished merge; returns those of them that no pending pair needs any more."""
+        with self.cond:
+            self.busy.difference_update(pair)
+            self.cond.notify_all()
+            return [s for s in pair if not any(s in p for p in self.pending)]
+
+    def upcoming(self, prefer: set[int], count: int) -> list[tuple[int, int]]:
+        """The pairs likely to be taken next, those reusing ``prefer`` first (for prefetching)."""
+        with self.cond:
+            ranked = sorted(self.pending, key=lambda p: -((p[0] in prefer) + (p[1] in prefer)))
+            return ranked[:count]
+
+    def stop(self) -> None:
+        """End the run (done, or a worker failed): every waiting feeder and worker returns."""
+        with self.cond:
+            self.stopped = True
+            self.cond.notify_all()

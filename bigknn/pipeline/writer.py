@@ -1,0 +1,121 @@
+"""Write-back and commits: one thread writes graphs (GNND results at once, merge results at checkpoints or
+under cache pressure) and commits the manifest, so an fsync never holds up a worker."""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Iterable
+
+from bigknn.pipeline.accounting import Accounting
+from bigknn.pipeline.cache import IO_THREADS, ShardCache
+from bigknn.shards import Store
+
+CHECKPOINT_S = 10.0  # merge results reach the disk (and the manifest) at least this often
+
+
+def checkpoint_s() -> float:
+    """Seconds between write-back checkpoints (env BIGKNN_CHECKPOINT_S overrides; 0 commits every merge)."""
+    return float(os.environ.get("BIGKNN_CHECKPOINT_S", CHECKPOINT_S))
+
+
+class Writer:
+    """One thread that writes graphs and commits the manifest.
+
+    ``write_now(sid)`` writes a shard's cached graph at once (GNND results). ``merged(pair, gi, gj)`` records
+    a finished merge whose results are in the cache at generations gi, gj; it is committed once both are
+    written, at a checkpoint, under cache pressure, or at ``close()``, which writes everything still dirty.
+    """
+
+    def __init__(self, store: Store, ledger, acct: Accounting, cache: ShardCache):
+        self.store, self.ledger, self.acct, self.cache = store, ledger, acct, cache
+        self.jobs: queue.Queue = queue.Queue()
+        self.pool = ThreadPoolExecutor(IO_THREADS, thread_name_prefix="write")
+        self.error: BaseException | None = None
+        self.finished: list[tuple[int, int, int, int]] = []  # merged pairs not yet committed, with gens
+        self.written_gen: dict[int, int] = {}
+        self.oldest = 0.0  # when the oldest uncommitted merge finished
+        self._lock = threading.Lock()
+        self.interval = checkpoint_s()
+        cache.on_pressure = lambda sids: self.jobs.put(list(sids))
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def write_now(self, sid: int) -> None:
+        self._raise()
+        self.jobs.put([sid])
+
+    def merged(self, pair: tuple[int, int], gen_i: int, gen_j: int) -> None:
+        self._raise()
+        with self._lock:
+            first = not self.finished
+            if first:  # the checkpoint clock runs from the oldest merge not yet on disk
+                self.oldest = time.monotonic()
+            self.finished.append((*pair, gen_i, gen_j))
+        if self.interval <= 0:
+            self.jobs.put(list(pair))
+        elif first:
+            self.jobs.put("tick")  # wake the writer to start the clock
+
+    def close(self) -> None:
+        """Write every dirty shard, commit, stop the thread; raise the first write error."""
+        self.jobs.put(None)
+        self.thread.join()
+        self.pool.shutdown(wait=True)
+        self._raise()
+
+    def _raise(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                due = self.oldest + self.interval if self.finished else None
+            try:
+                job = self.jobs.get(timeout=None if due is None else max(0.0, due - time.monotonic()))
+            except queue.Empty:
+                job = "checkpoint"
+            if job == "tick":
+                continue
+            if job is None or job == "checkpoint":
+                sids = self.cache.dirty()
+                with self._lock:  # merges finishing while this checkpoint writes wait for the next one
+                    self.oldest = time.monotonic()
+            else:
+                sids = job
+            if self.error is None:
+                try:
+                    self._write(sids)
+                except BaseException as e:  # noqa: BLE001 - handed to the workers by _raise
+                    self.error = e
+            if job is None:
+                return
+
+    def _write(self, sids: Iterable[int]) -> None:
+        """Write the cached graphs of ``sids``, record them and the pairs they complete, and commit."""
+        snaps = {sid: snap for sid in dict.fromkeys(sids) if (snap := self.cache.snapshot(sid)) is not None}
+        t = time.perf_counter()
+        versions = {sid: self.store.next_version(sid, self.ledger.version(sid)) for sid in snaps}
+        list(self.pool.map(lambda sid: self.store.write_graph(sid, versions[sid], snaps[sid][0]), snaps))
+        with self.store.lock:
+            with self._lock:  # not held during the commit: a worker reporting a merge never waits for an fsync
+                for sid, version in versions.items():
+                    self.ledger.set_version(sid, version)
+                    self.written_gen[sid] = snaps[sid][1]
+                done = [f for f in self.finished
+                        if self.written_gen.get(f[0], 0) >= f[2] and self.written_gen.get(f[1], 0) >= f[3]]
+                for f in done:
+                    self.ledger.add_pair(f[0], f[1])
+                    self.finished.remove(f)
+            if snaps or done:
+                self.store.commit()
+        for sid, (graph, gen) in snaps.items():
+            self.cache.written(sid, gen)
+        nbytes = sum(g.ids.nbytes + g.dists.nbytes for g, _ in snaps.values())
+        self.acct.add("write", time.perf_counter() - t, nbytes_written=nbytes)
+        if snaps:
+            self.acct.extend_span("write", t, time.perf_counter())

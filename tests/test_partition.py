@@ -1,0 +1,160 @@
+"""Locality-aware partitions (bigknn/partition/): balanced shards, near-pair plans, and ids that stay the
+input's row numbers through every reader."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import bigknn
+from bigknn.formats import open_vectors, read_truth, write_vectors
+from bigknn.partition.assign import layout, learn_from_file
+from bigknn.partition.learn import Partition
+from bigknn.partition.balance import assign_balanced
+from bigknn.partition.pairs import choose_pairs, coverage, pair_masses
+from bigknn.partition.rowmap import RowMap
+from bigknn.shards import Store
+from bigknn.synth import synth
+
+from conftest import run_cli, run_json
+
+ROWS, DIM, K, SHARD_ROWS = 3000, 16, 5, 400
+
+
+def test_balanced_assignment_keeps_room_and_spills_the_farthest_rows():
+    cost = np.array([[0.0, 5], [1, 5], [2, 5], [9, 0]])
+    room = np.array([2, 2])
+    labels = assign_balanced(cost, room)
+    assert labels.tolist() == [0, 0, 1, 1] and room.tolist() == [0, 0]  # row 2, the farthest of shard 0's, spills
+    with pytest.raises(ValueError):
+        assign_balanced(cost, np.array([1, 1]))
+
+
+def test_pairs_cover_the_target_and_fall_back_to_all_without_locality():
+    shards = 6
+    local = np.zeros((shards, shards), np.int64)
+    local[0, 1], local[2, 3], local[4, 5], local[0, 5] = 50, 40, 30, 1
+    pairs = choose_pairs(local, within=10_000, recall=0.99)
+    assert pairs == [[0, 1], [2, 3], [4, 5]]  # the heavy pairs; [0, 5] is not needed for the coverage
+    iid = np.triu(np.full((shards, shards), 100, np.int64), 1)
+    assert len(choose_pairs(iid, within=100, recall=0.99)) == shards * (shards - 1) // 2
+    mass, within = pair_masses(np.array([0, 1]), np.array([[0, 1, -1], [0, 2, 1]]), 3)
+    assert within == 2 and mass[0, 1] == 2 and mass[1, 2] == 1 and mass.sum() == 3
+    assert coverage(0.99) == pytest.approx(0.999)
+
+
+def test_rowmap_translates_both_ways_and_keeps_empty():
+    rm = RowMap(np.array([3, 0, 2, 1]))
+    assert rm.to_input(np.array([[0, -1], [3, 1]])).tolist() == [[3, -1], [1, 0]]
+    assert rm.to_position(np.array([3, 0, -1])).tolist() == [0, 1, -1]
+
+
+def test_rptree_leaves_are_balanced_and_rows_stay_within_the_cap(tmp_path):
+    x = synth(2000, DIM, clusters=20, seed=6)
+    write_vectors(tmp_path / "x.fbin", x)
+    vf = open_vectors(tmp_path / "x.fbin")
+    part = learn_from_file(vf, "rptree", 4, "l2", seed=0)
+    assert np.bincount(part.tree.leaves(x), minlength=4).min() >= 400  # quantile splits: ~500 each
+    rows_of = layout(vf, part, "l2", shard_rows=560, min_rows=16)
+    assert sorted(np.concatenate(rows_of).tolist()) == list(range(2000))
+    assert max(len(r) for r in rows_of) <= 560
+    again = Partition.from_arrays("rptree", {k: v.copy() for k, v in part.arrays().items()})
+    np.testing.assert_array_equal(again.cost(x[:50]), part.cost(x[:50]))
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory):
+    d = tmp_path_factory.mktemp("partition")
+    x = synth(ROWS, DIM, clusters=20, seed=5)
+    write_vectors(d / "x.fbin", x)
+    out = {"x": x, "dir": d}
+    for method in ("contiguous", "kmeans"):  # rptree stores rows through the same code (test_rptree_...)
+        out[method] = run_json("build", d / "x.fbin", "-o", d / f"{method}.knn", "--k", K, "--shard-rows",
+                               SHARD_ROWS, "--backend", "cpu", "--partition", method, "--list-width", 16)
+    return out
+
+
+def _exported(stores, method):
+    path = stores["dir"] / f"{method}.ibin"
+    if not path.exists():
+        run_json("export", stores["dir"] / f"{method}.knn", "-o", path)
+    return read_truth(path)
+
+
+def test_partitioned_export_lists_row_i_at_row_i_with_contiguous_recall(stores):
+    x = stores["x"]
+    exact = np.argsort(((x[:300, None] - x[None]) ** 2).sum(-1), axis=1)[:, 1:K + 1]
+    ref_ids, _ = _exported(stores, "contiguous")
+    ref = np.mean([len(set(a) & set(b)) / K for a, b in zip(ref_ids[:300], exact)])
+    for method in ("kmeans",):
+        ids, dists = _exported(stores, method)
+        # row i's list is row i's: the distances are those of the input's row i to the listed input rows
+        np.testing.assert_allclose(dists, np.linalg.norm(x[ids] - x[:, None], axis=2), rtol=1e-4, atol=1e-4)
+        got = np.mean([len(set(a) & set(b)) / K for a, b in zip(ids[:300], exact)])
+        assert got >= ref - 0.01 and got >= 0.95, (method, got, ref)
+        s = run_json("eval", "recall", stores["dir"] / f"{method}.knn", "--backend", "cpu", "--sample", 500, "--k", K)
+        assert s["recall"] >= 0.95
+        nb = bigknn.open(stores["dir"] / f"{method}.knn").neighbors()
+        np.testing.assert_array_equal(nb.ids, ids)
+
+
+def test_kmeans_store_records_its_partition_and_merges_only_near_pairs(stores):
+    s = stores["kmeans"]
+    assert s["partition"] == "kmeans" and s["merges_done"] == s["merges_total"] < s["all_pairs"]
+    m = json.loads((stores["dir"] / "kmeans.knn" / "manifest.json").read_text())
+    assert m["format"] == 4 and m["partition"]["method"] == "kmeans" and sorted(map(tuple, m["merged"])) == \
+        sorted(map(tuple, m["pairs"]))
+    sizes = [sh["rows"] for sh in m["shards"]]
+    assert max(sizes) <= SHARD_ROWS and sum(sizes) == ROWS
+    c = stores["contiguous"]
+    assert c["partition"] == "contiguous" and c["merges_done"] == c["all_pairs"]
+    assert "partition" not in json.loads((stores["dir"] / "contiguous.knn" / "manifest.json").read_text()) or \
+        json.loads((stores["dir"] / "contiguous.knn" / "manifest.json").read_text())["partition"] is None
+
+
+def test_verify_checks_the_row_ids_of_a_partitioned_store(stores, tmp_path):
+    import shutil
+
+    store = tmp_path / "k.knn"
+    shutil.copytree(stores["dir"] / "kmeans.knn", store)
+    s = run_json("verify", store)
+    assert s["ok"] and s["format"] == 4
+    chunk = next(p for p in (store / "shards" / "2" / "row_ids").rglob("*") if p.is_file() and p.name != "zarr.json")
+    chunk.write_bytes(chunk.read_bytes()[:-1] + b"\x00")
+    code, out, err = run_cli("verify", store, "--json")
+    assert code == 1 and any("shard 2 row ids" in d["what"] for d in json.loads(out)["damaged"])
+
+
+def test_resuming_with_another_partition_is_refused(stores):
+    code, out, err = run_cli("build", stores["dir"] / "x.fbin", "-o", stores["dir"] / "kmeans.knn", "--k", K,
+                             "--shard-rows", SHARD_ROWS, "--backend", "cpu", "--partition", "rptree")
+    assert code == 2 and "partition kmeans" in err and len(err.strip().splitlines()) == 1
+
+
+def test_ingest_into_a_kmeans_store_merges_only_the_shards_near_the_batch(stores, tmp_path):
+    """A batch in one region of the data merges with the shards there (a batch spread over every region,
+    like a random 1 % of the input, still meets every shard)."""
+    import shutil
+
+    store = tmp_path / "k.knn"
+    shutil.copytree(stores["dir"] / "kmeans.knn", store)
+    with Store.open(store) as st:  # a batch of new rows in one region (the rows of shard 0, moved a little)
+        home = st.read_row_ids(0)[:300]
+    new = (stores["x"][home] + np.random.default_rng(1).normal(0, 0.05, (len(home), DIM))).astype(np.float32)
+    write_vectors(tmp_path / "new.fbin", new)
+    m0 = json.loads((store / "manifest.json").read_text())
+    run_json("ingest", store, "--input", tmp_path / "new.fbin", "--backend", "cpu")
+    m = json.loads((store / "manifest.json").read_text())
+    first_new = len(m0["shards"])
+    added = [p for p in m["merged"] if p not in m0["merged"]]
+    old = {a for a, b in added if a < first_new}
+    assert added and all(b >= first_new for a, b in added) and len(old) < first_new
+    assert sorted(map(tuple, m["pairs"])) == sorted(map(tuple, m["merged"])) and run_json("info", store)["complete"]
+    r = run_json("eval", "recall", store, "--backend", "cpu", "--k", K, "--rows", f"{ROWS}:{ROWS + len(new)}")
+    assert r["recall"] >= 0.95
+    ids, _ = bigknn.open(store).neighbors()
+    x = np.concatenate([stores["x"], new])
+    exact = np.argsort(((x[ROWS:, None] - x[None]) ** 2).sum(-1), axis=1)[:, 1:K + 1]
+    assert np.mean([len(set(a) & set(b)) / K for a, b in zip(ids[ROWS:], exact)]) >= 0.95
