@@ -29,8 +29,11 @@ from test_chunks import flip_byte
 
 
 def _files(path: Path, skip: str = "search/") -> dict[str, str]:
-    """Digests of the store's files, readers' leases (.readers/), the writer lock and ``skip`` left out."""
-    return {f: h for f, h in tree_hashes(path).items() if not f.startswith((".readers/", ".lock", skip))}
+    """Digests of the store's files, readers' leases (.readers/), the writer lock and ``skip`` left out, and
+    zarr's in-flight temp files (``<name>.<uuid>.partial``: what a process killed inside one of zarr's atomic
+    metadata writes leaves; never under a real name)."""
+    return {f: h for f, h in tree_hashes(path).items()
+            if not f.startswith((".readers/", ".lock", skip)) and not f.endswith(".partial")}
 
 
 def _distance(a: np.ndarray, b: np.ndarray, metric: str) -> float:
