@@ -16,7 +16,7 @@ from bigknn.backends.cpu.threads import use_threads
 from bigknn.errors import BadInput
 from bigknn.ggm import exact_merge, finish_merge, merge_stop_frac, start_merge
 from bigknn.graph import EMPTY, ID_DTYPE, KnnGraph, ShardPart, drop_self, merge_lists
-from bigknn.params import CPU_AUTO_SAMPLES, EXACT_ROWS, GnndParams
+from bigknn.params import CPU_AUTO_SAMPLES, CPU_HARD_BELOW, CPU_HARD_SAMPLES, EXACT_ROWS, GnndParams
 from bigknn.recall import Stopper, make_merge_probe, make_probe
 
 
@@ -131,6 +131,9 @@ class CpuBackend(SearchReference):
         else:
             state = random_init(xf, width, metric, rng)
         target = recall_target(xf, metric, params, seed)
+        if target is not None and params.samples == 0:  # a hard set (first estimate low) takes more samples
+            target.hard_below = CPU_HARD_BELOW
+            target.hard_samples_at = lambda w: max(CPU_HARD_SAMPLES, params.sample_count(w, CPU_AUTO_SAMPLES))
         descend(xf, state, metric, params.sample_count(cap=CPU_AUTO_SAMPLES), params.iters, params.min_update_frac, rng,
                 on_iter=on_iter, target=target, compiled=self.compiled)
         if target is not None and target.stopper.fell_short():

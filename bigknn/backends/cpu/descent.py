@@ -73,6 +73,8 @@ class Target:
     stopper: Stopper
     samples_at: Callable[[int], int]
     pad_key: np.ndarray | float = np.inf
+    hard_below: float = 0.0  # a first estimate below this marks a hard set (text embeddings: the RP-tree
+    hard_samples_at: Callable[[int], int] | None = None  # seeds reach ~0.4, synth ~0.9): p from here on
 
 
 def descend(x: np.ndarray, state: DescentState, metric: str, samples: int, iters: int,
@@ -101,7 +103,11 @@ def descend(x: np.ndarray, state: DescentState, metric: str, samples: int, iters
                 break
             continue
         rows = target.probe.rows
-        action = target.stopper.after(target.probe.measure(state.ids[rows], state.dists[rows]))
+        est = target.probe.measure(state.ids[rows], state.dists[rows])
+        if not target.stopper.trace and target.hard_samples_at is not None and est.recall < target.hard_below:
+            target.samples_at = target.hard_samples_at  # more samples per list: fewer iterations, no stall at 48
+            samples = target.samples_at(state.ids.shape[1])
+        action = target.stopper.after(est)
         if action == "stop":
             break
         if action == "widen":
