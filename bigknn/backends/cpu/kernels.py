@@ -41,6 +41,42 @@ def _key(x, sq, a, b, is_l2):
     return -d
 
 
+@njit(cache=True, fastmath=FAST, inline="always")
+def _clamp(x, sq, a, b, d, is_l2):
+    """_key from a computed dot product ``d``."""
+    if is_l2:
+        k = sq[a] + sq[b] - np.float32(2.0) * d
+        return k if k > 0 else np.float32(0.0)
+    return -d
+
+
+@njit(cache=True, fastmath=FAST, inline="always")
+def _keys_row(x, sq, a, cols, lo, hi, out, is_l2):
+    """out[b] = _key(a, cols[b]) for b in [lo, hi): four columns per pass over a's vector, so each of its
+    loads feeds four products (the single dot is bound by its two loads per multiply-add)."""
+    b = lo
+    while b + 4 <= hi:
+        c0, c1, c2, c3 = cols[b], cols[b + 1], cols[b + 2], cols[b + 3]
+        s0 = np.float32(0.0)
+        s1 = np.float32(0.0)
+        s2 = np.float32(0.0)
+        s3 = np.float32(0.0)
+        for j in range(x.shape[1]):
+            v = x[a, j]
+            s0 += v * x[c0, j]
+            s1 += v * x[c1, j]
+            s2 += v * x[c2, j]
+            s3 += v * x[c3, j]
+        out[b] = _clamp(x, sq, a, c0, s0, is_l2)
+        out[b + 1] = _clamp(x, sq, a, c1, s1, is_l2)
+        out[b + 2] = _clamp(x, sq, a, c2, s2, is_l2)
+        out[b + 3] = _clamp(x, sq, a, c3, s3, is_l2)
+        b += 4
+    while b < hi:
+        out[b] = _key(x, sq, a, cols[b], is_l2)
+        b += 1
+
+
 @njit(cache=True, parallel=True)
 def first_p(ids, is_new, part, cross_only, p):
     """Forward samples, as descent._sample/_first_p: the first p NEW and the first p OLD ids of each list
@@ -163,8 +199,7 @@ def cross_match(x, sq, new_s, old_s, bound, is_l2, cross_only):
             continue
         d_no = np.empty((nn, no), np.float32)  # keys first, in tight loops; the choices after
         for a in range(nn):
-            for b in range(no):
-                d_no[a, b] = _key(x, sq, ns[a], os_[b], is_l2)
+            _keys_row(x, sq, ns[a], os_, 0, no, d_no[a], is_l2)
         best_n = np.full(nn, np.inf, np.float32)  # NEW u: nearest OLD
         arg_n = np.empty(nn, np.int32)
         best_o = np.full(no, np.inf, np.float32)  # OLD v: nearest NEW
@@ -183,8 +218,7 @@ def cross_match(x, sq, new_s, old_s, bound, is_l2, cross_only):
         if not cross_only:
             d_nn = np.empty((nn, nn), np.float32)
             for a in range(nn):
-                for b in range(a + 1, nn):
-                    d_nn[a, b] = _key(x, sq, ns[a], ns[b], is_l2)
+                _keys_row(x, sq, ns[a], ns, a + 1, nn, d_nn[a], is_l2)
             for a in range(nn):
                 for b in range(a + 1, nn):
                     d = d_nn[a, b]
