@@ -13,6 +13,9 @@ locks.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
+import numba
 import numpy as np
 from numba import njit, prange
 
@@ -31,14 +34,17 @@ def tree_init(x: np.ndarray, width: int, metric: str, trees: int, rng: np.random
     sq = np.einsum("ij,ij->i", x, x)
     state = DescentState(np.full((n, width), EMPTY, ID_DTYPE), np.full((n, width), np.inf, np.float32),
                          np.ones((n, width), bool))
-    for _ in range(trees):
-        order, bounds = _leaves(x, max(8, width), int(rng.integers(2 ** 31)))
-        _join_leaves(x, sq, order, bounds, state.ids, state.dists, state.is_new, metric == "l2")
+    seeds = [int(rng.integers(2 ** 31)) for _ in range(trees)]
+    # each tree's split is serial; the trees are independent (their own seed, numba's per-thread generator),
+    # so they grow on a thread each (_leaves releases the GIL), and join the lists in order as before
+    with ThreadPoolExecutor(max(1, min(trees, numba.get_num_threads()))) as pool:
+        for order, bounds in pool.map(lambda seed: _leaves(x, max(8, width), seed), seeds):
+            _join_leaves(x, sq, order, bounds, state.ids, state.dists, state.is_new, metric == "l2")
     fill_random(x, sq, state.ids, state.dists, state.is_new, int(rng.integers(2 ** 31)), metric == "l2")
     return state
 
 
-@njit(cache=True, fastmath=FAST)
+@njit(cache=True, fastmath=FAST, nogil=True)
 def _leaves(x, leaf, seed):
     """One RP tree: the row order with each leaf contiguous, and the leaves' bounds in it."""
     np.random.seed(seed)
