@@ -145,9 +145,15 @@ def make_merge_probe(a, b, width: int, exact: PairExactFn, rng: np.random.Genera
     """The probe of a merge of shards ``a`` and ``b`` (ShardParts; local rows [a | b]): each probe row's truth
     is the best m of its old list and the exact m nearest rows of the other shard. Rows of the same shard
     are never compared in a merge (GNND paper §5.1): those the old list no longer holds were pushed out by
-    closer rows of shards merged before, and are no loss."""
+    closer rows of shards merged before, and are no loss.
+
+    Half the probe is drawn from each shard (all of a shard smaller than its half): a probe in proportion to
+    the sizes holds few rows of an ingested batch beside a full shard, and the old rows, converged already,
+    stopped the merge while the batch's rows were still far from their neighbours (new-row recall 0.957 on a
+    k-means store, docs/design.md)."""
     na, nb = len(a.vectors), len(b.vectors)
-    rows = np.sort(rng.choice(na + nb, size=min(size, na + nb), replace=False))
+    rows = np.sort(np.concatenate([rng.choice(n, size=take, replace=False) + first for n, take, first
+                                   in zip((na, nb), _halves(na, nb, size), (0, na))]))
     m = min(RECALL_AT, width)
     in_a = rows < na
     out_ids = np.full((len(rows), max(a.graph.k, b.graph.k)), EMPTY, ID_DTYPE)
@@ -165,6 +171,12 @@ def make_merge_probe(a, b, width: int, exact: PairExactFn, rng: np.random.Genera
     truth, keys = merge_lists(np.concatenate([out_ids, ex_ids], axis=1),
                               np.concatenate([out_keys, ex_keys], axis=1), m)
     return Probe(rows, truth, keys[:, -1].copy(), (out_ids, out_keys), na, (a.offset, b.offset))
+
+
+def _halves(na: int, nb: int, size: int) -> tuple[int, int]:
+    """Probe rows from each of two shards: half of ``size`` each, a smaller shard's unused share to the other."""
+    take_a = min(na, max(size // 2, size - nb))
+    return take_a, min(nb, size - take_a)
 
 
 def without_self(ids: np.ndarray, keys: np.ndarray, rows: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:

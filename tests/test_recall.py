@@ -11,7 +11,7 @@ import pytest
 from bigknn.backends.cpu import CpuBackend
 from bigknn.graph import EMPTY, KnnGraph, ShardPart
 from bigknn.params import GnndParams
-from bigknn.recall import MAX_WIDTH, STALL_ITERS, Estimate, Stopper, estimate, make_probe
+from bigknn.recall import PROBE_ROWS, MAX_WIDTH, STALL_ITERS, Estimate, Stopper, estimate, make_merge_probe, make_probe
 from bigknn.synth import synth
 from conftest import exact_neighbours, recall_at, run_json, write_synth
 
@@ -166,6 +166,29 @@ def test_cpu_merge_that_falls_short_gives_the_pairs_exact_lists():
     got = np.concatenate([ga.dists, gb.dists])
     np.testing.assert_allclose(got, truth.dists[:, 1:], rtol=1e-5, atol=1e-4)  # keys: ties may swap ids
     assert (np.concatenate([ga.ids, gb.ids]) == truth.ids[:, 1:]).mean() > 0.999
+
+
+def test_merge_probe_draws_half_from_each_shard_so_a_small_batch_is_measured():
+    """A batch of 60 rows merged into a shard of 3000: every batch row is in the probe (in proportion to the
+    sizes it would hold about 20, and the converged old rows would end the merge: new-row recall 0.957)."""
+    rng = np.random.default_rng(0)
+    parts = []
+    for off, n in ((0, 3000), (3000, 60)):
+        x = rng.standard_normal((n, 8)).astype(np.float32)
+        g = CpuBackend().exact_knn(x, 6, "l2", [(off, x)])
+        parts.append(ShardPart(off, x, KnnGraph(g.ids[:, 1:], g.dists[:, 1:])))
+
+    def probe(a, b):
+        def exact(rows, m, other_is_b):
+            g = CpuBackend().exact_knn(np.concatenate([a.vectors, b.vectors])[rows], m, "l2",
+                                       [((b if other_is_b else a).offset, (b if other_is_b else a).vectors)])
+            return g.ids, g.dists
+        return make_merge_probe(a, b, 5, exact, np.random.default_rng(1))
+
+    small = probe(*parts)
+    assert len(small.rows) == PROBE_ROWS and (small.rows >= 3000).sum() == 60
+    even = probe(parts[0], ShardPart(3000, parts[0].vectors, parts[0].graph))
+    assert (even.rows < 3000).sum() == PROBE_ROWS // 2 and len(np.unique(even.rows)) == PROBE_ROWS
 
 
 # ---- the build's recorded estimate --------------------------------------------------------------

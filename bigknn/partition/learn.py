@@ -65,9 +65,9 @@ class Partition:
         far = np.isinf(out)  # other shards: by distance to their mean centroid, after every near one
         if far.any():
             means = np.stack([self.centroids[self.shard_of == s].mean(axis=0) for s in range(self.shards)])
-            ids, d2 = (nearest or _nearest_numpy)(x, self.shards, means.astype(np.float32))
-            by_mean = np.empty_like(out)
-            by_mean[rows[:, None], ids] = d2
+            # every mean's distance: one (n, S) product, no larger than ``out``; a k-NN over all S means
+            # (the backend's, x sent again) sorted what is only indexed (a fifth of the labelling, CPU)
+            by_mean = sq_distances(x, means.astype(np.float32))
             nearest_max = np.where(far, -np.inf, out).max(axis=1, keepdims=True)
             out = np.where(far, nearest_max + by_mean - by_mean.min(axis=1, keepdims=True), out)
         if self.tree is not None:
