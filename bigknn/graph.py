@@ -38,6 +38,14 @@ class ShardPart:
     graph: KnnGraph
 
 
+def shard_graph_to_global(g: KnnGraph, offset: int) -> KnnGraph:
+    """A shard's GNND graph (ids local to the shard) with store-wide ids: ``offset`` added in place of a
+    fresh array (int64 temporaries cost ~0.3 s of held GIL per 1M-row shard); EMPTY slots stay EMPTY."""
+    ids = np.asarray(g.ids, dtype=ID_DTYPE)
+    np.add(ids, offset, out=ids, where=ids >= 0)
+    return KnnGraph(ids, g.dists)
+
+
 def merge_lists(ids: np.ndarray, dists: np.ndarray, k: int, extra: np.ndarray | None = None):
     """Per row: drop duplicate ids and empty slots, sort ascending by key, keep the first ``k``.
 

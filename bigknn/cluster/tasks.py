@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from bigknn.backends import Backend, get_backend
-from bigknn.graph import ID_DTYPE, KnnGraph, ShardPart
+from bigknn.graph import KnnGraph, ShardPart, shard_graph_to_global
 from bigknn.metrics import kernel_metric
 from bigknn.params import GnndParams
 from bigknn.shards import Manifest, Store
@@ -190,9 +190,7 @@ def gnnd(spec: StoreSpec, shard: ShardRef, seed: int, sample: np.ndarray | None,
     g = backend.gnnd(part.vectors, metric, GnndParams(**spec.header.params), seed=seed)
     truth = None if sample is None else backend.exact_knn(sample, sample_k, metric, [(shard.offset, part.vectors)])
     seconds = time.perf_counter() - t
-    ids = np.asarray(g.ids, dtype=ID_DTYPE)
-    np.add(ids, shard.offset, out=ids, where=ids >= 0)
-    version, nwritten = _write(store, shard, KnnGraph(ids, g.dists), part.vectors)
+    version, nwritten = _write(store, shard, shard_graph_to_global(g, shard.offset), part.vectors)
     return TaskResult({shard.id: version}, g.report, seconds, nread, nwritten, worker_name(), truth)
 
 

@@ -37,9 +37,3 @@ def assign_balanced(cost: np.ndarray, room: np.ndarray) -> np.ndarray:
         todo = np.sort(todo[~place])
     return labels
 
-
-def sq_distances(x: np.ndarray, centroids: np.ndarray) -> np.ndarray:
-    """Squared L2 distances (n, S) in float32 (only their order matters here)."""
-    x = x.astype(np.float32, copy=False)
-    return (np.einsum("ij,ij->i", x, x)[:, None] - 2.0 * (x @ centroids.T)
-            + np.einsum("ij,ij->i", centroids, centroids)[None, :])

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from bigknn.partition.balance import sq_distances
+from bigknn.metrics import pairwise_keys
+
 
 ITERS = 15  # Lloyd steps of either level
 FINE_PER_SHARD = 16
@@ -29,9 +30,9 @@ def learn_kmeans(sample: np.ndarray, shards: int, seed: int, slack: float) -> tu
     rng = np.random.default_rng((seed, 3))
     x = sample.astype(np.float32, copy=False)
     fine = _lloyd(x, np.ones(len(x)), min(len(x), fine_count(shards)), rng)
-    weight = np.bincount(sq_distances(x, fine).argmin(axis=1), minlength=len(fine)).astype(np.float64)
+    weight = np.bincount(pairwise_keys(x, fine, "l2").argmin(axis=1), minlength=len(fine)).astype(np.float64)
     coarse = _lloyd(fine, weight, shards, rng)
-    return fine, _group(sq_distances(fine, coarse), weight, slack * weight.sum() / shards)
+    return fine, _group(pairwise_keys(fine, coarse, "l2"), weight, slack * weight.sum() / shards)
 
 
 def _group(cost: np.ndarray, weight: np.ndarray, cap: float) -> np.ndarray:
@@ -51,7 +52,7 @@ def _lloyd(x: np.ndarray, weight: np.ndarray, count: int, rng: np.random.Generat
     """Weighted k-means (k-means++ start)."""
     centroids = _kmeanspp(x, weight, count, rng)
     for _ in range(ITERS):
-        labels = sq_distances(x, centroids).argmin(axis=1)
+        labels = pairwise_keys(x, centroids, "l2").argmin(axis=1)
         sums = np.zeros(centroids.shape, np.float64)
         np.add.at(sums, labels, x * weight[:, None])
         mass = np.bincount(labels, weights=weight, minlength=count)[:, None]
@@ -61,9 +62,9 @@ def _lloyd(x: np.ndarray, weight: np.ndarray, count: int, rng: np.random.Generat
 
 def _kmeanspp(x: np.ndarray, weight: np.ndarray, count: int, rng: np.random.Generator) -> np.ndarray:
     chosen = [int(rng.choice(len(x), p=weight / weight.sum()))]
-    d2 = sq_distances(x, x[chosen]).ravel().clip(min=0) * weight
+    d2 = pairwise_keys(x, x[chosen], "l2").ravel() * weight
     for _ in range(1, count):
         p = d2 / d2.sum() if d2.sum() > 0 else weight / weight.sum()
         chosen.append(int(rng.choice(len(x), p=p)))
-        d2 = np.minimum(d2, sq_distances(x, x[chosen[-1:]]).ravel().clip(min=0) * weight)
+        d2 = np.minimum(d2, pairwise_keys(x, x[chosen[-1:]], "l2").ravel() * weight)
     return x[chosen].copy()

@@ -15,7 +15,7 @@ from typing import Callable
 
 import numpy as np
 
-from bigknn.partition.balance import sq_distances
+from bigknn.metrics import pairwise_keys
 from bigknn.partition.kmeans import learn_kmeans
 from bigknn.partition.rptree import RPTree, learn_rptree
 
@@ -28,7 +28,7 @@ Nearest = Callable[[np.ndarray, int, np.ndarray], tuple[np.ndarray, np.ndarray]]
 
 
 def _nearest_numpy(x: np.ndarray, count: int, centroids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    d2 = sq_distances(x, centroids)
+    d2 = pairwise_keys(x, centroids, "l2")
     ids = np.argpartition(d2, count - 1, axis=1)[:, :count] if count < d2.shape[1] else \
         np.broadcast_to(np.arange(d2.shape[1]), d2.shape).copy()
     keys = np.take_along_axis(d2, ids, axis=1)
@@ -67,7 +67,7 @@ class Partition:
             means = np.stack([self.centroids[self.shard_of == s].mean(axis=0) for s in range(self.shards)])
             # every mean's distance: one (n, S) product, no larger than ``out``; a k-NN over all S means
             # (the backend's, x sent again) sorted what is only indexed (a fifth of the labelling, CPU)
-            by_mean = sq_distances(x, means.astype(np.float32))
+            by_mean = pairwise_keys(x, means.astype(np.float32), "l2")
             nearest_max = np.where(far, -np.inf, out).max(axis=1, keepdims=True)
             out = np.where(far, nearest_max + by_mean - by_mean.min(axis=1, keepdims=True), out)
         if self.tree is not None:
