@@ -29,6 +29,8 @@ STALL_GAIN = 0.002  # a gain below this is a stall,
 STALL_HORIZON = 10  # and so is a pace that would need more than this many such spans to close the gap
 MAX_WIDTH = 128  # widest list a descent widens to (the CUDA kernels' MAX_K)
 WIDEN_STEP = 32  # lists grow by this many entries at a stall
+EXACT_AFFORD = 4.0  # a descent that fell short is replaced by the exact answer only if that costs at most this
+# many times the descent so far: a stalled merge of two 17M-row shards would otherwise wait ~1000 s for it
 
 
 @dataclass(frozen=True)
@@ -206,10 +208,12 @@ class Stopper:
         self.last: Estimate | None = None
         self.widened = 0
         self.projected_s: float | None = None  # the rest of the descent, when that made the exact answer cheaper
+        self.spent_s = 0.0  # seconds of the iterations so far
 
     def after(self, est: Estimate, seconds: float = 0.0) -> str:
         """The action after an iteration that took ``seconds`` and left the probe at ``est``."""
         self.last = est
+        self.spent_s += seconds
         self.history.append(est.recall)
         self.trace.append(round(est.recall, 4))
         if est.low >= self.target:
@@ -250,13 +254,17 @@ class Stopper:
         return True
 
     def fell_short(self) -> bool:
-        """Whether the descent ended below its target with no way forward, or where the exact answer costs less
-        than the rest of it would: stalled at the widest lists, out of iterations with its whole interval
-        below the target, or slower than ``exact_s``. Its rows are too spread out for NN-Descent (iid-like,
-        high intrinsic dimension), and the caller computes the exact answer instead."""
-        if self.reason.startswith("stalled") or self.reason == "exact is cheaper":
+        """Whether the caller should compute the exact answer instead: the descent ended below its target with
+        no way forward (stalled at the widest lists, or out of iterations with its whole interval below the
+        target) and the exact answer costs at most EXACT_AFFORD times the descent so far, or it is cheaper than
+        the rest of the descent would be. Such rows are too spread out for NN-Descent (iid-like, high intrinsic
+        dimension); where the exact answer is dear (large shards), the descent's lists are kept and the report
+        says how far short they are."""
+        if self.reason == "exact is cheaper":
             return True
-        return self.reason == "iteration cap" and self.last is not None and self.last.high < self.target
+        short = self.reason.startswith("stalled") or (
+            self.reason == "iteration cap" and self.last is not None and self.last.high < self.target)
+        return short and (self.exact_s is None or self.exact_s <= EXACT_AFFORD * self.spent_s)
 
     def exact_instead(self) -> None:
         """Record that the exact answer replaced the descent's (its recall is 1 by construction)."""
@@ -272,4 +280,6 @@ class Stopper:
 
     def report(self) -> dict:
         return {"target": self.target, "stop": self.reason, "width": self.width, "widened": self.widened,
+                "spent_s": round(self.spent_s, 3),
+                "exact_s": None if self.exact_s is None else round(self.exact_s, 3),
                 "estimate": self.last.to_dict() if self.last else None, "trace": self.trace}

@@ -21,6 +21,24 @@ def test_largest_shard_is_the_biggest_whose_merge_fits(gib, dim, itemsize, k):
     assert merge_gpu_bytes(r, dim, itemsize, params) <= budget < merge_gpu_bytes(r + 1000, dim, itemsize, params)
 
 
+@pytest.mark.parametrize("dim,itemsize", [(96, 4), (128, 4), (128, 1)])
+def test_a_planned_merge_has_the_full_slots_and_room_to_widen(dim, itemsize):
+    """The CUDA merge at the planned size needs no halved candidate slots, and the recall target's widening
+    (lists WIDEN_STEP wider) still fits: a 100M-row build whose merges could do neither stalled below its
+    target (H100, 2026-11-25)."""
+    from bigknn.backends.cuda import CudaBackend
+    from bigknn.backends.cuda.memory import LOG_SLOTS
+    from bigknn.recall import WIDEN_STEP
+
+    params = GnndParams(k=32)
+    budget = 40 << 30
+    n = 2 * largest_shard_rows(budget, dim, itemsize, params)
+    w, wide = params.width(), params.width() + WIDEN_STEP
+    need = CudaBackend.ggm_bytes(n, dim, itemsize, wide, w, params.sample_count(wide), 1 << LOG_SLOTS)
+    assert need + (n * dim * 2 if itemsize == 4 and dim >= 128 else 0) <= budget
+    assert largest_shard_rows(budget, dim, itemsize, GnndParams(k=32, recall=0)) > n // 2  # no target: no room kept
+
+
 def test_auto_shard_rows_without_a_gpu():
     params = GnndParams(k=32)
     assert auto_shard_rows([], 96, 4, params) == CPU_SHARD_ROWS

@@ -11,7 +11,7 @@ import pytest
 from bigknn.backends.cpu import CpuBackend
 from bigknn.graph import EMPTY, KnnGraph, ShardPart
 from bigknn.params import GnndParams
-from bigknn.recall import PROBE_ROWS, MAX_WIDTH, STALL_ITERS, Estimate, Stopper, estimate, make_merge_probe, make_probe
+from bigknn.recall import EXACT_AFFORD, PROBE_ROWS, MAX_WIDTH, STALL_ITERS, Estimate, Stopper, estimate, make_merge_probe, make_probe
 from bigknn.synth import synth
 from conftest import exact_neighbours, recall_at, run_json, write_synth
 
@@ -116,6 +116,21 @@ def test_stopper_takes_the_exact_answer_when_the_rest_of_the_descent_would_cost_
     assert [dear.after(_est(r), 0.1) for r in climb] == ["go"] * (STALL_ITERS + 1) and dear.projected_s is None
     fast = Stopper(0.99, 48, exact_s=0.05)
     assert "stop" not in [fast.after(_est(r), 0.1) for r in (0.1, 0.5, 0.8, 0.95)]  # 0.04 left at 0.28 a step
+
+
+def test_a_stall_takes_the_exact_answer_only_where_it_is_affordable():
+    """Stalled at the widest lists after 0.4 s of descent: an exact answer of just under EXACT_AFFORD times
+    that replaces the lists, one of 1000 s (a merge of two 17M-row shards) does not: the descent's lists are
+    kept, short of the target."""
+    def stalled(exact_s):
+        s = Stopper(0.99, MAX_WIDTH, exact_s=exact_s)
+        while s.after(_est(0.95), 0.1) != "stop":
+            pass
+        return s
+    assert stalled(None).fell_short() and stalled(EXACT_AFFORD * 0.1 * (STALL_ITERS + 1) * 0.9).fell_short()
+    dear = stalled(1000.0)
+    assert dear.reason == "stalled at the widest lists" and not dear.fell_short()
+    assert dear.report()["spent_s"] == pytest.approx(0.1 * (STALL_ITERS + 1)) and dear.report()["exact_s"] == 1000.0
 
 
 def test_stopper_leaves_a_stall_to_the_widening_rule_even_with_an_exact_option():
