@@ -213,7 +213,7 @@ def test_merge_results_are_written_at_checkpoints_not_after_every_merge(data, tm
     monkeypatch.setenv("BIGKNN_CHECKPOINT_S", "3600")
     lazy = build(BuildRequest(input=data, store=tmp_path / "lazy.knn", shard_rows=700, params=GnndParams(k=10)),
                  [CpuBackend()], Reporter())
-    assert lazy["merges_done"] == 21 and sorted(writes) == sorted(list(range(7)) * 2)
+    assert lazy["merges_done"] == 21 and sorted(writes) == list(range(7))  # each graph once: when its shard is done
     writes.clear()
     monkeypatch.setenv("BIGKNN_CHECKPOINT_S", "0")
     eager = build(BuildRequest(input=data, store=tmp_path / "eager.knn", shard_rows=700, params=GnndParams(k=10)),

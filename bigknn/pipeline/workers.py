@@ -10,9 +10,9 @@ parts live beside it: the shard cache (cache.py), the scheduler (scheduler.py), 
   whose shards both have a graph and are touched by no running merge (any order of the pairs gives the
   same all-pairs result), preferring a pair that shares a shard with the worker's last one. So merges
   start while the input is still being sharded.
-* Write-back: a GNND graph is written at once. A merge result stays in the cache, newer than the disk
-  ("dirty"), and is written at the next checkpoint (every ``checkpoint_s()`` seconds), when the cache must
-  make room, or at the end. A shard merged several times between checkpoints is written once. A pair is
+* Write-back: a GNND or merge result stays in the cache, newer than the disk ("dirty"), and is written at
+  the next checkpoint (every ``checkpoint_s()`` seconds), when the cache must make room, when the shard has
+  no merge left, or at the end. A shard merged several times between checkpoints is written once. A pair is
   committed when the written graphs of both its shards include it; a crash redoes only uncommitted pairs
   (re-merging a pair whose result one shard already holds is harmless). A commit (an fsync) never holds up
   a worker.
@@ -91,7 +91,7 @@ def run_tasks(store: Store, ledger, backends: list[Backend], reporter: Reporter,
         _account(acct, "gnnd", name, t)
         acct.add_descent("gnnd", g.report)
         cache.put(shard.id, ShardPart(shard.offset, x, shard_graph_to_global(g, shard.offset)), dirty=True)
-        writer.write_now(shard.id)
+        writer.gnnd_done(shard.id)
         sched.shard_ready(shard.id)
 
     def merge(backend: Backend, name: str, pair: tuple[int, int]) -> None:

@@ -1,5 +1,5 @@
-"""Write-back and commits: one thread writes graphs (GNND results at once, merge results at checkpoints or
-under cache pressure) and commits the manifest, so an fsync never holds up a worker."""
+"""Write-back and commits: one thread writes graphs (GNND and merge results at checkpoints, under cache
+pressure, or when a shard is done) and commits the manifest, so an fsync never holds up a worker."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ from bigknn.pipeline.accounting import Accounting
 from bigknn.pipeline.cache import IO_THREADS, ShardCache
 from bigknn.shards import Store
 
-CHECKPOINT_S = 10.0  # merge results reach the disk (and the manifest) at least this often
+# results reach the disk (and the manifest) at least this often: a crash loses at most this much work, and
+# each checkpoint rewrites every graph changed since the last (10 s wrote T2's graphs 6 times: 5x the input)
+CHECKPOINT_S = 60.0
 
 
 def checkpoint_s() -> float:
@@ -25,9 +27,10 @@ def checkpoint_s() -> float:
 class Writer:
     """One thread that writes graphs and commits the manifest.
 
-    ``write_now(sid)`` writes a shard's cached graph at once (GNND results). ``merged(pair, gi, gj)`` records
-    a finished merge whose results are in the cache at generations gi, gj; it is committed once both are
-    written, at a checkpoint, under cache pressure, or at ``close()``, which writes everything still dirty.
+    ``write_now(sid)`` writes a shard's cached graph at once (a shard with no merge left). ``gnnd_done(sid)``
+    and ``merged(pair, gi, gj)`` record results in the cache (a merge's at generations gi, gj), written at the
+    next checkpoint (at once with an interval of 0), under cache pressure, or at ``close()``, which writes
+    everything still dirty; a merge is committed once both its graphs are written.
     """
 
     def __init__(self, store: Store, ledger, acct: Accounting, cache: ShardCache):
@@ -37,7 +40,7 @@ class Writer:
         self.error: BaseException | None = None
         self.finished: list[tuple[int, int, int, int]] = []  # merged pairs not yet committed, with gens
         self.written_gen: dict[int, int] = {}
-        self.oldest = 0.0  # when the oldest uncommitted merge finished
+        self.since: float | None = None  # when the oldest result not yet on disk was made
         self._lock = threading.Lock()
         self.interval = checkpoint_s()
         cache.on_pressure = lambda sids: self.jobs.put(list(sids))
@@ -48,17 +51,30 @@ class Writer:
         self._raise()
         self.jobs.put([sid])
 
+    def gnnd_done(self, sid: int) -> None:
+        self._raise()
+        if self.interval <= 0:
+            self.jobs.put([sid])
+        else:
+            self._start_clock()
+
     def merged(self, pair: tuple[int, int], gen_i: int, gen_j: int) -> None:
         self._raise()
         with self._lock:
-            first = not self.finished
-            if first:  # the checkpoint clock runs from the oldest merge not yet on disk
-                self.oldest = time.monotonic()
             self.finished.append((*pair, gen_i, gen_j))
         if self.interval <= 0:
             self.jobs.put(list(pair))
-        elif first:
-            self.jobs.put("tick")  # wake the writer to start the clock
+        else:
+            self._start_clock()
+
+    def _start_clock(self) -> None:
+        """The checkpoint clock runs from the oldest result not yet on disk: start it and wake the writer."""
+        with self._lock:
+            first = self.since is None
+            if first:
+                self.since = time.monotonic()
+        if first:
+            self.jobs.put("tick")
 
     def close(self) -> None:
         """Write every dirty shard, commit, stop the thread; raise the first write error."""
@@ -74,19 +90,14 @@ class Writer:
     def _run(self) -> None:
         while True:
             with self._lock:
-                due = self.oldest + self.interval if self.finished else None
+                due = None if self.since is None else self.since + self.interval
             try:
                 job = self.jobs.get(timeout=None if due is None else max(0.0, due - time.monotonic()))
             except queue.Empty:
                 job = "checkpoint"
             if job == "tick":
                 continue
-            if job is None or job == "checkpoint":
-                sids = self.cache.dirty()
-                with self._lock:  # merges finishing while this checkpoint writes wait for the next one
-                    self.oldest = time.monotonic()
-            else:
-                sids = job
+            sids = self.cache.dirty() if job is None or job == "checkpoint" else job
             if self.error is None:
                 try:
                     self._write(sids)
@@ -94,6 +105,9 @@ class Writer:
                     self.error = e
             if job is None:
                 return
+            if job == "checkpoint":  # results made while it wrote wait for the next one
+                with self._lock:
+                    self.since = time.monotonic() if self.finished or self.cache.dirty() else None
 
     def _write(self, sids: Iterable[int]) -> None:
         """Write the cached graphs of ``sids``, record them and the pairs they complete, and commit."""
