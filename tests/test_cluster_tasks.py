@@ -1,6 +1,6 @@
 """A Dask worker's two task threads (bigknn/cluster/): the backend calls of two tasks on one worker take turns
 (``tasks.COMPUTE_LOCK``) while one task's graph writes overlap the other's compute; ``local:N`` starts its
-workers with ``TASK_THREADS`` threads. No cluster is
+workers with ``TASK_THREADS`` threads; the client spreads tasks over the workers' threads. No cluster is
 started: the tasks run on threads of this process, as on a worker, against a fake backend that records how
 its calls meet (events and barriers, not timings)."""
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 import threading
 import types
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,7 @@ import pytest
 import bigknn
 from bigknn.backends.base import Backend
 from bigknn.cluster import connect, tasks
+from bigknn.cluster.executor import pick_worker
 from bigknn.cluster.tasks import ShardRef, StoreSpec
 from bigknn.graph import KnnGraph
 from bigknn.shards import Store
@@ -157,3 +159,12 @@ def test_local_gpu_workers_run_two_task_threads(monkeypatch):
     monkeypatch.setattr(connect, "_cuda_usable", lambda: True)
     connect._local_cluster("local:2", "cuda")
     assert calls[0]["CUDA_VISIBLE_DEVICES"] == [0, 1] and calls[0]["threads_per_worker"] == 2
+
+
+def test_pick_worker_keeps_locality_while_a_thread_is_free():
+    threads = {"a": 2, "b": 2}
+    assert pick_worker(["b", None], threads, Counter({"b": 1})) == "b"  # holds the shard, a thread free
+    assert pick_worker(["b"], threads, Counter({"b": 2, "a": 1})) == "a"  # b full: the least loaded
+    assert pick_worker(["gone"], threads, Counter({"a": 1})) == "b"  # a holder that left counts for nothing
+    assert pick_worker([], threads, Counter()) in threads
+    assert pick_worker([], {}, Counter()) is None
