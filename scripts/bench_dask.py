@@ -78,6 +78,8 @@ def run(mode: str, args: argparse.Namespace, workers: int, device: str) -> dict:
                    *mode_args(mode, args.backend, workers), *args.build_args)
     wall = time.perf_counter() - t
     recall = bigknn("eval", "recall", str(store), "--backend", args.backend)
+    if not args.keep_stores:  # a 50M store is ~40 GB: the two would not fit a 128 GB disk beside the input
+        shutil.rmtree(store, ignore_errors=True)
     return {"workload": args.workload, "rows": built["rows"], "dim": built["dim"], "shards": built["shards"],
             "merges": built["merges_done"], "gpus": workers if args.backend != "cpu" else 0, "mode": mode,
             "wall_s": round(wall, 3), "build_wall_s": built["wall_s"], "recall": recall["recall"],
@@ -95,6 +97,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=None,
                    help="Dask workers (default: one per GPU; 2 with --backend cpu).")
     p.add_argument("--modes", default=",".join(MODES), help="Comma-separated subset of in-process,dask.")
+    p.add_argument("--keep-stores", action="store_true", help="Keep each store (default: deleted once measured).")
     p.add_argument("build_args", nargs="*", help="After --: options for both builds.")
     args = p.parse_args(argv)
     args.workload = args.workload or args.input.stem
