@@ -1,7 +1,7 @@
 """Builds, ingests and resumes on a Dask cluster (``--scheduler``, issue 14), against the in-process run.
 
-One local cluster of two single-threaded worker processes serves the whole module (starting one costs
-seconds). A Dask run must give the in-process run's quality (recall within 0.005 on 8 shards), survive a
+One local cluster of two worker processes, of two task threads each as ``local:N`` starts them, serves the
+whole module (starting one costs seconds). A Dask run must give the in-process run's quality (recall within 0.005 on 8 shards), survive a
 worker SIGKILLed mid-merge and a client killed mid-build (the rerun resumes), and refuse what it cannot run
 with one line and exit 2.
 """
@@ -22,7 +22,7 @@ import pytest
 distributed = pytest.importorskip("distributed")
 
 import bigknn  # noqa: E402
-from bigknn.cluster.connect import Cluster  # noqa: E402
+from bigknn.cluster.connect import TASK_THREADS, Cluster  # noqa: E402
 from bigknn.cluster.executor import check_visible  # noqa: E402
 from bigknn.cluster.tasks import claim_version  # noqa: E402
 from bigknn.errors import BadInput  # noqa: E402
@@ -41,7 +41,7 @@ CLI_OPTS = ["--k", K, "--backend", "cpu", "--shard-rows", SHARD_ROWS, "--seed", 
 @pytest.fixture(scope="module")
 def cluster():
     """A local cluster of two worker processes (nannies restart a killed one) and a client to watch it."""
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=TASK_THREADS, processes=True,
                                   dashboard_address=":0") as local, distributed.Client(local) as client:
         yield client
 

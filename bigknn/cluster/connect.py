@@ -21,6 +21,9 @@ if TYPE_CHECKING:
     from distributed import Client
 
 LOCAL_PREFIX = "local:"
+# threads of a local:N worker: two tasks at once, so one's disk I/O overlaps the other's compute (the backend
+# calls take turns: tasks.COMPUTE_LOCK); external workers should be started with --nthreads 2 likewise
+TASK_THREADS = 2
 CONNECT_TIMEOUT_S = 30  # for a scheduler to answer, and for its first worker to join
 INSTALL_HINT = "needs dask and distributed: pip install 'bigknn[dask]' (and dask-cuda for GPU workers)"
 
@@ -34,7 +37,8 @@ class Cluster:
     gpu_mem: int | None
 
     def slots(self) -> int:
-        """Tasks to keep in flight: one per worker thread (a task holds a whole GPU or CPU core)."""
+        """Tasks to keep in flight: one per worker thread (``TASK_THREADS`` a worker: while one computes on
+        its GPU or cores, the other reads or writes)."""
         return max(1, sum(self.client.nthreads().values()))
 
 
@@ -49,7 +53,7 @@ def active() -> Cluster | None:
 @contextmanager
 def use_scheduler(address: str | None, backend: str, gpu_mem: int | None, reporter: Reporter) -> Iterator[None]:
     """Within the block, runs go to the Dask cluster at ``address`` ("tcp://host:8786", or "local:N" for a
-    local cluster of N single-threaded worker processes); ``None`` or "" changes nothing."""
+    local cluster of N worker processes); ``None`` or "" changes nothing."""
     if not address:
         yield
         return
@@ -89,8 +93,8 @@ def _connect(address: str, backend: str) -> tuple["Client", Any]:
 
 
 def _local_cluster(address: str, backend: str) -> Any:
-    """``local:N``: N worker processes of one thread each; on a GPU machine with dask-cuda and a CUDA
-    backend, a ``LocalCUDACluster`` of N workers, one GPU each."""
+    """``local:N``: N worker processes of ``TASK_THREADS`` threads each; on a GPU machine with dask-cuda and
+    a CUDA backend, a ``LocalCUDACluster`` of N workers, one GPU each."""
     try:
         workers = int(address[len(LOCAL_PREFIX):])
         if workers < 1:
@@ -103,11 +107,11 @@ def _local_cluster(address: str, backend: str) -> Any:
         except ImportError:
             raise BadInput(f"--scheduler {address}", "GPU workers need dask-cuda (pip install dask-cuda), "
                                                      "or use --backend cpu") from None
-        return LocalCUDACluster(CUDA_VISIBLE_DEVICES=list(range(workers)), threads_per_worker=1,
+        return LocalCUDACluster(CUDA_VISIBLE_DEVICES=list(range(workers)), threads_per_worker=TASK_THREADS,
                                 dashboard_address=":0")
     from distributed import LocalCluster
 
-    return LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0")
+    return LocalCluster(n_workers=workers, threads_per_worker=TASK_THREADS, processes=True, dashboard_address=":0")
 
 
 def _cuda_usable() -> bool:

@@ -8,9 +8,10 @@ pair is committed once: the scheduler hands each pending pair out once, and a ta
 reruns all end in that one future's single result.
 
 A task whose worker dies is rerun by Dask on another worker; a task that fails is submitted again with the
-shards' current versions (``ATTEMPTS`` in all). Each submission carries a ``workers=`` hint, the worker
-that last held one of its shards (it keeps them in memory), which Dask may overrule when that worker is busy
-or gone (``allow_other_workers``).
+shards' current versions (``ATTEMPTS`` in all). Each submission carries a ``workers=`` hint (``pick_worker``):
+the worker that last held one of its shards (it keeps them in memory) if it has a thread free, else the
+worker with the fewest of the run's tasks, so every worker has two tasks (one computing, one reading or
+writing: connect.TASK_THREADS); Dask overrules a hint naming a worker that is gone (``allow_other_workers``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import logging
 import threading
 import time
 import uuid
+from collections import Counter
 from itertools import chain
 from typing import Callable, Iterable
 
@@ -70,6 +72,16 @@ def check_visible(cluster: Cluster, store: Store) -> None:
                                    "workers); put it on a path every worker sees (a shared file system)")
 
 
+def pick_worker(holders: list[str | None], threads: dict[str, int], inflight: Counter[str]) -> str | None:
+    """The first of ``holders`` (workers holding a task's shards in memory) that is up and has a thread free,
+    else the worker with the fewest tasks in flight, the holders first among equals (None: no worker)."""
+    for w in holders:
+        if w in threads and inflight[w] < threads[w]:
+            return w
+    ranked = sorted(threads, key=lambda w: (inflight[w], w not in holders))
+    return ranked[0] if ranked else None
+
+
 class _Run:
     """One run's client threads, the commits of their results, and where each shard was last held."""
 
@@ -83,6 +95,7 @@ class _Run:
         self.sample_data = (cluster.client.scatter(sample.vectors, broadcast=True) if sample is not None
                             else None)
         self.holder: dict[int, str] = {}  # shard -> the worker that wrote its latest graph
+        self.inflight: Counter[str] = Counter()  # worker -> this run's tasks submitted to it and not done
         self.merged_with: dict[int, list[int]] = {}  # the shards each shard was merged with, in order
         for i, j in ledger.history():
             self._record(i, j)
@@ -169,9 +182,9 @@ class _Run:
         attempt = 1
         while True:
             fn, *args = task()
-            near = [w for s in shards if (w := self.holder.get(s)) is not None]
+            worker = self._place(shards)
             future = client.submit(fn, *args, key=f"{name}-{uuid.uuid4().hex[:8]}", pure=False,
-                                   workers=near or None, allow_other_workers=bool(near))
+                                   workers=[worker] if worker else None, allow_other_workers=worker is not None)
             try:
                 return future.result()
             except Exception as e:  # noqa: BLE001 - a worker's error, retried, then re-raised
@@ -180,7 +193,19 @@ class _Run:
                 log.warning("%s failed on attempt %d (%s); submitting it again", name, attempt, e)
             finally:
                 future.release()
+                if worker is not None:
+                    with self.lock:
+                        self.inflight[worker] -= 1
             attempt += 1
+
+    def _place(self, shards: list[int]) -> str | None:
+        """The worker to hint for a task on ``shards`` (``pick_worker``), counted in flight there."""
+        threads = self.cluster.client.nthreads()  # the workers now: a restarted one has a new address
+        with self.lock:
+            worker = pick_worker([self.holder.get(s) for s in shards], threads, self.inflight)
+            if worker is not None:
+                self.inflight[worker] += 1
+            return worker
 
     # ---- commits -------------------------------------------------------------------------------
     def _commit(self, res: TaskResult, pair: tuple[int, int] | None, phase: str) -> None:

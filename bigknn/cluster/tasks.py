@@ -9,6 +9,10 @@ committed leaves an unreferenced version that a later commit deletes (bigknn/sha
 
 Each worker process keeps the parts it read or wrote last (``PartCache``): the client sends a pair to the
 worker that last held one of its shards, so consecutive merges of a shard read it from memory, not disk.
+
+A worker runs two tasks at once (``connect.TASK_THREADS``) but their backend calls one at a time
+(``COMPUTE_LOCK``): one task's reads, upload and graph writes overlap the other's GPU (or CPU) compute, so
+the device does not wait on the disk, and the two never share its memory or its cores.
 """
 
 from __future__ import annotations
@@ -30,7 +34,12 @@ from bigknn.metrics import kernel_metric
 from bigknn.params import GnndParams
 from bigknn.shards import Manifest, Store
 
-CACHE_PARTS = 6  # shard parts a worker keeps: the pairs it merged last (a 1M x 96 shard with lists of 48: 0.8 GB)
+# shard parts a worker keeps: its two running tasks' four shards and the pairs before (a 1M x 96 shard with
+# lists of 48: 0.8 GB, so 6.4 GB, plus the two tasks' new graphs while they are written)
+CACHE_PARTS = 8
+# held by a task's backend calls: one task computes at a time on a worker's GPU (its memory budget is planned
+# for one call) or CPU (a numba kernel takes every core), while the worker's other task reads or writes
+COMPUTE_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -186,10 +195,12 @@ def gnnd(spec: StoreSpec, shard: ShardRef, seed: int, sample: np.ndarray | None,
     store = Store(Path(spec.path), spec.header)
     backend, metric = worker_backend(spec), kernel_metric(spec.header.metric)
     part, nread = _part(store, shard)
-    t = time.perf_counter()
-    g = backend.gnnd(part.vectors, metric, GnndParams(**spec.header.params), seed=seed)
-    truth = None if sample is None else backend.exact_knn(sample, sample_k, metric, [(shard.offset, part.vectors)])
-    seconds = time.perf_counter() - t
+    with COMPUTE_LOCK:
+        t = time.perf_counter()
+        g = backend.gnnd(part.vectors, metric, GnndParams(**spec.header.params), seed=seed)
+        truth = (None if sample is None
+                 else backend.exact_knn(sample, sample_k, metric, [(shard.offset, part.vectors)]))
+        seconds = time.perf_counter() - t
     version, nwritten = _write(store, shard, shard_graph_to_global(g, shard.offset), part.vectors)
     return TaskResult({shard.id: version}, g.report, seconds, nread, nwritten, worker_name(), truth)
 
@@ -200,10 +211,13 @@ def merge(spec: StoreSpec, a: ShardRef, b: ShardRef, vias: list[ShardRef], seed:
     backend = worker_backend(spec)
     (pa, ra), (pb, rb) = _part(store, a), _part(store, b)
     via_parts = [_part(store, v) for v in vias]
-    t = time.perf_counter()
-    ga, gb = backend.ggm(pa, pb, kernel_metric(spec.header.metric), GnndParams(**spec.header.params), seed=seed,
-                         vias=[p for p, _ in via_parts])
-    seconds = time.perf_counter() - t
+    # a GPU uploads the pair while the worker's other task computes
+    backend.stage([arr for p in (pa, pb) for arr in (p.vectors, p.graph.ids, p.graph.dists)])
+    with COMPUTE_LOCK:
+        t = time.perf_counter()
+        ga, gb = backend.ggm(pa, pb, kernel_metric(spec.header.metric), GnndParams(**spec.header.params),
+                             seed=seed, vias=[p for p, _ in via_parts])
+        seconds = time.perf_counter() - t
     with ThreadPoolExecutor(2) as pool:  # the two shards' graphs go to disk side by side
         (va, wa), (vb, wb) = pool.map(lambda job: _write(store, *job), [(a, ga, pa.vectors), (b, gb, pb.vectors)])
     nread = ra + rb + sum(r for _, r in via_parts)

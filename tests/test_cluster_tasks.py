@@ -1,0 +1,170 @@
+"""A Dask worker's two task threads (bigknn/cluster/): the backend calls of two tasks on one worker take turns
+(``tasks.COMPUTE_LOCK``) while one task's graph writes overlap the other's compute; ``local:N`` starts its
+workers with ``TASK_THREADS`` threads; the client spreads tasks over the workers' threads. No cluster is
+started: the tasks run on threads of this process, as on a worker, against a fake backend that records how
+its calls meet (events and barriers, not timings)."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import types
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import bigknn
+from bigknn.backends.base import Backend
+from bigknn.cluster import connect, tasks
+from bigknn.cluster.executor import pick_worker
+from bigknn.cluster.tasks import ShardRef, StoreSpec
+from bigknn.graph import KnnGraph
+from bigknn.shards import Store
+from conftest import write_synth
+
+MEET_S = 0.5  # how long a compute waits for the other task's compute to join it (it must not)
+OVERLAP_S = 10.0  # how long a write waits for the other task's compute to start (it must)
+
+
+class MeetingBackend(Backend):
+    """GNND and GGM that return their input graphs, after waiting (``MEET_S``) at a barrier for the other
+    task's call: ``peak`` is the most calls seen at once. ``on_compute`` runs first in each call."""
+
+    name = "meeting"
+
+    def __init__(self):
+        self.barrier = threading.Barrier(2, timeout=MEET_S)
+        self.active = self.peak = 0
+        self.lock = threading.Lock()
+        self.on_compute = lambda shard_ids: None
+
+    def _compute(self, shard_ids: tuple[int, ...]) -> None:
+        self.on_compute(shard_ids)
+        with self.lock:
+            self.active += 1
+            self.peak = max(self.peak, self.active)
+        try:
+            self.barrier.wait()
+        except threading.BrokenBarrierError:
+            pass
+        finally:
+            with self.lock:
+                self.active -= 1
+
+    def gnnd(self, x, metric, params, seed, on_iter=None) -> KnnGraph:
+        self._compute(())
+        return KnnGraph(np.zeros((len(x), 2), np.int32), np.zeros((len(x), 2), np.float32))
+
+    def ggm(self, a, b, metric, params, seed, on_iter=None, vias=None):
+        self._compute((a.offset, b.offset))
+        return a.graph, b.graph
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> Path:
+    """A finished store of 4 shards (only read: the tasks write uncommitted versions beside its own)."""
+    d = tmp_path_factory.mktemp("tasks")
+    write_synth(d / "x.fbin", 200, 8, seed=3)
+    bigknn.build(d / "x.fbin", store=d / "s.knn", k=4, backend="cpu", shard_rows=50, seed=1).close()
+    return d / "s.knn"
+
+
+@pytest.fixture
+def backend(built, monkeypatch) -> MeetingBackend:
+    fake = MeetingBackend()
+    monkeypatch.setitem(tasks._BACKENDS, ("meeting", None), fake)
+    monkeypatch.setattr(tasks, "_CACHE", tasks.PartCache())
+    return fake
+
+
+def _spec(store: Store) -> StoreSpec:
+    return StoreSpec.of(store, "meeting", None)
+
+
+def _ref(store: Store, sid: int, graph: bool = True) -> ShardRef:
+    shard = store.manifest.shards[sid]
+    return ShardRef(sid, shard.offset, shard.graph if graph else None)
+
+
+def _merge(store: Store, i: int, j: int) -> None:
+    tasks.merge(_spec(store), _ref(store, i), _ref(store, j), [], seed=0)
+
+
+def _both(*calls) -> None:
+    threads = [threading.Thread(target=c) for c in calls]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def test_two_merges_on_one_worker_never_compute_at_once(built, backend):
+    store = Store.open(built, pin=False)
+    _both(lambda: _merge(store, 0, 1), lambda: _merge(store, 2, 3))
+    assert backend.peak == 1, "two tasks of one worker ran their backend calls at once"
+
+
+def test_two_gnnds_on_one_worker_never_compute_at_once(built, backend):
+    store = Store.open(built, pin=False)
+    gnnd = lambda sid: tasks.gnnd(_spec(store), _ref(store, sid, graph=False), 0, None, 0)  # noqa: E731
+    _both(lambda: gnnd(0), lambda: gnnd(1))
+    assert backend.peak == 1
+
+
+def test_a_merges_writes_overlap_the_next_merges_compute(built, backend, monkeypatch):
+    """Merge (0, 1) holds its graph writes until merge (2, 3) computes: that happens only if the writes are
+    outside the lock."""
+    store = Store.open(built, pin=False)
+    offsets = {store.manifest.shards[s].offset for s in (2, 3)}
+    first_writing, second_computing = threading.Event(), threading.Event()
+    backend.barrier = threading.Barrier(1)  # each call passes at once
+    backend.on_compute = lambda at: second_computing.set() if set(at) == offsets else None
+    write_graph, waited = Store.write_graph, []
+
+    def held_write(self, shard_id, version, graph):
+        if shard_id in (0, 1):
+            first_writing.set()
+            waited.append(second_computing.wait(OVERLAP_S))
+        write_graph(self, shard_id, version, graph)
+
+    monkeypatch.setattr(Store, "write_graph", held_write)
+    first = threading.Thread(target=_merge, args=(store, 0, 1))
+    first.start()
+    assert first_writing.wait(OVERLAP_S)
+    _merge(store, 2, 3)
+    first.join()
+    assert waited == [True, True], "the second task's compute waited for the first task's writes"
+
+
+def _recording(calls: list) -> type:
+    class Recorder:
+        def __init__(self, **kwargs):
+            calls.append(kwargs)
+
+    return Recorder
+
+
+def test_local_cpu_workers_run_two_task_threads(monkeypatch):
+    calls: list = []
+    monkeypatch.setitem(sys.modules, "distributed", types.SimpleNamespace(LocalCluster=_recording(calls)))
+    connect._local_cluster("local:3", "cpu")
+    assert calls[0]["n_workers"] == 3 and calls[0]["threads_per_worker"] == connect.TASK_THREADS == 2
+
+
+def test_local_gpu_workers_run_two_task_threads(monkeypatch):
+    calls: list = []
+    monkeypatch.setitem(sys.modules, "dask_cuda", types.SimpleNamespace(LocalCUDACluster=_recording(calls)))
+    monkeypatch.setattr(connect, "_cuda_usable", lambda: True)
+    connect._local_cluster("local:2", "cuda")
+    assert calls[0]["CUDA_VISIBLE_DEVICES"] == [0, 1] and calls[0]["threads_per_worker"] == 2
+
+
+def test_pick_worker_keeps_locality_while_a_thread_is_free():
+    threads = {"a": 2, "b": 2}
+    assert pick_worker(["b", None], threads, Counter({"b": 1})) == "b"  # holds the shard, a thread free
+    assert pick_worker(["b"], threads, Counter({"b": 2, "a": 1})) == "a"  # b full: the least loaded
+    assert pick_worker(["gone"], threads, Counter({"a": 1})) == "b"  # a holder that left counts for nothing
+    assert pick_worker([], threads, Counter()) in threads
+    assert pick_worker([], {}, Counter()) is None
