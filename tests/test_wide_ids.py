@@ -170,3 +170,15 @@ def test_an_ingest_past_the_limit_switches_to_int64_and_changes_nothing_else(tmp
     np.testing.assert_array_equal(wide_ids, plain_ids)
     for s in wide.manifest.shards:  # every shard took part in a merge with the new rows: rewritten int64
         assert wide.array_meta(f"shards/{s.id}/graph/{s.graph}/ids")["data_type"] == "int64"
+
+
+def test_the_cuda_backend_refuses_ids_past_int32_in_one_line():
+    """Its kernels hold global ids as int32: past 2^31 rows it refuses rather than wrap (CPU-only check)."""
+    from bigknn.backends.cuda.backend import _int32_blocks, _require_int32_ids
+
+    _require_int32_ids(2**31)
+    for args in ((2**31 + 1,), (10, np.dtype(np.int64))):
+        with pytest.raises(BadInput, match="--backend cpu only"):
+            _require_int32_ids(*args)
+    with pytest.raises(BadInput, match="past 2\\^31 rows"):
+        list(_int32_blocks([(0, np.zeros((5, 2))), (2**31 - 2, np.zeros((5, 2)))]))
