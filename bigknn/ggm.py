@@ -27,7 +27,7 @@ from typing import Callable
 
 import numpy as np
 
-from bigknn.graph import EMPTY, ID_DTYPE, KnnGraph, ShardPart, merge_lists
+from bigknn.graph import EMPTY, LOCAL_ID_DTYPE, KnnGraph, ShardPart, id_dtype, merge_lists
 
 
 @dataclass
@@ -73,14 +73,15 @@ def to_local(ids: np.ndarray, a: ShardPart, b: ShardPart) -> np.ndarray:
     in_b = (ids >= b.offset) & (ids < b.offset + nb)
     out[in_a] = ids[in_a] - a.offset
     out[in_b] = ids[in_b] - b.offset + na
-    return out.astype(ID_DTYPE)
+    return out.astype(LOCAL_ID_DTYPE)
 
 
 def to_global(ids: np.ndarray, a: ShardPart, b: ShardPart) -> np.ndarray:
-    na = a.vectors.shape[0]
+    """Local ids of the merged index space -> store-wide ids, in the dtype that holds both shards' ids."""
+    na, nb = a.vectors.shape[0], b.vectors.shape[0]
     ids64 = ids.astype(np.int64)
     out = np.where(ids64 < na, ids64 + a.offset, ids64 - na + b.offset)
-    return np.where(ids == EMPTY, EMPTY, out).astype(ID_DTYPE)
+    return np.where(ids == EMPTY, EMPTY, out).astype(id_dtype(max(a.offset + na, b.offset + nb)))
 
 
 def start_merge(a: ShardPart, b: ShardPart, rng: np.random.Generator, vias: list[ShardPart] | None = None) -> MergeSetup:
@@ -99,12 +100,12 @@ def start_merge(a: ShardPart, b: ShardPart, rng: np.random.Generator, vias: list
     rank = np.cumsum(in_pair, axis=1) - 1
     take = in_pair & (rank < held[:, None])
     n = na + nb
-    ids = np.full((n, k), EMPTY, dtype=ID_DTYPE)
+    ids = np.full((n, k), EMPTY, dtype=LOCAL_ID_DTYPE)
     dists = np.full((n, k), np.inf, dtype=np.float32)
     r = np.broadcast_to(np.arange(n)[:, None], (n, k))
     ids[r[take], rank[take]] = local[take]
     dists[r[take], rank[take]] = old_d[take]
-    fill_b = rng.integers(0, na, size=(nb, fill)).astype(ID_DTYPE)  # rows of a for lists of b
+    fill_b = rng.integers(0, na, size=(nb, fill)).astype(LOCAL_ID_DTYPE)  # rows of a for lists of b
     if vias:
         seeds = seeds_through(b, a, vias, fill)
         fill_b = np.where(seeds != EMPTY, seeds, fill_b)
@@ -143,7 +144,7 @@ def seeds_through(b: ShardPart, a: ShardPart, vias: list[ShardPart], count: int)
     if any(v.graph.k != wv for v in vias):
         raise ValueError(f"seeded merge: via lists of widths {[v.graph.k for v in vias]}; they must be equal")
     nb, na = b.graph.rows, a.graph.rows
-    out = np.full((nb, count), EMPTY, dtype=ID_DTYPE)
+    out = np.full((nb, count), EMPTY, dtype=LOCAL_ID_DTYPE)
     for s in range(0, nb, SEED_ROWS):
         g = b.graph.ids[s:s + SEED_ROWS].astype(np.int64)  # (r, w) global ids
         hop = np.full(g.shape + (wv,), EMPTY, dtype=np.int64)  # (r, w, wv) lists of the row's via neighbours
@@ -168,7 +169,7 @@ def _first_distinct(cand: np.ndarray, count: int, none: int) -> np.ndarray:
     pos.sort(axis=1)
     pos = pos[:, :count]
     out = np.take_along_axis(cand, np.minimum(pos, m - 1), axis=1)
-    out = np.where(pos < m, out, EMPTY).astype(ID_DTYPE)
+    out = np.where(pos < m, out, EMPTY).astype(LOCAL_ID_DTYPE)
     if out.shape[1] < count:
         out = np.pad(out, ((0, 0), (0, count - out.shape[1])), constant_values=EMPTY)
     return out

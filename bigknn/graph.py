@@ -1,7 +1,12 @@
 """k-NN graph arrays and the vectorised list merge that every stage shares.
 
-A graph is two arrays: ``ids`` (rows, k) int32 neighbour ids and ``dists`` (rows, k) float32 ordering
-keys, ascending per row. An empty slot holds id ``EMPTY`` and key ``+inf``.
+A graph is two arrays: ``ids`` (rows, k) neighbour ids and ``dists`` (rows, k) float32 ordering keys,
+ascending per row. An empty slot holds id ``EMPTY`` and key ``+inf``.
+
+Ids come in two kinds. Local ids (a row's place in one shard, or in the index space of one merge's pair of
+shards) are ``LOCAL_ID_DTYPE``: a shard holds at most tens of millions of rows, and the kernels work on them.
+Store-wide ids (shard offset + local id) are ``id_dtype(rows)`` of the store's rows: int32 while every id
+fits, int64 beyond (the store's manifest records which, bigknn/shards/manifest.py).
 """
 
 from __future__ import annotations
@@ -11,12 +16,20 @@ from dataclasses import dataclass
 import numpy as np
 
 EMPTY = -1
-ID_DTYPE = np.int32
+LOCAL_ID_DTYPE = np.dtype(np.int32)
+INT32_ROWS = int(np.iinfo(np.int32).max) + 1  # rows whose ids 0 .. rows - 1 all fit int32
+
+
+def id_dtype(rows: int) -> np.dtype:
+    """The dtype of store-wide ids among ``rows`` rows: int32 while every id fits (half the bytes of int64,
+    on disk and in memory), int64 beyond. Signed both ways: EMPTY (-1) marks empty slots everywhere, so
+    uint32 would need another sentinel and would break every ``ids >= 0`` test."""
+    return np.dtype(np.int32) if rows <= INT32_ROWS else np.dtype(np.int64)
 
 
 @dataclass
 class KnnGraph:
-    ids: np.ndarray  # (rows, k) int32
+    ids: np.ndarray  # (rows, k) local ids, or store-wide ids (int32 or int64: ``id_dtype``)
     dists: np.ndarray  # (rows, k) float32, ascending per row
     report: dict | None = None  # how the descent that made it ended (bigknn/recall.py Stopper.report)
 
@@ -39,9 +52,10 @@ class ShardPart:
 
 
 def shard_graph_to_global(g: KnnGraph, offset: int) -> KnnGraph:
-    """A shard's GNND graph (ids local to the shard) with store-wide ids: ``offset`` added in place of a
-    fresh array (int64 temporaries cost ~0.3 s of held GIL per 1M-row shard); EMPTY slots stay EMPTY."""
-    ids = np.asarray(g.ids, dtype=ID_DTYPE)
+    """A shard's GNND graph (ids local to the shard) with store-wide ids: ``offset`` added in place where the
+    ids stay int32 (int64 temporaries cost ~0.3 s of held GIL per 1M-row shard), into an int64 copy where
+    the shard's last id passes int32; EMPTY slots stay EMPTY."""
+    ids = np.asarray(g.ids, dtype=id_dtype(offset + g.rows))
     np.add(ids, offset, out=ids, where=ids >= 0)
     return KnnGraph(ids, g.dists)
 
@@ -51,7 +65,8 @@ def merge_lists(ids: np.ndarray, dists: np.ndarray, k: int, extra: np.ndarray | 
 
     ``ids``/``dists`` are (rows, m) with m >= k, in any order. Where an id appears twice the smaller key
     wins. ``extra`` is an optional (rows, m) array carried along with the kept entries (flags).
-    Returns (ids, dists[, extra]) of shape (rows, k); short rows are padded with EMPTY/+inf.
+    Returns (ids, dists[, extra]) of shape (rows, k), ids in the dtype of ``ids``; short rows are padded
+    with EMPTY/+inf.
     """
     rows, m = ids.shape
     dists = np.where(ids == EMPTY, np.inf, dists).astype(np.float32, copy=False)
@@ -72,7 +87,7 @@ def merge_lists(ids: np.ndarray, dists: np.ndarray, k: int, extra: np.ndarray | 
     pick = np.take_along_axis(part, within, axis=1)
     out_ids = np.take_along_axis(sid, pick, axis=1)
     out_d = np.take_along_axis(sd, pick, axis=1)
-    out_ids = np.where(np.isinf(out_d), EMPTY, out_ids).astype(ID_DTYPE)
+    out_ids = np.where(np.isinf(out_d), EMPTY, out_ids).astype(ids.dtype, copy=False)
     if kk < k:
         pad = k - kk
         out_ids = np.pad(out_ids, ((0, 0), (0, pad)), constant_values=EMPTY)
@@ -87,9 +102,14 @@ def merge_lists(ids: np.ndarray, dists: np.ndarray, k: int, extra: np.ndarray | 
 
 
 def _argsort_id_then_key(ids: np.ndarray, dists: np.ndarray) -> np.ndarray:
-    """Row-wise order by id, then by key: one argsort of a combined 64-bit key is faster than lexsort."""
-    combined = (ids.astype(np.int64) << 32) | sortable_float_bits(dists).astype(np.int64)
-    return np.argsort(combined, axis=1)
+    """Row-wise order by id, then by key: one argsort of a combined 64-bit key (id in the high 32 bits) is
+    faster than lexsort; ids past int32 do not fit there and take two stable sorts, key then id."""
+    bits = sortable_float_bits(dists)
+    if ids.size == 0 or ids.max() < INT32_ROWS:
+        return np.argsort((ids.astype(np.int64) << 32) | bits.astype(np.int64), axis=1)
+    by_key = np.argsort(bits, axis=1, kind="stable")
+    by_id = np.argsort(np.take_along_axis(ids, by_key, axis=1), axis=1, kind="stable")
+    return np.take_along_axis(by_key, by_id, axis=1)
 
 
 def sortable_float_bits(x: np.ndarray) -> np.ndarray:

@@ -17,7 +17,7 @@ from typing import Callable
 
 import numpy as np
 
-from bigknn.graph import EMPTY, ID_DTYPE, merge_lists
+from bigknn.graph import EMPTY, id_dtype, merge_lists
 
 RECALL_AT = 10  # the recall the target and every estimate speak of: recall@10 (or @k where k < 10)
 PROBE_ROWS = 1000  # rows of a descent's probe: an interval of about +-0.002 at recall 0.99
@@ -110,7 +110,7 @@ class Probe:
         a_off, b_off = self.offsets
         local = np.asarray(row_ids).astype(np.int64)
         glob = np.where(local < self.na, local + a_off, local - self.na + b_off)
-        glob = np.where(local == EMPTY, EMPTY, glob).astype(ID_DTYPE)
+        glob = np.where(local == EMPTY, EMPTY, glob)
         ids, keys = merge_lists(np.concatenate([glob, self.outside[0]], axis=1),
                                 np.concatenate([np.asarray(row_keys), self.outside[1]], axis=1),
                                 self.truth_ids.shape[1])
@@ -158,9 +158,10 @@ def make_merge_probe(a, b, width: int, exact: PairExactFn, rng: np.random.Genera
                                    in zip((na, nb), _halves(na, nb, size), (0, na))]))
     m = min(RECALL_AT, width)
     in_a = rows < na
-    out_ids = np.full((len(rows), max(a.graph.k, b.graph.k)), EMPTY, ID_DTYPE)
+    gid = np.result_type(a.graph.ids, b.graph.ids, id_dtype(max(a.offset + na, b.offset + nb)))  # store-wide ids
+    out_ids = np.full((len(rows), max(a.graph.k, b.graph.k)), EMPTY, gid)
     out_keys = np.full(out_ids.shape, np.inf, np.float32)
-    ex_ids = np.full((len(rows), m), EMPTY, ID_DTYPE)
+    ex_ids = np.full((len(rows), m), EMPTY, gid)
     ex_keys = np.full((len(rows), m), np.inf, np.float32)
     for mine, own, other_rows, first in ((in_a, a, nb, 0), (~in_a, b, na, na)):
         if not mine.any():

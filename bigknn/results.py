@@ -15,8 +15,8 @@ from bigknn.shards import Store
 
 
 class Neighbors(NamedTuple):
-    """Each row's neighbours, nearest first: ``ids`` (rows, k) int32 row numbers and ``distances``
-    (rows, k) float32, ascending per row (``bigknn.metrics.user_distance``). A tuple, so
+    """Each row's neighbours, nearest first: ``ids`` (rows, k) row numbers (int32; int64 in a store past 2^31
+    rows) and ``distances`` (rows, k) float32, ascending per row (``bigknn.metrics.user_distance``). A tuple, so
     ``ids, distances = graph.neighbors()`` works."""
 
     ids: np.ndarray

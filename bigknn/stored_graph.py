@@ -92,7 +92,8 @@ class Graph(SearchMethods):
         Returns
         -------
         Neighbors
-            ``(ids, distances)``: (rows, k) int32 row numbers and float32 distances.
+            ``(ids, distances)``: (rows, k) row numbers (int32; int64 in a store past 2^31 rows) and
+            float32 distances.
 
         Examples
         --------

@@ -16,7 +16,6 @@ import numpy as np
 from bigknn.backends import Backend
 from bigknn.errors import BadInput
 from bigknn.formats import VectorFile, file_sha256, open_vectors
-from bigknn.graph import ID_DTYPE
 from bigknn.metrics import stored_dtype
 from bigknn.params import GnndParams
 from bigknn.partition.assign import backend_nearest, layout, learn_from_file, shard_count
@@ -31,8 +30,6 @@ from bigknn.progress import Reporter
 from bigknn.shards import Manifest, Store, WriterLock
 from bigknn.shards.manifest import PARTITIONED_SINCE
 from bigknn.shards.creation import NewStore
-
-MAX_ROWS = np.iinfo(ID_DTYPE).max  # ids are int32
 
 
 @dataclass
@@ -117,8 +114,6 @@ def _check_request(req: BuildRequest, vf: VectorFile) -> None:
         raise BadInput(req.input, f"k must be at least 1, got {k}")
     if k >= vf.rows:
         raise BadInput(req.input, f"k = {k} needs more than {k} rows; the file has {vf.rows}")
-    if vf.rows > MAX_ROWS:
-        raise BadInput(req.input, f"{vf.rows} rows exceed the {MAX_ROWS} that int32 ids can address")
     if req.shard_rows <= k:
         raise BadInput(req.input, f"--shard-rows {req.shard_rows} must exceed k = {k}")
     if req.partition not in METHODS:
@@ -156,6 +151,7 @@ def _new_manifest(req: BuildRequest, vf: VectorFile, method: str) -> Manifest:
                  inputs=[fingerprint(vf, sha256=None)])  # the sharding pass records the sha256
     if method != "contiguous":  # the arrays come with the sharding pass's commit (_record_partition)
         m.format, m.partition = PARTITIONED_SINCE, {"method": method, "arrays": [], "shards": 0}
+    m.hold_ids_of(vf.rows)
     return m
 
 

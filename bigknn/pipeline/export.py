@@ -2,7 +2,8 @@
 
 Row i holds the neighbours of global row i, nearest first, self excluded unless asked for (then first, at
 distance 0), with the distances of ``bigknn.metrics.user_distance``: Euclidean for ``l2``, 1 - cos for
-``cosine``, 1 - x.y for ``ip``. The format follows the output's extension.
+``cosine``, 1 - x.y for ``ip``. The format follows the output's extension. Ids are the store's (int32, or int64
+past 2^31 rows: ``.ibin`` holds int32 ids only, so such a store exports to ``.npy`` or ``.npz``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ def export(store: Store, out: Path, include_self: bool = False) -> dict:
     fmt = format_of(out)
     cols = neighbours_per_row(store, None) + include_self
     if fmt == "ibin":
+        if m.id_dtype != np.int32:
+            raise BadInput(out, f"the store's {m.rows} rows have int64 ids; .ibin holds int32 ids: export to "
+                                ".npy or .npz")
         with truth_writer(out, m.rows, cols) as (ids, dists):
             for rows, block_ids, block_dists in shard_blocks(store, include_self=include_self):
                 ids[rows] = block_ids
@@ -35,7 +39,7 @@ def export(store: Store, out: Path, include_self: bool = False) -> dict:
         files = [str(out)]
     elif fmt == "npy":
         dist_path = out.with_name(out.stem + ".dists.npy")
-        with npy_writer(out, np.int32, (m.rows, cols)) as ids, \
+        with npy_writer(out, m.id_dtype, (m.rows, cols)) as ids, \
                 npy_writer(dist_path, np.float32, (m.rows, cols)) as dists:
             # both files are renamed into place only after both are complete
             for rows, block_ids, block_dists in shard_blocks(store, include_self=include_self):

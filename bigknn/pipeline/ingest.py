@@ -26,7 +26,7 @@ from bigknn.params import GnndParams
 from bigknn.partition import load as load_partition
 from bigknn.partition.assign import LABEL_CHUNK_ROWS
 from bigknn.partition.pairs import near_shards
-from bigknn.pipeline.build import MAX_ROWS, fingerprint
+from bigknn.pipeline.build import fingerprint
 from bigknn.pipeline.sharding import shard_sizes
 from bigknn.pipeline.steps import Ledger, cache_shards, check_merge_count, record_timings, run_pending
 from bigknn.pipeline.accounting import Accounting
@@ -242,8 +242,6 @@ def _check_compatible(store: Store, vf: VectorFile) -> None:
     if want is not None and np.dtype(vf.read_dtype).str != want:
         raise BadInput(vf.path, f"holds {np.dtype(vf.read_dtype).name} values; the store was built from "
                                 f"{np.dtype(want).name}")
-    if m.rows + vf.rows > MAX_ROWS:
-        raise BadInput(vf.path, f"would take the store past {MAX_ROWS} rows (int32 ids)")
 
 
 def _seen(store: Store, vf: VectorFile) -> dict | None:
@@ -287,6 +285,7 @@ def _stage(store: Store, vf: VectorFile, fp: dict, watching: bool, report: dict,
         store.remove_uncommitted_shards(new_ids)
         return False
     m.pending = {"inputs": [fp], "shards": new, "graphs": {}, "merged": [], "near": _near(store, vf)}
+    m.hold_ids_of(offset + vf.rows)  # past 2^31 rows: this ingest writes every graph it touches with int64 ids
     store.commit()
     acct.add("shard", time.perf_counter() - t, nbytes_written=vf.rows * vf.dim * vf.dtype.itemsize)
     return True

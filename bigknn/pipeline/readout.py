@@ -13,7 +13,6 @@ from typing import Iterator
 import numpy as np
 
 from bigknn.errors import BadInput
-from bigknn.graph import ID_DTYPE
 from bigknn.metrics import user_distance
 from bigknn.partition.rowmap import RowMap
 from bigknn.shards import Store
@@ -40,7 +39,7 @@ def shard_blocks(store: Store, k: int | None = None,
     for shard in m.shards:
         g = store.read_graph(shard.id)
         ids, dists = rowmap.to_input(g.ids[:, :k]), user_distance(g.dists[:, :k], m.metric)
-        positions = np.arange(shard.offset, shard.offset + shard.rows, dtype=ID_DTYPE)
+        positions = np.arange(shard.offset, shard.offset + shard.rows, dtype=m.id_dtype)
         rows = slice(shard.offset, shard.offset + shard.rows) if rowmap.identity else rowmap.to_input(positions)
         if include_self:
             ids = np.concatenate([rowmap.to_input(positions)[:, None], ids], axis=1)
@@ -49,9 +48,9 @@ def shard_blocks(store: Store, k: int | None = None,
 
 
 def whole_graph(store: Store, k: int | None = None, include_self: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """Every row's (ids int32, distances float32) in one pair of (rows, k [+1]) arrays."""
+    """Every row's (ids in the store's id dtype, distances float32) in one pair of (rows, k [+1]) arrays."""
     cols = neighbours_per_row(store, k) + include_self
-    ids = np.empty((store.manifest.rows, cols), ID_DTYPE)
+    ids = np.empty((store.manifest.rows, cols), store.manifest.id_dtype)
     dists = np.empty((store.manifest.rows, cols), np.float32)
     for rows, block_ids, block_dists in shard_blocks(store, k, include_self):
         ids[rows] = block_ids

@@ -25,7 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from bigknn.errors import BigknnError, Damaged
-from bigknn.graph import EMPTY, ID_DTYPE
+from bigknn.graph import EMPTY, LOCAL_ID_DTYPE
+from bigknn.search.store import SEARCH_ID_DTYPE
 from bigknn.shards import Store, WriterLock, checksums
 from bigknn.shards.manifest import MANIFEST
 from bigknn.shards.store import graph_name, row_ids_name, search_name, vectors_name
@@ -165,7 +166,7 @@ class _Checker:
                 self._graph(s.id, s.graph, s.rows, m.rows, GRAPH)
         built = m.partition["shards"] if m.partition is not None else 0  # shards stored by the partition
         for s in m.shards[:built]:
-            self._array(row_ids_name(s.id), f"shard {s.id} row ids", (s.rows, 1), np.dtype(np.int64), REBUILD,
+            self._array(row_ids_name(s.id), f"shard {s.id} row ids", (s.rows, 1), (np.dtype(np.int64),), REBUILD,
                         s.id, m.rows)
         for s in new:
             self._vectors(s["id"], s["rows"], PENDING)
@@ -180,9 +181,9 @@ class _Checker:
                 where = f"search graph version {search['version']} shard {s.id}"
                 shape = (s.rows, search["degree"])
                 self._array(search_name(search["version"], f"shards/{s.id}/ids"), f"{where} ids", shape,
-                            np.dtype(ID_DTYPE), SEARCH, s.id, m.rows)
+                            (SEARCH_ID_DTYPE,), SEARCH, s.id, m.rows)
                 self._array(search_name(search["version"], f"shards/{s.id}/lambdas"), f"{where} lambdas", shape,
-                            np.dtype(np.uint8), SEARCH, s.id)
+                            (np.dtype(np.uint8),), SEARCH, s.id)
 
     def _shards_add_up(self) -> bool:
         m = self.store.manifest
@@ -200,19 +201,23 @@ class _Checker:
 
     def _vectors(self, sid: int, rows: int, repair: str) -> None:
         m = self.store.manifest
-        self._array(vectors_name(sid), f"shard {sid} vectors", (rows, m.dim), np.dtype(m.dtype), repair, sid)
+        self._array(vectors_name(sid), f"shard {sid} vectors", (rows, m.dim), (np.dtype(m.dtype),), repair, sid)
 
     def _graph(self, sid: int, version: int, rows: int, id_limit: int, repair: str) -> None:
         where = f"shard {sid} graph version {version}"
-        shape = self._array(graph_name(sid, version, "ids"), f"{where} ids", (rows, None), np.dtype(ID_DTYPE),
+        # int32: written before an ingest widened the store's ids (bigknn/shards/manifest.py hold_ids_of)
+        id_dtypes = (LOCAL_ID_DTYPE, self.store.manifest.id_dtype)
+        shape = self._array(graph_name(sid, version, "ids"), f"{where} ids", (rows, None), id_dtypes,
                             repair, sid, id_limit)
         if shape is not None:
-            self._array(graph_name(sid, version, "dists"), f"{where} dists", shape, np.dtype(np.float32), repair, sid)
+            self._array(graph_name(sid, version, "dists"), f"{where} dists", shape, (np.dtype(np.float32),), repair,
+                        sid)
 
-    def _array(self, name: str, what: str, shape: tuple[int, int | None], dtype: np.dtype, repair: str,
-               sid: int, id_limit: int | None = None) -> tuple[int, int] | None:
-        """Check one array (metadata, then every chunk; ``shape[1]`` None: any width >= k); returns its shape
-        when it is usable. ``id_limit``: an ids array, whose values must lie in [-1, id_limit)."""
+    def _array(self, name: str, what: str, shape: tuple[int, int | None], dtypes: tuple[np.dtype, ...],
+               repair: str, sid: int, id_limit: int | None = None) -> tuple[int, int] | None:
+        """Check one array (metadata, then every chunk; ``shape[1]`` None: any width >= k; its dtype one of
+        ``dtypes``); returns its shape when it is usable. ``id_limit``: an ids array, whose values must lie in
+        [-1, id_limit)."""
         self.arrays += 1
         try:
             meta = self.store.array_meta(name)
@@ -222,10 +227,10 @@ class _Checker:
         have = tuple(meta.get("shape") or ())
         width_ok = len(have) == 2 and (have[1] == shape[1] if shape[1] is not None else
                                        have[1] >= self.store.manifest.k)
-        if not width_ok or have[0] != shape[0] or _dtype(meta) != dtype:
+        if not width_ok or have[0] != shape[0] or _dtype(meta) not in dtypes:
             want = f"({shape[0]}, {shape[1] if shape[1] is not None else '>= k'})"
             self._add(what, self.store.path / name / "zarr.json", f"array of shape {have} {meta.get('data_type')}; "
-                      f"the manifest implies {want} {dtype.name}", repair, sid)
+                      f"the manifest implies {want} {dtypes[-1].name}", repair, sid)
             return None
         if not checksums.present(meta) and not self.store.manifest.checksummed:
             self.unverified += 1
@@ -237,7 +242,7 @@ class _Checker:
 
         for damage in self.store.check_array(name, self.contents, visit if id_limit is not None else None):
             self._add(what, damage.file, damage.problem, repair, sid)
-        self.nbytes += have[0] * have[1] * dtype.itemsize
+        self.nbytes += have[0] * have[1] * _dtype(meta).itemsize
         if id_limit is not None and (bounds[0] < EMPTY or bounds[1] >= id_limit):
             self._add(what, self.store.path / name, f"ids from {bounds[0]} to {bounds[1]}; rows are 0 to "
                       f"{id_limit - 1} ({EMPTY}: none)", repair, sid)

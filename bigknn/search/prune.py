@@ -25,20 +25,20 @@ import numpy as np
 
 from bigknn.backends import Backend
 from bigknn.errors import BadInput
-from bigknn.graph import EMPTY, ID_DTYPE
+from bigknn.graph import EMPTY
 from bigknn.metrics import kernel_metric
 from bigknn.progress import Reporter
 from bigknn.search.graph import key_distance
 from bigknn.search.params import NO_LAMBDA, DiversifyRule, PruneParams
 from bigknn.search.scratch import Scratch
-from bigknn.search.store import (SEARCH_DIR, SearchEntry, drop_versions, drop_work, locate, mark_format,
-                                 next_version, shard_rows, work_path)
+from bigknn.search.store import (SEARCH_DIR, SEARCH_ID_DTYPE, SearchEntry, drop_versions, drop_work, locate,
+                                 mark_format, next_version, shard_rows, work_path)
 from bigknn.search.vectors import VectorSource
 from bigknn.shards import Store
 from bigknn.shards.lock import WriterLock
 from bigknn.shards.manifest import CHECKSUMS_SINCE, SEARCH_SINCE
 
-MAX_ROWS = np.iinfo(np.int32).max  # search graph ids are int32
+MAX_ROWS = np.iinfo(SEARCH_ID_DTYPE).max + 1  # rows whose ids fit a search graph
 SCRATCH_BYTES_PER_EDGE = 8 + 12  # a forward edge (int32 id, float32 key) and its reverse (int32 dst, src, key)
 
 
@@ -120,7 +120,7 @@ class _Pruner:
         valid = f_ids >= 0
         self.stats["forward_edges"] += int(valid.sum())
         dst, key = f_ids[valid], f_keys[valid]
-        src = np.repeat(shard_rows(s).astype(ID_DTYPE), valid.sum(axis=1))
+        src = np.repeat(shard_rows(s).astype(SEARCH_ID_DTYPE), valid.sum(axis=1))
         pos, _ = locate(self.store, dst)
         for p_i in np.flatnonzero(np.bincount(pos, minlength=len(self.m.shards))):
             mine = pos == p_i
@@ -133,7 +133,7 @@ class _Pruner:
         f_ids = np.asarray(self.scratch.get(f"forward/{s.id}.ids"), np.int64)
         f_keys = np.asarray(self.scratch.get(f"forward/{s.id}.keys"))
         pairs = self.scratch.parts(f"reverse/{s.id}", ".pairs")
-        dst, src = np.concatenate(pairs, axis=1) if pairs else np.empty((2, 0), ID_DTYPE)
+        dst, src = np.concatenate(pairs, axis=1) if pairs else np.empty((2, 0), SEARCH_ID_DTYPE)
         keys = self.scratch.parts(f"reverse/{s.id}", ".keys")
         key = np.concatenate(keys) if keys else np.empty(0, np.float32)
         _, at = locate(self.store, dst)
@@ -143,7 +143,7 @@ class _Pruner:
         else:
             ids, lambdas = self._rng(s, f_ids, at, src.astype(np.int64), key)
         self.stats["edges"] += int((ids >= 0).sum())
-        self.store.write_search(self.version, f"shards/{s.id}/ids", ids.astype(ID_DTYPE))
+        self.store.write_search(self.version, f"shards/{s.id}/ids", ids.astype(SEARCH_ID_DTYPE))
         self.store.write_search(self.version, f"shards/{s.id}/lambdas", lambdas)
 
     def _tsdg(self, f_ids, f_keys, at, src, key):

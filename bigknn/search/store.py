@@ -31,6 +31,7 @@ from bigknn.shards.manifest import ShardEntry
 
 SEARCH_DIR = "search"
 WORK = "work"
+SEARCH_ID_DTYPE = np.dtype(np.int32)  # search graph ids: the kernels read them; prune refuses stores past 2^31 rows
 
 
 def shard_rows(shard: ShardEntry) -> np.ndarray:
@@ -115,7 +116,7 @@ def load_index(store: Store, metric: str) -> tuple[SearchIndex, SearchEntry]:
     m = store.manifest
     entry = current(store)
     vectors = np.empty((m.rows, m.dim), np.dtype(m.dtype))
-    ids = np.empty((m.rows, entry.degree), np.int32)
+    ids = np.empty((m.rows, entry.degree), SEARCH_ID_DTYPE)
     lambdas = np.empty((m.rows, entry.degree), np.uint8)
     for s in m.shards:
         at = shard_rows(s)

@@ -6,14 +6,18 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from bigknn.errors import BadInput
+from bigknn.graph import id_dtype
 from bigknn.shards.schema import check_manifest
 
 FORMAT_VERSION = 2  # of the stores this bigknn creates
 CHECKSUMS_SINCE = 2  # the first format whose every array checksums every chunk (bigknn/shards/checksums.py)
 SEARCH_SINCE = 3  # format 2 plus a pruned search graph (``search``, bigknn/search/): what ``bigknn prune`` writes
 PARTITIONED_SINCE = 4  # rows stored by a learnt partition (``partition``, shards/<id>/row_ids) and chosen ``pairs``
-READ_FORMATS = (1, 2, 3, 4)  # format 1 (no checksums) is still read, and written: new arrays get checksums
+WIDE_IDS_SINCE = 5  # graph ids are int64 (``id_dtype``): a store past 2^31 rows, which older bigknn must not read
+READ_FORMATS = (1, 2, 3, 4, 5)  # format 1 (no checksums) is still read, and written: new arrays get checksums
 MANIFEST = "manifest.json"
 
 
@@ -54,6 +58,9 @@ class Manifest:
     # the shard pairs this store merges (bigknn/partition/pairs.py), committed before the first merge so that a
     # resumed run merges the same ones. None: every pair
     pairs: list[list[int]] | None = None
+    # the dtype graph ids are written in (bigknn/graph.py id_dtype of the rows, pending ones included); it
+    # never narrows. Arrays written before it widened keep int32 on disk and are widened as they are read
+    ids: str = "int32"
 
     @property
     def checksummed(self) -> bool:
@@ -63,6 +70,19 @@ class Manifest:
     @property
     def rows(self) -> int:
         return sum(s.rows for s in self.shards)
+
+    @property
+    def id_dtype(self) -> np.dtype:
+        """What graph ids are written in, and read as."""
+        return np.dtype(self.ids)
+
+    def hold_ids_of(self, rows: int) -> None:
+        """Widen the id dtype, if need be, to hold the ids of ``rows`` rows (before any graph among them is
+        written); int64 ids make the store format 5."""
+        want = id_dtype(rows)
+        if want.itemsize > self.id_dtype.itemsize:
+            self.ids = want.name
+            self.format = max(self.format, WIDE_IDS_SINCE)
 
     @property
     def merges_total(self) -> int:

@@ -55,8 +55,9 @@ TOP: dict[str, Check] = {
                                           and isinstance(v.get("arrays"), list)),
                   "null or an object with a method and its arrays"),
     "pairs": (lambda v: v is None or PAIRS[0](v), "null or a list of [i, j] shard pairs"),
+    "ids": (lambda v: v in ("int32", "int64"), "int32 or int64"),
 }
-OPTIONAL = {"inputs", "shards", "merged", "timings", "pending", "estimate", "search", "partition", "pairs"}
+OPTIONAL = {"inputs", "shards", "merged", "timings", "pending", "estimate", "search", "partition", "pairs", "ids"}
 SHARD: dict[str, Check] = {"id": INDEX, "offset": INDEX, "rows": COUNT,
                            "graph": (lambda v: v is None or (_int(v) and v >= 0), "a non-negative integer or null")}
 INPUT: dict[str, Check] = {

@@ -29,7 +29,7 @@ from numpy.typing import DTypeLike
 
 from bigknn.atomic import write_atomic
 from bigknn.errors import BadInput, BigknnError, Damaged, disk_full_named
-from bigknn.graph import ID_DTYPE, KnnGraph
+from bigknn.graph import KnnGraph
 from bigknn.shards import checksums, chunks
 from bigknn.shards.creation import check_new_store_path
 from bigknn.shards.leases import LEASE_DIR, Lease, pinned
@@ -287,10 +287,15 @@ class Store:
         return max([current or 0, *on_disk]) + 1
 
     def write_graph(self, shard_id: int, version: int, graph: KnnGraph) -> None:
-        """Write a graph version (not visible until a manifest commit points at it)."""
+        """Write a graph version (not visible until a manifest commit points at it), ids in the manifest's
+        id dtype; ids it cannot hold are refused, never wrapped."""
         rows, k = graph.ids.shape
-        chunk_rows = max(1, min(rows, CHUNK_BYTES // (k * 4)))
-        for name, data, dtype in (("ids", graph.ids, ID_DTYPE), ("dists", graph.dists, np.float32)):
+        id_dtype = self.manifest.id_dtype
+        if graph.ids.dtype.itemsize > id_dtype.itemsize and rows and graph.ids.max() > np.iinfo(id_dtype).max:
+            raise ValueError(f"{self.path}: shard {shard_id} holds id {graph.ids.max()}, past the store's "
+                             f"{id_dtype} ids")
+        chunk_rows = max(1, min(rows, CHUNK_BYTES // (k * id_dtype.itemsize)))
+        for name, data, dtype in (("ids", graph.ids, id_dtype), ("dists", graph.dists, np.float32)):
             self._write_array(graph_name(shard_id, version, name), data, chunk_rows, dtype)
 
     def read_graph(self, shard_id: int, version: int | None = None) -> KnnGraph:
@@ -299,16 +304,23 @@ class Store:
         if version is None:
             raise ValueError(f"shard {shard_id} has no graph yet")
         where = f"shard {shard_id} graph version {version}"
-        return KnnGraph(*(self._read_array(graph_name(shard_id, version, name), f"{where} {name}")
-                          for name in ("ids", "dists")))
+        ids, dists = (self._read_array(graph_name(shard_id, version, name), f"{where} {name}")
+                      for name in ("ids", "dists"))
+        return KnnGraph(self._as_store_ids(ids), dists)
+
+    def _as_store_ids(self, ids: np.ndarray) -> np.ndarray:
+        """Ids as the manifest says the store's are: an int32 array written before an ingest widened them to
+        int64 is widened here, so every graph in memory holds one id dtype."""
+        return ids.astype(self.manifest.id_dtype, copy=False)
 
     def read_graph_rows(self, shard_id: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(ids, keys) of scattered local rows of a shard's committed graph: each chunk holding any of them is
         read and checked once (a chunk a row took 10 s for a build's 2000-row recall sample of 1M rows)."""
         version = self.manifest.shards[shard_id].graph
         where = f"shard {shard_id} graph version {version}"
-        return tuple(self._read_array_rows(graph_name(shard_id, version, name), f"{where} {name}", rows)
+        ids, keys = (self._read_array_rows(graph_name(shard_id, version, name), f"{where} {name}", rows)
                      for name in ("ids", "dists"))
+        return self._as_store_ids(ids), keys
 
     def _read_array_rows(self, name: str, where: str, rows: np.ndarray) -> np.ndarray:
         try:

@@ -15,7 +15,7 @@ from bigknn.backends.cpu.search import SearchReference
 from bigknn.backends.cpu.threads import use_threads
 from bigknn.errors import BadInput
 from bigknn.ggm import exact_merge, finish_merge, merge_stop_frac, start_merge
-from bigknn.graph import EMPTY, ID_DTYPE, KnnGraph, ShardPart, drop_self, merge_lists
+from bigknn.graph import EMPTY, LOCAL_ID_DTYPE, KnnGraph, ShardPart, drop_self, merge_lists
 from bigknn.params import CPU_AUTO_SAMPLES, CPU_HARD_BELOW, CPU_HARD_SAMPLES, EXACT_ROWS, GnndParams
 from bigknn.recall import Stopper, make_merge_probe, make_probe
 
@@ -71,7 +71,7 @@ def random_init(x: np.ndarray, k: int, metric: str, rng: np.random.Generator, co
     draw = rng.integers(0, n - 1, size=(n, k), dtype=np.int64)
     rows = np.arange(n)
     draw += draw >= rows[:, None]  # skip self
-    ids = draw.astype(ID_DTYPE)
+    ids = draw.astype(LOCAL_ID_DTYPE)
     ids, dists = merge_lists(ids, _row_keys(compiled)(x, sq, rows, ids, metric), k)
     return DescentState(ids, dists, np.ones_like(ids, dtype=bool))
 

@@ -17,7 +17,7 @@ from typing import Callable
 
 import numpy as np
 
-from bigknn.graph import EMPTY, ID_DTYPE, sortable_float_bits
+from bigknn.graph import EMPTY, LOCAL_ID_DTYPE, sortable_float_bits
 from bigknn.recall import Probe, Stopper
 
 GATHER_BYTES = 32 << 20  # bytes of gathered sample vectors per cross-matching batch
@@ -129,7 +129,7 @@ def widen(state: DescentState, width: int, pad_key: np.ndarray | float) -> None:
     n, k = state.ids.shape
     extra = width - k
     key = np.broadcast_to(np.asarray(pad_key, np.float32).reshape(-1, 1), (n, 1))
-    state.ids = np.concatenate([state.ids, np.full((n, extra), EMPTY, ID_DTYPE)], axis=1)
+    state.ids = np.concatenate([state.ids, np.full((n, extra), EMPTY, LOCAL_ID_DTYPE)], axis=1)
     state.dists = np.concatenate([state.dists, np.repeat(key, extra, axis=1)], axis=1)
     state.is_new = np.concatenate([state.is_new, np.zeros((n, extra), bool)], axis=1)
 
@@ -166,7 +166,7 @@ def _first_p(ids: np.ndarray, mask: np.ndarray, p: int) -> tuple[np.ndarray, np.
     """The first p ids of each row where ``mask`` holds, compacted into (n, p) (EMPTY padded)."""
     rank = np.cumsum(mask, axis=1) - 1
     take = mask & (rank < p)
-    out = np.full((ids.shape[0], p + 1), EMPTY, dtype=ID_DTYPE)
+    out = np.full((ids.shape[0], p + 1), EMPTY, dtype=LOCAL_ID_DTYPE)
     rows = np.broadcast_to(np.arange(ids.shape[0])[:, None], ids.shape)
     out[rows[take], rank[take]] = ids[take]
     return out[:, :p], take
@@ -189,7 +189,7 @@ def _with_reverse(fwd: np.ndarray, p: int, rng: np.random.Generator) -> np.ndarr
     starts = np.searchsorted(dst, np.arange(n))
     slot = counts[dst] + (np.arange(dst.size) - starts[dst])
     keep = slot < 2 * p
-    out = np.full((n, 2 * p), EMPTY, dtype=ID_DTYPE)
+    out = np.full((n, 2 * p), EMPTY, dtype=LOCAL_ID_DTYPE)
     out[:, :p] = fwd
     out[dst[keep], slot[keep]] = src[keep]
     out.sort(axis=1)
@@ -265,7 +265,7 @@ def _insert(state: DescentState, targets, cands, keys) -> int:
     rank = np.arange(targets.size) - starts[targets]
     width = int(min(k, rank.max() + 1))
     keep = rank < width
-    cid = np.full((n, width), EMPTY, dtype=ID_DTYPE)
+    cid = np.full((n, width), EMPTY, dtype=LOCAL_ID_DTYPE)
     ckey = np.full((n, width), np.inf, dtype=np.float32)
     cid[targets[keep], rank[keep]] = cands[keep]
     ckey[targets[keep], rank[keep]] = keys[keep]

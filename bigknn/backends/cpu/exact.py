@@ -11,7 +11,7 @@ from typing import Iterable
 
 import numpy as np
 
-from bigknn.graph import ID_DTYPE, KnnGraph, merge_lists
+from bigknn.graph import EMPTY, LOCAL_ID_DTYPE, KnnGraph, id_dtype, merge_lists
 from bigknn.metrics import pairwise_keys
 
 QUERY_ROWS = 2048  # queries per pass over a block
@@ -19,11 +19,14 @@ TILE_COLS = 8192  # block rows per key tile (QUERY_ROWS x TILE_COLS float32 = 64
 
 
 def exact_knn(queries: np.ndarray, k: int, metric: str, blocks: Iterable[tuple[int, np.ndarray]]) -> KnnGraph:
+    """Each query's exact top-k among the blocks' rows, ids ``offset`` + row: int32 while they fit, int64 from
+    the first block whose rows pass int32 (bigknn/graph.py id_dtype)."""
     q = np.ascontiguousarray(queries, dtype=np.float32)
     nq = q.shape[0]
-    best_ids = np.full((nq, k), -1, dtype=ID_DTYPE)
+    best_ids = np.full((nq, k), EMPTY, dtype=LOCAL_ID_DTYPE)
     best_d = np.full((nq, k), np.inf, dtype=np.float32)
     for offset, block in blocks:
+        best_ids = best_ids.astype(np.result_type(best_ids, id_dtype(offset + block.shape[0])), copy=False)
         for c0 in range(0, block.shape[0], TILE_COLS):
             tile = np.ascontiguousarray(block[c0:c0 + TILE_COLS], dtype=np.float32)
             for q0 in range(0, nq, QUERY_ROWS):
@@ -34,7 +37,7 @@ def exact_knn(queries: np.ndarray, k: int, metric: str, blocks: Iterable[tuple[i
                     continue
                 r, c = np.nonzero(keys < best_d[rows, -1:])
                 if r.size:
-                    _merge_candidates(best_ids, best_d, q0, r, (c + offset + c0).astype(ID_DTYPE), keys[r, c], k)
+                    _merge_candidates(best_ids, best_d, q0, r, (c + offset + c0).astype(best_ids.dtype), keys[r, c], k)
     return KnnGraph(best_ids, best_d)
 
 
@@ -42,7 +45,7 @@ def _merge_tile_topk(best_ids, best_d, rows, keys, first_id, k) -> None:
     kk = min(k, keys.shape[1])
     part = np.argpartition(keys, kk - 1, axis=1)[:, :kk] if kk < keys.shape[1] else \
         np.broadcast_to(np.arange(keys.shape[1]), keys.shape)
-    ids, d = merge_lists(np.concatenate([best_ids[rows], (part + first_id).astype(ID_DTYPE)], axis=1),
+    ids, d = merge_lists(np.concatenate([best_ids[rows], (part + first_id).astype(best_ids.dtype)], axis=1),
                          np.concatenate([best_d[rows], np.take_along_axis(keys, part, axis=1)], axis=1), k)
     best_ids[rows], best_d[rows] = ids, d
 
@@ -56,7 +59,7 @@ def _merge_candidates(best_ids, best_d, q0, r, cid, ckey, k) -> None:
     rank = np.arange(r.size) - np.repeat(starts, counts)
     keep = rank < width
     slot = np.searchsorted(rows_hit, r[keep])
-    wid = np.full((rows_hit.size, width), -1, dtype=ID_DTYPE)
+    wid = np.full((rows_hit.size, width), EMPTY, dtype=best_ids.dtype)
     wkey = np.full((rows_hit.size, width), np.inf, dtype=np.float32)
     wid[slot, rank[keep]] = cid[keep]
     wkey[slot, rank[keep]] = ckey[keep]

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bigknn.graph import EMPTY, ID_DTYPE, KnnGraph, merge_lists
+from bigknn.graph import EMPTY, KnnGraph, merge_lists
 from bigknn.search.graph import SearchIndex, entry_sample, key_distance, nearest_entries
 from bigknn.search.params import QUEUE_SEGMENTS, SEARCH_K_MAX, SEGMENT, SearchPlan
 
@@ -61,7 +61,7 @@ def search_batches(index: SearchIndex, queries: np.ndarray, plan: SearchPlan, ba
     """``search`` over consecutive batches of ``batch`` queries, each finished before the next starts."""
     parts = [search(index, queries[i:i + batch], plan) for i in range(0, len(queries), batch)]
     if not parts:
-        return KnnGraph(np.empty((0, plan.k), ID_DTYPE), np.empty((0, plan.k), np.float32))
+        return KnnGraph(np.empty((0, plan.k), np.int32), np.empty((0, plan.k), np.float32))
     return KnnGraph(np.concatenate([p.ids for p in parts]), np.concatenate([p.dists for p in parts]))
 
 

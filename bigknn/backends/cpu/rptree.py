@@ -20,7 +20,7 @@ import numpy as np
 from numba import njit, prange
 
 from bigknn.backends.cpu.descent import DescentState
-from bigknn.graph import ID_DTYPE
+from bigknn.graph import LOCAL_ID_DTYPE
 
 from bigknn.backends.cpu.kernels import EMPTY, FAST, _key, place
 
@@ -32,7 +32,7 @@ def tree_init(x: np.ndarray, width: int, metric: str, trees: int, rng: np.random
     where a list is not full."""
     n = len(x)
     sq = np.einsum("ij,ij->i", x, x)
-    state = DescentState(np.full((n, width), EMPTY, ID_DTYPE), np.full((n, width), np.inf, np.float32),
+    state = DescentState(np.full((n, width), EMPTY, LOCAL_ID_DTYPE), np.full((n, width), np.inf, np.float32),
                          np.ones((n, width), bool))
     seeds = [int(rng.integers(2 ** 31)) for _ in range(trees)]
     # each tree's split is serial; the trees are independent (their own seed, numba's per-thread generator),

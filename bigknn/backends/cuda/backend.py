@@ -31,7 +31,8 @@ from bigknn.backends.cpu.search import SearchReference
 from bigknn.backends.cuda import exact, ggm, gnnd, memory, prune, search
 from bigknn.backends.cuda.gpu import Gpu
 from bigknn.backends.cuda.kept import KeptCopy
-from bigknn.graph import KnnGraph, ShardPart
+from bigknn.errors import BadInput
+from bigknn.graph import LOCAL_ID_DTYPE, KnnGraph, ShardPart, id_dtype
 from bigknn.params import GnndParams
 from bigknn.progress import log
 from bigknn.search.graph import SearchIndex
@@ -112,10 +113,12 @@ class CudaBackend(SearchReference):
         other shards included), de-duplicated, sorted, cut to W. Returned keys are exact. ``vias``: a seeded
         merge (rows of a get no fill and keep their bound; rows of b are seeded two hops through vias).
         """
+        for part in (a, b, *(vias or [])):
+            _require_int32_ids(part.offset + part.graph.rows, part.graph.ids.dtype)
         return self._call(ggm.ggm, a, b, metric, params, seed, on_iter, vias)
 
     def exact_knn(self, queries: np.ndarray, k: int, metric: str, blocks: Iterable[tuple[int, np.ndarray]]) -> KnnGraph:
-        return self._call(exact.exact_knn, queries, k, metric, blocks)
+        return self._call(exact.exact_knn, queries, k, metric, _int32_blocks(blocks))
 
     def diversify(self, cands: np.ndarray, keys: np.ndarray, table: np.ndarray, metric: str,
                   rule: DiversifyRule) -> np.ndarray:
@@ -170,3 +173,18 @@ class CudaBackend(SearchReference):
                 dev = cp.empty(a.shape, dtype=a.dtype)
                 gpu.transfer.h2d(a, dev, self._copy_stream, ahead=True)
                 gpu.resident.put(a, dev, self._copy_stream.record())
+
+
+def _require_int32_ids(rows: int, dtype: np.dtype = LOCAL_ID_DTYPE) -> None:
+    """Refuse store-wide ids past int32 (bigknn/graph.py id_dtype): the kernels read and write global ids as
+    int32 (ggm.cu's old lists, exact.cu's running top-k), which would wrap silently past 2^31 rows."""
+    if id_dtype(rows) != LOCAL_ID_DTYPE or np.dtype(dtype) != LOCAL_ID_DTYPE:
+        raise BadInput("--backend cuda", "merges and exact k-NN of stores past 2^31 rows (int64 ids) run on "
+                                         "--backend cpu only, for now")
+
+
+def _int32_blocks(blocks: Iterable[tuple[int, np.ndarray]]) -> Iterable[tuple[int, np.ndarray]]:
+    """The blocks as they are streamed, each refused whose ids would pass int32."""
+    for offset, x in blocks:
+        _require_int32_ids(offset + len(x))
+        yield offset, x
