@@ -75,7 +75,9 @@ def build(req: BuildRequest, backends: list[Backend], reporter: Reporter) -> dic
         with acct.span("partition"):
             part = learn_from_file(vf, method, shard_count(vf.rows, req.shard_rows, req.params.width()),
                                    req.metric, req.seed)
-            rows_of = layout(vf, part, req.metric, req.shard_rows, req.params.width(), backend_nearest(backends[0]))
+            with reporter.phase("label", vf.rows, "rows") as advance:
+                rows_of = layout(vf, part, req.metric, req.shard_rows, req.params.width(),
+                                 backend_nearest(backends[0]), advance)
         acct.add("partition", time.perf_counter() - t, vf.rows * vf.dim * vf.dtype.itemsize)
         sizes = [len(r) for r in rows_of]
     cache_shards(manifest, req.store, max(sizes), len(backends), req.host_mem)
