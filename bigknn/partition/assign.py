@@ -9,7 +9,7 @@ file order (``layout``), which the sharding pass gathers. A row's label needs on
 from __future__ import annotations
 
 import logging
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Iterator
 
 import numpy as np
@@ -25,6 +25,7 @@ log = logging.getLogger("bigknn")
 SAMPLE_PER_SHARD = 1024  # sample rows per shard the partition is learnt on (64 per fine k-means cluster)
 SAMPLE_MIN, SAMPLE_MAX = 8192, 262_144
 LABEL_CHUNK_ROWS = 1 << 19  # rows labelled at once (192 MiB at 96 float32): few backend calls
+READ_THREADS = 4  # threads reading and checking the next chunk: one thread reads a cold file at one fault at a time
 
 
 def shard_count(rows: int, shard_rows: int, min_rows: int) -> int:
@@ -100,24 +101,30 @@ def _label(part: Partition, x: np.ndarray, room: np.ndarray, nearest: Nearest) -
 
 
 def _checked_chunks(vf: VectorFile, metric: str) -> Iterator[tuple[int, np.ndarray]]:
-    """(start, rows prepared for ``metric``) of every ``LABEL_CHUNK_ROWS`` chunk, bad rows refused; the next
-    chunk is read and checked in a thread (page faults and NumPy release the GIL) while this one is labelled.
-    Two buffers take turns and the checks go by ``CHECK_CHUNK_ROWS``: fresh arrays of a chunk's size (and
-    their temporaries) cost a page fault per 4 KiB, which tripled the reading and checking (measured)."""
-    rows = min(LABEL_CHUNK_ROWS, vf.rows)
-    buffers = [np.empty((rows, vf.dim), vf.read_dtype) for _ in range(2)]
+    """(start, rows prepared for ``metric``) of every ``LABEL_CHUNK_ROWS`` chunk, bad rows refused (the first
+    in file order named). The next chunk is read and checked by ``READ_THREADS`` threads, ``CHECK_CHUNK_ROWS``
+    rows each (page faults of a cold file and NumPy's checks release the GIL), while this one is labelled;
+    two buffers take turns (fresh arrays of a chunk's size cost a page fault per 4 KiB: measured, that
+    tripled the reading and checking)."""
+    starts = range(0, vf.rows, LABEL_CHUNK_ROWS)
+    buffers = [np.empty((min(LABEL_CHUNK_ROWS, vf.rows), vf.dim), vf.read_dtype) for _ in range(2)]
+    with ThreadPoolExecutor(READ_THREADS, thread_name_prefix="label-read") as pool:
+        def load(i: int) -> tuple[np.ndarray, list[Future]]:
+            block = buffers[i % 2][:min(LABEL_CHUNK_ROWS, vf.rows - starts[i])]
+            return block, [pool.submit(_read_checked, vf, starts[i] + lo, block[lo:lo + CHECK_CHUNK_ROWS])
+                           for lo in range(0, len(block), CHECK_CHUNK_ROWS)]
 
-    def load(start: int, out: np.ndarray) -> tuple[int, np.ndarray]:
-        block = out[:min(LABEL_CHUNK_ROWS, vf.rows - start)]
-        np.copyto(block, vf.data[start:start + len(block)], casting="same_kind")
-        for lo in range(0, len(block), CHECK_CHUNK_ROWS):
-            check_rows(vf.path, start + lo, block[lo:lo + CHECK_CHUNK_ROWS])
-        return start, prepare_rows(block, metric)
+        ahead = load(0) if starts else None
+        for i, start in enumerate(starts):
+            block, parts = ahead
+            for part in parts:
+                part.result()
+            if i + 1 < len(starts):  # into the buffer the previous chunk is done with
+                ahead = load(i + 1)
+            yield start, prepare_rows(block, metric)
 
-    with ThreadPoolExecutor(1, thread_name_prefix="label-read") as pool:
-        ahead = pool.submit(load, 0, buffers[0])
-        for i, start in enumerate(range(0, vf.rows, LABEL_CHUNK_ROWS)):
-            chunk = ahead.result()
-            if start + LABEL_CHUNK_ROWS < vf.rows:  # into the buffer the previous chunk is done with
-                ahead = pool.submit(load, start + LABEL_CHUNK_ROWS, buffers[(i + 1) % 2])
-            yield chunk
+
+def _read_checked(vf: VectorFile, start: int, out: np.ndarray) -> None:
+    """Rows ``start``... of the file into ``out``, bad rows refused."""
+    np.copyto(out, vf.data[start:start + len(out)], casting="same_kind")
+    check_rows(vf.path, start, out)
