@@ -3,7 +3,8 @@
     python scripts/bench_partition.py data.fbin --shard-rows 230000 [--backend cpu]
 
 Stages run one after another (no overlap) for the breakdown, then ``layout`` as the build runs it (the next
-chunk read and checked in a thread), the per-shard gather of the sharding pass, and the file's sha256.
+chunk read and checked by threads), the per-shard gather of the sharding pass, and the file's sha256. CPU
+seconds (all threads) next to wall seconds: on a shared machine they vary less with the load.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ import numpy as np
 from bigknn.backends import get_backend
 from bigknn.formats import CHECK_CHUNK_ROWS, check_rows, file_sha256, open_vectors
 from bigknn.metrics import prepare_rows
-from bigknn.partition.assign import LABEL_CHUNK_ROWS, backend_nearest, layout, learn_from_file, shard_count
+from bigknn.partition.assign import LABEL_CHUNK_ROWS, layout, learn_from_file, shard_count
 from bigknn.partition.balance import assign_balanced, take_first_choices
 from bigknn.partition.learn import SLACK
+from bigknn.partition.nearest import backend_nearest
 
 MIN_ROWS = 48  # --list-width's default: the smallest shard kept
 
@@ -32,12 +34,13 @@ def main() -> None:
     args = ap.parse_args()
     vf = open_vectors(args.input)
     nearest = backend_nearest(get_backend(args.backend))
-    t: dict[str, float] = defaultdict(float)
+    t: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])  # wall, CPU (every thread of the process)
 
     def timed(name, f, *a):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         out = f(*a)
-        t[name] += time.perf_counter() - t0
+        t[name][0] += time.perf_counter() - t0
+        t[name][1] += time.process_time() - c0
         return out
 
     part = timed("sample + learn", learn_from_file, vf, "kmeans", shard_count(vf.rows, args.shard_rows, MIN_ROWS),
@@ -61,8 +64,9 @@ def main() -> None:
     for rows in rows_of:
         timed("gather: vf.take per shard", vf.take, rows)
     timed("sha256", file_sha256, vf)
-    for name, s in t.items():
-        print(f"{name:32s} {s:7.2f} s")
+    print(f"{'stage':32s} {'wall s':>7s} {'CPU s':>7s}")
+    for name, (wall, cpu) in t.items():
+        print(f"{name:32s} {wall:7.2f} {cpu:7.2f}")
     print(f"shards {part.shards}, sizes {[len(r) for r in rows_of]}, spilled rows {spilled_rows:,}")
 
 

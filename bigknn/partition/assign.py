@@ -18,7 +18,8 @@ from bigknn.errors import BadInput
 from bigknn.formats import CHECK_CHUNK_ROWS, VectorFile, check_rows
 from bigknn.metrics import prepare_rows
 from bigknn.partition.balance import assign_balanced, take_first_choices
-from bigknn.partition.learn import SLACK, Nearest, Partition, learn, nearest_numpy
+from bigknn.partition.learn import SLACK, Partition, learn
+from bigknn.partition.nearest import Nearest
 
 log = logging.getLogger("bigknn")
 
@@ -33,18 +34,6 @@ def shard_count(rows: int, shard_rows: int, min_rows: int) -> int:
     ``shard_rows`` (full shards would spill every boundary row to a far shard), more than ``min_rows`` rows
     each on average."""
     return max(1, min(-(-int(SLACK * rows) // shard_rows), rows // (min_rows + 1)))
-
-
-def backend_nearest(backend) -> Nearest:
-    """``Partition.cost``'s nearest-centroid search on a backend (bigknn/backends/): exact k-NN, squared L2.
-    The CPU backend gets NumPy's (``nearest_numpy``: 12x faster on this shape than its exact k-NN)."""
-    if backend.name == "cpu":
-        return nearest_numpy
-
-    def nearest(x: np.ndarray, count: int, centroids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        g = backend.exact_knn(np.ascontiguousarray(x, np.float32), count, "l2", [(0, centroids)])
-        return g.ids.astype(np.int64), g.dists
-    return nearest
 
 
 def learn_from_file(vf: VectorFile, method: str, shards: int, metric: str, seed: int) -> Partition:

@@ -19,8 +19,9 @@ from bigknn.formats import VectorFile, file_sha256, open_vectors
 from bigknn.graph import ID_DTYPE
 from bigknn.metrics import stored_dtype
 from bigknn.params import GnndParams
-from bigknn.partition.assign import backend_nearest, layout, learn_from_file, shard_count
+from bigknn.partition.assign import layout, learn_from_file, shard_count
 from bigknn.partition.learn import DEFAULT_METHOD, METHODS, Partition
+from bigknn.partition.nearest import backend_nearest
 from bigknn.pipeline.estimate import SampleTruth, record_estimate
 from bigknn.pipeline.plan import auto_shard_rows
 from bigknn.pipeline.sharding import shard_sizes, stream_shards
