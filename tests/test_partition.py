@@ -9,16 +9,17 @@ import numpy as np
 import pytest
 
 import bigknn
+from bigknn.errors import BadInput
 from bigknn.formats import open_vectors, read_truth, write_vectors
 from bigknn.partition.assign import layout, learn_from_file
-from bigknn.partition.learn import Partition
-from bigknn.partition.balance import assign_balanced
+from bigknn.partition.learn import Partition, learn
+from bigknn.partition.balance import assign_balanced, take_first_choices
 from bigknn.partition.pairs import choose_pairs, coverage, pair_masses
 from bigknn.partition.rowmap import RowMap
 from bigknn.shards import Store
 from bigknn.synth import synth, synth_blocks
 
-from conftest import run_cli, run_json
+from conftest import assert_one_line_error, run_cli, run_json
 
 ROWS, DIM, K, SHARD_ROWS = 3000, 16, 5, 400
 
@@ -30,6 +31,42 @@ def test_balanced_assignment_keeps_room_and_spills_the_farthest_rows():
     assert labels.tolist() == [0, 0, 1, 1] and room.tolist() == [0, 0]  # row 2, the farthest of shard 0's, spills
     with pytest.raises(ValueError):
         assign_balanced(cost, np.array([1, 1]))
+
+
+@pytest.mark.parametrize("method", ["kmeans", "rptree"])
+def test_first_choices_then_spilled_costs_label_as_the_dense_rule(tmp_path, method):
+    """The labelling's two steps (first choices, then the (n, S) costs of the rows that spill) give the
+    labels and the room of ``assign_balanced`` on every row's costs: shards as balanced, rows as near
+    (shards this full spill 2-50 % of the rows; one dropped shard leaves rows without a kept centroid)."""
+    x = synth(4000, DIM, clusters=20, seed=7)
+    write_vectors(tmp_path / "x.fbin", x)
+    part = learn_from_file(open_vectors(tmp_path / "x.fbin"), method, 6, "l2", seed=0)
+    part.drop(2)
+    cost = part.cost(x)
+    room = np.full(part.shards, 850, np.int64)
+    dense_room = room.copy()
+    labels, spilled = take_first_choices(cost.argmin(axis=1), cost.min(axis=1), room)
+    assert 0.02 < spilled.size / len(x) < 0.5 and (labels[spilled] == -1).all()
+    labels[spilled] = assign_balanced(cost[spilled], room)
+    np.testing.assert_array_equal(labels, assign_balanced(cost, dense_room))
+    np.testing.assert_array_equal(room, dense_room)
+    first, key = part.first_choice(x)  # the costs of other row blocks: other BLAS paths, rounding apart
+    assert (first == cost.argmin(axis=1)).mean() > 0.999
+    np.testing.assert_allclose(key, cost.min(axis=1), rtol=1e-4, atol=1e-3)
+
+
+def test_a_bad_row_is_refused_by_the_labelling_before_anything_is_written(tmp_path):
+    x = synth(ROWS, DIM, clusters=20, seed=5)
+    x[2500, 3] = np.inf
+    bad = tmp_path / "bad.fbin"
+    write_vectors(bad, x)
+    code, out, err = run_cli("build", bad, "-o", tmp_path / "s.knn", "--k", K, "--shard-rows", SHARD_ROWS,
+                             "--backend", "cpu", "--partition", "kmeans")
+    assert "2500" in assert_one_line_error(code, out, err, bad.name)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.fbin"]
+    part = learn("kmeans", np.delete(x, 2500, axis=0), 8, seed=0)  # a sample without it: the labelling refuses
+    with pytest.raises(BadInput, match="row 2500 holds NaN or Inf"):
+        layout(open_vectors(bad), part, "l2", SHARD_ROWS, K)
 
 
 def test_pairs_cover_the_target_and_fall_back_to_all_without_locality():

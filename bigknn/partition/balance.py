@@ -37,3 +37,22 @@ def assign_balanced(cost: np.ndarray, room: np.ndarray) -> np.ndarray:
         todo = np.sort(todo[~place])
     return labels
 
+
+
+def take_first_choices(first: np.ndarray, key: np.ndarray, room: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``assign_balanced``'s first round from each row's first choice alone (``first`` (n,), its cost
+    ``key``): labels (n,), -1 for the rows whose shard had no room left for them (the farthest of those
+    wanting it), and those rows' indices, ascending. ``room`` is decreased in place. The spilled rows'
+    ``assign_balanced`` on the room left ends as ``assign_balanced`` of every row would."""
+    shards = len(room)
+    counts = np.bincount(first, minlength=shards)
+    if (counts <= room).all():
+        room -= counts
+        return first, np.zeros(0, np.int64)
+    by = np.lexsort((key, first))  # grouped by shard, nearest first
+    want = first[by]
+    place = np.arange(len(by)) - np.searchsorted(want, np.arange(shards))[want] < room[want]
+    labels = np.full(len(first), -1, np.int64)
+    labels[by[place]] = want[place]
+    room -= np.bincount(want[place], minlength=shards)
+    return labels, np.sort(by[~place])

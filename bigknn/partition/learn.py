@@ -11,29 +11,18 @@ the merges anyway.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
 from bigknn.metrics import pairwise_keys
 from bigknn.partition.kmeans import learn_kmeans
+from bigknn.partition.nearest import Nearest, nearest_numpy
 from bigknn.partition.rptree import RPTree, learn_rptree
 
 METHODS = ("kmeans", "rptree", "contiguous")
 DEFAULT_METHOD = "contiguous"  # until GPU timings (T2) show kmeans faster at the same recall: docs/design.md
 SLACK = 1.15  # a shard may hold this much more than an equal share (never more than --shard-rows)
 NEAREST = 16  # centroids whose shards a row may go to before it goes to any shard with room
-
-Nearest = Callable[[np.ndarray, int, np.ndarray], tuple[np.ndarray, np.ndarray]] | None
-
-
-def _nearest_numpy(x: np.ndarray, count: int, centroids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    d2 = pairwise_keys(x, centroids, "l2")
-    ids = np.argpartition(d2, count - 1, axis=1)[:, :count] if count < d2.shape[1] else \
-        np.broadcast_to(np.arange(d2.shape[1]), d2.shape).copy()
-    keys = np.take_along_axis(d2, ids, axis=1)
-    order = np.argsort(keys, axis=1)
-    return np.take_along_axis(ids, order, axis=1), np.take_along_axis(keys, order, axis=1)
 
 
 @dataclass
@@ -55,7 +44,7 @@ class Partition:
         each row's nearest centroids, ascending (the backend's exact k-NN: the GPU labels a billion rows);
         None: NumPy."""
         count = min(NEAREST, len(self.centroids))
-        ids, d2 = (nearest or _nearest_numpy)(x, count, self.centroids)
+        ids, d2 = (nearest or nearest_numpy)(x, count, self.centroids)
         out = np.full((len(x), self.shards), np.inf, np.float32)
         rows = np.arange(len(x))
         for j in reversed(range(count)):  # the nearest centroid of each shard writes last
@@ -69,12 +58,28 @@ class Partition:
             # (the backend's, x sent again) sorted what is only indexed (a fifth of the labelling, CPU)
             by_mean = pairwise_keys(x, means.astype(np.float32), "l2")
             nearest_max = np.where(far, -np.inf, out).max(axis=1, keepdims=True)
+            nearest_max[np.isinf(nearest_max)] = 0.0  # no near shard kept (all dropped): by the means alone
             out = np.where(far, nearest_max + by_mean - by_mean.min(axis=1, keepdims=True), out)
         if self.tree is not None:
             own = self.shard_of[self.tree.leaves(x)]
             kept = own >= 0
             out[rows[kept], own[kept]] = -np.inf
         return out
+
+    def first_choice(self, x: np.ndarray, nearest: Nearest = None) -> tuple[np.ndarray, np.ndarray]:
+        """Each row's preferred shard and its cost there (``cost``'s argmin and min), from the nearest centroid
+        alone (the own leaf, RP-tree): the labelling needs the (n, S) costs only for rows that spill. Rows
+        whose first centroid's shard was dropped get ``cost``'s."""
+        if self.tree is not None:
+            first, key = self.shard_of[self.tree.leaves(x)], np.full(len(x), -np.inf, np.float32)
+        else:
+            ids, d2 = (nearest or nearest_numpy)(x, 1, self.centroids)
+            first, key = self.shard_of[ids[:, 0]], d2[:, 0].copy()
+        lost = np.flatnonzero(first < 0)
+        if lost.size:
+            cost = self.cost(x[lost], nearest)
+            first[lost], key[lost] = cost.argmin(axis=1), cost.min(axis=1)
+        return first, key
 
     def drop(self, shard: int) -> None:
         """Remove one shard (too few rows for a graph): its rows go to their next choice."""

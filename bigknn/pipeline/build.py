@@ -18,8 +18,9 @@ from bigknn.errors import BadInput
 from bigknn.formats import VectorFile, file_sha256, open_vectors
 from bigknn.metrics import stored_dtype
 from bigknn.params import GnndParams
-from bigknn.partition.assign import backend_nearest, layout, learn_from_file, shard_count
+from bigknn.partition.assign import layout, learn_from_file, shard_count
 from bigknn.partition.learn import DEFAULT_METHOD, METHODS, Partition
+from bigknn.partition.nearest import backend_nearest
 from bigknn.pipeline.estimate import SampleTruth, record_estimate
 from bigknn.pipeline.plan import auto_shard_rows
 from bigknn.pipeline.sharding import shard_sizes, stream_shards
@@ -72,7 +73,9 @@ def build(req: BuildRequest, backends: list[Backend], reporter: Reporter) -> dic
         with acct.span("partition"):
             part = learn_from_file(vf, method, shard_count(vf.rows, req.shard_rows, req.params.width()),
                                    req.metric, req.seed)
-            rows_of = layout(vf, part, req.metric, req.shard_rows, req.params.width(), backend_nearest(backends[0]))
+            with reporter.phase("label", vf.rows, "rows") as advance:
+                rows_of = layout(vf, part, req.metric, req.shard_rows, req.params.width(),
+                                 backend_nearest(backends[0]), advance)
         acct.add("partition", time.perf_counter() - t, vf.rows * vf.dim * vf.dtype.itemsize)
         sizes = [len(r) for r in rows_of]
     cache_shards(manifest, req.store, max(sizes), len(backends), req.host_mem)

@@ -40,7 +40,8 @@ def stream_shards(store: Store, vf: VectorFile, sizes: list[int], acct: Accounti
                   layout: list[np.ndarray] | None = None) -> Iterator[tuple[ShardEntry, np.ndarray]]:
     """Write the input's rows as shards ``sizes`` after the store's last row; yield (shard, vectors) as each
     is written, at most ``ready`` ahead of the consumer. ``layout``: each shard's input rows (a partitioned
-    build, bigknn/partition/assign.py), stored with it as ``row_ids``; None: consecutive rows. Commits the
+    build, bigknn/partition/assign.py, whose labelling checked the rows), stored with it as ``row_ids``;
+    None: consecutive rows. Commits the
     shards (and the input's sha256, in ``store.manifest.inputs[-1]``) once all are written; raises BadInput
     on a bad row or a file that changed meanwhile, committing nothing. Closing the generator early stops the
     pass, committing nothing."""
@@ -65,8 +66,11 @@ def stream_shards(store: Store, vf: VectorFile, sizes: list[int], acct: Accounti
                     put((entry, x))
 
                 for i, rows in enumerate(sizes):
-                    raw = vf.read(start, start + rows) if layout is None else vf.take(layout[i])
-                    check_rows(vf.path, start, raw)
+                    if layout is None:
+                        raw = vf.read(start, start + rows)
+                        check_rows(vf.path, start, raw)
+                    else:  # the labelling pass checked every row, from this mapping (check_unchanged below)
+                        raw = vf.take(layout[i])
                     x = np.ascontiguousarray(prepare_rows(raw, m.metric).astype(np.dtype(m.dtype), copy=False))
                     entry = ShardEntry(id=first + i, offset=offset + start, rows=rows)
                     row_ids = None if layout is None else layout[i]
