@@ -161,9 +161,11 @@ def test_local_gpu_workers_run_two_task_threads(monkeypatch):
     assert calls[0]["CUDA_VISIBLE_DEVICES"] == [0, 1] and calls[0]["threads_per_worker"] == 2
 
 
-def test_pick_worker_keeps_locality_while_a_thread_is_free():
+def test_pick_worker_spreads_the_compute_then_keeps_locality():
     threads = {"a": 2, "b": 2}
-    assert pick_worker(["b", None], threads, Counter({"b": 1})) == "b"  # holds the shard, a thread free
+    assert pick_worker(["b", None], threads, Counter()) == "b"  # holds the shard, all idle
+    assert pick_worker(["b", None], threads, Counter({"b": 1})) == "a"  # b computes: a would idle
+    assert pick_worker(["b", "a"], threads, Counter({"a": 1, "b": 1})) == "b"  # equal load: the first holder
     assert pick_worker(["b"], threads, Counter({"b": 2, "a": 1})) == "a"  # b full: the least loaded
     assert pick_worker(["gone"], threads, Counter({"a": 1})) == "b"  # a holder that left counts for nothing
     assert pick_worker([], threads, Counter()) in threads

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from bigknn.params import MIN_LIST, GnndParams
+from bigknn.recall import MAX_WIDTH
 from bigknn.synth import synth
 
 pytestmark = pytest.mark.gpu
@@ -312,9 +313,9 @@ def test_gnnd_meets_recall_target(cuda_backend, d, dtype, metric):
 @pytest.mark.parametrize("n,d", [(9001, 64), (30011, 128)])
 def test_gnnd_widens_where_it_stalls(cuda_backend, monkeypatch, n, d):
     """iid Gaussian rows (high intrinsic dimension) stall below a 0.99 target: with the exact graph priced out
-    (it would be taken at once), the lists widen, the result is cut back to the width asked for, and where
-    even the widest lists stall the exact graph replaces the descent's; either way the target holds and the
-    report says how the descent ended."""
+    (it would be taken at once), the lists widen and the result is cut back to the width asked for; the
+    descent meets its target or stalls at the widest lists, and then keeps its lists (the exact graph costs
+    more than EXACT_AFFORD times the descent). The report says which."""
     from bigknn.backends.cuda import target
 
     monkeypatch.setattr(target, "exact_seconds", lambda *shape: float("inf"))
@@ -323,9 +324,12 @@ def test_gnnd_widens_where_it_stalls(cuda_backend, monkeypatch, n, d):
     g = cuda_backend.gnnd(x, "l2", params, seed=2)
     _check_graph(x, g, params.width(), "l2")
     assert g.report["widened"] >= 1 and g.report["width"] > params.width(), g.report
-    assert g.report["stop"] == "target met" or g.report["stop"].startswith("exact graph"), g.report
+    assert g.report["stop"] in ("target met", "stalled at the widest lists"), g.report
+    assert g.report["stop"] == "target met" or g.report["width"] == MAX_WIDTH, g.report
     exact = _exact_top(x, np.arange(500), 10, "l2")
-    assert _recall(g.ids[:500], exact, 10) >= 0.985, g.report
+    got = _recall(g.ids[:500], exact, 10)
+    assert got >= (0.985 if g.report["stop"] == "target met" else 0.9), (got, g.report)
+    assert abs(got - g.report["estimate"]["recall"]) <= 0.03, (got, g.report)
 
 
 def test_gnnd_takes_the_exact_graph_early_where_descent_would_cost_more(cuda_backend):
