@@ -1,26 +1,9 @@
-"""Streaming readers and writers for the vector and ground-truth file formats.
-
-Inputs can be far bigger than RAM, so nothing here reads a whole file: every reader opens the file once,
-checks the header against the file size and returns a memory map; callers pull rows in blocks through
-``VectorFile.read`` or ``VectorFile.chunks``. Every defect of an input file is reported as one ``BadInput``
-line naming the file (exit code 2), never as a numpy traceback halfway through a build. Every writer
-writes a temporary file and renames it (``bigknn.atomic``): a file appears whole or not at all.
-
-Formats, chosen by extension (case-insensitive):
-
-- big-ann-benchmarks ``.fbin`` / ``.u8bin`` / ``.i8bin`` / ``.f16bin``: uint32 n, uint32 d, then n*d values.
-- TEXMEX ``.fvecs`` / ``.bvecs`` / ``.ivecs``: each row is int32 d followed by d values.
-- ``.npy``: a 2-D float32, float16, uint8, int8 or float64 array; float64 is read as float32, block by
-  block, because every backend computes in float32 at most and a float32 copy of the file may not fit.
-- ground truth ``.ibin``: uint32 n, uint32 k, then n*k int32 ids, then n*k float32 distances.
-
-All multi-byte values are little-endian.
-"""
+"""Readers: open a vector or ground-truth file once, check its header against its size, and map it; check
+rows block by block and hash the bytes read (bigknn/formats/__init__.py states the contract)."""
 
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 import stat
 from contextlib import contextmanager
@@ -30,32 +13,10 @@ from typing import BinaryIO, Iterator
 
 import numpy as np
 
-from bigknn.atomic import atomic_path
-from bigknn.errors import BadInput, disk_full_named
-
-BIN_DTYPES: dict[str, np.dtype] = {
-    ".fbin": np.dtype("<f4"),
-    ".u8bin": np.dtype("u1"),
-    ".i8bin": np.dtype("i1"),
-    ".f16bin": np.dtype("<f2"),
-}
-VECS_DTYPES: dict[str, np.dtype] = {
-    ".fvecs": np.dtype("<f4"),
-    ".bvecs": np.dtype("u1"),
-    ".ivecs": np.dtype("<i4"),
-}
-NPY_DTYPES: tuple[np.dtype, ...] = tuple(np.dtype(t) for t in ("<f4", "<f2", "u1", "i1", "<f8"))
-VECTOR_EXTENSIONS: tuple[str, ...] = (*BIN_DTYPES, *VECS_DTYPES, ".npy")
-TRUTH_EXTENSION = ".ibin"
-
-_HEADER = np.dtype("<u4")
-_HEADER_BYTES = 2 * _HEADER.itemsize
-_VECS_DIM = np.dtype("<i4")
-_SCAN_ROWS = 1 << 22  # rows per block when scanning every *vecs row's dim field (bounds the temporaries)
-# a row's squared norm above this lets a squared L2 distance |a|^2 + |b|^2 - 2ab overflow float32 to inf
-MAX_SQUARED_NORM = float(np.finfo(np.float32).max) / 4
-CHECK_CHUNK_ROWS = 1 << 16  # rows per block of a checking pass
-HASH_BLOCK_BYTES = 16 << 20
+from bigknn.errors import BadInput
+from bigknn.formats.spec import (BIN_DTYPES, CHECK_CHUNK_ROWS, HASH_BLOCK_BYTES, HEADER, HEADER_BYTES,
+                                 MAX_SQUARED_NORM, NPY_DTYPES, SCAN_ROWS, TRUTH_EXTENSION, VECS_DIM,
+                                 VECS_DTYPES, VECTOR_EXTENSIONS)
 
 
 @dataclass(frozen=True)
@@ -165,8 +126,8 @@ def open_vectors(path: str | os.PathLike) -> VectorFile:
             dtype = BIN_DTYPES[ext]
             n, d = _bin_shape(path, f, state.size, dtype.itemsize, dim_name="d")
             raw = np.memmap(f, dtype=np.uint8, mode="r")
-            data = raw[_HEADER_BYTES:].view(dtype).reshape(n, d)
-            return VectorFile(str(path), n, d, dtype, data, raw, _HEADER_BYTES, state)
+            data = raw[HEADER_BYTES:].view(dtype).reshape(n, d)
+            return VectorFile(str(path), n, d, dtype, data, raw, HEADER_BYTES, state)
         if ext in VECS_DTYPES:
             return _open_vecs(path, f, state, VECS_DTYPES[ext])
         return _open_npy(path, f, state)
@@ -216,80 +177,9 @@ def read_truth(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
     with _open_regular(path) as (f, state):
         n, k = _bin_shape(path, f, state.size, cell_bytes=8, dim_name="k")
         raw = np.memmap(f, dtype=np.uint8, mode="r")
-    ids = raw[_HEADER_BYTES:_HEADER_BYTES + n * k * 4].view("<i4").reshape(n, k)
-    dists = raw[_HEADER_BYTES + n * k * 4:].view("<f4").reshape(n, k)
+    ids = raw[HEADER_BYTES:HEADER_BYTES + n * k * 4].view("<i4").reshape(n, k)
+    dists = raw[HEADER_BYTES + n * k * 4:].view("<f4").reshape(n, k)
     return ids, dists
-
-
-def write_vectors(path: str | os.PathLike, x: np.ndarray) -> None:
-    """Write a whole in-memory array as a ``.*bin`` or ``.npy`` file, atomically (temp file + rename)."""
-    x = np.asarray(x)
-    if x.ndim != 2:
-        raise ValueError(f"expected a 2-D array, got shape {x.shape}")
-    ext = _writable_extension(path, x.shape[0], x.shape[1], x.dtype)
-    with _atomic_write(path) as f:
-        if ext == ".npy":
-            np.save(f, x)
-        else:
-            f.write(_bin_header(*x.shape))
-            x.tofile(f)  # tofile writes C order whatever the array's layout
-
-
-@contextmanager
-def vectors_writer(path: str | os.PathLike, rows: int, dim: int, dtype: np.dtype | type) -> Iterator[np.memmap]:
-    """Yield a writable memmap of a new ``.*bin`` or ``.npy`` file's values, so that sets bigger than RAM
-    can be written block by block; the file appears under ``path`` only when the block exits cleanly."""
-    dtype = np.dtype(dtype)
-    if _writable_extension(path, rows, dim, dtype) == ".npy":
-        with npy_writer(path, dtype, (rows, dim)) as out:
-            yield out
-        return
-    with _mapped_output(path, _bin_header(rows, dim), [(dtype, (rows, dim))]) as (out,):
-        yield out
-
-
-@contextmanager
-def npy_writer(path: str | os.PathLike, dtype: np.dtype | type, shape: tuple[int, int]) -> Iterator[np.memmap]:
-    """Yield a writable memmap of a new C-order ``.npy`` file; it appears under ``path`` only when the block
-    exits cleanly."""
-    dtype = np.dtype(dtype)
-    header = io.BytesIO()
-    np.lib.format.write_array_header_1_0(
-        header, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": tuple(shape)})
-    with _mapped_output(path, header.getvalue(), [(dtype, shape)]) as (out,):
-        yield out
-
-
-@contextmanager
-def truth_writer(path: str | os.PathLike, rows: int, k: int) -> Iterator[tuple[np.memmap, np.memmap]]:
-    """Yield writable (ids, dists) memmaps of a new ``.ibin`` file, written block by block; the file
-    appears under ``path`` only when the block exits cleanly."""
-    if Path(path).suffix.lower() != TRUTH_EXTENSION:
-        raise ValueError(f"ground truth is written as {TRUTH_EXTENSION}, not {path}")
-    with _mapped_output(path, _bin_header(rows, k), [(np.dtype("<i4"), (rows, k)), (np.dtype("<f4"), (rows, k))]) \
-            as (ids, dists):
-        yield ids, dists
-
-
-def write_truth(path: str | os.PathLike, ids: np.ndarray, dists: np.ndarray) -> None:
-    """Write ground truth as ``.ibin`` (ids as int32, distances as float32), atomically."""
-    if Path(path).suffix.lower() != TRUTH_EXTENSION:
-        raise ValueError(f"ground truth is written as {TRUTH_EXTENSION}, not {path}")
-    ids, dists = np.asarray(ids), np.asarray(dists)
-    if ids.ndim != 2 or ids.shape != dists.shape:
-        raise ValueError(f"ids {ids.shape} and dists {dists.shape} must be 2-D of one shape")
-    if not np.issubdtype(ids.dtype, np.integer):
-        raise ValueError(f"ids must be integers, got {ids.dtype}")
-    limits = np.iinfo(np.int32)
-    if ids.size and (ids.min() < limits.min or ids.max() > limits.max):
-        raise ValueError("ids do not fit in int32")
-    with _atomic_write(path) as f:
-        f.write(_bin_header(*ids.shape))
-        ids.astype("<i4").tofile(f)
-        dists.astype("<f4").tofile(f)
-
-
-# --- readers -------------------------------------------------------------------------------------
 
 
 def _extension(path: str | os.PathLike, accepted: tuple[str, ...]) -> str:
@@ -337,28 +227,28 @@ def _check_size(path: str | os.PathLike, size: int, expected: int, shape: str) -
 
 def _bin_shape(path: str | os.PathLike, f: BinaryIO, size: int, cell_bytes: int, dim_name: str) -> tuple[int, int]:
     """(n, d) of a uint32 n, uint32 d header, checked against the file size (cell_bytes per n*d cell)."""
-    n, d = (int(v) for v in np.frombuffer(_head(path, f, size, _HEADER_BYTES), dtype=_HEADER))
+    n, d = (int(v) for v in np.frombuffer(_head(path, f, size, HEADER_BYTES), dtype=HEADER))
     if n == 0 or d == 0:
         raise BadInput(path, f"header says n={n}, {dim_name}={d}; both must be positive")
-    _check_size(path, size, _HEADER_BYTES + n * d * cell_bytes, f"header n={n}, {dim_name}={d}")
+    _check_size(path, size, HEADER_BYTES + n * d * cell_bytes, f"header n={n}, {dim_name}={d}")
     return n, d
 
 
 def _open_vecs(path: str | os.PathLike, f: BinaryIO, state: FileState, dtype: np.dtype) -> VectorFile:
     """A *vecs file mapped as records (int32 d, d values); the values field is a strided view, no copy."""
-    d = int(np.frombuffer(_head(path, f, state.size, _VECS_DIM.itemsize), dtype=_VECS_DIM)[0])
+    d = int(np.frombuffer(_head(path, f, state.size, VECS_DIM.itemsize), dtype=VECS_DIM)[0])
     if d <= 0:
         raise BadInput(path, f"first row says d={d}; it must be positive")
-    row_bytes = _VECS_DIM.itemsize + d * dtype.itemsize
+    row_bytes = VECS_DIM.itemsize + d * dtype.itemsize
     if state.size % row_bytes:
         raise BadInput(path, f"size {state.size} bytes is not a multiple of the row size {row_bytes} bytes (d={d})")
     n = state.size // row_bytes
     raw = np.memmap(f, dtype=np.uint8, mode="r")
-    records = raw.view(np.dtype([("d", _VECS_DIM), ("x", dtype, (d,))]))
+    records = raw.view(np.dtype([("d", VECS_DIM), ("x", dtype, (d,))]))
     # every row repeats its dim: scanning them all (touching every page) catches corrupt or mis-typed files
     dims = records["d"]
-    for start in range(0, n, _SCAN_ROWS):
-        bad = np.flatnonzero(dims[start:start + _SCAN_ROWS] != d)
+    for start in range(0, n, SCAN_ROWS):
+        bad = np.flatnonzero(dims[start:start + SCAN_ROWS] != d)
         if bad.size:
             row = start + int(bad[0])
             raise BadInput(path, f"row {row} says d={int(dims[row])} but row 0 says d={d} (inconsistent row dims)")
@@ -390,54 +280,3 @@ def _open_npy(path: str | os.PathLike, f: BinaryIO, state: FileState) -> VectorF
 
 
 _NPY_HEADER_READERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
-
-
-# --- writers -------------------------------------------------------------------------------------
-
-
-def _writable_extension(path: str | os.PathLike, rows: int, dim: int, dtype: np.dtype) -> str:
-    """The extension to write ``path`` as, after checking that the result would be a valid input file."""
-    ext = Path(path).suffix.lower()
-    if rows < 1 or dim < 1:
-        raise ValueError(f"rows and dim must be positive, got {rows} x {dim}")
-    if ext == ".npy":
-        if dtype not in NPY_DTYPES:
-            raise ValueError(f"dtype {dtype} cannot be written as .npy input")
-    elif ext in BIN_DTYPES:
-        if dtype != BIN_DTYPES[ext]:
-            raise ValueError(f"{ext} holds {BIN_DTYPES[ext]}, not {dtype}")
-        if rows >= 2**32 or dim >= 2**32:
-            raise ValueError(f"{ext} headers are uint32; {rows} x {dim} does not fit")
-    else:
-        raise ValueError(f"cannot write {ext or 'no extension'}; writable: {', '.join((*BIN_DTYPES, '.npy'))}")
-    return ext
-
-
-def _bin_header(rows: int, dim: int) -> bytes:
-    return np.array([rows, dim], dtype=_HEADER).tobytes()
-
-
-@contextmanager
-def _atomic_write(path: str | os.PathLike) -> Iterator[BinaryIO]:
-    """A file object whose bytes appear under ``path`` only when the block exits cleanly (bigknn.atomic)."""
-    with atomic_path(path) as tmp, disk_full_named(path, None), open(tmp, "wb") as f:
-        yield f
-
-
-@contextmanager
-def _mapped_output(path: str | os.PathLike, header: bytes,
-                   arrays: list[tuple[np.dtype, tuple[int, int]]]) -> Iterator[list[np.memmap]]:
-    """Writable memmaps of the arrays laid out one after the other behind ``header`` in a new file that
-    appears under ``path`` only when the block exits cleanly. The file is allocated in full first, so a
-    full disk is an error here and not a SIGBUS in the middle of the writes."""
-    size = len(header) + sum(np.dtype(dtype).itemsize * rows * cols for dtype, (rows, cols) in arrays)
-    with atomic_path(path, size) as tmp:
-        with disk_full_named(path, size), open(tmp, "r+b") as f:
-            f.write(header)
-        maps, offset = [], len(header)
-        for dtype, shape in arrays:
-            maps.append(np.memmap(tmp, dtype=dtype, mode="r+", offset=offset, shape=shape))
-            offset += maps[-1].nbytes
-        yield maps
-        for m in maps:
-            m.flush()
