@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One device call for the GPU acceptance runs; each step logs under $OUT and a table is printed last.
 #   STEPS="t2 plan t4 t3 t2one kill tests sanitizer t1 cli5m" bash scripts/gpu_acceptance.sh
+# On the 2-GPU machine (issues 12 and 14): STEPS="dask10m big50 big100" (inputs by scripts/synth_parallel.sh).
 # Needs: PYTHONPATH with bigknn and zarr (see README), a GPU. Data goes to $WORK (default /tmp/bk).
 set -uo pipefail
 OUT=${OUT:-/tmp/bk-out}; WORK=${WORK:-/tmp/bk}; mkdir -p "$OUT" "$WORK"
@@ -109,6 +110,28 @@ plan)
   step plan
   $B plan --rows 1000000000 --dim 96 --k 32 $PLAN_ARGS --store $WORK/t2.knn --backend cuda --json > "$OUT/t7_plan.json"
   note "T7 plan 1B x 96 (rates of the T2 store): $(j shards shard_rows merges estimate_s estimate_h < "$OUT/t7_plan.json")" ;;
+dask10m)
+  step dask10m  # T2's 10 shards in-process (--gpus all) against --scheduler local:N, same recall
+  [ -f $WORK/d10m.fbin ] || $B synth $WORK/d10m.fbin --rows 10000000 --dim 96 --seed 1 --json > /dev/null
+  python3 scripts/bench_dask.py --input $WORK/d10m.fbin --store-base $WORK/bench --workload t2-10m \
+    -- --k 32 --shard-rows 1000000 > "$OUT/dask10m.jsonl" 2> "$OUT/dask10m.err"
+  note "Dask vs in-process, T2: $(tr '\n' ' ' < "$OUT/dask10m.jsonl" | cut -c1-900)" ;;
+big50)
+  step big50  # 50M x 96, defaults, both GPUs, in-process and on Dask (each store deleted once measured)
+  [ -f $WORK/d50m.fbin ] || bash scripts/synth_parallel.sh $WORK/d50m.fbin 50000000 96 2 > /dev/null
+  python3 scripts/bench_dask.py --input $WORK/d50m.fbin --store-base $WORK/bench --workload 50m \
+    -- --k 32 > "$OUT/big50.jsonl" 2> "$OUT/big50.err"
+  note "50M: $(tr '\n' ' ' < "$OUT/big50.jsonl" | cut -c1-900)"
+  rm -f $WORK/d50m.fbin ;;
+big100)
+  step big100  # the measured 100M-row build: plan's projection, then the build and its recall
+  [ -f $WORK/d100m.u8bin ] || bash scripts/synth_parallel.sh $WORK/d100m.u8bin 100000000 128 7 > /dev/null
+  $B plan $WORK/d100m.u8bin --k 32 --gpus all --json > "$OUT/big100_plan.json"
+  sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null
+  $B build $WORK/d100m.u8bin -o $WORK/d100m.knn --k 32 --gpus all --json > "$OUT/big100_build.json" 2> "$OUT/big100_build.err"
+  $B eval recall $WORK/d100m.knn --backend cuda --json > "$OUT/big100_eval.json"
+  note "100M plan: $(j shards shard_rows merges estimate_s < "$OUT/big100_plan.json")"
+  note "100M build: $(j wall_s shards merges_done busy_frac read_gb written_gb < "$OUT/big100_build.json") recall $(j recall < "$OUT/big100_eval.json")" ;;
 kill)
   step kill
   $B synth $WORK/d4m.fbin --rows 4000000 --dim 96 --seed 3 --json > /dev/null
