@@ -4,7 +4,8 @@ descent loops compiled by numba (kernels.py) unless the reference is asked for."
 from __future__ import annotations
 
 import os
-from typing import Iterable
+import time
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -81,27 +82,51 @@ def recall_target(xf: np.ndarray, metric: str, params: GnndParams, seed: int, pa
     """The recall target of a descent over the rows of ``xf`` (None without one): a probe of its rows with
     their exact neighbours among ``xf``, or for the merge of ``pair`` (xf = [a | b]) among their old lists and
     the other shard (bigknn/recall.py). Drawn from its own generator, so the descent's draws stay those of an
-    untargeted run."""
+    untargeted run. The probe's own exact search, timed and scaled to all rows, prices the exact answer that
+    may replace a stalled descent (``Stopper.exact_s``): a stalled 1M-row shard must not wait hours for it."""
     if params.recall <= 0:
         return None
     rng = np.random.default_rng((seed, 1))
+    clock = _ExactClock()
     if pair is None:
         def exact(rows, m):
-            g = exact_knn(xf[rows], m, metric, [(0, xf)])
+            g = clock.run(lambda: exact_knn(xf[rows], m, metric, [(0, xf)]), len(rows) * len(xf))
             return g.ids, g.dists
 
         probe = make_probe(len(xf), params.width(), exact, rng)
+        all_pairs = len(xf) * len(xf)
     else:
         a, b = pair
 
         def exact(rows, m, other_is_b):
             other = b if other_is_b else a
-            g = exact_knn(xf[rows], m, metric, [(other.offset, other.vectors)])
+            g = clock.run(lambda: exact_knn(xf[rows], m, metric, [(other.offset, other.vectors)]),
+                          len(rows) * len(other.vectors))
             return g.ids, g.dists
 
         probe = make_merge_probe(a, b, params.width(), exact, rng)
-    return Target(probe, Stopper(params.recall, params.width()), lambda w: params.sample_count(w, CPU_AUTO_SAMPLES),
-                  pad_key)
+        all_pairs = 2 * len(a.vectors) * len(b.vectors)  # exact_merge: each shard's rows against the other's
+    return Target(probe, Stopper(params.recall, params.width(), clock.predict(all_pairs)),
+                  lambda w: params.sample_count(w, CPU_AUTO_SAMPLES), pad_key)
+
+
+class _ExactClock:
+    """Seconds per key of the exact searches run through it: their time over the (query, row) pairs."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.pairs = 0
+
+    def run(self, search: Callable[[], KnnGraph], pairs: int) -> KnnGraph:
+        t = time.perf_counter()
+        g = search()
+        self.seconds += time.perf_counter() - t
+        self.pairs += pairs
+        return g
+
+    def predict(self, pairs: int) -> float:
+        """Seconds of an exact search over ``pairs`` (query, row) pairs at the pace measured."""
+        return self.seconds * pairs / max(1, self.pairs)
 
 
 class CpuBackend(SearchReference):

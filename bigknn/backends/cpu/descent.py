@@ -11,6 +11,7 @@ one batched merge, which gives the same lists up to the order in which equal key
 from __future__ import annotations
 
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
@@ -94,6 +95,7 @@ def descend(x: np.ndarray, state: DescentState, metric: str, samples: int, iters
     history: list[int] = []
     for _ in range(iters):
         n, k = state.ids.shape
+        t = time.perf_counter()
         updates = step(x, sq, state, metric, samples, rng, part)
         history.append(updates)
         if on_iter is not None:
@@ -107,7 +109,7 @@ def descend(x: np.ndarray, state: DescentState, metric: str, samples: int, iters
         if not target.stopper.trace and target.hard_samples_at is not None and est.recall < target.hard_below:
             target.samples_at = target.hard_samples_at  # more samples per list: fewer iterations, no stall at 48
             samples = target.samples_at(state.ids.shape[1])
-        action = target.stopper.after(est)
+        action = target.stopper.after(est, time.perf_counter() - t)  # the iteration and its measure
         if action == "stop":
             break
         if action == "widen":
