@@ -17,7 +17,8 @@ from bigknn.backends.cpu.threads import use_threads
 from bigknn.errors import BadInput
 from bigknn.ggm import exact_merge, finish_merge, merge_stop_frac, start_merge
 from bigknn.graph import EMPTY, LOCAL_ID_DTYPE, KnnGraph, ShardPart, drop_self, merge_lists
-from bigknn.params import CPU_AUTO_SAMPLES, CPU_HARD_BELOW, CPU_HARD_SAMPLES, EXACT_ROWS, GnndParams
+from bigknn.params import (CPU_AUTO_SAMPLES, CPU_HARD_BELOW, CPU_HARD_SAMPLES, CPU_HARD_WIDTH, EXACT_ROWS,
+                           GnndParams)
 from bigknn.recall import Stopper, make_merge_probe, make_probe
 
 
@@ -159,6 +160,7 @@ class CpuBackend(SearchReference):
         if target is not None and params.samples == 0:  # a hard set (first estimate low) takes more samples
             target.hard_below = CPU_HARD_BELOW
             target.hard_samples_at = lambda w: max(CPU_HARD_SAMPLES, params.sample_count(w, CPU_AUTO_SAMPLES))
+            target.hard_width = CPU_HARD_WIDTH
         descend(xf, state, metric, params.sample_count(cap=CPU_AUTO_SAMPLES), params.iters, params.min_update_frac, rng,
                 on_iter=on_iter, target=target, compiled=self.compiled)
         if target is not None and target.stopper.fell_short():
