@@ -421,3 +421,50 @@ def exact_l2_resort(x, ids, dists, is_new):
             ids[i, j] = row_ids[order[j]]
             dists[i, j] = keys[order[j]]
             is_new[i, j] = row_new[order[j]]
+
+
+@njit(cache=True, inline="always")
+def _tile_key(dot, qsq, tsq, is_l2):
+    """metrics.pairwise_keys of one entry, in the same float32 order: (|q|^2 + |t|^2) - 2qt clamped at 0, or -qt."""
+    if is_l2:
+        k = (qsq + tsq) - np.float32(2.0) * dot
+        return k if k > 0 else np.float32(0.0)
+    return -dot
+
+
+@njit(cache=True, parallel=True)
+def tile_keys(dots, qsq, tsq, is_l2):
+    """Turn a tile of dot products into keys in place (exact.exact_knn, while its lists still fill)."""
+    for r in prange(dots.shape[0]):
+        for j in range(dots.shape[1]):
+            dots[r, j] = _tile_key(dots[r, j], qsq[r], tsq[j], is_l2)
+
+
+@njit(cache=True, parallel=True)
+def tile_candidates(dots, qsq, tsq, bound, is_l2):
+    """The entries of a tile of dot products whose key is below their row's ``bound`` (its current k-th key):
+    (rows, cols, keys), by row. One pass per row computes and compares, where NumPy made a keys tile and a
+    mask tile first."""
+    nq, nt = dots.shape
+    starts = np.zeros(nq + 1, np.int64)
+    for r in prange(nq):
+        c = 0
+        for j in range(nt):
+            if _tile_key(dots[r, j], qsq[r], tsq[j], is_l2) < bound[r]:
+                c += 1
+        starts[r + 1] = c
+    for r in range(nq):
+        starts[r + 1] += starts[r]
+    rows = np.empty(starts[nq], np.int64)
+    cols = np.empty(starts[nq], np.int64)
+    keys = np.empty(starts[nq], np.float32)
+    for r in prange(nq):
+        s = starts[r]
+        for j in range(nt):
+            key = _tile_key(dots[r, j], qsq[r], tsq[j], is_l2)
+            if key < bound[r]:
+                rows[s] = r
+                cols[s] = j
+                keys[s] = key
+                s += 1
+    return rows, cols, keys
