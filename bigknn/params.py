@@ -12,6 +12,8 @@ CPU_AUTO_SAMPLES = 12  # the CPU's: a core pays for every key, so fewer per iter
 CPU_HARD_SAMPLES = 20  # the CPU's p where the first iteration leaves the probe below CPU_HARD_BELOW (text
 CPU_HARD_BELOW = 0.7  # embeddings: 0.36-0.44 at 30K x 384, synth 0.91): text 30K x 384 cosine, lists of 48: p = 12 28.0 s
 # (20 iterations, stalled at 0.981 and widened to 80), 20: 14.0 s (9 iterations, no widening); synth keeps 12
+CPU_HARD_WIDTH = 80  # and its lists this wide: text 100K x 384, p = 20, lists of 48: 31.6 s (16 iterations,
+# stalled at 0.989 and widened to 80 at iteration 13); lists of 80 from the start: 23.8 s (8 iterations, 0.993)
 EXACT_ROWS = 2048  # shards up to this size get their exact graph: too few rows for NN-Descent to mix well
 
 

@@ -235,6 +235,13 @@ class Stopper:
             return "widen"
         return "go"
 
+    def start_wider(self, width: int) -> None:
+        """The caller widened the lists before any stall (a hard set, known from its first estimate): judge
+        progress from here, at ``width``; counted as a widening."""
+        self.width = min(MAX_WIDTH, width)
+        self.history = []
+        self.widened += 1
+
     def _exact_is_cheaper(self, seconds: float) -> bool:
         """Whether the rest of the descent, at the pace of its last STALL_ITERS iterations and the cost of the
         last one, would take more than STALL_HORIZON iterations and longer than the exact answer

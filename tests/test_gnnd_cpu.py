@@ -34,9 +34,11 @@ def numpy_topk(q: np.ndarray, x: np.ndarray, ids: np.ndarray, k: int, metric: st
 
 
 # ---- exact kNN --------------------------------------------------------------------------------
+@pytest.mark.parametrize("reference", [False, True])  # the compiled tile step and the NumPy one
 @pytest.mark.parametrize("small_tiles", [False, True])
 @pytest.mark.parametrize("metric", ["l2", "ip"])
-def test_exact_knn_matches_numpy_argsort(backend, monkeypatch, metric, small_tiles):
+def test_exact_knn_matches_numpy_argsort(monkeypatch, metric, small_tiles, reference):
+    backend = CpuBackend(reference=reference)
     if small_tiles:  # many query batches and key tiles per block: exercises the running top-k filter
         monkeypatch.setattr(exact_mod, "QUERY_ROWS", 8)
         monkeypatch.setattr(exact_mod, "TILE_COLS", 97)

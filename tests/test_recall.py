@@ -4,6 +4,7 @@ CPU descent meeting its target, and the estimate a build records against `bigknn
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -162,6 +163,27 @@ def test_cpu_gnnd_falls_back_to_the_exact_graph_where_descent_stalls():
     assert g.ids.shape == (len(x), params.width())
     assert g.report["stop"] == "target met" or g.report["stop"].startswith("exact graph"), g.report
     assert recall_at(g.ids[rows], x, rows, 10, truth=truth) >= 0.995
+
+
+def test_cpu_gnnd_keeps_its_lists_where_the_exact_graph_is_dear(monkeypatch):
+    """The CPU prices the exact graph by its probe's own exact search, scaled from the probe's rows to all
+    rows: where that costs more than EXACT_AFFORD times the descent (here a search slowed by 0.3 s a call), a
+    descent that fell short keeps its lists -- a stalled 1M-row shard must not compute its exact graph for
+    hours -- and the report says what the exact graph would have cost."""
+    import bigknn.backends.cpu as cpu
+
+    search = cpu.exact_knn
+
+    def slowed(*args):
+        time.sleep(0.3)
+        return search(*args)
+
+    monkeypatch.setattr(cpu, "exact_knn", slowed)
+    x = np.random.default_rng(7).standard_normal((4001, 32)).astype(np.float32)
+    g = CpuBackend().gnnd(x, "l2", GnndParams(k=10, recall=0.999, iters=2), seed=3)
+    rep = g.report
+    assert rep["stop"] == "iteration cap" and rep["estimate"]["high"] < 0.999, rep  # fell short, lists kept
+    assert rep["exact_s"] >= 0.3 * len(x) / PROBE_ROWS and rep["exact_s"] > EXACT_AFFORD * rep["spent_s"] > 0, rep
 
 
 def test_cpu_merge_that_falls_short_gives_the_pairs_exact_lists():

@@ -4,7 +4,8 @@ descent loops compiled by numba (kernels.py) unless the reference is asked for."
 from __future__ import annotations
 
 import os
-from typing import Iterable
+import time
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -16,7 +17,8 @@ from bigknn.backends.cpu.threads import use_threads
 from bigknn.errors import BadInput
 from bigknn.ggm import exact_merge, finish_merge, merge_stop_frac, start_merge
 from bigknn.graph import EMPTY, LOCAL_ID_DTYPE, KnnGraph, ShardPart, drop_self, merge_lists
-from bigknn.params import CPU_AUTO_SAMPLES, CPU_HARD_BELOW, CPU_HARD_SAMPLES, EXACT_ROWS, GnndParams
+from bigknn.params import (CPU_AUTO_SAMPLES, CPU_HARD_BELOW, CPU_HARD_SAMPLES, CPU_HARD_WIDTH, EXACT_ROWS,
+                           GnndParams)
 from bigknn.recall import Stopper, make_merge_probe, make_probe
 
 
@@ -50,7 +52,7 @@ def exact_l2_keys(x: np.ndarray, state: DescentState, compiled: bool) -> None:
 def exact_graph(x: np.ndarray, width: int, metric: str, compiled: bool = False) -> KnnGraph:
     """The exact graph of a small set: every row's ``width`` nearest others (EMPTY-padded if fewer)."""
     n = len(x)
-    g = exact_knn(x, min(width + 1, n), metric, [(0, x)])
+    g = exact_knn(x, min(width + 1, n), metric, [(0, x)], compiled)
     ids, dists = drop_self(g.ids, g.dists, np.arange(n))
     if metric == "l2":
         state = DescentState(ids.copy(), dists.copy(), np.zeros(ids.shape, bool))
@@ -77,31 +79,55 @@ def random_init(x: np.ndarray, k: int, metric: str, rng: np.random.Generator, co
 
 
 def recall_target(xf: np.ndarray, metric: str, params: GnndParams, seed: int, pad_key: np.ndarray | float = np.inf,
-                  pair: tuple[ShardPart, ShardPart] | None = None) -> Target | None:
+                  pair: tuple[ShardPart, ShardPart] | None = None, compiled: bool = False) -> Target | None:
     """The recall target of a descent over the rows of ``xf`` (None without one): a probe of its rows with
     their exact neighbours among ``xf``, or for the merge of ``pair`` (xf = [a | b]) among their old lists and
     the other shard (bigknn/recall.py). Drawn from its own generator, so the descent's draws stay those of an
-    untargeted run."""
+    untargeted run. The probe's own exact search, timed and scaled to all rows, prices the exact answer that
+    may replace a stalled descent (``Stopper.exact_s``): a stalled 1M-row shard must not wait hours for it."""
     if params.recall <= 0:
         return None
     rng = np.random.default_rng((seed, 1))
+    clock = _ExactClock()
     if pair is None:
         def exact(rows, m):
-            g = exact_knn(xf[rows], m, metric, [(0, xf)])
+            g = clock.run(lambda: exact_knn(xf[rows], m, metric, [(0, xf)], compiled), len(rows) * len(xf))
             return g.ids, g.dists
 
         probe = make_probe(len(xf), params.width(), exact, rng)
+        all_pairs = len(xf) * len(xf)
     else:
         a, b = pair
 
         def exact(rows, m, other_is_b):
             other = b if other_is_b else a
-            g = exact_knn(xf[rows], m, metric, [(other.offset, other.vectors)])
+            g = clock.run(lambda: exact_knn(xf[rows], m, metric, [(other.offset, other.vectors)], compiled),
+                          len(rows) * len(other.vectors))
             return g.ids, g.dists
 
         probe = make_merge_probe(a, b, params.width(), exact, rng)
-    return Target(probe, Stopper(params.recall, params.width()), lambda w: params.sample_count(w, CPU_AUTO_SAMPLES),
-                  pad_key)
+        all_pairs = 2 * len(a.vectors) * len(b.vectors)  # exact_merge: each shard's rows against the other's
+    return Target(probe, Stopper(params.recall, params.width(), clock.predict(all_pairs)),
+                  lambda w: params.sample_count(w, CPU_AUTO_SAMPLES), pad_key)
+
+
+class _ExactClock:
+    """Seconds per key of the exact searches run through it: their time over the (query, row) pairs."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.pairs = 0
+
+    def run(self, search: Callable[[], KnnGraph], pairs: int) -> KnnGraph:
+        t = time.perf_counter()
+        g = search()
+        self.seconds += time.perf_counter() - t
+        self.pairs += pairs
+        return g
+
+    def predict(self, pairs: int) -> float:
+        """Seconds of an exact search over ``pairs`` (query, row) pairs at the pace measured."""
+        return self.seconds * pairs / max(1, self.pairs)
 
 
 class CpuBackend(SearchReference):
@@ -130,10 +156,11 @@ class CpuBackend(SearchReference):
             state = tree_init(xf, width, metric, RP_TREES, np.random.default_rng((seed, 2)))
         else:
             state = random_init(xf, width, metric, rng)
-        target = recall_target(xf, metric, params, seed)
+        target = recall_target(xf, metric, params, seed, compiled=self.compiled)
         if target is not None and params.samples == 0:  # a hard set (first estimate low) takes more samples
             target.hard_below = CPU_HARD_BELOW
             target.hard_samples_at = lambda w: max(CPU_HARD_SAMPLES, params.sample_count(w, CPU_AUTO_SAMPLES))
+            target.hard_width = CPU_HARD_WIDTH
         descend(xf, state, metric, params.sample_count(cap=CPU_AUTO_SAMPLES), params.iters, params.min_update_frac, rng,
                 on_iter=on_iter, target=target, compiled=self.compiled)
         if target is not None and target.stopper.fell_short():
@@ -161,13 +188,13 @@ class CpuBackend(SearchReference):
         state = DescentState(ids, dists, is_new)
         stop = merge_stop_frac(params.min_update_frac, len(a.vectors), len(b.vectors))
         width = ids.shape[1]
-        target = None if vias else recall_target(xf, metric, params, seed, setup.bound, pair=(a, b))
+        target = None if vias else recall_target(xf, metric, params, seed, setup.bound, (a, b), self.compiled)
         descend(xf, state, metric, params.sample_count(cap=CPU_AUTO_SAMPLES), params.merge_iters, stop, rng,
                 part=setup.part, on_iter=on_iter, target=target, compiled=self.compiled)
         if target is not None and target.stopper.fell_short():
             target.stopper.exact_instead()
             ga, gb = exact_merge(a, b, width, lambda own, other, m: exact_knn(
-                own.vectors, m, metric, [(other.offset, other.vectors)]))
+                own.vectors, m, metric, [(other.offset, other.vectors)], self.compiled))
         else:
             cut(state, width)
             if metric == "l2":
@@ -178,7 +205,7 @@ class CpuBackend(SearchReference):
 
     def exact_knn(self, queries: np.ndarray, k: int, metric: str,
                   blocks: Iterable[tuple[int, np.ndarray]]) -> KnnGraph:
-        return exact_knn(queries, k, metric, blocks)
+        return exact_knn(queries, k, metric, blocks, self.compiled)
 
     def memory_budget(self) -> None:
         """No device memory bounds a CPU shard (bigknn/pipeline/plan.py sizes them)."""

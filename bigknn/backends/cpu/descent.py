@@ -11,6 +11,7 @@ one batched merge, which gives the same lists up to the order in which equal key
 from __future__ import annotations
 
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
@@ -74,7 +75,8 @@ class Target:
     samples_at: Callable[[int], int]
     pad_key: np.ndarray | float = np.inf
     hard_below: float = 0.0  # a first estimate below this marks a hard set (text embeddings: the RP-tree
-    hard_samples_at: Callable[[int], int] | None = None  # seeds reach ~0.4, synth ~0.9): p from here on
+    hard_samples_at: Callable[[int], int] | None = None  # seeds reach ~0.4, synth ~0.9): p from here on,
+    hard_width: int = 0  # and lists this wide (they would stall at the narrower width and widen later)
 
 
 def descend(x: np.ndarray, state: DescentState, metric: str, samples: int, iters: int,
@@ -94,6 +96,7 @@ def descend(x: np.ndarray, state: DescentState, metric: str, samples: int, iters
     history: list[int] = []
     for _ in range(iters):
         n, k = state.ids.shape
+        t = time.perf_counter()
         updates = step(x, sq, state, metric, samples, rng, part)
         history.append(updates)
         if on_iter is not None:
@@ -106,8 +109,11 @@ def descend(x: np.ndarray, state: DescentState, metric: str, samples: int, iters
         est = target.probe.measure(state.ids[rows], state.dists[rows])
         if not target.stopper.trace and target.hard_samples_at is not None and est.recall < target.hard_below:
             target.samples_at = target.hard_samples_at  # more samples per list: fewer iterations, no stall at 48
+            if target.hard_width > state.ids.shape[1]:
+                target.stopper.start_wider(target.hard_width)
+                widen(state, target.hard_width, target.pad_key)
             samples = target.samples_at(state.ids.shape[1])
-        action = target.stopper.after(est)
+        action = target.stopper.after(est, time.perf_counter() - t)  # the iteration and its measure
         if action == "stop":
             break
         if action == "widen":
