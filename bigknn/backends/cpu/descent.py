@@ -111,7 +111,7 @@ def descend(x: np.ndarray, state: DescentState, metric: str, samples: int, iters
             target.samples_at = target.hard_samples_at  # more samples per list: fewer iterations, no stall at 48
             if target.hard_width > state.ids.shape[1]:
                 target.stopper.start_wider(target.hard_width)
-                widen(state, target.hard_width, target.pad_key)
+                widen(state, target.stopper.width, target.pad_key)  # the stopper's: at most MAX_WIDTH
             samples = target.samples_at(state.ids.shape[1])
         action = target.stopper.after(est, time.perf_counter() - t)  # the iteration and its measure
         if action == "stop":
