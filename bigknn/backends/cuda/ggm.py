@@ -167,7 +167,7 @@ def ggm(gpu: Gpu, a: ShardPart, b: ShardPart, metric: str, params: GnndParams, s
     t_setup = time.perf_counter()
 
     target = None if vias else device_target(gpu, xd, d, metric, params, seed, lambda wd, q: ggm_bytes(
-        n, d, itemsize, wd, wo, q, 1 << log_c) + extra_bytes <= gpu.budget(), key_scale, pair=(a, b))
+        n, d, itemsize, wd, wo, q, 1 << log_c) + extra_bytes <= gpu.budget(), pair=(a, b))
     stats, ids, keys, flags = iterate(gpu, xw, wct, dpad, m, ids, keys, flags, p, int(params.merge_iters),
                                       merge_stop_frac(params.min_update_frac, na, nb), labels=labels,
                                       log_c=log_c, norms=norms, on_iter=on_iter, target=target)

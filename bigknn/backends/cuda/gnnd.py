@@ -69,8 +69,7 @@ def gnnd(gpu: Gpu, x, metric: str, params: GnndParams, seed: int, on_iter=None) 
     mod = compile_kernels(names)  # one NVRTC run
     t_c = time.perf_counter()
     xd, _, d, dpad = prepare_rows(x, gpu.transfer)
-    xw, scale = half_rows(xd) if half else (xd, 1.0)
-    key_scale = scale * scale  # the descent's keys are of rows scaled by `scale`
+    xw = half_rows(xd)[0] if half else xd
     sync()
     t_h2d = time.perf_counter()
     ids, keys, flags = init_graph(xw, wct, d, dpad, m, kb, seed)
@@ -82,7 +81,7 @@ def gnnd(gpu: Gpu, x, metric: str, params: GnndParams, seed: int, on_iter=None) 
     sync()
     t_init = time.perf_counter()
     target = device_target(gpu, xd, d, metric, params, seed, lambda w, q: gnnd_bytes(
-        n, d, itemsize, w, q, 1 << log_c) + half_bytes <= gpu.budget(), key_scale)
+        n, d, itemsize, w, q, 1 << log_c) + half_bytes <= gpu.budget())
     stats, ids, keys, flags = iterate(gpu, xw, wct, dpad, m, ids, keys, flags, p, int(params.iters),
                                       float(params.min_update_frac), labels=None, log_c=log_c,
                                       norms=norms, on_iter=on_iter, target=target)
