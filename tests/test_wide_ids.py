@@ -12,11 +12,16 @@ import bigknn
 import bigknn.graph
 from bigknn.backends.cpu import CpuBackend
 from bigknn.errors import BadInput
+from bigknn.formats import write_vectors
 from bigknn.graph import KnnGraph, ShardPart, id_dtype, merge_lists, shard_graph_to_global
 from bigknn.params import GnndParams
+from bigknn.pipeline.ingest import ingest
 from bigknn.pipeline.verify import verify
+from bigknn.progress import Reporter
 from bigknn.shards import Manifest, ShardEntry, Store
 from bigknn.synth import synth
+
+from conftest import tree_hashes
 
 BIG = 2**31 + 1000  # an offset whose ids do not fit int32
 HUGE = BIG + 2**32  # ids that do not fit uint32 either, and share their low 32 bits with BIG's
@@ -182,3 +187,21 @@ def test_the_cuda_backend_refuses_ids_past_int32_in_one_line():
             _require_int32_ids(*args)
     with pytest.raises(BadInput, match="past 2\\^31 rows"):
         list(_int32_blocks([(0, np.zeros((5, 2))), (2**31 - 2, np.zeros((5, 2)))]))
+
+
+def test_a_format_1_store_refuses_an_ingest_past_int32_and_keeps_its_bytes(tmp_path, monkeypatch):
+    """int64 ids make a store format 5, which reads arrays without checksums as damage: a format-1 store
+    (written before checksums) refuses the ingest that would cross the limit, in one line, before any
+    write."""
+    x = synth(700, 8, seed=6)
+    with bigknn.build(x[:500], k=5, store=tmp_path / "s", backend="cpu", shard_rows=200, seed=4):
+        pass
+    store = Store.open(tmp_path / "s", pin=False)
+    store.manifest.format = 1
+    store.commit()
+    write_vectors(tmp_path / "new.fbin", x[500:])
+    before = tree_hashes(tmp_path / "s")
+    monkeypatch.setattr(bigknn.graph, "INT32_ROWS", 600)
+    with pytest.raises(BadInput, match=r"new\.fbin: would take the store to 700 rows, past int32 ids"):
+        ingest(tmp_path / "s", [tmp_path / "new.fbin"], [CpuBackend()], Reporter())
+    assert tree_hashes(tmp_path / "s") == before

@@ -21,6 +21,7 @@ from bigknn.backends import Backend
 from bigknn.errors import BadInput
 from bigknn.formats import VECTOR_EXTENSIONS, FileState, VectorFile, check_and_hash, file_state, open_vectors
 from bigknn.ggm import SEED_SHARDS, seeded_merge_fits
+from bigknn.graph import id_dtype
 from bigknn.metrics import prepare_rows
 from bigknn.params import GnndParams
 from bigknn.partition import load as load_partition
@@ -132,6 +133,7 @@ def ingest(store_path: Path, inputs: list[Path], backends: list[Backend], report
     files = [vf for p in inputs if (vf := _open_input(p, listed, report, reporter)) is not None]
     for vf in files:  # headers of every file first: fail fast
         _check_compatible(store, vf)
+    _check_id_room(store, [vf for vf in files if _seen(store, vf) is None])
     _check_resources(store, [vf for vf in files if _seen(store, vf) is None], len(backends), host_mem, reporter)
     checked = []
     t = time.perf_counter()
@@ -242,6 +244,17 @@ def _check_compatible(store: Store, vf: VectorFile) -> None:
     if want is not None and np.dtype(vf.read_dtype).str != want:
         raise BadInput(vf.path, f"holds {np.dtype(vf.read_dtype).name} values; the store was built from "
                                 f"{np.dtype(want).name}")
+
+
+def _check_id_room(store: Store, new: list[VectorFile]) -> None:
+    """A format-1 store (no checksums) cannot take ids past int32: int64 ids make a store format 5, whose
+    readers take an array without checksums for damage."""
+    m, rows = store.manifest, store.manifest.rows
+    for vf in new:
+        rows += vf.rows
+        if not m.checksummed and id_dtype(rows).itemsize > m.id_dtype.itemsize:
+            raise BadInput(vf.path, f"would take the store to {rows:,} rows, past int32 ids, which format-1 stores "
+                                    f"(no checksums) cannot hold: rebuild the store with this bigknn first")
 
 
 def _seen(store: Store, vf: VectorFile) -> dict | None:
