@@ -2,6 +2,7 @@
 # One device call for the GPU acceptance runs; each step logs under $OUT and a table is printed last.
 #   STEPS="t2 plan t4 t3 t2one kill tests sanitizer t1 cli5m" bash scripts/gpu_acceptance.sh
 # On the 2-GPU machine (issues 12 and 14): STEPS="dask10m big50 big100" (inputs by scripts/synth_parallel.sh).
+# Every family against cuVS (issue 10): STEPS="families"; 50M on 1 / 2 / all GPUs (issue 17): STEPS="scale".
 # Needs: PYTHONPATH with bigknn and zarr (see README), a GPU. Data goes to $WORK (default /tmp/bk).
 set -uo pipefail
 OUT=${OUT:-/tmp/bk-out}; WORK=${WORK:-/tmp/bk}; mkdir -p "$OUT" "$WORK"
@@ -132,6 +133,40 @@ big100)
   $B eval recall $WORK/d100m.knn --backend cuda --json > "$OUT/big100_eval.json"
   note "100M plan: $(j shards shard_rows merges estimate_s < "$OUT/big100_plan.json")"
   note "100M build: $(j wall_s shards merges_done busy_frac read_gb written_gb < "$OUT/big100_build.json") recall $(j recall < "$OUT/big100_eval.json")" ;;
+families)
+  # issue 10: T1 on every family in GPU memory (cuVS NN-Descent / brute force in the same process where
+  # /tmp/cuvs_site holds cuVS: ../shared/device/cuvs.sh), then out of core (4 shards of 250K), estimate vs eval
+  step families
+  F=$WORK/fam; mkdir -p $F
+  for fe in synth.fbin iid64.fbin iid128.fbin u8.u8bin f16.f16bin; do
+    [ -f $F/$fe ] || python3 scripts/families.py ${fe%%.*} -o $F/$fe --threads 12 >> "$OUT/families.jsonl" &
+  done; wait
+  peers() { [ -d /tmp/cuvs_site ] && echo "--peers $1" || echo "--peers exact"; }
+  PYTHONPATH=/tmp/cuvs_site:${PYTHONPATH:-} python3 scripts/bench_families.py $F/synth.fbin:l2 $F/u8.u8bin:l2 \
+    $F/f16.f16bin:l2 ${FAMILY_INPUTS:-} $(peers nnd) --out "$OUT/t1.jsonl" > "$OUT/t1.log" 2>&1
+  PYTHONPATH=/tmp/cuvs_site:${PYTHONPATH:-} python3 scripts/bench_families.py $F/iid64.fbin:l2 $F/iid128.fbin:l2 \
+    $(peers bf,exact) --out "$OUT/t1.jsonl" >> "$OUT/t1.log" 2>&1
+  python3 scripts/jsonl_table.py "$OUT/t1.jsonl" family tool graph_degree max_iterations time_s recall@10.recall \
+    iters_run | tee -a "$summary"
+  for fm in synth.fbin:l2 u8.u8bin:l2 f16.f16bin:l2 iid64.fbin:l2 iid128.fbin:l2; do
+    f=${fm%%:*}; n=${f%%.*}
+    $B build $F/$f -o $WORK/ooc.$n.knn --metric ${fm##*:} --shard-rows 250000 --backend cuda --gpus $GPUS --json \
+      > "$OUT/ooc.$n.json" 2>> "$OUT/ooc.err"
+    $B eval recall $WORK/ooc.$n.knn --backend cuda --json > "$OUT/ooc.$n.eval.json"
+    note "out of core $n: $(j wall_s recall_estimate < "$OUT/ooc.$n.json") eval $(j recall < "$OUT/ooc.$n.eval.json")"
+    rm -rf $WORK/ooc.$n.knn
+  done ;;
+scale)
+  # issue 17: one 50M x 96 set on 1, 2, ... GPUs of this machine, same settings (SCALE_ARGS), page cache dropped
+  step scale
+  [ -f $WORK/d50m.fbin ] || bash scripts/synth_parallel.sh $WORK/d50m.fbin 50000000 96 2 > /dev/null
+  for g in ${SCALE_GPUS:-0 0,1 all}; do
+    sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null
+    $B build $WORK/d50m.fbin -o $WORK/s50.knn --k 32 --gpus $g ${SCALE_ARGS:-} --json > "$OUT/scale.$g.json" 2> "$OUT/scale.$g.err"
+    $B eval recall $WORK/s50.knn --backend cuda --json > "$OUT/scale.$g.eval.json"
+    note "50M --gpus $g: $(j wall_s shards merges_done busy_frac read_gb written_gb < "$OUT/scale.$g.json") recall $(j recall < "$OUT/scale.$g.eval.json")"
+    rm -rf $WORK/s50.knn
+  done ;;
 kill)
   step kill
   $B synth $WORK/d4m.fbin --rows 4000000 --dim 96 --seed 3 --json > /dev/null
