@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from bigknn.params import GnndParams
-from bigknn.pipeline.plan import CPU_SHARD_ROWS, auto_shard_rows, largest_shard_rows, merge_gpu_bytes, plan
+from bigknn.pipeline.plan import (CPU_SHARD_ROWS, all_pairs_merge_cost, auto_shard_rows, largest_shard_rows,
+                                  merge_gpu_bytes, merge_rounds, plan, spread_for_workers)
 
 from conftest import run_cli, run_json
 
@@ -92,3 +93,26 @@ def test_build_picks_the_shard_size_itself(tmp_path):
     assert s["shards"] == 1 and s["rows"] == 3000  # CPU: 1M-row shards
     again = run_json("build", data, "-o", tmp_path / "s.knn", "--k", 10, "--backend", "cpu")  # resumes
     assert again["resumed"] is True and again["shards"] == 1
+
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3, 4])
+def test_merge_rounds_are_what_the_scheduler_runs_side_by_side(workers):
+    """One worker: one merge a round. Several: no round hands out two pairs sharing a shard (3 shards: one
+    merge a round whatever the workers), and a round runs up to ``workers`` merges."""
+    assert [merge_rounds(s, 1) for s in range(2, 8)] == [s * (s - 1) // 2 for s in range(2, 8)]
+    assert merge_rounds(3, workers) == 3
+    for s in range(2, 9):
+        pairs = s * (s - 1) // 2
+        assert -(-pairs // min(workers, s // 2)) <= merge_rounds(s, workers) <= pairs
+
+
+def test_one_worker_keeps_the_largest_shards_and_several_split_three_into_four():
+    """One GPU: merging costs shards - 1 input-sized merges, so the fewest shards win. Several: three shards
+    merge one pair at a time, four two at a time (50M x 96 on H200s: 3 shards of 16.7M)."""
+    assert [all_pairs_merge_cost(s, 1) for s in range(1, 8)] == [0, 1, 2, 3, 4, 5, 6]
+    assert all_pairs_merge_cost(4, 2) == all_pairs_merge_cost(4, 4) == 1.5
+    rows, fits = 50_000_000, 16_700_000
+    assert spread_for_workers(rows, fits, 1) == fits
+    assert spread_for_workers(rows, fits, 2) == spread_for_workers(rows, fits, 4) == 12_500_000
+    assert spread_for_workers(rows, 25_000_000, 2) == 25_000_000  # two shards: one merge, nothing to gain

@@ -17,7 +17,8 @@ from bigknn.partition import METHODS as PARTITIONS
 from bigknn.partition.learn import DEFAULT_METHOD
 from bigknn.pipeline.diskrate import measure_disk
 from bigknn.pipeline.plan import (ASSUMED_PAIRS_PER_SHARD, CALIBRATION_STEPS, auto_shard_rows, calibrate,
-                                  pairs_per_shard_from_store, plan as make_plan, rates_from_store)
+                                  pairs_per_shard_from_store, plan as make_plan, rates_from_store,
+                                  spread_for_workers)
 from bigknn.pipeline.steps import physical_memory
 from bigknn.shards import Store
 
@@ -78,6 +79,8 @@ def plan(input: Path | None, rows: int | None, dim: int | None, dtype: str, k: i
     backends = get_backends(backend, gpus, parse_bytes(gpu_mem))
     if shard_rows is None:
         shard_rows = auto_shard_rows(backends, dim, itemsize, params, parse_bytes(gpu_mem))
+        if partition == "contiguous":
+            shard_rows = spread_for_workers(rows, shard_rows, len(backends))
     measured = Store.open(store, pin=False) if store is not None else None
     pairs_source = "--pairs-per-shard"
     if pairs_per_shard is None:

@@ -22,7 +22,7 @@ from bigknn.partition.assign import layout, learn_from_file, shard_count
 from bigknn.partition.learn import DEFAULT_METHOD, METHODS, Partition
 from bigknn.partition.nearest import backend_nearest
 from bigknn.pipeline.estimate import SampleTruth, record_estimate
-from bigknn.pipeline.plan import auto_shard_rows
+from bigknn.pipeline.plan import auto_shard_rows, spread_for_workers
 from bigknn.pipeline.sharding import shard_sizes, stream_shards
 from bigknn.pipeline.steps import (cache_shards, check_merge_count, record_timings, run_build_steps,
                                    smallest_shard_rows)
@@ -58,7 +58,9 @@ def build(req: BuildRequest, backends: list[Backend], reporter: Reporter) -> dic
     if resuming and not req.shard_rows:  # automatic size: the store's, whatever this machine would pick
         req = replace(req, shard_rows=Store.open(req.store, pin=False).manifest.shard_rows)
     elif not req.shard_rows:
-        req = replace(req, shard_rows=auto_shard_rows(backends, vf.dim, vf.read_dtype.itemsize, req.params))
+        fits = auto_shard_rows(backends, vf.dim, vf.read_dtype.itemsize, req.params)
+        spread = spread_for_workers(vf.rows, fits, len(backends)) if req.partition == "contiguous" else fits
+        req = replace(req, shard_rows=spread)
     _check_request(req, vf)
     sizes = shard_sizes(vf.rows, req.shard_rows, req.params.width())
     method = req.partition if len(sizes) > 1 else "contiguous"  # one shard: nothing to partition

@@ -66,6 +66,11 @@ class Scheduler:
                     return None
                 self.cond.wait()
 
+    def has_free_pair(self) -> bool:
+        """Whether a pending pair is ready and touches no running merge (next_task would hand it out now)."""
+        with self.cond:
+            return any(p[0] in self.ready and p[1] in self.ready and not self.busy & set(p) for p in self.pending)
+
     def shard_ready(self, sid: int) -> None:
         with self.cond:
             self.ready.add(sid)
