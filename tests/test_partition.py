@@ -212,3 +212,28 @@ def test_a_batch_spread_over_every_shard_reaches_the_target_on_its_own_rows(stor
     x = np.concatenate([stores["x"], new])
     exact = np.argsort(((x[ROWS:, None] - x[None]) ** 2).sum(-1), axis=1)[:, 1:K + 1]
     assert np.mean([len(set(a) & set(b)) / K for a, b in zip(ids[ROWS:], exact)]) >= 0.99
+
+
+def test_a_kmeans_build_merges_from_its_gnnd_cache_without_writing_or_reading_graphs_between(tmp_path, monkeypatch):
+    """The plan step runs inside the build's one run: the shards' GNND graphs stay in the cache for the
+    merges, so a build shorter than a checkpoint writes each graph once and reads nothing back from the store
+    (the input twice: the labelling pass and the sharding pass)."""
+    from bigknn.backends.cpu import CpuBackend
+    from bigknn.params import GnndParams
+    from bigknn.pipeline.build import BuildRequest, build
+    from bigknn.progress import Reporter
+    from bigknn.shards import store as store_module
+
+    reads = []
+    real = store_module.Store.read_graph
+    monkeypatch.setattr(store_module.Store, "read_graph", lambda self, *a: reads.append(a) or real(self, *a))
+    monkeypatch.setenv("BIGKNN_CHECKPOINT_S", "3600")
+    x = synth(ROWS, DIM, clusters=20, seed=5)
+    write_vectors(tmp_path / "x.fbin", x)
+    out = build(BuildRequest(input=tmp_path / "x.fbin", store=tmp_path / "s", shard_rows=SHARD_ROWS,
+                             partition="kmeans", params=GnndParams(k=K, list_width=16)), [CpuBackend()], Reporter())
+    input_gb, graphs_gb = x.nbytes / 1e9, ROWS * 16 * 8 / 1e9  # lists of 16: ids and keys, 4 bytes each
+    assert out["shards"] >= 5 and 0 < out["merges_done"] < out["all_pairs"]
+    assert out["read_gb"] == pytest.approx(2 * input_gb, abs=1e-3), out
+    assert out["written_gb"] == pytest.approx(input_gb + graphs_gb, abs=1e-3), out
+    assert reads == []

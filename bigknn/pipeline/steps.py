@@ -11,7 +11,7 @@ import math
 import os
 from itertools import chain
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -87,17 +87,23 @@ class Ledger:
 
 def run_pending(store: Store, ledger: Ledger, backends: list[Backend], reporter: Reporter, acct: Accounting,
                 host_mem: int | None = None, incoming: tuple[Iterable, list[int]] | None = None,
-                sample: SampleTruth | None = None) -> None:
+                sample: SampleTruth | None = None, plan: Callable[[], None] | None = None) -> None:
     """GNND for every shard without a graph and GGM for every pending pair, as one set of tasks: a pair is
     merged as soon as both its shards have a graph.
 
     ``incoming``: (stream of (shard, vectors), their sizes) from a sharding pass still running; GNND
     takes each shard as it arrives. Shards already in the store without a graph are read from it. ``sample``:
-    the build's recall sample, whose exact neighbours GNND's workers gather from each shard they see."""
+    the build's recall sample, whose exact neighbours GNND's workers gather from each shard they see.
+    ``plan``: a partitioned build's plan step (it commits the pairs to merge), called once every shard has a
+    graph; the pairs it chose are merged in the same run, from the same cache: the shards' graphs are neither
+    written nor read back in between (50M x 96 in 14 k-means shards read and wrote 19.2 GB for it, 11 s)."""
     if (cluster := active_cluster()) is not None:  # --scheduler: the same tasks, on Dask workers
         from bigknn.cluster.executor import run_on_cluster
 
         run_on_cluster(cluster, store, ledger, reporter, acct, incoming, sample)
+        if plan is not None:
+            plan()
+            run_on_cluster(cluster, store, Ledger(store), reporter, acct)
         return
     shards = ledger.shards()
     new_sizes = incoming[1] if incoming else []
@@ -114,6 +120,11 @@ def run_pending(store: Store, ledger: Ledger, backends: list[Backend], reporter:
     try:
         run_tasks(store, ledger, backends, reporter, acct, cache, writer, sched, source, len(todo) + len(new_sizes),
                   sample)
+        if plan is not None:
+            plan()
+            have = [s.id for s in ledger.shards() if ledger.version(s.id) is not None or cache.peek(s.id) is not None]
+            sched = Scheduler(ledger.todo_pairs(len(ledger.shards())), ready=have, queue_limit=len(backends) + 1)
+            run_tasks(store, ledger, backends, reporter, acct, cache, writer, sched, None, 0)
     finally:
         writer.close()  # what finished is written and committed, also when a worker failed
         cache.close()
@@ -124,10 +135,10 @@ def run_build_steps(store: Store, backends: list[Backend], reporter: Reporter, a
                     sample: SampleTruth | None = None) -> None:
     """A build's compute (``run_pending``), and for a partitioned store the plan step between its shards'
     GNND and its merges: the near pairs are chosen once every shard has a graph (bigknn/pipeline/pairplan.py)."""
-    run_pending(store, Ledger(store), backends, reporter, acct, host_mem, incoming, sample)
-    if store.manifest.partition is not None and store.manifest.pairs is None:
-        plan_pairs(store, backends[0], sample, reporter)
-        run_pending(store, Ledger(store), backends, reporter, acct, host_mem)
+    m = store.manifest
+    plan = (lambda: plan_pairs(store, backends[0], sample, reporter)) if (
+        m.partition is not None and m.pairs is None) else None
+    run_pending(store, Ledger(store), backends, reporter, acct, host_mem, incoming, sample, plan)
 
 
 def cache_shards(m: Manifest, where: Path, biggest: int, workers: int, host_mem: int | None = None) -> int:
