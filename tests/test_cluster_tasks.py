@@ -193,12 +193,14 @@ def test_local_gpu_workers_run_two_task_threads(monkeypatch):
     assert calls[0]["CUDA_VISIBLE_DEVICES"] == [0, 1] and calls[0]["threads_per_worker"] == 2
 
 
-def test_place_spreads_the_compute_then_keeps_pending_graphs_where_they_are():
+def test_place_keeps_pending_graphs_where_they_are_while_a_thread_is_free():
     threads = {"a": 2, "b": 2}
     on_disk, seen_b, pending_b, pending_a = Holding(1), Holding(1, seen="b"), Holding(2, "b", 1, "b"), Holding(2, "a")
     assert place([seen_b, on_disk], threads, Counter()) == ("b", [])  # holds the shard in memory, all idle
-    assert place([pending_b, on_disk], threads, Counter()) == ("b", [])
-    assert place([pending_b, on_disk], threads, Counter({"b": 1})) == ("a", [0])  # b computes: write it, a runs
+    assert place([seen_b, on_disk], threads, Counter({"b": 1})) == ("a", [])  # nothing to write: the least busy
+    assert place([pending_b, on_disk], threads, Counter({"b": 1, "a": 1})) == ("b", [])  # as busy: no write
+    assert place([pending_b, on_disk], threads, Counter({"b": 1})) == ("b", [])  # b has a thread free
+    assert place([pending_b, on_disk], threads, Counter({"b": 2})) == ("a", [0])  # b full: write it, a runs
     # one write either way: to the worker that has more of the pair in memory
     assert place([pending_b, pending_a], threads, Counter({"a": 1, "b": 1})) == ("b", [1])
     assert place([Holding(2, "gone")], threads, Counter({"a": 1})) == ("b", [0])  # a holder that left: its graph

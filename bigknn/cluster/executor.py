@@ -165,16 +165,27 @@ class _Run:
             errors.append(e)
             self.sched.stop()
 
-    def _choose(self, free: list[Pair], last: set[int]) -> Pair:
-        """The free pair to merge next: the one the least busy worker can run with the fewest graphs to
-        write first, then the most in its memory, then sharing a shard with this thread's last pair."""
+    def _choose(self, free: list[Pair], last: set[int]) -> Pair | None:
+        """The free pair to merge next (called under the scheduler's lock): the one ``place`` ranks first
+        (fewest tasks in flight plus graphs to write first), then the one whose written shard has the most
+        pairs left with the shards its new worker holds (one write buys several merges), then the most in
+        its worker's memory, then sharing a shard with this thread's last pair. None (wait for a task to
+        end) if that pair needs a graph written first and its worker is computing: the task frees shards
+        on that worker."""
+        held_on = self.holdings.pending()
+
         def cost(pair: Pair) -> tuple:
             held = [self.holdings.get(s) for s in pair]
             worker, moves = place(held, self.threads, self.inflight)
-            return (self.inflight[worker], len(moves), -sum(h.seen == worker for h in held), -len(set(pair) & last))
+            busy = self.inflight[worker] if worker is not None else 0
+            there = held_on.get(worker, {})
+            gain = sum(1 for p in self.sched.pending for n in moves if pair[n] in p and (set(p) - {pair[n]}) <= there.keys())
+            return (bool(moves) and busy > 0, busy + len(moves), len(moves), -gain, -sum(h.seen == worker for h in held),
+                    -len(set(pair) & last))
 
         with self.lock:
-            return min(free, key=cost)
+            best = min(free, key=cost)
+            return None if cost(best)[0] else best
 
     # ---- tasks ---------------------------------------------------------------------------------
     def _gnnd(self, shard: ShardEntry) -> None:

@@ -77,9 +77,11 @@ class Holdings:
 
 def place(held: list[Holding], threads: dict[str, int], inflight: Counter[str]) -> tuple[str | None, list[int]]:
     """The worker for a task on the shards ``held`` (None: no worker) and the indexes of those that must be
-    written first (pending on another worker). The least busy worker first, so no GPU idles while another
-    has two tasks (one GPU of two was 14 % busy when tasks followed the data, 50M x 96); among equals the one
-    that needs the fewest writes, then the one holding most of the shards in memory."""
+    written first (pending on another worker). A worker with a thread free first (a worker runs as many
+    tasks as it has threads: one computes while the other reads or writes; one GPU of two was 14 % busy
+    when tasks queued on the holder, 50M x 96), then the fewest tasks in flight plus writes (a write costs
+    about a task: an idle worker takes a pair whose shard is pending on a worker with a thread free only if
+    nothing is to be written), then the fewest writes, then the one holding most of the shards in memory."""
     if not threads:
         return None, []
 
@@ -87,5 +89,6 @@ def place(held: list[Holding], threads: dict[str, int], inflight: Counter[str]) 
         return [n for n, h in enumerate(held) if h.owner is not None and h.owner != w]
 
     order = {w: n for n, w in enumerate(threads)}
-    best = min(threads, key=lambda w: (inflight[w], len(moves(w)), -sum(h.seen == w for h in held), order[w]))
+    best = min(threads, key=lambda w: (inflight[w] >= threads[w], inflight[w] + len(moves(w)), len(moves(w)),
+                                       -sum(h.seen == w for h in held), order[w]))
     return best, moves(best)

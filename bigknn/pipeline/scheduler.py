@@ -8,6 +8,7 @@ from collections import deque
 from typing import Callable, Iterable
 
 Pair = tuple[int, int]
+RECHECK_S = 0.5  # a worker thread that ``choose`` told to wait asks again this often
 
 
 class Scheduler:
@@ -47,11 +48,12 @@ class Scheduler:
             self.cond.notify_all()
 
     # -- the workers' side
-    def next_task(self, prefer: set[int], choose: Callable[[list[Pair]], Pair] | None = None
+    def next_task(self, prefer: set[int], choose: Callable[[list[Pair]], Pair | None] | None = None
                   ) -> tuple[str, object] | None:
         """("gnnd", (shard, vectors)) or ("merge", (i, j)); None when all is done or the run stopped.
-        ``choose`` picks among the free pairs (called under the scheduler's lock); by default the one
-        sharing most shards with ``prefer``."""
+        ``choose`` picks among the free pairs (called under the scheduler's lock), or None: none of them
+        now, ask again when a task ends (or after ``RECHECK_S``); by default the one sharing most shards
+        with ``prefer``."""
         with self.cond:
             while True:
                 if self.stopped:
@@ -62,15 +64,17 @@ class Scheduler:
                     return "gnnd", item
                 free = [p for p in self.pending if p[0] in self.ready and p[1] in self.ready
                         and p[0] not in self.busy and p[1] not in self.busy]
+                pair = None
                 if free:
                     pair = (choose(free) if choose is not None
                             else max(free, key=lambda p: (p[0] in prefer) + (p[1] in prefer)))
+                if pair is not None:
                     self.pending.remove(pair)
                     self.busy.update(pair)
                     return "merge", pair
                 if not self.pending and not self.feeding:
                     return None
-                self.cond.wait()
+                self.cond.wait(RECHECK_S if free else None)
 
     def shard_ready(self, sid: int) -> None:
         with self.cond:
