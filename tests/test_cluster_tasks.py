@@ -170,6 +170,24 @@ def test_a_task_on_a_worker_without_the_pending_graph_says_so(built, backend):
     assert lost.value.shards == [1]
 
 
+def test_a_pending_graph_is_handed_over_without_a_write(built, backend, monkeypatch):
+    """A graph pending on one worker goes to a task on another (Dask moves it): nothing is written, the first
+    worker gives it up (a flush there skips it, a second hand-over finds it lost), the second holds it."""
+    store = Store.open(built, pin=False)
+    writes: list = []
+    monkeypatch.setattr(Store, "write_graph", lambda self, sid, v, g: writes.append(sid))
+    made = _merge(store, 0, 1)
+    graph = tasks.hand_over(_spec(store), 0, made[0])
+    with pytest.raises(PendingLost):
+        tasks.hand_over(_spec(store), 0, made[0])
+    flushed = tasks.flush(_spec(store), {0: made[0]})
+    assert flushed.written == {} and flushed.missing == []
+    monkeypatch.setattr(tasks, "_CACHE", PartCache())  # the other worker
+    ref = ShardRef(0, store.manifest.shards[0].offset, made[0], pending=True)
+    again = tasks.merge(_spec(store), ref, _ref(store, 2), [], seed=0, handed={0: graph}).versions
+    assert again[0] > made[0] and writes == []
+
+
 def _recording(calls: list) -> type:
     class Recorder:
         def __init__(self, **kwargs):

@@ -12,8 +12,9 @@ merged many times between checkpoints is written once. The client is the only co
 committed once: the scheduler hands each pending pair out once, and a task's retries and Dask's reruns all
 end in that one future's single result.
 
-Where a task runs (``holdings.place``): on the worker holding its shards' pending versions; the least busy
-worker first, the shards another worker holds pending written first. A worker that dies takes its pending
+Where a task runs (``holdings.place``): on the worker holding its shards' pending versions while it has a
+thread free; a shard pending on another worker is handed over (``tasks.hand_over``: Dask moves the graph
+from worker to worker, not through the disk). A worker that dies takes its pending
 versions with it (a flush or a task finds them missing: ``PendingLost``): the shards revert to their
 newest written versions, and the pairs that reached the lost versions and were not committed go back to
 the scheduler (merging a pair again is harmless). A task that fails otherwise is submitted again with the
@@ -167,11 +168,11 @@ class _Run:
 
     def _choose(self, free: list[Pair], last: set[int]) -> Pair | None:
         """The free pair to merge next (called under the scheduler's lock): the one ``place`` ranks first
-        (fewest tasks in flight plus graphs to write first), then the one whose written shard has the most
-        pairs left with the shards its new worker holds (one write buys several merges), then the most in
+        (fewest tasks in flight plus graphs to hand over), then the one whose moved shard has the most pairs
+        left with the shards its new worker holds (one move buys several merges), then the most in
         its worker's memory, then sharing a shard with this thread's last pair. None (wait for a task to
-        end) if that pair needs a graph written first and its worker is computing: the task frees shards
-        on that worker."""
+        end) if that pair needs a graph handed over and its worker is computing: the task frees shards on
+        that worker."""
         held_on = self.holdings.pending()
 
         def cost(pair: Pair) -> tuple:
@@ -190,7 +191,7 @@ class _Run:
     # ---- tasks ---------------------------------------------------------------------------------
     def _gnnd(self, shard: ShardEntry) -> None:
         sample_k = self.sample.m + 1 if self.sample is not None else 0
-        res = self._submit(f"gnnd-{shard.id}", [], lambda: (
+        res = self._submit(f"gnnd-{shard.id}", [], lambda _: (
             tasks.gnnd, self.spec, ShardRef(shard.id, shard.offset, None), seed_for(self.seed, 0, shard.id),
             self.sample_data, sample_k))
         if self.sample is not None and res.truth is not None:
@@ -202,11 +203,11 @@ class _Run:
     def _merge(self, pair: Pair) -> None:
         i, j = pair
         try:
-            res = self._submit(f"merge-{i}-{j}", [i, j], lambda: (
+            res = self._submit(f"merge-{i}-{j}", [i, j], lambda handed: (
                 tasks.merge, self.spec, self._ref(i), self._ref(j),
                 [ref for s in self.ledger.seed_shards(i, j, self.merged_with.get(j, []))
                  if (ref := self._durable_ref(s)).version is not None],
-                seed_for(self.seed, 1, i, j)))
+                seed_for(self.seed, 1, i, j), handed))
             self._made(res, "ggm")  # before the pair's shards are free: the next task reads the new versions
             with self.lock:
                 self._record(i, j)
@@ -228,51 +229,52 @@ class _Run:
         """The shard's newest graph on disk (a seed of the merge: other tasks may be making newer ones)."""
         return ShardRef(sid, self.ledger.shards()[sid].offset, self.holdings.get(sid).durable)
 
-    def _submit(self, name: str, shards: list[int], task: Callable[[], tuple]) -> TaskResult:
-        """Run ``task()`` (function and arguments, made anew for each attempt: a retry reads the shards'
-        current versions) where ``_place`` puts it; its result, or the last attempt's error. Pending
-        versions found lost revert (``_lost``) and the task runs again, not counted as an attempt."""
+    def _submit(self, name: str, shards: list[int], task: Callable[[dict], tuple]) -> TaskResult:
+        """Run ``task(handed)`` (function and arguments, made anew for each attempt: a retry reads the
+        shards' current versions; ``handed``: the graphs other workers hand over) where ``_place`` puts it;
+        its result, or the last attempt's error. Pending versions found lost revert (``_lost``) and the task
+        runs again, not counted as an attempt."""
         client = self.cluster.client
         attempt = 1
         while True:
-            worker = self._place(shards)
-            fn, *args = task()
+            owners = {s: self.holdings.get(s).owner for s in shards}
+            worker, handed = self._place(shards)
+            fn, *args = task(handed)
             future = client.submit(fn, *args, key=f"{name}-{uuid.uuid4().hex[:8]}", pure=False,
                                    workers=[worker] if worker else None, allow_other_workers=worker is not None)
             try:
                 return future.result()
-            except PendingLost as e:
-                self._lost(e.shards, worker)
+            except PendingLost as e:  # from the task, or from a hand-over it waited for
+                for sid in e.shards:
+                    self._lost([sid], owners.get(sid))
             except Exception as e:  # noqa: BLE001 - a worker's error, retried, then re-raised
                 if attempt == ATTEMPTS or isinstance(e, BadInput):
                     raise
                 log.warning("%s failed on attempt %d (%s); submitting it again", name, attempt, e)
                 attempt += 1
             finally:
-                future.release()
+                for f in [future, *handed.values()]:
+                    f.release()
                 if worker is not None:
                     with self.lock:
                         self.inflight[worker] -= 1
 
-    def _place(self, shards: list[int]) -> str | None:
-        """The worker for a task on ``shards`` (``holdings.place``), counted in flight there, once the shards
-        pending on other workers are written; ``_Redo`` if one has no graph any more."""
-        while True:
-            held = [self.holdings.get(s) for s in shards]
-            if any(h.version is None for h in held):
-                raise _Redo(shards)
-            threads = self.cluster.client.nthreads()  # the workers now: a restarted one has a new address
-            with self.lock:
-                self.threads = threads
-                worker, moves = place(held, threads, self.inflight)
-                if not moves:
-                    if worker is not None:
-                        self.inflight[worker] += 1
-                    return worker
-            self.writer.write_sync([shards[n] for n in moves])
-            for n in moves:  # not written, yet not reported lost: superseded by a result nobody uses
-                if (h := self.holdings.get(shards[n])).owner is not None:
-                    self._lost([shards[n]], h.owner)
+    def _place(self, shards: list[int]) -> tuple[str | None, dict]:
+        """The worker for a task on ``shards`` (``holdings.place``), counted in flight there, and the
+        hand-overs (shard -> future of ``tasks.hand_over``) of those pending on other workers: their graphs
+        go from worker to worker, not through the disk. ``_Redo`` if a shard has no graph any more."""
+        held = [self.holdings.get(s) for s in shards]
+        if any(h.version is None for h in held):
+            raise _Redo(shards)
+        threads = self.cluster.client.nthreads()  # the workers now: a restarted one has a new address
+        with self.lock:
+            self.threads = threads
+            worker, moves = place(held, threads, self.inflight)
+            if worker is not None:
+                self.inflight[worker] += 1
+        return worker, {shards[n]: self.cluster.client.submit(
+            tasks.hand_over, self.spec, shards[n], held[n].version, key=f"hand-{shards[n]}-{uuid.uuid4().hex[:8]}",
+            pure=False, workers=[held[n].owner], allow_other_workers=True) for n in moves}
 
     # ---- results -------------------------------------------------------------------------------
     def _made(self, res: TaskResult, phase: str) -> None:

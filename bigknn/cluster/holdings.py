@@ -76,16 +76,16 @@ class Holdings:
 
 
 def place(held: list[Holding], threads: dict[str, int], inflight: Counter[str]) -> tuple[str | None, list[int]]:
-    """The worker for a task on the shards ``held`` (None: no worker) and the indexes of those that must be
-    written first (pending on another worker). A worker with a thread free first (a worker runs as many
+    """The worker for a task on the shards ``held`` (None: no worker) and the indexes of those it must be
+    handed over (pending on another worker). A worker with a thread free first (a worker runs as many
     tasks as it has threads: one computes while the other reads or writes; one GPU of two was 14 % busy
-    when tasks queued on the holder, 50M x 96), then the fewest tasks in flight plus writes (a write costs
+    when tasks queued on the holder, 50M x 96), then the fewest tasks in flight plus moves (a move costs
     about a task: an idle worker takes a pair whose shard is pending on a worker with a thread free only if
-    nothing is to be written), then the fewest writes, then the one holding most of the shards in memory."""
+    nothing moves), then the fewest moves, then the one holding most of the shards in memory."""
     if not threads:
         return None, []
 
-    def moves(w: str) -> list[int]:
+    def moves(w: str) -> list[int]:  # a holder that left counts too: the hand-over finds the graph lost
         return [n for n, h in enumerate(held) if h.owner is not None and h.owner != w]
 
     order = {w: n for n, w in enumerate(threads)}

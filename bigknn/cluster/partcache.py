@@ -2,9 +2,9 @@
 disk yet (pending versions, written when the client asks: bigknn/cluster/tasks.py ``flush``).
 
 Keys are (store path, shard, graph version): a version never changes once made, so a hit is always current.
-A pending part is never evicted; it goes when it is written (then it is an ordinary cached part) or when a
+A pending part is never evicted; it goes when it is written (then it is an ordinary cached part), when a
 task on this worker made a newer version from it ("superseded": the client learns of the newer one from
-that task's result)."""
+that task's result), or when it is handed over to a task on another worker."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from bigknn.graph import ShardPart
 # parts a worker keeps besides its pending ones: its two running tasks' four shards and the pairs before (a
 # 1M x 96 shard with lists of 48: 0.8 GB, so 6.4 GB); the client has pending parts written past this many
 CACHE_PARTS = 8
-HISTORY_KEPT = 1024  # keys of pending parts written or superseded, remembered for a flush that asks late
+HISTORY_KEPT = 1024  # keys of pending parts written, superseded or handed over, for a flush that asks late
 
 Key = tuple[str, int, int | None]
 
@@ -30,7 +30,7 @@ class PartCache:
         self.capacity = capacity
         self._parts: OrderedDict[Key, ShardPart] = OrderedDict()
         self._pending: set[Key] = set()
-        self._history: OrderedDict[Key, str] = OrderedDict()  # "written" or "superseded"
+        self._history: OrderedDict[Key, str] = OrderedDict()  # "written", "superseded" or "handed"
         self._lock = threading.Lock()
         self.flushing = threading.Lock()  # one flush at a time: two never write one version side by side
 
@@ -64,11 +64,21 @@ class PartCache:
 
     def state(self, key: Key) -> tuple[str, ShardPart | None]:
         """For a flush: ("pending", part), or (what became of it, None): "written" (on disk already),
-        "superseded", or "missing": this process never had it (it restarted, or the task ran elsewhere)."""
+        "superseded", "handed" (over to another worker), or "missing": this process never had it (it
+        restarted, or the task ran elsewhere)."""
         with self._lock:
             if key in self._pending:
                 return "pending", self._parts[key]
             return self._history.get(key, "missing"), None
+
+    def hand_over(self, key: Key) -> ShardPart | None:
+        """Give up the pending ``key`` (another worker holds it from now on); None if it is not pending here."""
+        with self._lock:
+            if key not in self._pending:
+                return None
+            self._pending.discard(key)
+            self._remember(key, "handed")
+            return self._parts.pop(key)
 
     def written(self, key: Key) -> None:
         """The pending ``key`` is on disk now: an ordinary cached part."""

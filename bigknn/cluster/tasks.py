@@ -171,6 +171,15 @@ def _vectors(store: Store, shard_id: int) -> np.ndarray:
     return cached if cached is not None else store.read_vectors(shard_id)
 
 
+def _take(store: Store, ref: ShardRef, graph: KnnGraph) -> int:
+    """Hold a graph another worker handed over as the pending version ``ref`` names; the bytes read for
+    its vectors."""
+    cached = _CACHE.vectors(str(store.path), ref.id)
+    vectors = cached if cached is not None else store.read_vectors(ref.id)
+    _CACHE.put_pending((str(store.path), ref.id, ref.version), ShardPart(ref.offset, vectors, graph), None)
+    return 0 if cached is not None else vectors.nbytes
+
+
 def _keep(store: Store, ref: ShardRef, graph: KnnGraph, vectors: np.ndarray) -> int:
     """Keep ``graph``, made from the version ``ref`` names, as a new pending version of the shard."""
     version = claim_version(store, ref.id, ref.version)
@@ -194,10 +203,22 @@ def gnnd(spec: StoreSpec, shard: ShardRef, seed: int, sample: np.ndarray | None,
     return TaskResult({shard.id: version}, g.report, seconds, nread, worker_name(), truth)
 
 
-def merge(spec: StoreSpec, a: ShardRef, b: ShardRef, vias: list[ShardRef], seed: int) -> TaskResult:
-    """GGM of the pair (a, b), seeded through ``vias`` (an ingest's small batches, bigknn/ggm.py)."""
+def hand_over(spec: StoreSpec, shard_id: int, version: int) -> KnnGraph:
+    """The pending ``version`` of a shard, for a task on another worker (Dask moves it there); it is that
+    worker's from now on. ``PendingLost`` if this worker does not hold it."""
+    part = _CACHE.hand_over((str(Path(spec.path)), shard_id, version))
+    if part is None:
+        raise PendingLost([shard_id])
+    return part.graph
+
+
+def merge(spec: StoreSpec, a: ShardRef, b: ShardRef, vias: list[ShardRef], seed: int,
+          handed: dict[int, KnnGraph] | None = None) -> TaskResult:
+    """GGM of the pair (a, b), seeded through ``vias`` (an ingest's small batches, bigknn/ggm.py);
+    ``handed``: the pending graphs of a or b that another worker handed over (``hand_over``)."""
     store = Store(Path(spec.path), spec.header)
     backend = worker_backend(spec)
+    nhanded = sum(_take(store, ref, handed[ref.id]) for ref in (a, b) if ref.id in (handed or {}))
     (pa, ra), (pb, rb) = _part(store, a), _part(store, b)
     via_parts = [_part(store, v) for v in vias]
     # a GPU uploads the pair while the worker's other task computes
@@ -208,7 +229,7 @@ def merge(spec: StoreSpec, a: ShardRef, b: ShardRef, vias: list[ShardRef], seed:
                              seed=seed, vias=[p for p, _ in via_parts])
         seconds = time.perf_counter() - t
     versions = {a.id: _keep(store, a, ga, pa.vectors), b.id: _keep(store, b, gb, pb.vectors)}
-    nread = ra + rb + sum(r for _, r in via_parts)
+    nread = nhanded + ra + rb + sum(r for _, r in via_parts)
     return TaskResult(versions, ga.report, seconds, nread, worker_name())
 
 

@@ -84,7 +84,7 @@ class Writer:
     and ``merged(pair, gi, gj)`` record results held by the sink (a merge's at generations gi, gj), written
     at the next checkpoint (at once with an interval of 0), under memory pressure, or at ``close()``, which
     writes everything still dirty; a merge is committed once both its graphs are written. ``write_sync``
-    writes in the caller's thread (a Dask pair that needs a graph another worker holds).
+    writes in the caller's thread (the end of a Dask round, which must know what was lost).
     """
 
     def __init__(self, store: Store, ledger, acct: Accounting, sink: GraphSink):
