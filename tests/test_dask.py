@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -75,31 +76,39 @@ def test_build_on_cluster_matches_in_process(cluster, reference, tmp_path):
     assert len(graph_dirs) <= 2 * SHARDS, "stale graph versions are deleted as in-process"
 
 
-def test_worker_killed_mid_merge(cluster, reference, tmp_path):
+def _build_killing(cluster, data: Path, store: Path, victim: Callable[[], str | None]) -> int:
+    """Build ``store`` on the cluster, SIGKILL the worker ``victim()`` names as soon as it names one, and
+    return the build's merges (the nanny restarts the worker, for the tests after this one)."""
     result: dict = {}
 
     def run() -> None:
         try:
-            with bigknn.build(reference["data"], store=tmp_path / "w.knn", scheduler=cluster.scheduler.address,
-                              **OPTS) as g:
+            with bigknn.build(data, store=store, scheduler=cluster.scheduler.address, **OPTS) as g:
                 result["merges"] = g.report.merges_done
         except BaseException as e:  # noqa: BLE001 - re-raised by the assertion below
             result["error"] = e
 
     builder = threading.Thread(target=run)
     builder.start()
-    victim = None
-    while victim is None and builder.is_alive():
-        victim = next((w for w, keys in cluster.processing().items()
-                       if any(str(k).startswith("merge-") for k in keys)), None)
+    killed = None
+    while killed is None and builder.is_alive():
+        killed = victim()
         time.sleep(0.01)
-    assert victim is not None, f"no merge was seen running: {result}"
-    os.kill(cluster.run(os.getpid, workers=[victim])[victim], signal.SIGKILL)
+    assert killed is not None, f"no worker to kill was seen: {result}"
+    os.kill(cluster.run(os.getpid, workers=[killed])[killed], signal.SIGKILL)
     builder.join()
     assert "error" not in result, result.get("error")
-    assert result["merges"] == MERGES
+    cluster.wait_for_workers(2, timeout=60)
+    return result["merges"]
+
+
+def test_worker_killed_mid_merge(cluster, reference, tmp_path):
+    def merging() -> str | None:
+        return next((w for w, keys in cluster.processing().items()
+                     if any(str(k).startswith("merge-") for k in keys)), None)
+
+    assert _build_killing(cluster, reference["data"], tmp_path / "w.knn", merging) == MERGES
     assert abs(recall_of(tmp_path / "w.knn") - reference["recall"]) <= TOLERANCE
-    cluster.wait_for_workers(2, timeout=60)  # the nanny restarted it, for the tests after this one
 
 
 def _pending_parts() -> int:
@@ -113,31 +122,14 @@ def test_worker_killed_holding_pending_graphs(cluster, reference, tmp_path, monk
     """Under one long checkpoint every result is pending in its worker's memory: a worker killed then takes
     them along; the build still merges every pair once, at the in-process recall."""
     monkeypatch.setenv("BIGKNN_CHECKPOINT_S", "3600")
-    result: dict = {}
 
-    def run() -> None:
-        try:
-            with bigknn.build(reference["data"], store=tmp_path / "p.knn", scheduler=cluster.scheduler.address,
-                              **OPTS) as g:
-                result["merges"] = g.report.merges_done
-        except BaseException as e:  # noqa: BLE001 - re-raised by the assertion below
-            result["error"] = e
+    def holding() -> str | None:
+        return next((w for w, n in cluster.run(_pending_parts).items() if n >= 3), None)
 
-    builder = threading.Thread(target=run)
-    builder.start()
-    victim = None
-    while victim is None and builder.is_alive():
-        held = cluster.run(_pending_parts)
-        victim = next((w for w, n in held.items() if n >= 3), None)
-        time.sleep(0.01)
-    assert victim is not None, f"no worker was seen holding pending graphs: {result}"
-    os.kill(cluster.run(os.getpid, workers=[victim])[victim], signal.SIGKILL)
-    builder.join()
-    assert "error" not in result, result.get("error")
+    assert _build_killing(cluster, reference["data"], tmp_path / "p.knn", holding) == MERGES
     merged = read_manifest(tmp_path / "p.knn")["merged"]
-    assert result["merges"] == MERGES and sorted(map(tuple, merged)) == ALL_PAIRS, "every pair once"
+    assert sorted(map(tuple, merged)) == ALL_PAIRS, "every pair committed once"
     assert abs(recall_of(tmp_path / "p.knn") - reference["recall"]) <= TOLERANCE
-    cluster.wait_for_workers(2, timeout=60)  # the nanny restarted it, for the tests after this one
 
 
 def test_graphs_are_written_once_per_checkpoint(cluster, reference, tmp_path, monkeypatch):

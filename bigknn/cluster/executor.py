@@ -98,6 +98,7 @@ class _Run:
         # the sample's vectors go to every worker once, not with each GNND task
         self.sample_data = (cluster.client.scatter(sample.vectors, broadcast=True) if sample is not None
                             else None)
+        cluster.client.run(tasks.drop_pending, self.spec.path)  # a killed client's, on a cluster that lives on
         self.holdings = Holdings({s.id: ledger.version(s.id) for s in ledger.shards()})
         self.sink = ClusterSink(cluster.client, self.spec, self.holdings, self._lost)
         self.writer = Writer(store, ledger, acct, self.sink)

@@ -87,6 +87,16 @@ class PartCache:
             self._remember(key, "written")
             self._evict()
 
+    def drop_pending(self, path: str) -> int:
+        """Forget the pending parts of the store at ``path`` (a client that died left them; the store has
+        one writer at a time, so none of them is wanted); how many."""
+        with self._lock:
+            gone = [k for k in self._pending if k[0] == path]
+            for k in gone:
+                self._pending.discard(k)
+                del self._parts[k]
+            return len(gone)
+
     def vectors(self, path: str, shard_id: int) -> np.ndarray | None:
         """The vectors of any cached part of the shard (every version of a shard has the same vectors)."""
         with self._lock:

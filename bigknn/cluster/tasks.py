@@ -125,6 +125,11 @@ def sees_store(path: str) -> bool:
     return (Path(path) / "zarr.json").is_file()
 
 
+def drop_pending(path: str) -> int:
+    """Run on every worker as a run starts: forget the pending graphs an earlier client of the store left."""
+    return _CACHE.drop_pending(str(Path(path)))
+
+
 def worker_name() -> str:
     """The Dask address of the worker running this task (host:pid outside a worker, in tests)."""
     try:
