@@ -111,11 +111,11 @@ def test_worker_killed_mid_merge(cluster, reference, tmp_path):
     assert abs(recall_of(tmp_path / "w.knn") - reference["recall"]) <= TOLERANCE
 
 
-def _pending_parts() -> int:
-    """Graphs a worker holds not yet written (run on the worker)."""
+def _merged_pending() -> int:
+    """Graphs made by merges (version 2 on, after GNND's 1) that a worker holds not yet written (run on it)."""
     from bigknn.cluster import tasks
 
-    return len(tasks._CACHE._pending)
+    return sum(version >= 2 for _, _, version in tasks._CACHE._pending)
 
 
 def test_worker_killed_holding_pending_graphs(cluster, reference, tmp_path, monkeypatch):
@@ -124,7 +124,7 @@ def test_worker_killed_holding_pending_graphs(cluster, reference, tmp_path, monk
     monkeypatch.setenv("BIGKNN_CHECKPOINT_S", "3600")
 
     def holding() -> str | None:
-        return next((w for w, n in cluster.run(_pending_parts).items() if n >= 3), None)
+        return next((w for w, n in cluster.run(_merged_pending).items() if n >= 3), None)
 
     assert _build_killing(cluster, reference["data"], tmp_path / "p.knn", holding) == MERGES
     merged = read_manifest(tmp_path / "p.knn")["merged"]
