@@ -1,8 +1,9 @@
 """Builds, ingests and resumes on a Dask cluster (``--scheduler``, issue 14), against the in-process run.
 
 One local cluster of two worker processes, of two task threads each as ``local:N`` starts them, serves the
-whole module (starting one costs seconds). A Dask run must give the in-process run's quality (recall within 0.005 on 8 shards), survive a
-worker SIGKILLed mid-merge and a client killed mid-build (the rerun resumes), and refuse what it cannot run
+whole module (starting one costs seconds). A Dask run must give the in-process run's quality (recall within
+0.005 on 8 shards), write each shard's graph once under one checkpoint, survive a worker SIGKILLed mid-merge
+or holding unwritten graphs and a client killed mid-build (the rerun resumes), and refuse what it cannot run
 with one line and exit 2.
 """
 

@@ -175,15 +175,19 @@ class _Run:
         end) if that pair needs a graph handed over and its worker is computing: the task frees shards on
         that worker."""
         held_on = self.holdings.pending()
+        partners: dict[int, set[int]] = {}  # the shards each shard has a pair left with
+        for a, b in self.sched.pending:
+            partners.setdefault(a, set()).add(b)
+            partners.setdefault(b, set()).add(a)
 
         def cost(pair: Pair) -> tuple:
             held = [self.holdings.get(s) for s in pair]
             worker, moves = place(held, self.threads, self.inflight)
             busy = self.inflight[worker] if worker is not None else 0
-            there = held_on.get(worker, {})
-            gain = sum(1 for p in self.sched.pending for n in moves if pair[n] in p and (set(p) - {pair[n]}) <= there.keys())
-            return (bool(moves) and busy > 0, busy + len(moves), len(moves), -gain, -sum(h.seen == worker for h in held),
-                    -len(set(pair) & last))
+            there = held_on.get(worker, {}).keys()
+            gain = sum(len(partners.get(pair[n], set()) & there) for n in moves)
+            return (bool(moves) and busy > 0, busy + len(moves), len(moves), -gain,
+                    -sum(h.seen == worker for h in held), -len(set(pair) & last))
 
         with self.lock:
             best = min(free, key=cost)

@@ -5,10 +5,11 @@ A task opens the store by path (it must be on a file system the worker sees), re
 the client named, runs the backend, and keeps the new graphs in this worker's memory as pending versions
 (``PartCache``, bigknn/cluster/partcache.py) under version numbers it claims for itself (``claim_version``:
 an exclusive mkdir, so two attempts of one task, a retry and a straggler on a worker the scheduler gave up
-on, never share one). The client sends every task that reads a pending version to the worker holding it,
-and has the worker write its pending versions (``flush``) at checkpoints, when another worker needs one,
-and at the end: a shard merged many times between checkpoints is written once, not after every merge
-(issue 14: 42 GB written against 7.7 GB in-process on 10M x 96). Nothing here writes the manifest: the
+on, never share one). The client sends every task that reads a pending version to the worker holding it, or
+has the holder hand it over (``hand_over``: Dask moves it to the task's worker), and has each worker write
+its pending versions (``flush``) at checkpoints, when a shard is done, to make room, and at the end: a shard
+merged many times between checkpoints is written once, not after every merge (issue 14: 42 GB written
+against 7.7 GB in-process on 10M x 96). Nothing here writes the manifest: the
 client, the one committer, records the versions a flush wrote. A version never committed is an
 unreferenced directory that a later commit deletes (bigknn/shards/store.py).
 
