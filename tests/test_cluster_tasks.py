@@ -18,7 +18,7 @@ import pytest
 import bigknn
 from bigknn.backends.base import Backend
 from bigknn.cluster import connect, tasks
-from bigknn.cluster.holdings import Holding, place
+from bigknn.cluster.holdings import Holding, Holdings, place
 from bigknn.cluster.partcache import PartCache
 from bigknn.cluster.tasks import PendingLost, ShardRef, StoreSpec
 from bigknn.graph import KnnGraph
@@ -162,6 +162,18 @@ def test_merges_keep_their_graphs_pending_until_a_flush(built, backend, monkeypa
     assert len(writes) == 3
 
 
+def test_a_pending_graph_written_and_evicted_is_read_back_not_lost(built, backend, monkeypatch):
+    """A task may still name a version pending (the client has not yet heard of its flush) after the worker
+    wrote it and evicted it: it is read from the store, not reported lost."""
+    monkeypatch.setattr(tasks, "_CACHE", PartCache(capacity=1))
+    store = Store.open(built, pin=False)
+    made = _merge(store, 0, 1)
+    assert tasks.flush(_spec(store), made).written == made
+    assert tasks._CACHE.get((str(store.path.resolve()), 0, made[0])) is None, "evicted once written"
+    ref = ShardRef(0, store.manifest.shards[0].offset, made[0], pending=True)
+    assert tasks.merge(_spec(store), ref, _ref(store, 2), [], seed=0).bytes_read > 0
+
+
 def test_a_task_on_a_worker_without_the_pending_graph_says_so(built, backend):
     store = Store.open(built, pin=False)
     shard = store.manifest.shards[1]
@@ -209,6 +221,20 @@ def test_local_gpu_workers_run_two_task_threads(monkeypatch):
     monkeypatch.setattr(connect, "_cuda_usable", lambda: True)
     connect._local_cluster("local:2", "cuda")
     assert calls[0]["CUDA_VISIBLE_DEVICES"] == [0, 1] and calls[0]["threads_per_worker"] == 2
+
+
+def test_a_lost_versions_late_write_does_not_count():
+    """A shard reverts to its written version when its worker is lost; a write of a lost version that
+    reports afterwards (a flush that finished as the worker died) is not taken: the shard's line goes on
+    from the version it reverted to, and the pairs of the lost line are merged again."""
+    held = Holdings({0: 3})
+    held.made(0, 5, "a")
+    held.made(0, 6, "a")
+    assert held.lost(0, "b") == (False, 3), "b never held it"
+    assert held.lost(0, "a") == (True, 3)
+    assert not held.written(0, 5) and held.get(0).durable == 3
+    held.made(0, 8, "b")
+    assert held.written(0, 8) and (held.get(0).durable, held.get(0).owner) == (8, None)
 
 
 def test_place_keeps_pending_graphs_where_they_are_while_a_thread_is_free():

@@ -297,11 +297,17 @@ class _Run:
         """``worker`` no longer holds the pending versions of ``sids``: back to their written versions, and
         the uncommitted pairs that reached the lost ones (or shards with no graph left) to the scheduler."""
         for sid in sids:
-            reverted, version = self.holdings.lost(sid, worker)
-            if not reverted:
+            back_to: list[int | None] = []  # the version the shard went back to, if it did
+
+            def revert(sid: int = sid) -> bool:
+                reverted, version = self.holdings.lost(sid, worker)
+                back_to.extend([version] if reverted else [])
+                return reverted
+
+            pairs = self.writer.forget(sid, revert)
+            if not back_to:
                 continue
-            pairs = self.writer.forget(sid)
-            redo = [(self.ledger.shards()[sid], None)] if version is None else []
+            redo = [(self.ledger.shards()[sid], None)] if back_to[0] is None else []
             log.warning("worker %s lost the pending graph of shard %d: %d merge(s)%s to run again", worker, sid,
                         len(pairs), " and its GNND" if redo else "")
             self.sched.requeue(pairs, redo)

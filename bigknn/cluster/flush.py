@@ -55,9 +55,13 @@ class ClusterSink:
                 self.on_lost(res.missing, worker)
         return done, nbytes
 
+    def accept(self, done: Written) -> Written:
+        """Record the writes as durable, but those of versions lost with a worker before their write was
+        reported (under the writer's lock, as ``Writer.forget`` reverts: the two never interleave)."""
+        return {sid: vg for sid, vg in done.items() if self.holdings.written(sid, vg[0])}
+
     def written(self, done: Written) -> None:
-        for sid, (version, _) in done.items():
-            self.holdings.written(sid, version)
+        """Nothing more: the workers keep the written graphs as ordinary cached parts."""
 
     def close(self) -> None:
         """Nothing to release: the flushes ran on the workers."""

@@ -16,12 +16,14 @@ from dataclasses import dataclass
 @dataclass
 class Holding:
     """One shard: its newest version (None: no graph), the worker holding it pending (None: on disk), the
-    newest version on disk, and the worker that last had the shard in memory."""
+    newest version on disk, the worker that last had the shard in memory, and the version ranges (low,
+    high] lost with a worker: a write of one of them that reports late must not count."""
 
     version: int | None
     owner: str | None = None
     durable: int | None = None
     seen: str | None = None
+    lost: tuple[tuple[int, int], ...] = ()
 
 
 class Holdings:
@@ -34,7 +36,7 @@ class Holdings:
     def get(self, sid: int) -> Holding:
         with self._lock:
             h = self._held.setdefault(sid, Holding(None))
-            return Holding(h.version, h.owner, h.durable, h.seen)
+            return Holding(h.version, h.owner, h.durable, h.seen, h.lost)
 
     def made(self, sid: int, version: int, worker: str) -> None:
         """A task on ``worker`` made ``version``, pending there."""
@@ -42,13 +44,17 @@ class Holdings:
             h = self._held.setdefault(sid, Holding(None))
             h.version, h.owner, h.seen = version, worker, worker
 
-    def written(self, sid: int, version: int) -> None:
-        """``version`` is on disk; the shard is durable if that is its newest."""
+    def written(self, sid: int, version: int) -> bool:
+        """``version`` is on disk: the shard is durable if that is its newest. False (nothing changes) if
+        the version was lost with a worker before its write was reported."""
         with self._lock:
             h = self._held[sid]
+            if any(low < version <= high for low, high in h.lost):
+                return False
             h.durable = max(version, h.durable or 0)
             if h.version == version:
                 h.owner = None
+            return True
 
     def lost(self, sid: int, worker: str | None) -> tuple[bool, int | None]:
         """``worker`` lost the shard's pending versions: back to its newest durable version. Whether it
@@ -57,6 +63,7 @@ class Holdings:
             h = self._held[sid]
             if h.owner is None or h.owner != worker:
                 return False, h.durable
+            h.lost += ((h.durable or 0, h.version),)
             h.version, h.owner = h.durable, None
             return True, h.durable
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from bigknn.graph import ShardPart
 
-# parts a worker keeps besides its pending ones: its two running tasks' four shards and the pairs before (a
+# parts a worker keeps, pending ones included: its two running tasks' four shards and the pairs before (a
 # 1M x 96 shard with lists of 48: 0.8 GB, so 6.4 GB); the client has pending parts written past this many
 CACHE_PARTS = 8
 HISTORY_KEPT = 1024  # keys of pending parts written, superseded or handed over, for a flush that asks late
@@ -24,7 +24,8 @@ Key = tuple[str, int, int | None]
 
 
 class PartCache:
-    """Shard parts of this worker process, least recently used evicted first, pending ones never."""
+    """Shard parts of this worker process, least recently used evicted first, pending ones never (the
+    client has them written when a worker holds more than ``capacity``)."""
 
     def __init__(self, capacity: int = CACHE_PARTS):
         self.capacity = capacity
@@ -113,6 +114,7 @@ class PartCache:
             del self._parts[old]
 
     def _evict(self) -> None:
+        """Drop the oldest written parts while more than ``capacity`` parts are held, pending ones counted."""
         clean = [k for k in self._parts if k not in self._pending]
-        for k in clean[:max(0, len(clean) - self.capacity)]:
+        for k in clean[:max(0, len(self._parts) - self.capacity)]:
             del self._parts[k]

@@ -157,12 +157,12 @@ def claim_version(store: Store, shard_id: int, current: int | None) -> int:
 
 def _part(store: Store, ref: ShardRef) -> tuple[ShardPart, int]:
     """The shard part ``ref`` names (from this worker's cache if it is there) and the bytes read for it;
-    ``PendingLost`` if it is a pending version this worker does not hold."""
+    ``PendingLost`` if it is a pending version this worker does not hold (one it wrote meanwhile is read)."""
     key = (str(store.path), ref.id, ref.version)
     part = _CACHE.get(key)
     if part is not None:
         return part, 0
-    if ref.pending:
+    if ref.pending and _CACHE.state(key)[0] != "written":
         raise PendingLost([ref.id])
     vectors = _vectors(store, ref.id)
     graph = store.read_graph(ref.id, ref.version) if ref.version is not None else None

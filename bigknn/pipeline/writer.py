@@ -42,8 +42,12 @@ class GraphSink(Protocol):
     def write(self, sids: Iterable[int]) -> tuple[Written, int]:
         """Write the newest graphs of ``sids`` (those not on disk); what was written, and its bytes."""
 
+    def accept(self, done: Written) -> Written:
+        """Of the writes ``done``, those to record (called under the writer's lock, before the ledger
+        records them and the manifest is committed)."""
+
     def written(self, done: Written) -> None:
-        """``done`` is recorded in the ledger (called after the record, before the next write)."""
+        """``done`` is recorded in the ledger (called after the commit, before the next write)."""
 
     def close(self) -> None:
         """Release the sink's threads."""
@@ -69,8 +73,11 @@ class CacheSink:
         nbytes = sum(g.ids.nbytes + g.dists.nbytes for g, _ in snaps.values())
         return {sid: (versions[sid], snaps[sid][1]) for sid in snaps}, nbytes
 
+    def accept(self, done: Written) -> Written:
+        return done
+
     def written(self, done: Written) -> None:
-        for sid, (_, gen) in done.items():
+        for sid, (_, gen) in done.items():  # evictable once the ledger names the version a re-read takes
             self.cache.written(sid, gen)
 
     def close(self) -> None:
@@ -124,10 +131,14 @@ class Writer:
         else:
             self._start_clock()
 
-    def forget(self, sid: int) -> list[tuple[int, int]]:
-        """Drop the uncommitted pairs that reached ``sid`` in a generation newer than its written one (the
-        sink lost it: a Dask worker died); they must be merged again."""
+    def forget(self, sid: int, revert: Callable[[], bool]) -> list[tuple[int, int]]:
+        """The sink lost ``sid``'s graphs not yet written (a Dask worker died): ``revert()`` it (False: it
+        had nothing to lose) and drop the uncommitted pairs that reached it in a generation newer than its
+        written one; they must be merged again. Under the writer's lock: no write of it is recorded
+        halfway."""
         with self._lock:
+            if not revert():
+                return []
             gen = self.written_gen.get(sid, 0)
             lost = [f for f in self.finished if (f[0] == sid and f[2] > gen) or (f[1] == sid and f[3] > gen)]
             for f in lost:
@@ -182,6 +193,7 @@ class Writer:
         versions, nbytes = self.sink.write(sids)
         with self.store.lock:
             with self._lock:  # not held during the commit: a worker reporting a merge never waits for an fsync
+                versions = self.sink.accept(versions)
                 for sid, (version, gen) in versions.items():
                     if gen > self.written_gen.get(sid, 0):  # a slower write of an older graph changes nothing
                         self.ledger.set_version(sid, version)
