@@ -1,8 +1,8 @@
 """A Dask worker's two task threads (bigknn/cluster/): the backend calls of two tasks on one worker take turns
-(``tasks.COMPUTE_LOCK``) while one task's graph writes overlap the other's compute; ``local:N`` starts its
-workers with ``TASK_THREADS`` threads; the client spreads tasks over the workers' threads. No cluster is
-started: the tasks run on threads of this process, as on a worker, against a fake backend that records how
-its calls meet (events and barriers, not timings)."""
+(``tasks.COMPUTE_LOCK``) while a flush's graph writes overlap a task's compute; tasks keep their graphs
+pending until a flush writes them; ``local:N`` starts its workers with ``TASK_THREADS`` threads; the client
+places tasks on the workers. No cluster is started: the tasks run on threads of this process, as on a
+worker, against a fake backend that records how its calls meet (events and barriers, not timings)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,9 @@ import pytest
 import bigknn
 from bigknn.backends.base import Backend
 from bigknn.cluster import connect, tasks
-from bigknn.cluster.executor import pick_worker
-from bigknn.cluster.tasks import ShardRef, StoreSpec
+from bigknn.cluster.holdings import Holding, Holdings, place
+from bigknn.cluster.partcache import PartCache
+from bigknn.cluster.tasks import PendingLost, ShardRef, StoreSpec
 from bigknn.graph import KnnGraph
 from bigknn.shards import Store
 from conftest import write_synth
@@ -75,7 +76,7 @@ def built(tmp_path_factory) -> Path:
 def backend(built, monkeypatch) -> MeetingBackend:
     fake = MeetingBackend()
     monkeypatch.setitem(tasks._BACKENDS, ("meeting", None), fake)
-    monkeypatch.setattr(tasks, "_CACHE", tasks.PartCache())
+    monkeypatch.setattr(tasks, "_CACHE", PartCache())
     return fake
 
 
@@ -88,8 +89,8 @@ def _ref(store: Store, sid: int, graph: bool = True) -> ShardRef:
     return ShardRef(sid, shard.offset, shard.graph if graph else None)
 
 
-def _merge(store: Store, i: int, j: int) -> None:
-    tasks.merge(_spec(store), _ref(store, i), _ref(store, j), [], seed=0)
+def _merge(store: Store, i: int, j: int) -> dict[int, int]:
+    return tasks.merge(_spec(store), _ref(store, i), _ref(store, j), [], seed=0).versions
 
 
 def _both(*calls) -> None:
@@ -113,9 +114,9 @@ def test_two_gnnds_on_one_worker_never_compute_at_once(built, backend):
     assert backend.peak == 1
 
 
-def test_a_merges_writes_overlap_the_next_merges_compute(built, backend, monkeypatch):
-    """Merge (0, 1) holds its graph writes until merge (2, 3) computes: that happens only if the writes are
-    outside the lock."""
+def test_a_flushs_writes_overlap_the_next_merges_compute(built, backend, monkeypatch):
+    """The flush of merge (0, 1)'s graphs holds its writes until merge (2, 3) computes: that happens only if
+    the writes are outside the lock."""
     store = Store.open(built, pin=False)
     offsets = {store.manifest.shards[s].offset for s in (2, 3)}
     first_writing, second_computing = threading.Event(), threading.Event()
@@ -130,12 +131,73 @@ def test_a_merges_writes_overlap_the_next_merges_compute(built, backend, monkeyp
         write_graph(self, shard_id, version, graph)
 
     monkeypatch.setattr(Store, "write_graph", held_write)
-    first = threading.Thread(target=_merge, args=(store, 0, 1))
+    made = _merge(store, 0, 1)
+    first = threading.Thread(target=tasks.flush, args=(_spec(store), made))
     first.start()
     assert first_writing.wait(OVERLAP_S)
     _merge(store, 2, 3)
     first.join()
     assert waited == [True, True], "the second task's compute waited for the first task's writes"
+
+
+def test_merges_keep_their_graphs_pending_until_a_flush(built, backend, monkeypatch):
+    """Merges write nothing; a shard merged twice is written once, at its newest version; a flush that asks
+    for a version superseded on the worker skips it, and one the worker never had reports it missing."""
+    store = Store.open(built, pin=False)
+    writes: list = []
+    write_graph = Store.write_graph
+    monkeypatch.setattr(Store, "write_graph", lambda self, sid, v, g: (writes.append((sid, v)),
+                                                                        write_graph(self, sid, v, g)))
+    first = _merge(store, 0, 1)
+    offset = store.manifest.shards
+    second = tasks.merge(_spec(store), ShardRef(0, offset[0].offset, first[0], pending=True), _ref(store, 2), [],
+                         seed=0).versions
+    assert writes == [] and second[0] > first[0]
+    res = tasks.flush(_spec(store), {0: first[0], 1: first[1], 3: 99})
+    assert res.written == {1: first[1]} and res.missing == [3], "0 superseded here, 3 never here"
+    res = tasks.flush(_spec(store), {0: second[0], 2: second[2]})
+    assert res.written == second and sorted(writes) == sorted([(1, first[1]), (0, second[0]), (2, second[2])])
+    assert store.read_graph(0, second[0]).ids.shape[0] == offset[0].rows
+    assert tasks.flush(_spec(store), {0: second[0]}).written == {0: second[0]}, "a late ask: on disk already"
+    assert len(writes) == 3
+
+
+def test_a_pending_graph_written_and_evicted_is_read_back_not_lost(built, backend, monkeypatch):
+    """A task may still name a version pending (the client has not yet heard of its flush) after the worker
+    wrote it and evicted it: it is read from the store, not reported lost."""
+    monkeypatch.setattr(tasks, "_CACHE", PartCache(capacity=1))
+    store = Store.open(built, pin=False)
+    made = _merge(store, 0, 1)
+    assert tasks.flush(_spec(store), made).written == made
+    assert tasks._CACHE.get((str(store.path.resolve()), 0, made[0])) is None, "evicted once written"
+    ref = ShardRef(0, store.manifest.shards[0].offset, made[0], pending=True)
+    assert tasks.merge(_spec(store), ref, _ref(store, 2), [], seed=0).bytes_read > 0
+
+
+def test_a_task_on_a_worker_without_the_pending_graph_says_so(built, backend):
+    store = Store.open(built, pin=False)
+    shard = store.manifest.shards[1]
+    with pytest.raises(PendingLost) as lost:
+        tasks.merge(_spec(store), _ref(store, 0), ShardRef(1, shard.offset, 99, pending=True), [], seed=0)
+    assert lost.value.shards == [1]
+
+
+def test_a_pending_graph_is_handed_over_without_a_write(built, backend, monkeypatch):
+    """A graph pending on one worker goes to a task on another (Dask moves it): nothing is written, the first
+    worker gives it up (a flush there skips it, a second hand-over finds it lost), the second holds it."""
+    store = Store.open(built, pin=False)
+    writes: list = []
+    monkeypatch.setattr(Store, "write_graph", lambda self, sid, v, g: writes.append(sid))
+    made = _merge(store, 0, 1)
+    graph = tasks.hand_over(_spec(store), 0, made[0])
+    with pytest.raises(PendingLost):
+        tasks.hand_over(_spec(store), 0, made[0])
+    flushed = tasks.flush(_spec(store), {0: made[0]})
+    assert flushed.written == {} and flushed.missing == []
+    monkeypatch.setattr(tasks, "_CACHE", PartCache())  # the other worker
+    ref = ShardRef(0, store.manifest.shards[0].offset, made[0], pending=True)
+    again = tasks.merge(_spec(store), ref, _ref(store, 2), [], seed=0, handed={0: graph}).versions
+    assert again[0] > made[0] and writes == []
 
 
 def _recording(calls: list) -> type:
@@ -161,12 +223,30 @@ def test_local_gpu_workers_run_two_task_threads(monkeypatch):
     assert calls[0]["CUDA_VISIBLE_DEVICES"] == [0, 1] and calls[0]["threads_per_worker"] == 2
 
 
-def test_pick_worker_spreads_the_compute_then_keeps_locality():
+def test_a_lost_versions_late_write_does_not_count():
+    """A shard reverts to its written version when its worker is lost; a write of a lost version that
+    reports afterwards (a flush that finished as the worker died) is not taken: the shard's line goes on
+    from the version it reverted to, and the pairs of the lost line are merged again."""
+    held = Holdings({0: 3})
+    held.made(0, 5, "a")
+    held.made(0, 6, "a")
+    assert held.lost(0, "b") == (False, 3), "b never held it"
+    assert held.lost(0, "a") == (True, 3)
+    assert not held.written(0, 5) and held.get(0).durable == 3
+    held.made(0, 8, "b")
+    assert held.written(0, 8) and (held.get(0).durable, held.get(0).owner) == (8, None)
+
+
+def test_place_keeps_pending_graphs_where_they_are_while_a_thread_is_free():
     threads = {"a": 2, "b": 2}
-    assert pick_worker(["b", None], threads, Counter()) == "b"  # holds the shard, all idle
-    assert pick_worker(["b", None], threads, Counter({"b": 1})) == "a"  # b computes: a would idle
-    assert pick_worker(["b", "a"], threads, Counter({"a": 1, "b": 1})) == "b"  # equal load: the first holder
-    assert pick_worker(["b"], threads, Counter({"b": 2, "a": 1})) == "a"  # b full: the least loaded
-    assert pick_worker(["gone"], threads, Counter({"a": 1})) == "b"  # a holder that left counts for nothing
-    assert pick_worker([], threads, Counter()) in threads
-    assert pick_worker([], {}, Counter()) is None
+    on_disk, seen_b, pending_b, pending_a = Holding(1), Holding(1, seen="b"), Holding(2, "b", 1, "b"), Holding(2, "a")
+    assert place([seen_b, on_disk], threads, Counter()) == ("b", [])  # holds the shard in memory, all idle
+    assert place([seen_b, on_disk], threads, Counter({"b": 1})) == ("a", [])  # nothing to write: the least busy
+    assert place([pending_b, on_disk], threads, Counter({"b": 1, "a": 1})) == ("b", [])  # as busy: no write
+    assert place([pending_b, on_disk], threads, Counter({"b": 1})) == ("b", [])  # b has a thread free
+    assert place([pending_b, on_disk], threads, Counter({"b": 2})) == ("a", [0])  # b full: write it, a runs
+    # one write either way: to the worker that has more of the pair in memory
+    assert place([pending_b, pending_a], threads, Counter({"a": 1, "b": 1})) == ("b", [1])
+    assert place([Holding(2, "gone")], threads, Counter({"a": 1})) == ("b", [0])  # a holder that left: its graph
+    assert place([], threads, Counter())[0] in threads
+    assert place([], {}, Counter()) == (None, [])

@@ -3,15 +3,22 @@
 The same ``Scheduler`` as in-process decides what may run (GNND of each shard as it arrives; the merge of a
 pending pair once both shards have a graph and no running merge touches either), with one client thread per
 worker thread of the cluster: each takes a task, submits it (``tasks.gnnd`` / ``tasks.merge``) with the
-graph versions it must read, waits for its result and commits it. The client is the only committer, and a
-pair is committed once: the scheduler hands each pending pair out once, and a task's retries and Dask's
-reruns all end in that one future's single result.
+graph versions it must read, and waits for its result.
 
-A task whose worker dies is rerun by Dask on another worker; a task that fails is submitted again with the
-shards' current versions (``ATTEMPTS`` in all). Each submission carries a ``workers=`` hint (``pick_worker``):
-the worker that last held one of its shards (it keeps them in memory) if it has a thread free, else the
-worker with the fewest of the run's tasks, so every worker has two tasks (one computing, one reading or
-writing: connect.TASK_THREADS); Dask overrules a hint naming a worker that is gone (``allow_other_workers``).
+A task keeps its new graphs pending in its worker's memory (bigknn/cluster/tasks.py); the client's
+``Writer``, the in-process one, has them written (``flush.ClusterSink``) at checkpoints, when a shard has no
+merge left, to make room, and at the end, and commits a pair once both its graphs are on disk. So a shard
+merged many times between checkpoints is written once. The client is the only committer, and a pair is
+committed once: the scheduler hands each pending pair out once, and a task's retries and Dask's reruns all
+end in that one future's single result.
+
+Where a task runs (``holdings.place``): on the worker holding its shards' pending versions while it has a
+thread free; a shard pending on another worker is handed over (``tasks.hand_over``: Dask moves the graph
+from worker to worker, not through the disk). A worker that dies takes its pending
+versions with it (a flush or a task finds them missing: ``PendingLost``): the shards revert to their
+newest written versions, and the pairs that reached the lost versions and were not committed go back to
+the scheduler (merging a pair again is harmless). A task that fails otherwise is submitted again with the
+shards' current versions (``ATTEMPTS`` in all).
 """
 
 from __future__ import annotations
@@ -24,14 +31,17 @@ from collections import Counter
 from itertools import chain
 from typing import Callable, Iterable
 
-from bigknn.errors import BadInput
 from bigknn.cluster import tasks
 from bigknn.cluster.connect import Cluster
-from bigknn.cluster.tasks import ShardRef, StoreSpec, TaskResult
-from bigknn.pipeline.estimate import SampleTruth
+from bigknn.cluster.flush import ClusterSink
+from bigknn.cluster.holdings import Holdings, place
+from bigknn.cluster.tasks import PendingLost, ShardRef, StoreSpec, TaskResult
+from bigknn.errors import BadInput
 from bigknn.pipeline.accounting import Accounting
-from bigknn.pipeline.scheduler import Scheduler
+from bigknn.pipeline.estimate import SampleTruth
+from bigknn.pipeline.scheduler import Pair, Scheduler
 from bigknn.pipeline.workers import seed_for
+from bigknn.pipeline.writer import Writer
 from bigknn.progress import Reporter
 from bigknn.shards import ShardEntry, Store
 
@@ -72,17 +82,12 @@ def check_visible(cluster: Cluster, store: Store) -> None:
                                    "workers); put it on a path every worker sees (a shared file system)")
 
 
-def pick_worker(holders: list[str | None], threads: dict[str, int], inflight: Counter[str]) -> str | None:
-    """The worker with the fewest tasks in flight, the first of ``holders`` (workers holding the task's shards
-    in memory) among equals (None: no worker). A worker computes one task at a time (tasks.COMPUTE_LOCK):
-    sending a second task to a holder while another worker idles made one GPU of two 14 % busy (50M x 96)."""
-    rank = {w: i for i, w in enumerate(holders) if w is not None}
-    ranked = sorted(threads, key=lambda w: (inflight[w], rank.get(w, len(rank))))
-    return ranked[0] if ranked else None
+class _Redo(Exception):
+    """A shard of the task lost its only graph with a worker: its GNND runs again first."""
 
 
 class _Run:
-    """One run's client threads, the commits of their results, and where each shard was last held."""
+    """One run's client threads, where each shard's graph is (``Holdings``), and its writer."""
 
     def __init__(self, cluster: Cluster, store: Store, ledger, acct: Accounting, sched: Scheduler,
                  sample: SampleTruth | None):
@@ -93,7 +98,11 @@ class _Run:
         # the sample's vectors go to every worker once, not with each GNND task
         self.sample_data = (cluster.client.scatter(sample.vectors, broadcast=True) if sample is not None
                             else None)
-        self.holder: dict[int, str] = {}  # shard -> the worker that wrote its latest graph
+        cluster.client.run(tasks.drop_pending, self.spec.path)  # a killed client's, on a cluster that lives on
+        self.holdings = Holdings({s.id: ledger.version(s.id) for s in ledger.shards()})
+        self.sink = ClusterSink(cluster.client, self.spec, self.holdings, self._lost)
+        self.writer = Writer(store, ledger, acct, self.sink)
+        self.threads = cluster.client.nthreads()
         self.inflight: Counter[str] = Counter()  # worker -> this run's tasks submitted to it and not done
         self.merged_with: dict[int, list[int]] = {}  # the shards each shard was merged with, in order
         for i, j in ledger.history():
@@ -101,22 +110,32 @@ class _Run:
         self.lock = threading.Lock()
 
     def go(self, slots: int, source: Iterable | None, advance: Callable[[int], None]) -> None:
-        """Feed ``source`` to the scheduler and run ``slots`` client threads until every task is done."""
+        """Feed ``source`` to the scheduler and run ``slots`` client threads until every task is done and its
+        graphs are written; rounds again while a lost worker's work came back to the scheduler."""
         errors: list[BaseException] = []
         feeder = threading.Thread(target=self._feed, args=(source, errors), daemon=True, name="gnnd-feed")
-        threads = [threading.Thread(target=self._slot, args=(advance, errors), daemon=True, name=f"dask-{n}")
-                   for n in range(slots)]
         if source is not None:
             feeder.start()
-        for th in threads:
-            th.start()
         try:
-            for th in threads:
-                th.join()
+            while not errors:
+                threads = [threading.Thread(target=self._slot, args=(advance, errors), daemon=True,
+                                            name=f"dask-{n}") for n in range(slots)]
+                for th in threads:
+                    th.start()
+                for th in threads:
+                    th.join()
+                if errors:
+                    break
+                self.writer.write_sync(self.sink.dirty())
+                for worker, held in self.holdings.pending().items():  # superseded by a result never used
+                    self._lost(list(held), worker)
+                if not self.sched.has_work():
+                    break
         finally:
             self.sched.stop()  # wakes a feeder still waiting to queue a shard
             if source is not None:
                 feeder.join()
+            self.writer.close()  # what finished is written and committed, also when a task failed
         if errors:
             raise errors[0]
 
@@ -136,7 +155,7 @@ class _Run:
     def _slot(self, advance: Callable[[int], None], errors: list[BaseException]) -> None:
         last: set[int] = set(self.ledger.last_pair() or ())
         try:
-            while (task := self.sched.next_task(last)) is not None:
+            while (task := self.sched.next_task(last, lambda free: self._choose(free, last))) is not None:
                 kind, what = task
                 if kind == "gnnd":
                     self._gnnd(what[0])
@@ -148,83 +167,150 @@ class _Run:
             errors.append(e)
             self.sched.stop()
 
+    def _choose(self, free: list[Pair], last: set[int]) -> Pair | None:
+        """The free pair to merge next (called under the scheduler's lock): the one ``place`` ranks first
+        (fewest tasks in flight plus graphs to hand over), then the one whose moved shard has the most pairs
+        left with the shards its new worker holds (one move buys several merges), then the most in
+        its worker's memory, then sharing a shard with this thread's last pair. None (wait for a task to
+        end) if that pair needs a graph handed over and its worker is computing: the task frees shards on
+        that worker."""
+        held_on = self.holdings.pending()
+        partners: dict[int, set[int]] = {}  # the shards each shard has a pair left with
+        for a, b in self.sched.pending:
+            partners.setdefault(a, set()).add(b)
+            partners.setdefault(b, set()).add(a)
+
+        def cost(pair: Pair) -> tuple:
+            held = [self.holdings.get(s) for s in pair]
+            worker, moves = place(held, self.threads, self.inflight)
+            busy = self.inflight[worker] if worker is not None else 0
+            there = held_on.get(worker, {}).keys()
+            gain = sum(len(partners.get(pair[n], set()) & there) for n in moves)
+            return (bool(moves) and busy > 0, busy + len(moves), len(moves), -gain,
+                    -sum(h.seen == worker for h in held), -len(set(pair) & last))
+
+        with self.lock:
+            best = min(free, key=cost)
+            return None if cost(best)[0] else best
+
     # ---- tasks ---------------------------------------------------------------------------------
     def _gnnd(self, shard: ShardEntry) -> None:
         sample_k = self.sample.m + 1 if self.sample is not None else 0
-        res = self._call(f"gnnd-{shard.id}", [], lambda: (
+        res = self._submit(f"gnnd-{shard.id}", [], lambda _: (
             tasks.gnnd, self.spec, ShardRef(shard.id, shard.offset, None), seed_for(self.seed, 0, shard.id),
             self.sample_data, sample_k))
         if self.sample is not None and res.truth is not None:
             self.sample.fold(shard.id, res.truth)
-        self._commit(res, None, "gnnd")
+        self._made(res, "gnnd")
+        self.writer.gnnd_done(shard.id)
         self.sched.shard_ready(shard.id)
 
-    def _merge(self, pair: tuple[int, int]) -> None:
+    def _merge(self, pair: Pair) -> None:
         i, j = pair
         try:
-            res = self._call(f"merge-{i}-{j}", [i, j], lambda: (
+            res = self._submit(f"merge-{i}-{j}", [i, j], lambda handed: (
                 tasks.merge, self.spec, self._ref(i), self._ref(j),
-                [self._ref(s) for s in self.ledger.seed_shards(i, j, self.merged_with.get(j, []))],
-                seed_for(self.seed, 1, i, j)))
-            self._commit(res, pair, "ggm")
+                [ref for s in self.ledger.seed_shards(i, j, self.merged_with.get(j, []))
+                 if (ref := self._durable_ref(s)).version is not None],
+                seed_for(self.seed, 1, i, j), handed))
+            self._made(res, "ggm")  # before the pair's shards are free: the next task reads the new versions
+            with self.lock:
+                self._record(i, j)
+            self.writer.merged(pair, res.versions[i], res.versions[j])
+        except _Redo:
+            self.sched.requeue([pair])
+            return
         finally:
-            self.sched.release(pair)
+            finished = self.sched.release(pair)
+        for sid in finished:  # no merge left: final, written now
+            self.writer.write_now(sid)
 
     def _ref(self, sid: int) -> ShardRef:
-        with self.store.lock:
-            return ShardRef(sid, self.ledger.shards()[sid].offset, self.ledger.version(sid))
+        """The shard's newest graph, pending on the worker the task goes to if it is pending."""
+        h = self.holdings.get(sid)
+        return ShardRef(sid, self.ledger.shards()[sid].offset, h.version, h.owner is not None)
 
-    def _call(self, name: str, shards: list[int], task: Callable[[], tuple]) -> TaskResult:
-        """Submit ``task()`` (function and arguments, made anew for each attempt: a retry reads the shards'
-        current versions) near the worker holding ``shards``; its result, or the last attempt's error."""
+    def _durable_ref(self, sid: int) -> ShardRef:
+        """The shard's newest graph on disk (a seed of the merge: other tasks may be making newer ones)."""
+        return ShardRef(sid, self.ledger.shards()[sid].offset, self.holdings.get(sid).durable)
+
+    def _submit(self, name: str, shards: list[int], task: Callable[[dict], tuple]) -> TaskResult:
+        """Run ``task(handed)`` (function and arguments, made anew for each attempt: a retry reads the
+        shards' current versions; ``handed``: the graphs other workers hand over) where ``_place`` puts it;
+        its result, or the last attempt's error. Pending versions found lost revert (``_lost``) and the task
+        runs again, not counted as an attempt."""
         client = self.cluster.client
         attempt = 1
         while True:
-            fn, *args = task()
-            worker = self._place(shards)
+            owners = {s: self.holdings.get(s).owner for s in shards}
+            worker, handed = self._place(shards)
+            fn, *args = task(handed)
             future = client.submit(fn, *args, key=f"{name}-{uuid.uuid4().hex[:8]}", pure=False,
                                    workers=[worker] if worker else None, allow_other_workers=worker is not None)
             try:
                 return future.result()
+            except PendingLost as e:  # from the task, or from a hand-over it waited for
+                for sid in e.shards:
+                    self._lost([sid], owners.get(sid))
             except Exception as e:  # noqa: BLE001 - a worker's error, retried, then re-raised
                 if attempt == ATTEMPTS or isinstance(e, BadInput):
                     raise
                 log.warning("%s failed on attempt %d (%s); submitting it again", name, attempt, e)
+                attempt += 1
             finally:
-                future.release()
+                for f in [future, *handed.values()]:
+                    f.release()
                 if worker is not None:
                     with self.lock:
                         self.inflight[worker] -= 1
-            attempt += 1
 
-    def _place(self, shards: list[int]) -> str | None:
-        """The worker to hint for a task on ``shards`` (``pick_worker``), counted in flight there."""
+    def _place(self, shards: list[int]) -> tuple[str | None, dict]:
+        """The worker for a task on ``shards`` (``holdings.place``), counted in flight there, and the
+        hand-overs (shard -> future of ``tasks.hand_over``) of those pending on other workers: their graphs
+        go from worker to worker, not through the disk. ``_Redo`` if a shard has no graph any more."""
+        held = [self.holdings.get(s) for s in shards]
+        if any(h.version is None for h in held):
+            raise _Redo(shards)
         threads = self.cluster.client.nthreads()  # the workers now: a restarted one has a new address
         with self.lock:
-            worker = pick_worker([self.holder.get(s) for s in shards], threads, self.inflight)
+            self.threads = threads
+            worker, moves = place(held, threads, self.inflight)
             if worker is not None:
                 self.inflight[worker] += 1
-            return worker
+        return worker, {shards[n]: self.cluster.client.submit(
+            tasks.hand_over, self.spec, shards[n], held[n].version, key=f"hand-{shards[n]}-{uuid.uuid4().hex[:8]}",
+            pure=False, workers=[held[n].owner], allow_other_workers=True) for n in moves}
 
-    # ---- commits -------------------------------------------------------------------------------
-    def _commit(self, res: TaskResult, pair: tuple[int, int] | None, phase: str) -> None:
-        """Record a task's graph versions (and its pair) in the manifest and commit: the one committer."""
-        with self.store.lock:
-            for sid, version in res.versions.items():
-                self.ledger.set_version(sid, version)
-            if pair is not None:
-                self.ledger.add_pair(*pair)
-            self.store.commit()
-        with self.lock:
-            for sid in res.versions:
-                self.holder[sid] = res.worker
-            if pair is not None:
-                self._record(*pair)
+    # ---- results -------------------------------------------------------------------------------
+    def _made(self, res: TaskResult, phase: str) -> None:
+        """Record a task's pending versions and account it; have its worker's excess written."""
+        for sid, version in res.versions.items():
+            self.holdings.made(sid, version, res.worker)
+        self.sink.make_room(res.worker)
         end = time.perf_counter()
-        self.acct.add(phase, res.seconds, res.bytes_read, res.bytes_written)
+        self.acct.add(phase, res.seconds, res.bytes_read)
         self.acct.add_busy(res.worker, res.seconds)
         self.acct.extend_span(phase, end - res.seconds, end)
         self.acct.add_descent(phase, res.report)
+
+    def _lost(self, sids: list[int], worker: str | None) -> None:
+        """``worker`` no longer holds the pending versions of ``sids``: back to their written versions, and
+        the uncommitted pairs that reached the lost ones (or shards with no graph left) to the scheduler."""
+        for sid in sids:
+            back_to: list[int | None] = []  # the version the shard went back to, if it did
+
+            def revert(sid: int = sid) -> bool:
+                reverted, version = self.holdings.lost(sid, worker)
+                back_to.extend([version] if reverted else [])
+                return reverted
+
+            pairs = self.writer.forget(sid, revert)
+            if not back_to:
+                continue
+            redo = [(self.ledger.shards()[sid], None)] if back_to[0] is None else []
+            log.warning("worker %s lost the pending graph of shard %d: %d merge(s)%s to run again", worker, sid,
+                        len(pairs), " and its GNND" if redo else "")
+            self.sched.requeue(pairs, redo)
 
     def _record(self, i: int, j: int) -> None:
         self.merged_with.setdefault(i, []).append(j)

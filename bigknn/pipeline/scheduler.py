@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from typing import Iterable
+from typing import Callable, Iterable
+
+Pair = tuple[int, int]
+RECHECK_S = 0.5  # a worker thread that ``choose`` told to wait asks again this often
 
 
 class Scheduler:
@@ -45,8 +48,12 @@ class Scheduler:
             self.cond.notify_all()
 
     # -- the workers' side
-    def next_task(self, prefer: set[int]) -> tuple[str, object] | None:
-        """("gnnd", (shard, vectors)) or ("merge", (i, j)); None when all is done or the run stopped."""
+    def next_task(self, prefer: set[int], choose: Callable[[list[Pair]], Pair | None] | None = None
+                  ) -> tuple[str, object] | None:
+        """("gnnd", (shard, vectors)) or ("merge", (i, j)); None when all is done or the run stopped.
+        ``choose`` picks among the free pairs (called under the scheduler's lock), or None: none of them
+        now, ask again when a task ends (or after ``RECHECK_S``); by default the one sharing most shards
+        with ``prefer``."""
         with self.cond:
             while True:
                 if self.stopped:
@@ -57,14 +64,17 @@ class Scheduler:
                     return "gnnd", item
                 free = [p for p in self.pending if p[0] in self.ready and p[1] in self.ready
                         and p[0] not in self.busy and p[1] not in self.busy]
+                pair = None
                 if free:
-                    pair = max(free, key=lambda p: (p[0] in prefer) + (p[1] in prefer))
+                    pair = (choose(free) if choose is not None
+                            else max(free, key=lambda p: (p[0] in prefer) + (p[1] in prefer)))
+                if pair is not None:
                     self.pending.remove(pair)
                     self.busy.update(pair)
                     return "merge", pair
                 if not self.pending and not self.feeding:
                     return None
-                self.cond.wait()
+                self.cond.wait(RECHECK_S if free else None)
 
     def has_free_pair(self) -> bool:
         """Whether a pending pair is ready and touches no running merge (next_task would hand it out now)."""
@@ -82,6 +92,21 @@ class Scheduler:
             self.busy.difference_update(pair)
             self.cond.notify_all()
             return [s for s in pair if not any(s in p for p in self.pending)]
+
+    def requeue(self, pairs: Iterable[Pair], shards: Iterable = ()) -> None:
+        """Take back work whose results were lost (a Dask worker died holding them): ``pairs`` to merge
+        again, and (shard, vectors) items to GNND again, not ready until then."""
+        with self.cond:
+            for item in shards:
+                self.ready.discard(item[0].id)
+                self.shards.appendleft(item)
+            self.pending.extend(p for p in pairs if p not in self.pending)
+            self.cond.notify_all()
+
+    def has_work(self) -> bool:
+        """Whether tasks wait to be handed out (after a round's end: work taken back)."""
+        with self.cond:
+            return bool(self.pending or self.shards)
 
     def upcoming(self, prefer: set[int], count: int) -> list[tuple[int, int]]:
         """The pairs likely to be taken next, those reusing ``prefer`` first (for prefetching)."""

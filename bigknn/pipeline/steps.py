@@ -26,7 +26,7 @@ from bigknn.pipeline.accounting import Accounting
 from bigknn.pipeline.cache import ShardCache
 from bigknn.pipeline.scheduler import Scheduler
 from bigknn.pipeline.workers import run_tasks, shards_from_store
-from bigknn.pipeline.writer import Writer
+from bigknn.pipeline.writer import CacheSink, Writer
 from bigknn.progress import Reporter
 from bigknn.shards import Manifest, ShardEntry, Store
 
@@ -113,7 +113,7 @@ def run_pending(store: Store, ledger: Ledger, backends: list[Backend], reporter:
         source = chain(source or (), incoming[0])
     biggest = max([s.rows for s in shards] + new_sizes)
     cache = ShardCache(store, ledger, cache_shards(store.manifest, store.path, biggest, len(backends), host_mem), acct)
-    writer = Writer(store, ledger, acct, cache)
+    writer = Writer(store, ledger, acct, CacheSink(store, ledger, cache))
     sched = Scheduler(ledger.todo_pairs(len(shards) + len(new_sizes)),
                       ready=[s.id for s in shards if ledger.version(s.id) is not None],
                       feeding=source is not None, queue_limit=len(backends) + 1)

@@ -1,5 +1,9 @@
-"""Write-back and commits: one thread writes graphs (GNND and merge results at checkpoints, under cache
-pressure, or when a shard is done) and commits the manifest, so an fsync never holds up a worker."""
+"""Write-back and commits: one thread writes graphs (GNND and merge results at checkpoints, under memory
+pressure, or when a shard is done) and commits the manifest, so an fsync never holds up a worker.
+
+Where the graphs come from is the sink's business: the in-process shard cache (``CacheSink``), or the
+pending versions Dask workers hold (bigknn/cluster/flush.py). The checkpoint clock, the pairs waiting for
+both their graphs and the commits are the same for both."""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ import queue
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Iterable
+from typing import Callable, Iterable, Protocol
 
 from bigknn.pipeline.accounting import Accounting
 from bigknn.pipeline.cache import IO_THREADS, ShardCache
@@ -18,38 +22,98 @@ from bigknn.shards import Store
 # each checkpoint rewrites every graph changed since the last (10 s wrote T2's graphs 6 times: 5x the input)
 CHECKPOINT_S = 60.0
 
+Written = dict[int, tuple[int, int]]  # shard -> (graph version now on disk, generation it holds)
+
 
 def checkpoint_s() -> float:
     """Seconds between write-back checkpoints (env BIGKNN_CHECKPOINT_S overrides; 0 commits every merge)."""
     return float(os.environ.get("BIGKNN_CHECKPOINT_S", CHECKPOINT_S))
 
 
+class GraphSink(Protocol):
+    """Where the graphs not yet on disk are, and how they get there."""
+
+    def on_pressure(self, ask: Callable[[list[int]], None]) -> None:
+        """Have ``ask(sids)`` called when results held in memory must be written to make room."""
+
+    def dirty(self) -> list[int]:
+        """Shards whose newest graph is not on disk."""
+
+    def write(self, sids: Iterable[int]) -> tuple[Written, int]:
+        """Write the newest graphs of ``sids`` (those not on disk); what was written, and its bytes."""
+
+    def accept(self, done: Written) -> Written:
+        """Of the writes ``done``, those to record (called under the writer's lock, before the ledger
+        records them and the manifest is committed)."""
+
+    def written(self, done: Written) -> None:
+        """``done`` is recorded in the ledger (called after the commit, before the next write)."""
+
+    def close(self) -> None:
+        """Release the sink's threads."""
+
+
+class CacheSink:
+    """In-process: the dirty graphs of the shard cache, written by ``IO_THREADS`` threads."""
+
+    def __init__(self, store: Store, ledger, cache: ShardCache):
+        self.store, self.ledger, self.cache = store, ledger, cache
+        self.pool = ThreadPoolExecutor(IO_THREADS, thread_name_prefix="write")
+
+    def on_pressure(self, ask: Callable[[list[int]], None]) -> None:
+        self.cache.on_pressure = ask
+
+    def dirty(self) -> list[int]:
+        return self.cache.dirty()
+
+    def write(self, sids: Iterable[int]) -> tuple[Written, int]:
+        snaps = {sid: snap for sid in dict.fromkeys(sids) if (snap := self.cache.snapshot(sid)) is not None}
+        versions = {sid: self.store.next_version(sid, self.ledger.version(sid)) for sid in snaps}
+        list(self.pool.map(lambda sid: self.store.write_graph(sid, versions[sid], snaps[sid][0]), snaps))
+        nbytes = sum(g.ids.nbytes + g.dists.nbytes for g, _ in snaps.values())
+        return {sid: (versions[sid], snaps[sid][1]) for sid in snaps}, nbytes
+
+    def accept(self, done: Written) -> Written:
+        return done
+
+    def written(self, done: Written) -> None:
+        for sid, (_, gen) in done.items():  # evictable once the ledger names the version a re-read takes
+            self.cache.written(sid, gen)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+
+
 class Writer:
     """One thread that writes graphs and commits the manifest.
 
-    ``write_now(sid)`` writes a shard's cached graph at once (a shard with no merge left). ``gnnd_done(sid)``
-    and ``merged(pair, gi, gj)`` record results in the cache (a merge's at generations gi, gj), written at the
-    next checkpoint (at once with an interval of 0), under cache pressure, or at ``close()``, which writes
-    everything still dirty; a merge is committed once both its graphs are written.
+    ``write_now(sid)`` writes a shard's graph at once (a shard with no merge left). ``gnnd_done(sid)``
+    and ``merged(pair, gi, gj)`` record results held by the sink (a merge's at generations gi, gj), written
+    at the next checkpoint (at once with an interval of 0), under memory pressure, or at ``close()``, which
+    writes everything still dirty; a merge is committed once both its graphs are written. ``write_sync``
+    writes in the caller's thread (the end of a Dask round, which must know what was lost).
     """
 
-    def __init__(self, store: Store, ledger, acct: Accounting, cache: ShardCache):
-        self.store, self.ledger, self.acct, self.cache = store, ledger, acct, cache
+    def __init__(self, store: Store, ledger, acct: Accounting, sink: GraphSink):
+        self.store, self.ledger, self.acct, self.sink = store, ledger, acct, sink
         self.jobs: queue.Queue = queue.Queue()
-        self.pool = ThreadPoolExecutor(IO_THREADS, thread_name_prefix="write")
         self.error: BaseException | None = None
         self.finished: list[tuple[int, int, int, int]] = []  # merged pairs not yet committed, with gens
         self.written_gen: dict[int, int] = {}
         self.since: float | None = None  # when the oldest result not yet on disk was made
         self._lock = threading.Lock()
         self.interval = checkpoint_s()
-        cache.on_pressure = lambda sids: self.jobs.put(list(sids))
+        sink.on_pressure(lambda sids: self.jobs.put(list(sids)))
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
     def write_now(self, sid: int) -> None:
         self._raise()
         self.jobs.put([sid])
+
+    def write_sync(self, sids: Iterable[int]) -> None:
+        self._raise()
+        self._write(sids)
 
     def gnnd_done(self, sid: int) -> None:
         self._raise()
@@ -67,6 +131,20 @@ class Writer:
         else:
             self._start_clock()
 
+    def forget(self, sid: int, revert: Callable[[], bool]) -> list[tuple[int, int]]:
+        """The sink lost ``sid``'s graphs not yet written (a Dask worker died): ``revert()`` it (False: it
+        had nothing to lose) and drop the uncommitted pairs that reached it in a generation newer than its
+        written one; they must be merged again. Under the writer's lock: no write of it is recorded
+        halfway."""
+        with self._lock:
+            if not revert():
+                return []
+            gen = self.written_gen.get(sid, 0)
+            lost = [f for f in self.finished if (f[0] == sid and f[2] > gen) or (f[1] == sid and f[3] > gen)]
+            for f in lost:
+                self.finished.remove(f)
+        return [(f[0], f[1]) for f in lost]
+
     def _start_clock(self) -> None:
         """The checkpoint clock runs from the oldest result not yet on disk: start it and wake the writer."""
         with self._lock:
@@ -80,7 +158,7 @@ class Writer:
         """Write every dirty shard, commit, stop the thread; raise the first write error."""
         self.jobs.put(None)
         self.thread.join()
-        self.pool.shutdown(wait=True)
+        self.sink.close()
         self._raise()
 
     def _raise(self) -> None:
@@ -97,7 +175,7 @@ class Writer:
                 job = "checkpoint"
             if job == "tick":
                 continue
-            sids = self.cache.dirty() if job is None or job == "checkpoint" else job
+            sids = self.sink.dirty() if job is None or job == "checkpoint" else job
             if self.error is None:
                 try:
                     self._write(sids)
@@ -107,29 +185,27 @@ class Writer:
                 return
             if job == "checkpoint":  # results made while it wrote wait for the next one
                 with self._lock:
-                    self.since = time.monotonic() if self.finished or self.cache.dirty() else None
+                    self.since = time.monotonic() if self.finished or self.sink.dirty() else None
 
     def _write(self, sids: Iterable[int]) -> None:
-        """Write the cached graphs of ``sids``, record them and the pairs they complete, and commit."""
-        snaps = {sid: snap for sid in dict.fromkeys(sids) if (snap := self.cache.snapshot(sid)) is not None}
+        """Write the graphs of ``sids``, record them and the pairs they complete, and commit."""
         t = time.perf_counter()
-        versions = {sid: self.store.next_version(sid, self.ledger.version(sid)) for sid in snaps}
-        list(self.pool.map(lambda sid: self.store.write_graph(sid, versions[sid], snaps[sid][0]), snaps))
+        versions, nbytes = self.sink.write(sids)
         with self.store.lock:
             with self._lock:  # not held during the commit: a worker reporting a merge never waits for an fsync
-                for sid, version in versions.items():
-                    self.ledger.set_version(sid, version)
-                    self.written_gen[sid] = snaps[sid][1]
+                versions = self.sink.accept(versions)
+                for sid, (version, gen) in versions.items():
+                    if gen > self.written_gen.get(sid, 0):  # a slower write of an older graph changes nothing
+                        self.ledger.set_version(sid, version)
+                        self.written_gen[sid] = gen
                 done = [f for f in self.finished
                         if self.written_gen.get(f[0], 0) >= f[2] and self.written_gen.get(f[1], 0) >= f[3]]
                 for f in done:
                     self.ledger.add_pair(f[0], f[1])
                     self.finished.remove(f)
-            if snaps or done:
+            if versions or done:
                 self.store.commit()
-        for sid, (graph, gen) in snaps.items():
-            self.cache.written(sid, gen)
-        nbytes = sum(g.ids.nbytes + g.dists.nbytes for g, _ in snaps.values())
+        self.sink.written(versions)
         self.acct.add("write", time.perf_counter() - t, nbytes_written=nbytes)
-        if snaps:
+        if versions:
             self.acct.extend_span("write", t, time.perf_counter())

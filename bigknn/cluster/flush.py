@@ -1,0 +1,67 @@
+"""The Dask side of write-back: the pending graph versions the workers hold, written by a ``tasks.flush``
+on each holder when the client's ``Writer`` (bigknn/pipeline/writer.py) asks, at checkpoints, for a
+finished shard, to make room on a worker, or at the end. The checkpoint clock, the pairs waiting for
+both graphs, and the commits are the in-process ones."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Callable, Iterable
+
+from bigknn.cluster import tasks
+from bigknn.cluster.holdings import Holdings
+from bigknn.cluster.partcache import CACHE_PARTS
+from bigknn.cluster.tasks import StoreSpec
+from bigknn.pipeline.writer import Written
+
+
+class ClusterSink:
+    """Writes pending versions through flush tasks, one per holding worker, side by side. A version its
+    worker does not hold (it died) goes to ``on_lost(sids, worker)``."""
+
+    def __init__(self, client, spec: StoreSpec, holdings: Holdings,
+                 on_lost: Callable[[list[int], str], None]):
+        self.client, self.spec, self.holdings, self.on_lost = client, spec, holdings, on_lost
+        self.ask: Callable[[list[int]], None] = lambda sids: None
+
+    def on_pressure(self, ask: Callable[[list[int]], None]) -> None:
+        self.ask = ask
+
+    def make_room(self, worker: str) -> None:
+        """Have the shards pending on ``worker`` beyond its cache's size written."""
+        excess = self.holdings.excess(worker, CACHE_PARTS)
+        if excess:
+            self.ask(excess)
+
+    def dirty(self) -> list[int]:
+        return sorted(sid for held in self.holdings.pending().values() for sid in held)
+
+    def write(self, sids: Iterable[int]) -> tuple[Written, int]:
+        # the holder if it is there; else Dask runs the flush elsewhere, which finds the versions missing
+        futures = {worker: self.client.submit(tasks.flush, self.spec, versions, pure=False,
+                                              key=f"flush-{uuid.uuid4().hex[:8]}", workers=[worker],
+                                              allow_other_workers=True)
+                   for worker, versions in self.holdings.pending(set(sids)).items()}
+        done: Written = {}
+        nbytes = 0
+        for worker, future in futures.items():
+            try:
+                res = future.result()
+            finally:
+                future.release()
+            done.update({sid: (v, v) for sid, v in res.written.items()})
+            nbytes += res.bytes_written
+            if res.missing:
+                self.on_lost(res.missing, worker)
+        return done, nbytes
+
+    def accept(self, done: Written) -> Written:
+        """Record the writes as durable, but those of versions lost with a worker before their write was
+        reported (under the writer's lock, as ``Writer.forget`` reverts: the two never interleave)."""
+        return {sid: vg for sid, vg in done.items() if self.holdings.written(sid, vg[0])}
+
+    def written(self, done: Written) -> None:
+        """Nothing more: the workers keep the written graphs as ordinary cached parts."""
+
+    def close(self) -> None:
+        """Nothing to release: the flushes ran on the workers."""
