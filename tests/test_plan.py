@@ -61,8 +61,8 @@ def test_plan_scales_measured_rates():
 def test_partitioned_plan_merges_pairs_per_shard_and_reads_the_input_twice():
     params = GnndParams(k=32, list_width=48)
     rates = {"gnnd_rows_per_s": 2.5e6, "ggm_rows_per_s": 4e6}
-    full = plan(10**9, 96, 4, params, 25_000_000, 1, rates, DISK)
-    near = plan(10**9, 96, 4, params, 25_000_000, 1, rates, DISK, "kmeans", pairs_per_shard=1.5)
+    full = plan(10**9, 96, 4, params, 25_000_000, 1, rates, DISK, host_mem=0)  # no cache: every merge reads
+    near = plan(10**9, 96, 4, params, 25_000_000, 1, rates, DISK, "kmeans", pairs_per_shard=1.5, host_mem=0)
     assert near["shards"] == 46 and near["merges"] == 69 and near["all_pairs"] == 46 * 45 // 2  # 1.15 x 40
     assert near["estimate_s"]["ggm"] == pytest.approx(69 * 2 * near["shard_rows"] / 4e6, rel=0.01)
     assert near["read_bytes"] - 69 * 2 * (near["shard_rows"] * (96 * 4 + 48 * 8)) == 2 * 10**9 * 96 * 4
@@ -116,3 +116,36 @@ def test_one_worker_keeps_the_largest_shards_and_several_split_three_into_four()
     assert spread_for_workers(rows, fits, 1) == fits
     assert spread_for_workers(rows, fits, 2) == spread_for_workers(rows, fits, 4) == 12_500_000
     assert spread_for_workers(rows, 25_000_000, 2) == 25_000_000  # two shards: one merge, nothing to gain
+
+
+@pytest.mark.parametrize("run", [
+    # measured on one H200, 2026-11-26 (BENCHMARKS.md): rows, shard rows, workers, GNND s, GGM s, merges, GB read, written
+    ("T2, 10 shards", 10_000_000, 1_000_000, 1, 4.854, 18.431, 45, 3.84, 7.68),
+    ("50M, 3 shards, 1 GPU", 50_000_000, 16_666_667, 1, 23.051, 30.149, 3, 19.2, 38.4),
+])
+def test_planned_bytes_are_the_measured_bytes_of_a_cached_build(run):
+    """With every shard in the host cache and the build shorter than a checkpoint after its first GNND, a
+    build reads its input once and writes its rows and each graph once; the plan says so (it used to count
+    every merge reading and writing both shards: 73 GB read and 42 GB written for T2)."""
+    _, rows, shard_rows, workers, gnnd_s, ggm_s, merges, read_gb, written_gb = run
+    shards = -(-rows // shard_rows)
+    rates = {"gnnd_rows_per_s": rows / gnnd_s, "ggm_rows_per_s": merges * 2 * (rows / shards) / ggm_s}
+    p = plan(rows, 96, 4, GnndParams(k=32), shard_rows, workers, rates, DISK, host_mem=500 << 30)
+    assert p["merges"] == merges and p["cached_shards"] == shards
+    assert p["read_bytes"] / 1e9 == pytest.approx(read_gb, rel=1e-3)
+    assert p["written_bytes"] / 1e9 == pytest.approx(written_gb, rel=1e-3)
+
+
+def test_a_cache_too_small_reads_shards_back_and_writes_what_it_evicts():
+    """Shards the cache cannot hold are read back for merges and written when evicted unwritten; a long
+    build also rewrites changed graphs at each checkpoint, at most once per merge result."""
+    params, rates = GnndParams(k=32), {"gnnd_rows_per_s": 2e6, "ggm_rows_per_s": 4e6}
+    roomy = plan(10**8, 96, 4, params, 10**7, 1, rates, DISK, host_mem=1 << 40)
+    tight = plan(10**8, 96, 4, params, 10**7, 1, rates, DISK, host_mem=5 * 10**7 * (96 * 4 + 48 * 8))
+    assert tight["cached_shards"] == 5 and roomy["cached_shards"] == 10
+    shard_bytes, graph = 10**7 * (96 * 4 + 48 * 8), 10**7 * 48 * 8
+    misses = 45 * 2 * (1 - 5 / 10)
+    assert tight["read_bytes"] - roomy["read_bytes"] == pytest.approx(misses * shard_bytes, rel=1e-6)
+    assert tight["written_bytes"] - roomy["written_bytes"] == pytest.approx(misses * graph, rel=1e-6)
+    checkpoints = int((roomy["estimate_s"]["gnnd"] + roomy["estimate_s"]["ggm"] - 5) // 60)
+    assert checkpoints > 1 and roomy["written_bytes"] == 10**8 * 96 * 4 + (10 + min(10 * checkpoints, 90)) * graph

@@ -123,7 +123,7 @@ def show(p: dict, backend: str, dtype: str) -> None:
         f"  disk         {human_bytes(p['disk_bytes'])} for the store; {human_bytes(p['io_bytes'])} read and "
         "written during the build",
         f"  host memory  {human_bytes(p['host_bytes_per_worker'])} per worker, {human_bytes(p['host_bytes_total'])} "
-        "in all",
+        f"in all; the shard cache holds {p['cached_shards']:,} of {p['shards']:,} shards",
         f"  GPU memory   {human_bytes(p['gpu_bytes_per_worker'])} per worker" if backend == "cuda" else
         f"  GPU memory   {human_bytes(p['gpu_bytes_per_worker'])} per worker, if built on a GPU",
         f"  time         ≈ {human_duration(est['total'])} on {backend}: GNND {human_duration(est['gnnd'])}, merges "

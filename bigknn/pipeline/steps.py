@@ -146,14 +146,19 @@ def cache_shards(m: Manifest, where: Path, biggest: int, workers: int, host_mem:
     two per worker plus two being prefetched. Refuses (exit 2) a ``host_mem`` below two shards per worker;
     the write paths call it before they write anything, so that the refusal leaves the store untouched."""
     per_shard = biggest * (m.dim * np.dtype(m.dtype).itemsize + GnndParams(**m.params).width() * 8)
-    need = 2 * workers + 2
-    if host_mem is None:
-        return max(need, int(physical_memory() * HOST_MEM_FRACTION) // per_shard)
-    fits = host_mem // per_shard
-    if fits < 2 * workers:
+    fits = cache_parts(per_shard, workers, host_mem)
+    if host_mem is not None and fits < 2 * workers:
         raise BadInput(where, f"--host-mem {host_mem >> 20} MiB holds {fits} shard(s) of {per_shard >> 20} MiB; "
                               f"{workers} worker(s) need {2 * workers}: use a smaller --shard-rows")
     return fits
+
+
+def cache_parts(per_shard: int, workers: int, host_mem: int | None = None) -> int:
+    """Shards of ``per_shard`` bytes the host cache holds: as many as ``host_mem`` holds, or without it half
+    the machine's RAM, and at least two per worker plus two being prefetched."""
+    if host_mem is not None:
+        return host_mem // per_shard
+    return max(2 * workers + 2, int(physical_memory() * HOST_MEM_FRACTION) // per_shard)
 
 
 def check_merge_count(where: Path, shards: int, merges: int, advice: str, reporter: Reporter) -> None:
