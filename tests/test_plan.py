@@ -138,14 +138,19 @@ def test_planned_bytes_are_the_measured_bytes_of_a_cached_build(run):
 
 def test_a_cache_too_small_reads_shards_back_and_writes_what_it_evicts():
     """Shards the cache cannot hold are read back for merges and written when evicted unwritten; a long
-    build also rewrites changed graphs at each checkpoint, at most once per merge result."""
-    params, rates = GnndParams(k=32), {"gnnd_rows_per_s": 2e6, "ggm_rows_per_s": 4e6}
-    roomy = plan(10**8, 96, 4, params, 10**7, 1, rates, DISK, host_mem=1 << 40)
-    tight = plan(10**8, 96, 4, params, 10**7, 1, rates, DISK, host_mem=5 * 10**7 * (96 * 4 + 48 * 8))
+    build also rewrites changed graphs at each checkpoint; every rewrite is of a merge result, so at most
+    two per merge."""
+    params, fast, slow = GnndParams(k=32), {"gnnd_rows_per_s": 2e8, "ggm_rows_per_s": 4e8}, \
+        {"gnnd_rows_per_s": 2e6, "ggm_rows_per_s": 4e6}
+    shard_bytes, graph, inputs = 10**7 * (96 * 4 + 48 * 8), 10**7 * 48 * 8, 10**8 * 96 * 4
+    roomy = plan(10**8, 96, 4, params, 10**7, 1, fast, DISK, host_mem=1 << 40)
+    tight = plan(10**8, 96, 4, params, 10**7, 1, fast, DISK, host_mem=5 * shard_bytes)
     assert tight["cached_shards"] == 5 and roomy["cached_shards"] == 10
-    shard_bytes, graph = 10**7 * (96 * 4 + 48 * 8), 10**7 * 48 * 8
     misses = 45 * 2 * (1 - 5 / 10)
+    assert roomy["read_bytes"] == inputs and roomy["written_bytes"] == inputs + 10 * graph
     assert tight["read_bytes"] - roomy["read_bytes"] == pytest.approx(misses * shard_bytes, rel=1e-6)
     assert tight["written_bytes"] - roomy["written_bytes"] == pytest.approx(misses * graph, rel=1e-6)
-    checkpoints = int((roomy["estimate_s"]["gnnd"] + roomy["estimate_s"]["ggm"] - 5) // 60)
-    assert checkpoints > 1 and roomy["written_bytes"] == 10**8 * 96 * 4 + (10 + min(10 * checkpoints, 90)) * graph
+    long = plan(10**8, 96, 4, params, 10**7, 1, slow, DISK, host_mem=1 << 40)  # 50 s of GNND, 225 s of merges
+    assert long["written_bytes"] == inputs + (10 + 4 * 10) * graph  # 4 checkpoints after the first GNND
+    longer = plan(10**8, 96, 4, params, 10**7, 1, dict(slow, ggm_rows_per_s=4e5), DISK, host_mem=1 << 40)
+    assert longer["written_bytes"] == inputs + (10 + 90) * graph  # 37 checkpoints, capped at 2 per merge

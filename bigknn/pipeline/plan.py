@@ -108,11 +108,11 @@ def plan(rows: int, dim: int, itemsize: int, params: GnndParams, shard_rows: int
     input_passes = 1 if partition == "contiguous" else 2  # a partitioned build labels every row first
     cached = cache_parts(shard_bytes, workers, host_mem)
     misses = 0.0 if cached >= shards else merges * 2 * (1 - cached / shards)  # shards read back for merges
-    # rewrites while merges change graphs: each checkpoint's (the clock starts at the first GNND result), at
-    # most every merge result (what an interval of 0 writes)
+    # rewrites while merges change graphs: each checkpoint's (the clock starts at the first GNND result) and
+    # each eviction of an unwritten graph, at most one per merge result (what an interval of 0 writes)
     interval = checkpoint_s()
     checkpoints = int(max(0.0, compute_s - r / rates["gnnd_rows_per_s"]) // interval) if interval > 0 else merges
-    graph_writes = shards + min(checkpoints * shards, 2 * merges) + misses
+    graph_writes = shards + min(checkpoints * shards + misses, 2 * merges)
     read_bytes = input_passes * rows * row_bytes + misses * shard_bytes
     written_bytes = rows * row_bytes + graph_writes * r * graph_row
     io_s = read_bytes / (disk["read_gbps"] * 1e9) + written_bytes / (disk["write_gbps"] * 1e9)
