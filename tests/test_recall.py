@@ -12,6 +12,7 @@ import pytest
 from bigknn.backends.cpu import CpuBackend
 from bigknn.graph import EMPTY, KnnGraph, ShardPart
 from bigknn.params import GnndParams
+from bigknn import recall
 from bigknn.recall import EXACT_AFFORD, PROBE_ROWS, MAX_WIDTH, STALL_ITERS, Estimate, Stopper, estimate, make_merge_probe, make_probe
 from bigknn.synth import synth
 from conftest import exact_neighbours, recall_at, run_json, write_synth
@@ -179,11 +180,14 @@ def test_cpu_gnnd_keeps_its_lists_where_the_exact_graph_is_dear(monkeypatch):
         return search(*args)
 
     monkeypatch.setattr(cpu, "exact_knn", slowed)
+    # affording a tenth of the descent, not EXACT_AFFORD times it: two iterations on a loaded machine (CI beside
+    # other jobs) took long enough to afford the slowed search
+    monkeypatch.setattr(recall, "EXACT_AFFORD", 0.1)
     x = np.random.default_rng(7).standard_normal((4001, 32)).astype(np.float32)
     g = CpuBackend().gnnd(x, "l2", GnndParams(k=10, recall=0.999, iters=2), seed=3)
     rep = g.report
     assert rep["stop"] == "iteration cap" and rep["estimate"]["high"] < 0.999, rep  # fell short, lists kept
-    assert rep["exact_s"] >= 0.3 * len(x) / PROBE_ROWS and rep["exact_s"] > EXACT_AFFORD * rep["spent_s"] > 0, rep
+    assert rep["exact_s"] >= 0.3 * len(x) / PROBE_ROWS and rep["exact_s"] > 0.1 * rep["spent_s"] > 0, rep
 
 
 def test_cpu_merge_that_falls_short_gives_the_pairs_exact_lists():

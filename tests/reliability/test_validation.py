@@ -127,7 +127,8 @@ def test_sigterm_mid_build_exits_143_with_the_last_commit_intact(tmp_path):
     store = tmp_path / "store"
     proc = subprocess.Popen([sys.executable, "-m", "bigknn", "build", str(tmp_path / "x.fbin"), "-o", str(store),
                              "--k", "5", "--shard-rows", "2500", "--backend", "cpu"],
-                            env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            env=dict(cli_env(), BIGKNN_LOG_EVERY_S="0"),  # a loaded machine: no 30 s progress line
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while not _merged(store):  # the build is past its first commits, mid-merges
         assert proc.poll() is None, f"the build ended before it was signalled: {proc.communicate()}"
