@@ -18,7 +18,10 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from bigknn.backends.cpu.prefetch import prefetch_rows
+
 EMPTY = -1  # bigknn.graph.EMPTY (numba needs it as a global constant)
+PREFETCH_AHEAD = 1  # the cross-match asks for the sample rows of the list this many ahead (prefetch.py)
 FAST = {"reassoc", "contract"}  # let LLVM vectorise the dot products (sums reassociated); inf/nan stay exact.
 # An inlined helper compiles under its CALLER's flags: every kernel that computes keys must carry FAST.
 
@@ -243,6 +246,9 @@ def cross_match(x, sq, new_s, old_s, bound, is_l2, cross_only):
     out_c = np.empty((n, 3 * w), np.int32)
     out_k = np.empty((n, 3 * w), np.float32)
     for i in prange(n):
+        if i + PREFETCH_AHEAD < n:
+            prefetch_rows(x, new_s[i + PREFETCH_AHEAD], EMPTY)
+            prefetch_rows(x, old_s[i + PREFETCH_AHEAD], EMPTY)
         ns = np.empty(w, np.int32)
         os_ = np.empty(w, np.int32)
         nn = 0
@@ -342,6 +348,16 @@ def place(ids, dists, is_new, c, key):
     is_new[pos] = True
 
 
+@njit(cache=True, inline="always")
+def _holds(ids, m, c):
+    """Whether ids[:m] holds ``c``: every slot compared, without an early exit, so that LLVM can compare
+    several at a time (the insert on text lists of 80: 0.61 -> 0.57 s an iteration, docs/perf-notes.md)."""
+    hit = False
+    for j in range(m):
+        hit |= ids[j] == c
+    return hit
+
+
 @njit(cache=True, parallel=True)
 def insert(ids, dists, is_new, targets, cands, keys):
     """Merge the candidates into the lists in place, as descent._insert: per target, its k nearest
@@ -369,16 +385,7 @@ def insert(ids, dists, is_new, targets, cands, keys):
             c, key = cid[a], ckey[a]
             if key >= dists[r, k - 1]:
                 break
-            seen = False
-            for b in range(a):
-                if cid[b] == c:
-                    seen = True
-                    break
-            for j in range(k):
-                if ids[r, j] == c:
-                    seen = True
-                    break
-            if seen:
+            if _holds(cid, a, c) or _holds(ids[r], k, c):
                 continue
             place(ids[r], dists[r], is_new[r], c, key)
             added[r] += 1
