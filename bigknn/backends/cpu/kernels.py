@@ -440,11 +440,28 @@ def _tile_key(dot, qsq, tsq, is_l2):
 
 
 @njit(cache=True, parallel=True)
-def tile_keys(dots, qsq, tsq, is_l2):
-    """Turn a tile of dot products into keys in place (exact.exact_knn, while its lists still fill)."""
-    for r in prange(dots.shape[0]):
-        for j in range(dots.shape[1]):
-            dots[r, j] = _tile_key(dots[r, j], qsq[r], tsq[j], is_l2)
+def tile_topk(dots, qsq, tsq, k, is_l2):
+    """Each row's min(k, columns) smallest keys of a tile of dot products, nearest first (equal keys in column
+    order): (columns, keys). exact.exact_knn's first tile, while its lists still fill: an insertion into a
+    sorted k-list per entry, which after the first few hundred columns is one comparison with the k-th."""
+    nq, nt = dots.shape
+    kk = min(k, nt)
+    cols = np.empty((nq, kk), np.int64)
+    keys = np.empty((nq, kk), np.float32)
+    for r in prange(nq):
+        c, d = cols[r], keys[r]
+        for j in range(nt):
+            key = _tile_key(dots[r, j], qsq[r], tsq[j], is_l2)
+            if j >= kk and not key < d[kk - 1]:
+                continue
+            pos = min(j, kk - 1)
+            while pos > 0 and d[pos - 1] > key:
+                c[pos] = c[pos - 1]
+                d[pos] = d[pos - 1]
+                pos -= 1
+            c[pos] = j
+            d[pos] = key
+    return cols, keys
 
 
 @njit(cache=True, parallel=True)
