@@ -22,9 +22,11 @@ from numba import njit, prange
 from bigknn.backends.cpu.descent import DescentState
 from bigknn.graph import LOCAL_ID_DTYPE
 
-from bigknn.backends.cpu.kernels import EMPTY, FAST, _key, place
+from bigknn.backends.cpu.kernels import EMPTY, FAST, _holds, _key, _keys_block, place
+from bigknn.backends.cpu.prefetch import prefetch_rows
 
 MAX_TRIES = 8  # random pairs tried for a split before the leaf is cut in half at random (duplicated rows)
+SPLIT_AHEAD = 4  # a split prefetches the row this many places ahead in its (random) row order
 
 
 def tree_init(x: np.ndarray, width: int, metric: str, trees: int, rng: np.random.Generator) -> DescentState:
@@ -51,6 +53,7 @@ def _leaves(x, leaf, seed):
     n, d = x.shape
     order = np.arange(n).astype(np.int32)
     side = np.empty(n, np.bool_)
+    normal = np.empty(d, np.float32)
     bounds = [0]
     stack = [(0, n)]
     while len(stack) > 0:
@@ -64,14 +67,17 @@ def _leaves(x, leaf, seed):
             b = order[lo + np.random.randint(hi - lo)]
             offset = np.float32(0.0)
             for j in range(d):
-                offset += (x[a, j] - x[b, j]) * (x[a, j] + x[b, j])
+                normal[j] = x[a, j] - x[b, j]  # once per split, not once per row
+                offset += normal[j] * (x[a, j] + x[b, j])
             offset *= np.float32(0.5)
             mid = lo
             for i in range(lo, hi):
+                if i + SPLIT_AHEAD < hi:
+                    prefetch_rows(x, order[i + SPLIT_AHEAD:i + SPLIT_AHEAD + 1], EMPTY)
                 r = order[i]
                 s = np.float32(0.0)
                 for j in range(d):
-                    s += (x[a, j] - x[b, j]) * x[r, j]
+                    s += normal[j] * x[r, j]
                 side[i] = s > offset
                 mid += not side[i]
             if lo < mid < hi:
@@ -99,16 +105,22 @@ def _leaves(x, leaf, seed):
 
 @njit(cache=True, parallel=True, fastmath=FAST)
 def _join_leaves(x, sq, order, bounds, ids, dists, is_new, is_l2):
-    """Every pair of leaf-mates offered to both their lists (each key computed once)."""
+    """Every pair of leaf-mates offered to both their lists (each key computed once, the leaf's keys as one
+    blocked triangle, as the cross-match's, while the next leaf's rows are prefetched)."""
     for leaf in prange(bounds.size - 1):
         lo, hi = bounds[leaf], bounds[leaf + 1]
-        for a in range(lo, hi):
-            r = order[a]
-            for b in range(a + 1, hi):
-                c = order[b]
-                key = _key(x, sq, r, c, is_l2)
-                _offer(ids[r], dists[r], is_new[r], c, key)
-                _offer(ids[c], dists[c], is_new[c], r, key)
+        if leaf + 2 < bounds.size:
+            prefetch_rows(x, order[hi:bounds[leaf + 2]], EMPTY)
+        rows = order[lo:hi]
+        m = hi - lo
+        keys = np.empty((m, m), np.float32)
+        _keys_block(x, sq, rows, m, rows, m, keys, True, is_l2)
+        for a in range(m):
+            r = rows[a]
+            for b in range(a + 1, m):
+                c = rows[b]
+                _offer(ids[r], dists[r], is_new[r], c, keys[a, b])
+                _offer(ids[c], dists[c], is_new[c], r, keys[a, b])
 
 
 @njit(cache=True, parallel=True, fastmath=FAST)
@@ -128,9 +140,6 @@ def fill_random(x, sq, ids, dists, is_new, seed, is_l2):
 @njit(cache=True, inline="always")
 def _offer(ids, dists, is_new, c, key):
     """Insert ``c`` into a sorted list if it beats the last entry and is not listed yet."""
-    if key >= dists[ids.size - 1]:
+    if key >= dists[ids.size - 1] or _holds(ids, ids.size, c):
         return
-    for j in range(ids.size):
-        if ids[j] == c:
-            return
     place(ids, dists, is_new, c, key)
