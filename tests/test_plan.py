@@ -119,7 +119,7 @@ def test_one_worker_keeps_the_largest_shards_and_several_split_three_into_four()
 
 
 @pytest.mark.parametrize("run", [
-    # measured on one H200, 2026-11-26 (BENCHMARKS.md): rows, shard rows, workers, GNND s, GGM s, merges, GB read, written
+    # one H200, 2026-11-26 (BENCHMARKS.md): rows, shard rows, workers, GNND s, GGM s, merges, GB read, written
     ("T2, 10 shards", 10_000_000, 1_000_000, 1, 4.854, 18.431, 45, 3.84, 7.68),
     ("50M, 3 shards, 1 GPU", 50_000_000, 16_666_667, 1, 23.051, 30.149, 3, 19.2, 38.4),
 ])
