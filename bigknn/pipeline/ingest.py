@@ -133,8 +133,9 @@ def ingest(store_path: Path, inputs: list[Path], backends: list[Backend], report
     files = [vf for p in inputs if (vf := _open_input(p, listed, report, reporter)) is not None]
     for vf in files:  # headers of every file first: fail fast
         _check_compatible(store, vf)
-    _check_id_room(store, [vf for vf in files if _seen(store, vf) is None])
-    _check_resources(store, [vf for vf in files if _seen(store, vf) is None], len(backends), host_mem, reporter)
+    unseen = [vf for vf in files if _seen(store, vf) is None]
+    _check_id_room(store, unseen)
+    _check_resources(store, unseen, len(backends), host_mem, reporter)
     checked = []
     t = time.perf_counter()
     for vf in files:

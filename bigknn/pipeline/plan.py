@@ -167,7 +167,6 @@ def auto_shard_rows(backends, dim: int, itemsize: int, params: GnndParams, gpu_m
     return largest_shard_rows(min(budgets), dim, itemsize, params) if budgets else CPU_SHARD_ROWS
 
 
-
 def merge_rounds(shards: int, workers: int) -> int:
     """Rounds of side-by-side merges the pipeline's Scheduler runs for all pairs of ``shards`` ready shards,
     ``workers`` taking a free pair at a time (merges of equal length): shards - 1 rounds of one merge each

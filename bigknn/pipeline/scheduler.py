@@ -62,8 +62,7 @@ class Scheduler:
                     item = self.shards.popleft()
                     self.cond.notify_all()
                     return "gnnd", item
-                free = [p for p in self.pending if p[0] in self.ready and p[1] in self.ready
-                        and p[0] not in self.busy and p[1] not in self.busy]
+                free = self._free()
                 pair = None
                 if free:
                     pair = (choose(free) if choose is not None
@@ -79,7 +78,12 @@ class Scheduler:
     def has_free_pair(self) -> bool:
         """Whether a pending pair is ready and touches no running merge (next_task would hand it out now)."""
         with self.cond:
-            return any(p[0] in self.ready and p[1] in self.ready and not self.busy & set(p) for p in self.pending)
+            return bool(self._free())
+
+    def _free(self) -> list[Pair]:
+        """The pending pairs both of whose shards are ready and in no running merge (the lock held)."""
+        return [p for p in self.pending if p[0] in self.ready and p[1] in self.ready
+                and p[0] not in self.busy and p[1] not in self.busy]
 
     def shard_ready(self, sid: int) -> None:
         with self.cond:
