@@ -37,9 +37,9 @@ class SampleTruth:
 
     @classmethod
     def draw(cls, vf: VectorFile, m: Manifest, seed: int, size: int = ESTIMATE_ROWS) -> "SampleTruth":
-        """A seeded sample of the input's rows, read (memory-mapped, row by row) and prepared as stored."""
+        """A seeded sample of the input's rows, read (their pages asked for at once) and prepared as stored."""
         rows = np.sort(np.random.default_rng((seed, 2)).choice(vf.rows, size=min(size, vf.rows), replace=False))
-        raw = np.concatenate([vf.read(int(r), int(r) + 1) for r in rows])
+        raw = vf.take(rows)
         x = prepare_rows(raw, m.metric).astype(np.dtype(m.dtype), copy=False)
         return cls(rows.astype(np.int64), np.ascontiguousarray(x), m.metric, m.k)
 

@@ -1,7 +1,8 @@
 """The sharding pass: input rows -> checked, prepared shard vectors in the store, streamed to GNND.
 
-One pass over the input file: a reader thread reads each shard's rows, refuses bad rows (NaN/Inf, norms
-that overflow) and prepares them for the metric; a small pool writes them to the store; another thread
+One pass over the input file: a reader thread has each shard's rows read in blocks by a pool (copies and
+checks release the GIL, and a cold file gets several reads in flight), bad rows (NaN/Inf, norms that
+overflow) refused and the rows prepared for the metric; a small pool writes them to the store; another thread
 hashes the file's bytes from the same mapping (hashlib releases the GIL), and a file that changed while
 it was read is refused. Each shard is handed on, vectors in memory, as soon as it is on disk, so GNND
 runs on the GPU while the rest of the file is still being sharded. The store's commits are held back for the whole
@@ -11,6 +12,7 @@ end, so a crash mid-pass leaves no half-sharded store (the rerun shards again).
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
@@ -26,6 +28,8 @@ from bigknn.pipeline.accounting import Accounting
 from bigknn.shards import ShardEntry, Store
 
 WRITES_IN_FLIGHT = 2  # shards being written while the next is read
+READ_THREADS = min(8, os.cpu_count() or 1)  # blocks of a shard read, checked and prepared at once
+READ_BLOCK_BYTES = 32 << 20  # input bytes per block
 
 
 def shard_sizes(rows: int, shard_rows: int, k: int) -> list[int]:
@@ -52,7 +56,7 @@ def stream_shards(store: Store, vf: VectorFile, sizes: list[int], acct: Accounti
     def produce() -> None:
         try:
             with store.deferred_commits(), ThreadPoolExecutor(1) as hasher, \
-                    ThreadPoolExecutor(WRITES_IN_FLIGHT) as writers:
+                    ThreadPoolExecutor(WRITES_IN_FLIGHT) as writers, ThreadPoolExecutor(READ_THREADS) as readers:
                 digest = hasher.submit(file_sha256, vf)
                 m = store.manifest
                 offset, first, start = m.rows, len(m.shards), 0
@@ -66,12 +70,8 @@ def stream_shards(store: Store, vf: VectorFile, sizes: list[int], acct: Accounti
                     put((entry, x))
 
                 for i, rows in enumerate(sizes):
-                    if layout is None:
-                        raw = vf.read(start, start + rows)
-                        check_rows(vf.path, start, raw)
-                    else:  # the labelling pass checked every row, from this mapping (check_unchanged below)
-                        raw = vf.take(layout[i])
-                    x = np.ascontiguousarray(prepare_rows(raw, m.metric).astype(np.dtype(m.dtype), copy=False))
+                    x = shard_vectors(vf, readers, m.metric, np.dtype(m.dtype), start, rows,
+                                      None if layout is None else layout[i])
                     entry = ShardEntry(id=first + i, offset=offset + start, rows=rows)
                     row_ids = None if layout is None else layout[i]
                     in_flight.append((entry, x, writers.submit(_write_shard, store, entry.id, x, row_ids)))
@@ -114,6 +114,30 @@ def stream_shards(store: Store, vf: VectorFile, sizes: list[int], acct: Accounti
         finally:
             stop.set()
             thread.join()
+
+
+def shard_vectors(vf: VectorFile, pool: ThreadPoolExecutor, metric: str, dtype: np.dtype, start: int, rows: int,
+                  layout: np.ndarray | None = None) -> np.ndarray:
+    """A shard's vectors as stored: input rows [start, start + rows), checked and prepared for ``metric``, or
+    the input rows ``layout`` (a partitioned shard: the labelling pass checked them), read in blocks by
+    ``pool``. One thread took 3.9 s for 10M x 96 float32 on the device, about 1 GB/s; the first bad row in
+    file order is the one named."""
+    x = np.empty((rows, vf.dim), dtype)
+    step = max(1, READ_BLOCK_BYTES // (vf.dim * vf.read_dtype.itemsize))
+
+    def block(a: int) -> None:
+        part = x[a:a + step]
+        if layout is None:
+            part[...] = vf.data[start + a:start + a + len(part)]  # one copy, cast as stored
+            check_rows(vf.path, start + a, part)
+        else:
+            part[...] = vf.take(layout[a:a + len(part)])
+        if (prepared := prepare_rows(part, metric)) is not part:
+            part[...] = prepared
+
+    for done in [pool.submit(block, a) for a in range(0, rows, step)]:
+        done.result()  # in file order, so that an error names the first bad row
+    return x
 
 
 def _write_shard(store: Store, sid: int, x: np.ndarray, row_ids: np.ndarray | None) -> None:
