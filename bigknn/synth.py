@@ -14,6 +14,9 @@ from typing import Iterator
 import numpy as np
 
 BLOCK_ROWS = 65536
+# integer rows: x*10 + centre, rounded and clipped into the type's range (the data has a per-coordinate std near 4)
+INT_SCALE = 10.0
+INT_CENTRE = {np.dtype(np.uint8): 128.0, np.dtype(np.int8): 0.0}
 
 
 def synth_blocks(rows: int, dim: int, clusters: int = 200, intrinsic_dim: int = 12, seed: int = 0,
@@ -57,3 +60,12 @@ def synth_blocks(rows: int, dim: int, clusters: int = 200, intrinsic_dim: int = 
 def synth(rows: int, dim: int, clusters: int = 200, intrinsic_dim: int = 12, seed: int = 0) -> np.ndarray:
     """The whole clustered set in memory (for tests and in-memory benchmarks)."""
     return np.concatenate(list(synth_blocks(rows, dim, clusters, intrinsic_dim, seed)))
+
+
+def as_dtype(x: np.ndarray, dtype: np.dtype | str) -> np.ndarray:
+    """Synthetic float rows as ``dtype``: floats cast, uint8 / int8 quantised (INT_SCALE, INT_CENTRE)."""
+    dtype = np.dtype(dtype)
+    if dtype in INT_CENTRE:
+        info = np.iinfo(dtype)
+        x = np.clip(np.rint(x * INT_SCALE + INT_CENTRE[dtype]), info.min, info.max)
+    return x.astype(dtype)

@@ -106,7 +106,7 @@ def test_plan_speaks_in_human_units_and_shows_calibration_progress():
     assert re.search(r"disk +[\d.]+ TB for the store", out), out
     assert re.search(r"time +≈ [\d.]+ (years|days) on cpu", out), out
     assert "a GPU would take" in out  # a CPU estimate beyond a day says what to do instead
-    assert "calibrate: 4/4 steps (100 %)" in err, err
+    assert "calibrate: 9/9 steps (100 %)" in err, err
     as_json = run_json("plan", "--rows", 10**6, "--dim", 96, "--backend", "cpu", "--calibrate-rows", 1000)
     assert as_json["estimate_s"]["total"] > 0  # --json keeps the machine units
 
@@ -122,7 +122,7 @@ def test_progress_is_logged_every_n_seconds_off_a_terminal_and_quiet_silences_it
     assert len(lines) >= 2 and lines[-1].startswith("bigknn: build: 10/10 tasks (100 %)"), err
     plan = ["plan", "--rows", 10**6, "--dim", 8, "--backend", "cpu", "--calibrate-rows", 1000, "--json"]
     code, out, err = run_env(*plan, extra_env={"BIGKNN_LOG_EVERY_S": "0.001"})
-    assert code == 0 and "bigknn: calibrate: 4/4 steps" in err, err
+    assert code == 0 and "bigknn: calibrate: 9/9 steps" in err, err
     code, out, err = run_env(*plan, "--quiet", extra_env={"BIGKNN_LOG_EVERY_S": "0.001"})
     assert code == 0 and err == "", err
 

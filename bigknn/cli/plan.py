@@ -16,14 +16,18 @@ from bigknn.human import human_bytes, human_duration
 from bigknn.partition import METHODS as PARTITIONS
 from bigknn.partition.learn import DEFAULT_METHOD
 from bigknn.pipeline.diskrate import measure_disk
-from bigknn.pipeline.plan import (ASSUMED_PAIRS_PER_SHARD, CALIBRATION_STEPS, auto_shard_rows, calibrate,
-                                  pairs_per_shard_from_store, plan as make_plan, rates_from_store,
-                                  spread_for_workers)
+from bigknn.pipeline.calibrate import (EXPONENT_RANGE, calibrate, calibration_sizes, calibration_steps,
+                                       rates_from_store, sample_rows)
+from bigknn.pipeline.plan import (ASSUMED_PAIRS_PER_SHARD, auto_shard_rows, pairs_per_shard_from_store,
+                                  plan as make_plan, spread_for_workers)
 from bigknn.pipeline.steps import physical_memory
 from bigknn.shards import Store
 
 DTYPES = ("float32", "float16", "uint8", "int8")
 SLOW_ON_CPU_S = 86400.0  # a CPU estimate above this gets a note that a GPU is the tool for the job
+# rows of the larger calibration shard (its merge takes seconds): the planned shard's up to this on a GPU
+GPU_CALIBRATION_ROWS = 4_000_000
+CPU_CALIBRATION_ROWS = 20_000  # and this on the CPU
 
 
 @click.command()
@@ -38,7 +42,8 @@ SLOW_ON_CPU_S = 86400.0  # a CPU estimate above this gets a note that a GPU is t
 @click.option("--store", type=click.Path(path_type=Path), default=None,
               help="Take rates from this store's recorded timings instead of calibrating.")
 @click.option("--calibrate-rows", type=click.IntRange(min=1000), default=None,
-              help="Rows of the calibration shard (default 1M on a GPU, 20K on the CPU).")
+              help="Rows of the larger calibration shard; the other has a quarter of them (default: the planned "
+                   "shard's up to 4M on a GPU, 20K on the CPU; at most half of INPUT's rows).")
 @click.option("--disk-gbps", type=click.FloatRange(min=0.001), default=None,
               help="Disk bandwidth (GB/s, read and write) to assume instead of measuring it (256 MiB written "
                    "and read back uncached in INPUT's directory, else the current one).")
@@ -68,6 +73,7 @@ def plan(input: Path | None, rows: int | None, dim: int | None, dtype: str, k: i
       bigknn plan --rows 1000000000 --dim 96 --store t2.knn --shard-rows 50000000
       bigknn plan --rows 1000000000 --dim 96 --k 32 --partition kmeans --store t2.knn
     """
+    vf = None
     if input is not None:
         vf = open_vectors(input)
         rows, dim, itemsize = vf.rows, vf.dim, vf.read_dtype.itemsize
@@ -99,15 +105,19 @@ def plan(input: Path | None, rows: int | None, dim: int | None, dtype: str, k: i
     if measured is not None:
         rates = rates_from_store(measured)
     else:
-        c_rows = calibrate_rows or (1_000_000 if backends[0].name == "cuda" else 20_000)
-        with reporter_for(as_json).phase("calibrate", CALIBRATION_STEPS, "steps") as advance:
-            rates = calibrate(backends[0], c_rows, dim, params, advance)
+        on_gpu = backends[0].name == "cuda"
+        c_rows = calibrate_rows or (min(shard_rows, GPU_CALIBRATION_ROWS) if on_gpu else CPU_CALIBRATION_ROWS)
+        c_rows = min(c_rows, rows // 2) if vf is not None else c_rows
+        sizes = calibration_sizes(c_rows, params.width())
+        x, what = sample_rows(vf, 2 * c_rows, dim, dtype)
+        with reporter_for(as_json).phase("calibrate", calibration_steps(sizes), "steps") as advance:
+            rates = calibrate(backends[0], x, sizes, params, what, advance=advance)
     result = make_plan(rows, dim, itemsize, params, min(shard_rows, rows), len(backends), rates, disk, partition,
                        pairs_per_shard, assumptions)
     if as_json:
         emit(result, as_json, "plan")
     else:
-        show(result, backends[0].name, dtype if input is None else vf.read_dtype.name)
+        show(result, backends[0].name, dtype if vf is None else vf.read_dtype.name)
 
 
 def show(p: dict, backend: str, dtype: str) -> None:
@@ -126,10 +136,12 @@ def show(p: dict, backend: str, dtype: str) -> None:
         f"in all; the shard cache holds {p['cached_shards']:,} of {p['shards']:,} shards",
         f"  GPU memory   {human_bytes(p['gpu_bytes_per_worker'])} per worker" if backend == "cuda" else
         f"  GPU memory   {human_bytes(p['gpu_bytes_per_worker'])} per worker, if built on a GPU",
-        f"  time         ≈ {human_duration(est['total'])} on {backend}: GNND {human_duration(est['gnnd'])}, merges "
-        f"{human_duration(est['ggm'])}, disk I/O {human_duration(est['io'])} (overlapped with compute)",
-        f"  rates        {rates['source']}: GNND {rates['gnnd_rows_per_s']:,} rows/s, merges "
-        f"{rates['ggm_rows_per_s']:,} rows/s",
+        f"  time         ≈ {human_duration(est['total'])} on {backend}: first shards read "
+        f"{human_duration(est['start'])}, GNND {human_duration(est['gnnd'])}, merges {human_duration(est['ggm'])}, "
+        f"last graphs written {human_duration(est['end'])}; disk I/O {human_duration(est['io'])} (overlapped)",
+        f"  rates        GNND {rates['gnnd_rows_per_s']:,} rows/s, merges {rates['ggm_rows_per_s']:,} pair rows/s "
+        f"at shards of {rates['at_rows']:,} rows",
+        f"  measured     {rates['source']}: " + scaling(rates),
         f"  disk rates   read {disk['read_gbps']} GB/s, write {disk['write_gbps']} GB/s ({disk['source']})",
         f"  assumed      host RAM {human_bytes(assumed['host_ram_bytes'])}"
         + (f", GPU memory {human_bytes(assumed['gpu_bytes'])}" if assumed["gpu_bytes"] else "")
@@ -141,3 +153,14 @@ def show(p: dict, backend: str, dtype: str) -> None:
                      "that; run `bigknn plan` on a GPU machine (or with --store of a store built there) to see")
     click.echo("\n".join(lines))
 
+
+def scaling(rates: dict) -> str:
+    """Where the plan's rates came from: the measured sizes' rates and the power law that scaled them."""
+    points = rates["points"] or [{"rows": rates["measured_at_rows"], **{
+        k: rates[f"measured_{k}"] for k in ("gnnd_rows_per_s", "ggm_rows_per_s")}}]
+    measured = "; ".join(f"GNND {p['gnnd_rows_per_s']:,}, merges {p['ggm_rows_per_s']:,} at {p['rows']:,} rows"
+                         for p in points)
+    if rates["gnnd_exponent"] is None:
+        return f"{measured} (one size: not scaled to the planned one)"
+    return (f"{measured}; scaled as rows^-b, b {rates['gnnd_exponent']} (GNND), {rates['ggm_exponent']} "
+            f"(merges), clamped to {list(EXPONENT_RANGE)}")

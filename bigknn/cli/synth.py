@@ -11,12 +11,9 @@ import numpy as np
 from bigknn.cli.common import emit, json_option, reporter_for
 from bigknn.errors import BadInput
 from bigknn.formats import vectors_writer
-from bigknn.synth import synth_blocks
+from bigknn.synth import as_dtype, synth_blocks
 
-# integer outputs: x*10 + centre, rounded and clipped (the data has a per-coordinate std near 4)
-INT_SCALE = 10.0
-INT_CENTRE = {".u8bin": (128.0, np.uint8, 0, 255), ".i8bin": (0.0, np.int8, -128, 127)}
-FLOAT_DTYPES = {".fbin": np.float32, ".npy": np.float32, ".f16bin": np.float16}
+DTYPES = {".fbin": np.float32, ".npy": np.float32, ".f16bin": np.float16, ".u8bin": np.uint8, ".i8bin": np.int8}
 
 
 @click.command()
@@ -46,22 +43,20 @@ def synth(out: Path, rows: int, dim: int, clusters: int, intrinsic_dim: int, see
       bigknn synth new.fbin --rows 10000 --dim 96 --first-row 100000   # new rows for data.fbin's store
     """
     ext = out.suffix.lower()
-    if ext not in FLOAT_DTYPES and ext not in INT_CENTRE:
+    if ext not in DTYPES:
         raise click.BadParameter(f"{out}: write .fbin, .f16bin, .u8bin, .i8bin or .npy", param_hint="OUT")
     if out.exists() and not force:
         raise BadInput(out, "exists; pass --force to replace it")
-    dtype = FLOAT_DTYPES.get(ext) or INT_CENTRE[ext][1]
+    dtype = DTYPES[ext]
     t0 = time.perf_counter()
     reporter = reporter_for(as_json)
     with vectors_writer(out, rows, dim, dtype) as mm, reporter.phase("synth", rows, "rows") as advance:
         start = 0
         for block in synth_blocks(rows, dim, clusters, intrinsic_dim, seed, first_row=first_row):
-            if ext in INT_CENTRE:
-                centre, _, lo, hi = INT_CENTRE[ext]
-                block = np.clip(np.rint(block * INT_SCALE + centre), lo, hi)
-            mm[start:start + len(block)] = block.astype(dtype)
+            mm[start:start + len(block)] = as_dtype(block, dtype)
             start += len(block)
             advance(len(block))
     emit({"file": str(out), "rows": rows, "dim": dim, "dtype": np.dtype(dtype).name, "clusters": clusters,
-          "intrinsic_dim": intrinsic_dim, "seed": seed, "first_row": first_row, "wall_s": round(time.perf_counter() - t0, 3)},
+          "intrinsic_dim": intrinsic_dim, "seed": seed, "first_row": first_row,
+          "wall_s": round(time.perf_counter() - t0, 3)},
          as_json, "synth")

@@ -1,17 +1,24 @@
 """``bigknn plan``: size a build before starting it: shards, merges, disk, memory, and time.
 
-Time comes from rates measured on this machine: a store's recorded timings (``--store``: seconds of GNND
-per shard row, of GGM per merged pair row), or a short calibration run (GNND of one synthetic shard and
-one merge of two). GNND time grows linearly with shard rows, a merge's with its two shards' rows, so
+Time comes from rates measured on this machine (bigknn/pipeline/calibrate.py): a store's recorded timings
+(``--store``: seconds of GNND per shard row, of GGM per merged pair row), or a short calibration run on the
+input's own rows (GNND of shards and a merge of two, at two sizes, scaled to the planned shard size along
+the power law through them). GNND time grows linearly with shard rows, a merge's with its two shards' rows:
 
-    time = S * R / gnnd_rate + M * 2R / ggm_rate        (divided by the number of workers)
+    compute = S * R / gnnd_rate / min(W, S) + merge wall;  merge wall = rounds * 2R / ggm_rate
 
-for S shards of R rows and M merges: S(S-1)/2 for contiguous shards, S x pairs-per-shard for a partitioned
-build (bigknn/partition/; the rate is a store's measured plan, or an assumption the plan states). Disk reads
-and writes (at measured rates) overlap with compute, so the I/O time only counts where it is the larger.
-They are what the pipeline does: the input read once (twice when partitioned: labelling, then sharding) and
-its rows written once; a merge reads a shard only where the host cache cannot hold them all (the share it
-cannot); each shard's graph is written once at its end, again at each checkpoint while merges change it,
+for S shards of R rows on W workers; a contiguous build merges all S(S-1)/2 pairs in the rounds of
+side-by-side merges its Scheduler runs (``merge_rounds``: no two at once share a shard, so 3 shards on 2
+GPUs take 3 rounds, not 3 / 2); a partitioned build (bigknn/partition/) merges S x pairs-per-shard pairs
+(the rate is a store's measured plan, or an assumption the plan states), W at a time. Disk reads and
+writes (at measured rates) overlap with compute, except at the ends: no GPU starts before its first shard
+is read (one shard per worker), and the last merge's two graphs are written after it ends, so
+
+    total = max(start + compute + end, I/O)
+
+The I/O is what the pipeline does: the input read once (twice when partitioned: labelling, then sharding)
+and its rows written once; a merge reads a shard only where the host cache cannot hold them all (the share
+it cannot); each shard's graph is written once at its end, again at each checkpoint while merges change it,
 and when it is evicted unwritten. T2 (10 shards, all cached, shorter than a checkpoint): 3.84 GB read and
 7.68 GB written, as measured; every merge reading and writing both shards would be 73 and 42 GB.
 """
@@ -19,70 +26,27 @@ and when it is evicted unwritten. T2 (10 shards, all cached, shorter than a chec
 from __future__ import annotations
 
 import math
-import time
-from typing import Callable
 
-import numpy as np
-
-from bigknn.backends import Backend
-from bigknn.errors import BadInput
-from bigknn.graph import KnnGraph, ShardPart
 from bigknn.params import GnndParams
 from bigknn.partition.assign import shard_count
+from bigknn.pipeline.calibrate import rate_at
 from bigknn.pipeline.schedule import pending_pairs, round_robin
 from bigknn.pipeline.scheduler import Scheduler
 from bigknn.pipeline.steps import cache_parts
 from bigknn.pipeline.writer import checkpoint_s
 from bigknn.shards import Store
-from bigknn.synth import synth
 
 CPU_SHARD_ROWS = 1_000_000  # shard size on the CPU backend, where no device memory bounds it
 # merges per shard of a partitioned build when no store's plan is at hand: the clustered synth (200K x 96, 17
 # shards, recall 0.99) plans 39 pairs (2.3 per shard); data with less locality needs more
 ASSUMED_PAIRS_PER_SHARD = 2.3
+SIMULATED_SHARDS = 40  # merge_rounds replays the Scheduler up to this many shards (0.2 s), counts beyond
 
 
 def pairs_per_shard_from_store(store: Store) -> float | None:
     """Merges per shard of a partitioned store's committed plan (None: contiguous, or not planned yet)."""
     m = store.manifest
     return len(m.pairs) / len(m.shards) if m.partition is not None and m.pairs is not None else None
-
-
-def rates_from_store(store: Store) -> dict:
-    """Rows per second of GNND and of GGM (pair rows) from a store's recorded timings."""
-    m = store.manifest
-    t = m.timings
-    rows = {s.id: s.rows for s in m.shards}
-    pair_rows = sum(rows[i] + rows[j] for i, j in m.merged)
-    if not t.get("gnnd") or not t.get("ggm") or not pair_rows:
-        raise BadInput(store.path, "no recorded GNND and GGM timings to take rates from (a finished build has them)")
-    return {"gnnd_rows_per_s": m.rows / t["gnnd"], "ggm_rows_per_s": pair_rows / t["ggm"],
-            "source": f"timings of {store.path}"}
-
-
-CALIBRATION_STEPS = 4  # warm-up, GNND of each of two shards, their merge
-
-
-def calibrate(backend: Backend, rows: int, dim: int, params: GnndParams,
-              advance: Callable[[int], None] = lambda n: None) -> dict:
-    """Time GNND on a synthetic shard of ``rows`` rows and one GGM of two such shards; ``advance(1)`` after
-    each of the CALIBRATION_STEPS steps (a progress bar or log line: on the CPU this takes a while)."""
-    x = synth(2 * rows, dim, seed=7)
-    backend.gnnd(x[: min(rows, 4096)], "l2", params, seed=0)  # compilation and warm-up
-    advance(1)
-    t = time.perf_counter()
-    ga = backend.gnnd(x[:rows], "l2", params, seed=1)
-    t_gnnd = time.perf_counter() - t
-    advance(1)
-    gb = backend.gnnd(x[rows:], "l2", params, seed=2)
-    gb = KnnGraph(np.where(gb.ids >= 0, gb.ids + rows, -1).astype(gb.ids.dtype), gb.dists)
-    advance(1)
-    t = time.perf_counter()
-    backend.ggm(ShardPart(0, x[:rows], ga), ShardPart(rows, x[rows:], gb), "l2", params, seed=3)
-    t_ggm = time.perf_counter() - t
-    advance(1)
-    return {"gnnd_rows_per_s": rows / t_gnnd, "ggm_rows_per_s": 2 * rows / t_ggm,
-            "source": f"calibration on {backend.name}: {rows} rows x {dim}"}
 
 
 def plan(rows: int, dim: int, itemsize: int, params: GnndParams, shard_rows: int, workers: int, rates: dict,
@@ -102,20 +66,28 @@ def plan(rows: int, dim: int, itemsize: int, params: GnndParams, shard_rows: int
     row_bytes = dim * itemsize
     graph_row = width * 8
     shard_bytes = r * (row_bytes + graph_row)
-    gnnd_s = shards * r / rates["gnnd_rows_per_s"]
-    ggm_s = merges * 2 * r / rates["ggm_rows_per_s"]
-    compute_s = (gnnd_s + ggm_s) / workers
+    gnnd_rate, ggm_rate = rate_at(rates, "gnnd", r), rate_at(rates, "ggm", r)
+    gnnd_s = shards * r / gnnd_rate
+    merge_s = 2 * r / ggm_rate  # one merge of two shards
+    merge_wall = (merge_rounds(shards, workers) * merge_s if partition == "contiguous"
+                  else merges * merge_s / workers)
+    gnnd_wall = gnnd_s / min(workers, shards)  # one shard's GNND runs on one worker
+    compute_s = gnnd_wall + merge_wall
     input_passes = 1 if partition == "contiguous" else 2  # a partitioned build labels every row first
     cached = cache_parts(shard_bytes, workers, host_mem)
     misses = 0.0 if cached >= shards else merges * 2 * (1 - cached / shards)  # shards read back for merges
     # rewrites while merges change graphs: each checkpoint's (the clock starts at the first GNND result) and
     # each eviction of an unwritten graph, at most one per merge result (what an interval of 0 writes)
     interval = checkpoint_s()
-    checkpoints = int(max(0.0, compute_s - r / rates["gnnd_rows_per_s"]) // interval) if interval > 0 else merges
+    checkpoints = int(max(0.0, compute_s - r / gnnd_rate) // interval) if interval > 0 else merges
     graph_writes = shards + min(checkpoints * shards + misses, 2 * merges)
     read_bytes = input_passes * rows * row_bytes + misses * shard_bytes
     written_bytes = rows * row_bytes + graph_writes * r * graph_row
-    io_s = read_bytes / (disk["read_gbps"] * 1e9) + written_bytes / (disk["write_gbps"] * 1e9)
+    read_bps, write_bps = disk["read_gbps"] * 1e9, disk["write_gbps"] * 1e9
+    io_s = read_bytes / read_bps + written_bytes / write_bps
+    start_s = min(workers, shards) * r * row_bytes / read_bps  # each worker's first shard, read before its GNND
+    end_s = (2 if merges else 1) * r * graph_row / write_bps  # the last merge's graphs (or the one GNND's)
+    total_s = max(start_s + compute_s + end_s, io_s)
     return {
         "rows": rows, "dim": dim, "k": params.k, "list_width": width, "partition": partition, "shards": shards,
         "shard_rows": r, "merges": merges, "all_pairs": shards * (shards - 1) // 2,
@@ -125,12 +97,23 @@ def plan(rows: int, dim: int, itemsize: int, params: GnndParams, shard_rows: int
         "gpu_bytes_per_worker": merge_gpu_bytes(r, dim, itemsize, params),
         "io_bytes": round(read_bytes + written_bytes), "read_bytes": round(read_bytes),
         "written_bytes": round(written_bytes),
-        "estimate_s": {"gnnd": round(gnnd_s / workers, 1), "ggm": round(ggm_s / workers, 1),
-                       "io": round(io_s, 1), "total": round(max(compute_s, io_s), 1)},
-        "estimate_h": round(max(compute_s, io_s) / 3600, 2),
-        "rates": {k: (round(v) if isinstance(v, float) else v) for k, v in rates.items()},
+        "estimate_s": {"start": round(start_s, 1), "gnnd": round(gnnd_wall, 1), "ggm": round(merge_wall, 1),
+                       "end": round(end_s, 1), "io": round(io_s, 1), "total": round(total_s, 1)},
+        "estimate_h": round(total_s / 3600, 2),
+        "rates": planned_rates(rates, r, gnnd_rate, ggm_rate),
         "assumptions": {"disk": disk, **(assumptions or {})},
     }
+
+
+def planned_rates(rates: dict, shard_rows: int, gnnd_rate: float, ggm_rate: float) -> dict:
+    """The plan's "rates": those it used (at its shard size) and what they came from: the measured rates
+    (at ``measured_at_rows``), each calibration size's, and the exponents that scaled them."""
+    measured = {f"measured_{k}": round(rates[k]) for k in ("gnnd_rows_per_s", "ggm_rows_per_s")}
+    exponents = {k: None if rates.get(k) is None else round(rates[k], 3) for k in ("gnnd_exponent", "ggm_exponent")}
+    return {"source": rates.get("source", "given"), "gnnd_rows_per_s": round(gnnd_rate),
+            "ggm_rows_per_s": round(ggm_rate), "at_rows": shard_rows, **measured,
+            "measured_at_rows": rates.get("at_rows"), **exponents,
+            "points": [{k: round(v) for k, v in p.items()} for p in rates.get("points", [])]}
 
 
 def merge_gpu_bytes(shard_rows: int, dim: int, itemsize: int, params: GnndParams) -> int:
@@ -170,7 +153,12 @@ def auto_shard_rows(backends, dim: int, itemsize: int, params: GnndParams, gpu_m
 def merge_rounds(shards: int, workers: int) -> int:
     """Rounds of side-by-side merges the pipeline's Scheduler runs for all pairs of ``shards`` ready shards,
     ``workers`` taking a free pair at a time (merges of equal length): shards - 1 rounds of one merge each
-    make a single worker's, fewer of several merges make a multi-GPU run's."""
+    make a single worker's, fewer of several merges make a multi-GPU run's. Replayed on the Scheduler up to
+    SIMULATED_SHARDS shards (its cost grows as shards^4: 300 shards took 7 minutes); beyond, where nearly every
+    round is full, the rounds of full ones."""
+    pairs = shards * (shards - 1) // 2
+    if workers < 2 or shards > SIMULATED_SHARDS:
+        return -(-pairs // max(1, min(workers, shards // 2)))
     sched = Scheduler(pending_pairs(shards, set()), ready=range(shards))  # in the build's order
     rounds = 0
     while sched.pending:
