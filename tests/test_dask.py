@@ -238,3 +238,17 @@ def test_each_attempt_claims_its_own_version(reference, tmp_path):
     first, second = claim_version(store, 0, current), claim_version(store, 0, current)
     assert current < first < second
     assert (store.path / "shards" / "0" / "graph" / str(second)).is_dir()
+
+
+def test_automatic_shards_spread_over_the_cluster_workers(cluster):
+    """An automatic shard size is spread over the cluster's workers (one GPU each), not over the client's
+    own backends: 50M x 96 on two dask-cuda workers took the one-GPU size (3 shards, merged one at a time)."""
+    from bigknn.backends import get_backends
+    from bigknn.cluster.connect import use_scheduler
+    from bigknn.pipeline.build import worker_count
+    from bigknn.progress import Reporter
+
+    backends = get_backends("cpu", None, None)
+    assert worker_count(backends) == len(backends) == 1
+    with use_scheduler(cluster.scheduler.address, "cpu", None, Reporter()):
+        assert worker_count(backends) == 2

@@ -36,6 +36,10 @@ class Cluster:
     backend: str
     gpu_mem: int | None
 
+    def workers(self) -> int:
+        """Worker processes: one GPU each under dask-cuda, what an automatic shard size spreads over."""
+        return max(1, len(self.client.nthreads()))
+
     def slots(self) -> int:
         """Tasks to keep in flight: one per worker thread (``TASK_THREADS`` a worker: while one computes on
         its GPU or cores, the other reads or writes)."""
