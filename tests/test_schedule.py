@@ -61,3 +61,46 @@ def test_shard_sizes_examples():
     assert shard_sizes(24_000, 4000, 32) == [4000] * 6
     assert shard_sizes(10, 3, 2) == [4, 3, 3]
     assert shard_sizes(5, 1_000_000, 4) == [5]
+
+
+def test_a_pair_whose_shards_are_cached_comes_before_one_sharing_the_last_pair():
+    from bigknn.pipeline.scheduler import Scheduler
+
+    cached = {2, 3}
+    sched = Scheduler([(0, 1), (0, 4), (2, 3)], ready=range(5), held=cached.__contains__)
+    assert sched.next_task(prefer={0})[1] == (2, 3)
+    assert sched.upcoming(prefer={0}, count=2) == [(0, 1), (0, 4)]  # then the last pair's shard, in order
+    assert Scheduler([(0, 1), (0, 4), (2, 3)], ready=range(5)).next_task(prefer={4})[1] == (0, 4)
+
+
+def lru_loads(shards: int, capacity: int, cache_aware: bool) -> int:
+    """Shard reads of one worker merging every pair through an LRU cache of ``capacity`` shards, the pairs
+    chosen by the Scheduler (told what is cached, or not)."""
+    from collections import OrderedDict
+
+    from bigknn.pipeline.scheduler import Scheduler
+
+    lru = OrderedDict.fromkeys(range(shards - capacity, shards))  # the last GNND results are at hand
+    sched = Scheduler(pending_pairs(shards, set()), ready=range(shards),
+                      held=lru.__contains__ if cache_aware else (lambda s: False))
+    reads, last = 0, set()
+    while (task := sched.next_task(last)) is not None:
+        for s in task[1]:
+            if s not in lru:
+                reads += 1
+                lru[s] = None
+                while len(lru) > capacity:
+                    lru.popitem(last=False)
+            lru.move_to_end(s)
+        sched.release(task[1])
+        last = set(task[1])
+    return reads
+
+
+@pytest.mark.parametrize("shards, capacity", [(8, 4), (16, 6), (61, 10)])
+def test_a_cache_smaller_than_the_store_is_read_a_few_times_not_once_per_merge(shards, capacity):
+    """61 shards through 10 cached (1B x 96 on one H200 with half of 256 GB): 1,827 shard reads in the
+    schedule's order, 372 choosing cached pairs first."""
+    aware, blind = lru_loads(shards, capacity, True), lru_loads(shards, capacity, False)
+    assert aware * 3 <= blind
+    assert aware <= shards * (shards - 1) // 2 // 2  # fewer reads than half the merges

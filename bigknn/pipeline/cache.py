@@ -60,6 +60,11 @@ class ShardCache:
             with self._lock:
                 self._loading.pop(sid).set()
 
+    def holds(self, sid: int) -> bool:
+        """Whether ``sid`` is cached now, read without the lock: a hint for choosing work (the scheduler asks
+        under its own lock), never a promise."""
+        return sid in self._parts
+
     def peek(self, sid: int) -> ShardPart | None:
         """The cached part of ``sid`` if it is here; never reads."""
         with self._lock:

@@ -15,12 +15,15 @@ class Scheduler:
     """The work of a run as tasks for the workers: GNND of each shard that arrives, and the merge of each
     pending pair once both its shards have a graph ("ready") and no running merge touches either.
 
-    GNND comes first (it unblocks pairs and frees the memory of queued shards). Among the pairs, one that
-    shares a shard with the worker's previous pair is preferred (that shard is at hand).
+    GNND comes first (it unblocks pairs and frees the memory of queued shards). Among the pairs, one whose
+    shards are ``held`` (in the host cache: no read) is preferred, then one that shares a shard with the
+    worker's previous pair. Without the first rule a cache of 4 of 8 shards read a shard for nearly every
+    merge (56 reads for 28 merges).
     """
 
     def __init__(self, pairs: list[tuple[int, int]], ready: Iterable[int], feeding: bool = False,
-                 queue_limit: int = 2):
+                 queue_limit: int = 2, held: Callable[[int], bool] = lambda sid: False):
+        self.held = held
         self.pending = list(pairs)
         self.ready = set(ready)
         self.busy: set[int] = set()
@@ -65,8 +68,7 @@ class Scheduler:
                 free = self._free()
                 pair = None
                 if free:
-                    pair = (choose(free) if choose is not None
-                            else max(free, key=lambda p: (p[0] in prefer) + (p[1] in prefer)))
+                    pair = choose(free) if choose is not None else max(free, key=lambda p: self._rank(p, prefer))
                 if pair is not None:
                     self.pending.remove(pair)
                     self.busy.update(pair)
@@ -79,6 +81,10 @@ class Scheduler:
         """Whether a pending pair is ready and touches no running merge (next_task would hand it out now)."""
         with self.cond:
             return bool(self._free())
+
+    def _rank(self, pair: Pair, prefer: set[int]) -> tuple[int, int]:
+        """How cheap a pair is to start: its shards at hand, then its shards shared with ``prefer``."""
+        return self.held(pair[0]) + self.held(pair[1]), (pair[0] in prefer) + (pair[1] in prefer)
 
     def _free(self) -> list[Pair]:
         """The pending pairs both of whose shards are ready and in no running merge (the lock held)."""
@@ -113,10 +119,9 @@ class Scheduler:
             return bool(self.pending or self.shards)
 
     def upcoming(self, prefer: set[int], count: int) -> list[tuple[int, int]]:
-        """The pairs likely to be taken next, those reusing ``prefer`` first (for prefetching)."""
+        """The pairs likely to be taken next, in ``next_task``'s order of preference (for prefetching)."""
         with self.cond:
-            ranked = sorted(self.pending, key=lambda p: -((p[0] in prefer) + (p[1] in prefer)))
-            return ranked[:count]
+            return sorted(self.pending, key=lambda p: self._rank(p, prefer), reverse=True)[:count]
 
     def stop(self) -> None:
         """End the run (done, or a worker failed): every waiting feeder and worker returns."""

@@ -116,14 +116,15 @@ def run_pending(store: Store, ledger: Ledger, backends: list[Backend], reporter:
     writer = Writer(store, ledger, acct, CacheSink(store, ledger, cache))
     sched = Scheduler(ledger.todo_pairs(len(shards) + len(new_sizes)),
                       ready=[s.id for s in shards if ledger.version(s.id) is not None],
-                      feeding=source is not None, queue_limit=len(backends) + 1)
+                      feeding=source is not None, queue_limit=len(backends) + 1, held=cache.holds)
     try:
         run_tasks(store, ledger, backends, reporter, acct, cache, writer, sched, source, len(todo) + len(new_sizes),
                   sample)
         if plan is not None:
             plan()
             have = [s.id for s in ledger.shards() if ledger.version(s.id) is not None or cache.peek(s.id) is not None]
-            sched = Scheduler(ledger.todo_pairs(len(ledger.shards())), ready=have, queue_limit=len(backends) + 1)
+            sched = Scheduler(ledger.todo_pairs(len(ledger.shards())), ready=have, queue_limit=len(backends) + 1,
+                              held=cache.holds)
             run_tasks(store, ledger, backends, reporter, acct, cache, writer, sched, None, 0)
     finally:
         writer.close()  # what finished is written and committed, also when a worker failed

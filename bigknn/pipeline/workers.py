@@ -8,8 +8,9 @@ parts live beside it: the shard cache (cache.py), the scheduler (scheduler.py), 
   merge's results stay on the GPU for the next pair that reuses the shard.
 * A scheduler hands out tasks: GNND of each shard as it arrives (first), and the merge of any pending pair
   whose shards both have a graph and are touched by no running merge (any order of the pairs gives the
-  same all-pairs result), preferring a pair that shares a shard with the worker's last one. So merges
-  start while the input is still being sharded.
+  same all-pairs result), preferring a pair whose shards are cached, then one that shares a shard with the
+  worker's last one. So merges start while the input is still being sharded, and a cache smaller than the
+  store reads each shard a few times, not once per merge.
 * Write-back: a GNND or merge result stays in the cache, newer than the disk ("dirty"), and is written at
   the next checkpoint (every ``checkpoint_s()`` seconds), when the cache must make room, when the shard has
   no merge left, or at the end. A shard merged several times between checkpoints is written once. A pair is
@@ -36,6 +37,8 @@ from bigknn.pipeline.scheduler import Scheduler
 from bigknn.pipeline.writer import Writer
 from bigknn.progress import Reporter
 from bigknn.shards import ShardEntry, Store
+
+PREFETCH_PAIRS = 2  # pairs whose shards are read ahead during a merge: more evicted shards still wanted
 
 
 def seed_for(*parts: int) -> int:
@@ -96,7 +99,7 @@ def run_tasks(store: Store, ledger, backends: list[Backend], reporter: Reporter,
 
     def merge(backend: Backend, name: str, pair: tuple[int, int]) -> None:
         i, j = pair
-        cache.prefetch(s for p in sched.upcoming(set(pair), cache.capacity) for s in p if s not in pair)
+        cache.prefetch(s for p in sched.upcoming(set(pair), PREFETCH_PAIRS) for s in p if s not in pair)
         a, b = cache.get(i), cache.get(j)
         # a GPU backend copies the next pair's shards during this merge
         upcoming = [cache.peek(s) for p in sched.upcoming(set(pair), 2) for s in p if s not in pair]
