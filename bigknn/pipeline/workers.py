@@ -38,8 +38,6 @@ from bigknn.pipeline.writer import Writer
 from bigknn.progress import Reporter
 from bigknn.shards import ShardEntry, Store
 
-PREFETCH_PAIRS = 2  # pairs whose shards are read ahead during a merge: more evicted shards still wanted
-
 
 def seed_for(*parts: int) -> int:
     return int(np.random.SeedSequence(list(parts)).generate_state(1)[0])
@@ -99,7 +97,7 @@ def run_tasks(store: Store, ledger, backends: list[Backend], reporter: Reporter,
 
     def merge(backend: Backend, name: str, pair: tuple[int, int]) -> None:
         i, j = pair
-        cache.prefetch(s for p in sched.upcoming(set(pair), PREFETCH_PAIRS) for s in p if s not in pair)
+        cache.prefetch(s for p in sched.upcoming(set(pair), cache.capacity) for s in p if s not in pair)
         a, b = cache.get(i), cache.get(j)
         # a GPU backend copies the next pair's shards during this merge
         upcoming = [cache.peek(s) for p in sched.upcoming(set(pair), 2) for s in p if s not in pair]
