@@ -22,33 +22,21 @@ def exact_knn(queries: np.ndarray, k: int, metric: str, blocks: Iterable[tuple[i
               compiled: bool = False) -> KnnGraph:
     """Each query's exact top-k among the blocks' rows, ids ``offset`` + row: int32 while they fit, int64 from
     the first block whose rows pass int32 (bigknn/graph.py id_dtype). ``compiled``: keys and the running
-    filter through numba (kernels.tile_topk / tile_candidates), the dot products into one reused buffer
-    (a fresh 64 MiB tile per matmul cost 5x the matmul in page faults); the same lists."""
+    top-k through numba (_compiled_knn); the same lists."""
     q = np.ascontiguousarray(queries, dtype=np.float32)
     nq = q.shape[0]
     best_ids = np.full((nq, k), EMPTY, dtype=LOCAL_ID_DTYPE)
     best_d = np.full((nq, k), np.inf, dtype=np.float32)
-    tiles = _CompiledTiles(q, metric) if compiled else None
+    if compiled:
+        return _compiled_knn(q, k, metric, blocks, best_ids, best_d)
     for offset, block in blocks:
         best_ids = best_ids.astype(np.result_type(best_ids, id_dtype(offset + block.shape[0])), copy=False)
         for c0 in range(0, block.shape[0], TILE_COLS):
             tile = np.ascontiguousarray(block[c0:c0 + TILE_COLS], dtype=np.float32)
-            if tiles is not None:
-                tiles.start(tile)
             for q0 in range(0, nq, QUERY_ROWS):
                 rows = slice(q0, q0 + QUERY_ROWS)
-                filling = np.isinf(best_d[rows, -1]).any()  # lists still filling: take each row's k best
-                if tiles is not None and filling:
-                    c, keys = tiles.topk(rows, k)
-                    _merge_topk(best_ids, best_d, rows, (c + offset + c0).astype(best_ids.dtype), keys, k)
-                    continue
-                if tiles is not None:
-                    r, c, keys = tiles.candidates(rows, best_d[rows, -1])
-                    if r.size:
-                        _merge_candidates(best_ids, best_d, q0, r, (c + offset + c0).astype(best_ids.dtype), keys, k)
-                    continue
                 keys = pairwise_keys(q[rows], tile, metric)
-                if filling:
+                if np.isinf(best_d[rows, -1]).any():  # lists still filling: take each row's k best
                     _merge_tile_topk(best_ids, best_d, rows, keys, offset + c0, k)
                     continue
                 r, c = np.nonzero(keys < best_d[rows, -1:])
@@ -57,36 +45,30 @@ def exact_knn(queries: np.ndarray, k: int, metric: str, blocks: Iterable[tuple[i
     return KnnGraph(best_ids, best_d)
 
 
-class _CompiledTiles:
-    """exact_knn's compiled tile step: dot products by BLAS into one buffer, keys and the filter by numba."""
+def _compiled_knn(q: np.ndarray, k: int, metric: str, blocks: Iterable[tuple[int, np.ndarray]],
+                  best_ids: np.ndarray, best_d: np.ndarray) -> KnnGraph:
+    """exact_knn's compiled path: dot products by BLAS into one reused buffer (a fresh 64 MiB tile per matmul
+    cost 5x the matmul in page faults), folded into the running top-k in place by kernels.tile_merge. Smaller
+    query batches, to keep the tile in cache, measured slower (256 rows: 1.6x): BLAS's and numba's thread
+    pools each spin after a call and take turns 8x as often."""
+    from bigknn.backends.cpu import kernels  # here: the NumPy reference never loads numba
 
-    def __init__(self, q: np.ndarray, metric: str):
-        from bigknn.backends.cpu import kernels  # here: the NumPy reference never loads numba
-
-        self.kernels = kernels
-        self.q = q
-        self.is_l2 = metric != "ip"
-        self.q_sq = np.einsum("ij,ij->i", q, q)  # as metrics.pairwise_keys
-        self.buf = np.empty(min(QUERY_ROWS, len(q)) * TILE_COLS, np.float32)  # shaped per tile: C order
-
-    def start(self, tile: np.ndarray) -> None:
-        self.tile = tile
-        self.t_sq = np.einsum("ij,ij->i", tile, tile)
-
-    def _dots(self, rows: slice) -> np.ndarray:
-        q = self.q[rows]
-        out = self.buf[:len(q) * len(self.tile)].reshape(len(q), len(self.tile))
-        return np.matmul(q, self.tile.T, out=out)
-
-    def topk(self, rows: slice, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Each query's min(k, tile) nearest tile columns and their keys, nearest first (lists still filling).
-        One compiled pass per row, where NumPy's argpartition of the whole 2048 x 8192 tile cost 0.4 s."""
-        return self.kernels.tile_topk(self._dots(rows), self.q_sq[rows], self.t_sq, k, self.is_l2)
-
-    def candidates(self, rows: slice, bound: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(row within ``rows``, tile column, key) of the entries below each row's ``bound``."""
-        return self.kernels.tile_candidates(self._dots(rows), self.q_sq[rows], self.t_sq,
-                                            np.ascontiguousarray(bound), self.is_l2)
+    nq = len(q)
+    is_l2 = metric != "ip"
+    q_sq = np.einsum("ij,ij->i", q, q)  # as metrics.pairwise_keys
+    step = QUERY_ROWS
+    buf = np.empty(min(step, nq) * TILE_COLS, np.float32)  # shaped per tile: C order
+    for offset, block in blocks:
+        best_ids = best_ids.astype(np.result_type(best_ids, id_dtype(offset + block.shape[0])), copy=False)
+        for c0 in range(0, block.shape[0], TILE_COLS):
+            tile = np.ascontiguousarray(block[c0:c0 + TILE_COLS], dtype=np.float32)
+            t_sq = np.einsum("ij,ij->i", tile, tile)
+            for q0 in range(0, nq, step):
+                rows = slice(q0, q0 + step)
+                qr = q[rows]
+                dots = np.matmul(qr, tile.T, out=buf[:len(qr) * len(tile)].reshape(len(qr), len(tile)))
+                kernels.tile_merge(dots, q_sq[rows], t_sq, offset + c0, best_ids[rows], best_d[rows], is_l2)
+    return KnnGraph(best_ids, best_d)
 
 
 def _merge_tile_topk(best_ids, best_d, rows, keys, first_id, k) -> None:

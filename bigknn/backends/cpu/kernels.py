@@ -446,48 +446,16 @@ def _tile_key(dot, qsq, tsq, is_l2):
 
 
 @njit(cache=True, parallel=True)
-def tile_topk(dots, qsq, tsq, k, is_l2):
-    """Each row's min(k, columns) smallest keys of a tile of dot products, nearest first (equal keys in column
-    order): (columns, keys). exact.exact_knn's first tile, while its lists still fill: an insertion into a
-    sorted k-list per entry, which after the first few hundred columns is one comparison with the k-th."""
+def tile_merge(dots, qsq, tsq, first_id, best_ids, best_d, is_l2):
+    """Fold a tile of dot products into each row's running top-k in place (exact.exact_knn, compiled): one
+    pass per row computes each key and sifts it in where it beats the k-th (equal keys after those listed,
+    in column order). One read of the tile, where a filter pass (count, then fill) and a NumPy merge of the
+    candidates took 1.4-1.5x as long (docs/perf-notes.md, cpu26)."""
     nq, nt = dots.shape
-    kk = min(k, nt)
-    cols = np.empty((nq, kk), np.int64)
-    keys = np.empty((nq, kk), np.float32)
+    k = best_ids.shape[1]
     for r in prange(nq):
-        c, d = cols[r], keys[r]
+        ids, d = best_ids[r], best_d[r]
         for j in range(nt):
             key = _tile_key(dots[r, j], qsq[r], tsq[j], is_l2)
-            if j < kk or key < d[kk - 1]:
-                _sift_in(c, d, min(j, kk - 1), j, key)
-    return cols, keys
-
-
-@njit(cache=True, parallel=True)
-def tile_candidates(dots, qsq, tsq, bound, is_l2):
-    """The entries of a tile of dot products whose key is below their row's ``bound`` (its current k-th key):
-    (rows, cols, keys), by row. One pass per row computes and compares, where NumPy made a keys tile and a
-    mask tile first."""
-    nq, nt = dots.shape
-    starts = np.zeros(nq + 1, np.int64)
-    for r in prange(nq):
-        c = 0
-        for j in range(nt):
-            if _tile_key(dots[r, j], qsq[r], tsq[j], is_l2) < bound[r]:
-                c += 1
-        starts[r + 1] = c
-    for r in range(nq):
-        starts[r + 1] += starts[r]
-    rows = np.empty(starts[nq], np.int64)
-    cols = np.empty(starts[nq], np.int64)
-    keys = np.empty(starts[nq], np.float32)
-    for r in prange(nq):
-        s = starts[r]
-        for j in range(nt):
-            key = _tile_key(dots[r, j], qsq[r], tsq[j], is_l2)
-            if key < bound[r]:
-                rows[s] = r
-                cols[s] = j
-                keys[s] = key
-                s += 1
-    return rows, cols, keys
+            if key < d[k - 1] or ids[k - 1] == EMPTY:
+                _sift_in(ids, d, k - 1, first_id + j, key)
