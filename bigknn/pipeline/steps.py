@@ -114,9 +114,12 @@ def run_pending(store: Store, ledger: Ledger, backends: list[Backend], reporter:
     biggest = max([s.rows for s in shards] + new_sizes)
     cache = ShardCache(store, ledger, cache_shards(store.manifest, store.path, biggest, len(backends), host_mem), acct)
     writer = Writer(store, ledger, acct, CacheSink(store, ledger, cache))
+    # pairs of cached shards first only where the cache cannot hold them all: elsewhere the schedule's own
+    # order, so that a build resumed before its first merge redoes the uninterrupted one bit for bit
+    held = cache.holds if cache.capacity < len(shards) + len(new_sizes) else (lambda sid: False)
     sched = Scheduler(ledger.todo_pairs(len(shards) + len(new_sizes)),
                       ready=[s.id for s in shards if ledger.version(s.id) is not None],
-                      feeding=source is not None, queue_limit=len(backends) + 1, held=cache.holds)
+                      feeding=source is not None, queue_limit=len(backends) + 1, held=held)
     try:
         run_tasks(store, ledger, backends, reporter, acct, cache, writer, sched, source, len(todo) + len(new_sizes),
                   sample)
@@ -124,7 +127,7 @@ def run_pending(store: Store, ledger: Ledger, backends: list[Backend], reporter:
             plan()
             have = [s.id for s in ledger.shards() if ledger.version(s.id) is not None or cache.peek(s.id) is not None]
             sched = Scheduler(ledger.todo_pairs(len(ledger.shards())), ready=have, queue_limit=len(backends) + 1,
-                              held=cache.holds)
+                              held=held)
             run_tasks(store, ledger, backends, reporter, acct, cache, writer, sched, None, 0)
     finally:
         writer.close()  # what finished is written and committed, also when a worker failed
