@@ -16,8 +16,8 @@ class Scheduler:
     pending pair once both its shards have a graph ("ready") and no running merge touches either.
 
     GNND comes first (it unblocks pairs and frees the memory of queued shards). Among the pairs, one whose
-    shards are ``held`` (in the host cache: no read) is preferred, then one that shares a shard with the
-    worker's previous pair. Without the first rule a cache of 4 of 8 shards read a shard for nearly every
+    shards are ``held`` (in the host cache: no read; the pipeline tells only where the cache is smaller than
+    the store) is preferred, then one that shares a shard with the worker's previous pair. Without the first rule a cache of 4 of 8 shards read a shard for nearly every
     merge (56 reads for 28 merges).
     """
 
