@@ -75,14 +75,16 @@ def _merge_tile_topk(best_ids, best_d, rows, keys, first_id, k) -> None:
     kk = min(k, keys.shape[1])
     part = np.argpartition(keys, kk - 1, axis=1)[:, :kk] if kk < keys.shape[1] else \
         np.broadcast_to(np.arange(keys.shape[1]), keys.shape)
-    _merge_topk(best_ids, best_d, rows, (part + first_id).astype(best_ids.dtype), np.take_along_axis(keys, part, axis=1),
-                k)
+    _merge_topk(best_ids, best_d, rows, (part + first_id).astype(best_ids.dtype),
+                np.take_along_axis(keys, part, axis=1), k)
 
 
 def _merge_topk(best_ids, best_d, rows, ids, keys, k) -> None:
-    """Fold each row's best entries of a tile (global ``ids``, ``keys``: (rows, <= k)) into its running top-k."""
-    ids, d = merge_lists(np.concatenate([best_ids[rows], ids], axis=1), np.concatenate([best_d[rows], keys], axis=1), k)
-    best_ids[rows], best_d[rows] = ids, d
+    """Fold entries (global ``ids``, ``keys``: one row of at most k per row of ``rows``, a slice or indices)
+    into those rows' running top-k."""
+    merged_ids, merged_d = merge_lists(np.concatenate([best_ids[rows], ids], axis=1),
+                                       np.concatenate([best_d[rows], keys], axis=1), k)
+    best_ids[rows], best_d[rows] = merged_ids, merged_d
 
 
 def _merge_candidates(best_ids, best_d, q0, r, cid, ckey, k) -> None:
@@ -98,6 +100,4 @@ def _merge_candidates(best_ids, best_d, q0, r, cid, ckey, k) -> None:
     wkey = np.full((rows_hit.size, width), np.inf, dtype=np.float32)
     wid[slot, rank[keep]] = cid[keep]
     wkey[slot, rank[keep]] = ckey[keep]
-    g = rows_hit + q0
-    ids, d = merge_lists(np.concatenate([best_ids[g], wid], axis=1), np.concatenate([best_d[g], wkey], axis=1), k)
-    best_ids[g], best_d[g] = ids, d
+    _merge_topk(best_ids, best_d, rows_hit + q0, wid, wkey, k)
