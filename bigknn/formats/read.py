@@ -101,7 +101,7 @@ class VectorFile:
     def _will_need(self, rows: np.ndarray) -> None:
         """Ask the kernel for the pages of scattered rows all at once: from a cold file they would fault in one
         at a time (2,000 rows of a 3.8 GB file: 4.8 s, against 0.05 s with this hint; measured)."""
-        if _WILL_NEED is None or not 0 < len(rows):
+        if _WILL_NEED is None or len(rows) == 0:
             return
         page = mmap.PAGESIZE
         lo = self.header_bytes + rows * self.row_bytes

@@ -22,7 +22,7 @@ import numpy as np
 from bigknn.backends import Backend
 from bigknn.errors import BadInput
 from bigknn.formats import VectorFile
-from bigknn.graph import KnnGraph, ShardPart
+from bigknn.graph import ShardPart, shard_graph_to_global
 from bigknn.metrics import kernel_metric, prepare_rows, stored_dtype
 from bigknn.params import GnndParams
 from bigknn.shards import Store
@@ -64,8 +64,7 @@ def _time_pair(backend: Backend, x: np.ndarray, rows: int, metric: str, params: 
         graphs.append(backend.gnnd(x[i * rows:(i + 1) * rows], metric, params, seed=1 + i))
         t_gnnd += time.perf_counter() - t
         advance(1)
-    gb = graphs[1]
-    gb = KnnGraph(np.where(gb.ids >= 0, gb.ids + rows, -1).astype(gb.ids.dtype), gb.dists)
+    gb = shard_graph_to_global(graphs[1], rows)
     t = time.perf_counter()
     backend.ggm(ShardPart(0, x[:rows], graphs[0]), ShardPart(rows, x[rows:2 * rows], gb), metric, params, seed=3)
     t_ggm = time.perf_counter() - t

@@ -17,8 +17,8 @@ class Scheduler:
 
     GNND comes first (it unblocks pairs and frees the memory of queued shards). Among the pairs, one whose
     shards are ``held`` (in the host cache: no read; the pipeline tells only where the cache is smaller than
-    the store) is preferred, then one that shares a shard with the worker's previous pair. Without the first rule a cache of 4 of 8 shards read a shard for nearly every
-    merge (56 reads for 28 merges).
+    the store) is preferred, then one that shares a shard with the worker's previous pair. Without the first
+    rule an LRU cache of 4 of 8 shards reads 30 shards for the 28 merges; with it, 9.
     """
 
     def __init__(self, pairs: list[tuple[int, int]], ready: Iterable[int], feeding: bool = False,
