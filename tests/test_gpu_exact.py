@@ -124,3 +124,24 @@ def test_exact_graph_takes_the_fused_kernel_for_large_sets(cuda_backend):
     ref = np.sort(keys, axis=1)[:, :32]
     got = np.take_along_axis(keys, g.ids[rows].astype(np.int64), 1)
     np.testing.assert_allclose(np.sort(got, axis=1), ref, rtol=1e-4)
+
+
+@pytest.mark.parametrize("n", [129, 301, 2501])
+def test_exact_graph_fills_lists_max_k_wide(cuda_backend, n):
+    """k = MAX_K: every list full (n - 1 > k), self excluded, ids distinct, and the keys the k smallest
+    (a descent that falls short at that width takes this graph: CI of 2026-11-26 saw 127 columns). Rows
+    5..9 repeat rows 0..4, so duplicates must neither be dropped nor mistaken for self."""
+    from bigknn.backends.cuda import exact
+    from bigknn.backends.cuda.compile import MAX_K
+
+    rng = np.random.default_rng(n)
+    x = _data(rng, n, 24, np.float32)
+    x[5:10] = x[0:5]
+    with cuda_backend.gpu.context():
+        g = exact.exact_graph(cuda_backend.gpu, x, MAX_K, "l2")
+    assert g.ids.shape == (n, MAX_K) and (g.ids >= 0).all() and (g.ids < n).all()
+    assert not (g.ids == np.arange(n)[:, None]).any()
+    assert (g.ids[0:5] == np.arange(5, 10)[:, None]).any(axis=1).all()  # each row's duplicate is a neighbour
+    keys = _keys64(x, x, "l2")
+    keys[np.arange(n), np.arange(n)] = np.inf
+    assert _check_exact(g, keys, MAX_K) >= 0.999

@@ -79,9 +79,28 @@ def exact_graph(gpu: Gpu, x, k: int, metric: str) -> KnnGraph:
     target)."""
     n = x.shape[0]
     try:
-        return _exact(gpu, x, min(k + 1, n, MAX_K), metric, [(0, x)], self_base=0)
+        if min(k + 1, n) <= MAX_K:
+            return _exact(gpu, x, min(k + 1, n), metric, [(0, x)], self_base=0)
+        return _exact_widest(gpu, x, k, metric)
     finally:
         free_pools()  # as at the end of every call of the backend
+
+
+def _exact_widest(gpu: Gpu, x, k: int, metric: str) -> KnnGraph:
+    """The exact graph k = MAX_K wide, a width whose top-(k + 1) with the row itself the kernels cannot hold:
+    each half's rows take their top k among the other half and their top k - 1 among their own half (self
+    dropped), and keep the nearest k of the two (disjoint) lists."""
+    n, h = x.shape[0], x.shape[0] // 2
+    ids, dists = np.empty((n, k), np.int32), np.empty((n, k), np.float32)
+    for lo, hi, other in ((0, h, (h, n)), (h, n, (0, h))):
+        own = _exact(gpu, x[lo:hi], k, metric, [(lo, x[lo:hi])], self_base=lo)
+        far = _exact(gpu, x[lo:hi], k, metric, [(other[0], x[other[0]:other[1]])])
+        both_ids = np.concatenate([own.ids, far.ids], axis=1)
+        both_dists = np.concatenate([own.dists, far.dists], axis=1)
+        order = np.argsort(both_dists, axis=1, kind="stable")[:, :k]
+        ids[lo:hi] = np.take_along_axis(both_ids, order, axis=1)
+        dists[lo:hi] = np.take_along_axis(both_dists, order, axis=1)
+    return KnnGraph(ids, dists)
 
 
 def exact_knn(gpu: Gpu, queries, k: int, metric: str, blocks: Iterable[tuple[int, np.ndarray]]) -> KnnGraph:
