@@ -1,5 +1,5 @@
 """CUDA diversification (prune.cu) against the NumPy reference (bigknn/backends/cpu/prune.py): the same kept
-masks and occlusion factors up to float32 near-ties, on fresh random lists of odd widths (1 to 129, EMPTY
+columns and occlusion order up to float32 near-ties, on fresh random lists of odd widths (1 to 129, EMPTY
 tails), duplicate candidates' rows, both metrics, every rule; and a whole prune on the GPU against the same
 prune on the CPU. Run with ``pytest -m gpu tests/test_gpu_prune.py``."""
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import bigknn
-from bigknn.backends.cpu.prune import diversify
+from bigknn.backends.cpu import CpuBackend
 from bigknn.graph import EMPTY
 from bigknn.search.params import DiversifyRule
 from bigknn.search.store import load_index
@@ -43,17 +43,20 @@ def _lists(rng, metric: str, rows: int, width: int, n: int = 3001, dim: int = 29
 def test_gpu_diversify_matches_the_reference(cuda_backend, metric, rule, rows, width):
     rng = np.random.default_rng(rows * 1000 + width)
     table, cands, keys, twin = _lists(rng, metric, rows, width)
-    want = diversify(cands, keys, table, metric, rule)
-    got = cuda_backend.diversify(cands, keys, table, metric, rule)
-    assert got.dtype == want.dtype and got.shape == want.shape
-    assert (got[cands < 0] == 0).all()
+    cut = max(1, width // 2)  # lists cut short of the candidates: the device's sort must rank before it cuts
+    want = CpuBackend().diversify_lists(cands, keys, table, metric, rule, cut)
+    got = cuda_backend.diversify_lists(cands, keys, table, metric, rule, cut)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape
+    cols = got[0]
+    assert (np.take_along_axis(cands, np.maximum(cols, 0), axis=1)[cols >= 0] >= 0).all()  # no EMPTY kept
     # ip has no twin rule: a row's twin ties exactly with every later candidate, which rounding decides
     judged = ~twin if metric == "ip" else np.ones(rows, bool)
-    same = (got == want).all(axis=1)[judged].mean()
+    same = ((got[0] == want[0]) & (got[1] == want[1])).all(axis=1)[judged].mean()
     assert same >= 0.98, same  # float32 pair keys may decide a near-tie the other way
     # and the table stays on the device for the next call with the same table
     arrays = cuda_backend._prune_table.arrays
-    cuda_backend.diversify(cands[:1], keys[:1], table, metric, rule)
+    cuda_backend.diversify_lists(cands[:1], keys[:1], table, metric, rule, cut)
     assert cuda_backend._prune_table.arrays is arrays
 
 
@@ -62,11 +65,12 @@ def test_a_capped_gpu_diversifies_alike_with_the_rows_each_block_names(cuda_back
     from bigknn.backends.cuda import prune
 
     table, cands, keys, _ = _lists(np.random.default_rng(11), "l2", 700, 48)
-    whole = cuda_backend.diversify(cands, keys, table, "l2", rule)
+    whole = cuda_backend.diversify_lists(cands, keys, table, "l2", rule, 40)
     monkeypatch.setattr(prune, "BLOCK_BYTES", 48 * (12 + 4 * 29) * 100)  # blocks of 100 rows
     monkeypatch.setattr(cuda_backend.gpu, "budget", lambda: 4 * table.size)  # half of it holds half the table
-    capped = cuda_backend.diversify(cands, keys, table.copy(), "l2", rule)  # a table the device does not hold
-    np.testing.assert_array_equal(capped, whole)
+    capped = cuda_backend.diversify_lists(cands, keys, table.copy(), "l2", rule, 40)  # a table the device lacks
+    for c, w in zip(capped, whole):
+        np.testing.assert_array_equal(c, w)
 
 
 @pytest.mark.parametrize("method", ["tsdg", "rng"])

@@ -96,6 +96,38 @@ def test_a_twin_of_the_row_occludes_nothing(rule):
     np.testing.assert_array_equal(with_twin[:, 1:], without)
 
 
+@pytest.mark.parametrize("rule", [DiversifyRule("rng"), DiversifyRule("gd", 1.2), DiversifyRule("occlusion")])
+@pytest.mark.parametrize("width", [1, 7, 40])
+def test_diversified_lists_are_the_verdicts_columns_in_rank_order(rule, width):
+    """The backend's lists: under a sequential rule the kept columns in order; under occlusion every valid
+    column by (factor capped at NO_LAMBDA - 1, column); cut to width, -1 / NO_LAMBDA padded (width 40 > the
+    lists' 14 columns pads)."""
+    table, cands, keys = _candidate_lists(np.random.default_rng(5), "l2")
+    verdict = diversify(cands, keys, table, "l2", rule)
+    cols, ranks = CpuBackend().diversify_lists(cands, keys, table, "l2", rule, width)
+    assert cols.shape == ranks.shape == (len(cands), width) and cols.dtype == np.int32 and ranks.dtype == np.uint8
+    for r in range(len(cands)):
+        valid = np.flatnonzero(cands[r] >= 0)
+        if rule.sequential:
+            want = [(0, j) for j in valid if verdict[r, j]]
+        else:
+            want = sorted((min(int(verdict[r, j]), NO_LAMBDA - 1), j) for j in valid)
+        want = want[:width]
+        assert cols[r, :len(want)].tolist() == [j for _, j in want], r
+        assert ranks[r, :len(want)].tolist() == [f for f, _ in want], r
+        assert (cols[r, len(want):] == -1).all() and (ranks[r, len(want):] == NO_LAMBDA).all()
+
+
+def test_verdict_columns_cap_the_factors_and_skip_empty_slots():
+    from bigknn.search.lists import verdict_columns
+
+    verdict = np.array([[300, 0, 2, 0], [1, 1, 0, 7]], np.int32)
+    valid = np.array([[True, True, True, False], [True, True, True, True]])
+    cols, ranks = verdict_columns(np, verdict, valid, False, 4, NO_LAMBDA)
+    assert cols.tolist() == [[1, 2, 0, -1], [2, 0, 1, 3]]
+    assert ranks.tolist() == [[0, 2, NO_LAMBDA - 1, NO_LAMBDA], [0, 1, 1, 7]]
+
+
 def test_a_larger_alpha_keeps_more():
     table, cands, keys = _candidate_lists(np.random.default_rng(2), "l2")
     kept = [diversify(cands, keys, table, "l2", DiversifyRule("gd", a)).sum() for a in (1.0, 1.2, 1.5)]
@@ -237,14 +269,15 @@ def test_a_failed_prune_leaves_the_store_as_it_was(store, monkeypatch):
         g.prune("tsdg", degree=16, backend="cpu")
     before = _files(path, skip="-")
     calls = []
+    real = CpuBackend.diversify_lists
 
     def fail_late(self, *args):
         calls.append(1)
         if len(calls) > 3:
             raise RuntimeError("device lost")
-        return diversify(*args)
+        return real(self, *args)
 
-    monkeypatch.setattr(CpuBackend, "diversify", fail_late)
+    monkeypatch.setattr(CpuBackend, "diversify_lists", fail_late)
     with bigknn.open(path) as g, pytest.raises(RuntimeError, match="device lost"):
         g.prune("tsdg", degree=12, backend="cpu")
     assert _files(path, skip="-") == before

@@ -42,11 +42,13 @@ class Backend(Protocol):
         returns at once. A no-op without a device."""
 
     # ---- search graphs (bigknn/search/: prune, search) -------------------------------------------
-    def diversify(self, cands: np.ndarray, keys: np.ndarray, table: np.ndarray, metric: str,
-                  rule: DiversifyRule) -> np.ndarray:
+    def diversify_lists(self, cands: np.ndarray, keys: np.ndarray, table: np.ndarray, metric: str,
+                        rule: DiversifyRule, width: int) -> tuple[np.ndarray, np.ndarray]:
         """Per row, its candidates ``cands`` (rows, c) (rows of ``table``, EMPTY-padded at the end) with their keys
-        to the row ``keys`` (ascending): the kept mask (uint8) under a sequential rule, each candidate's
-        occlusion factor (int32) under ``occlusion`` (bigknn/search/params.py DiversifyRule)."""
+        to the row ``keys`` (ascending) diversified by ``rule`` (bigknn/search/params.py DiversifyRule): the
+        columns kept, in order under a sequential rule, by (occlusion factor, column) under ``occlusion``, cut
+        to ``width`` (int32, -1 padded), and their factors (uint8: 0 under a sequential rule; NO_LAMBDA padded)
+        (bigknn/search/lists.py verdict_columns; the verdict itself: bigknn/backends/cpu/prune.py diversify)."""
 
     def nearest_lists(self, rows: int, width: int, row: np.ndarray, ids: np.ndarray, keys: np.ndarray,
                       lists: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:

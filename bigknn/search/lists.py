@@ -72,3 +72,29 @@ def merge_rows(xp: Any, ids: Any, keys: Any, width: int) -> tuple[Any, Any]:
         out_i = xp.concatenate([out_i, xp.full((len(out_i), pad), EMPTY, xp.int64)], axis=1)
         out_k = xp.concatenate([out_k, xp.full((len(out_k), pad), xp.inf, xp.float32)], axis=1)
     return out_i, out_k
+
+
+def verdict_columns(xp: Any, verdict: Any, valid: Any, sequential: bool, width: int, cap: int) -> tuple[Any, Any]:
+    """A diversification's verdict on (rows, c) candidate lists turned into what a prune stores: per row, the
+    columns of the candidates kept, cut to ``width`` (int32, -1 padded), and their occlusion factors (uint8,
+    ``cap`` padded). A sequential rule's verdict is the kept mask: its kept columns in order, factor 0. An
+    occlusion verdict is each candidate's factor: every valid column, by (factor capped at cap - 1, column).
+    One sort of distinct (rank, column) words per row; run where the verdict is (host or device), so that
+    only ``width`` small columns cross to the host."""
+    rows, c = verdict.shape
+    if sequential:
+        rank = xp.where(verdict.astype(bool), 0, cap)
+    else:
+        rank = xp.where(valid, xp.minimum(verdict, cap - 1), cap)
+    word = xp.sort(rank.astype(xp.int32) * c + xp.arange(c, dtype=xp.int32)[None, :], axis=1)[:, :width]
+    ranks = word // c
+    cols = xp.where(ranks < cap, word % c, -1).astype(xp.int32)
+    if c < width:
+        cols = xp.concatenate([cols, xp.full((rows, width - c), -1, xp.int32)], axis=1)
+        ranks = xp.concatenate([ranks, xp.full((rows, width - c), cap, ranks.dtype)], axis=1)
+    return cols, ranks.astype(xp.uint8)
+
+
+def take_columns(values: np.ndarray, cols: np.ndarray, empty: Any) -> np.ndarray:
+    """values[r, cols[r, j]] per row, ``empty`` where a column is -1 (verdict_columns' padding)."""
+    return np.where(cols >= 0, np.take_along_axis(values, np.maximum(cols, 0), axis=1), empty)

@@ -29,6 +29,7 @@ from bigknn.graph import EMPTY
 from bigknn.metrics import kernel_metric
 from bigknn.progress import Reporter
 from bigknn.search.graph import key_distance
+from bigknn.search.lists import take_columns
 from bigknn.search.params import NO_LAMBDA, DiversifyRule, PruneParams
 from bigknn.search.scratch import Scratch
 from bigknn.search.store import (SEARCH_DIR, SEARCH_ID_DTYPE, SearchEntry, drop_versions, drop_work, locate,
@@ -113,8 +114,8 @@ class _Pruner:
         p = self.params
         rule = DiversifyRule("gd", p.alpha) if p.method == "tsdg" else DiversifyRule("rng")
         table, index = self.vectors.table(ids)
-        kept = self.backend.diversify(index, keys, table, self.metric, rule).astype(bool)
-        f_ids, f_keys = _compact(ids, keys, kept, p.forward_width(self.k))
+        cols, _ = self.backend.diversify_lists(index, keys, table, self.metric, rule, p.forward_width(self.k))
+        f_ids, f_keys = take_columns(ids, cols, EMPTY), take_columns(keys, cols, np.float32(np.inf))
         self.scratch.put(f"forward/{s.id}.ids", f_ids)
         self.scratch.put(f"forward/{s.id}.keys", f_keys)
         valid = f_ids >= 0
@@ -152,12 +153,10 @@ class _Pruner:
         width = p.candidate_width(self.k)
         cand, ckeys = self.backend.nearest_lists(len(f_ids), width, at, src, key, (f_ids, f_keys))
         table, index = self.vectors.table(cand)
-        lam = self.backend.diversify(index, ckeys, table, self.metric, DiversifyRule("occlusion"))
-        lam = np.where(cand >= 0, np.minimum(lam, NO_LAMBDA - 1), NO_LAMBDA)
-        # by (factor, column): keys ascend along the columns, so within each factor; the words are distinct
-        word = np.sort(lam.astype(np.int32) * width + np.arange(width, dtype=np.int32), axis=1)[:, :p.degree]
-        lam, order = word // width, word % width
-        ids = np.take_along_axis(cand, order, axis=1)
+        # by (factor, column): keys ascend along the columns, so within each factor
+        cols, lam = self.backend.diversify_lists(index, ckeys, table, self.metric, DiversifyRule("occlusion"),
+                                                 p.degree)
+        ids = take_columns(cand, cols, EMPTY)
         drop = lam > p.lambda0
         return np.where(drop, EMPTY, ids), np.where(drop, NO_LAMBDA, lam).astype(np.uint8)
 
@@ -224,16 +223,3 @@ class _Pruner:
                 "alpha": p.alpha if p.method == "tsdg" else None, "rows": m.rows, "knn_k": self.k,
                 "mean_degree": entry.mean_degree, **self.stats, "backend": self.backend.name,
                 "wall_s": round(seconds, 3)}
-
-
-def _compact(ids: np.ndarray, keys: np.ndarray, kept: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
-    """The kept entries of each row, in their order, in ``width`` columns (EMPTY / inf after them)."""
-    slot = np.cumsum(kept, axis=1, dtype=np.int32) - 1  # a kept entry's column in the output
-    keep = kept & (slot < width)
-    dest = (np.arange(len(ids))[:, None] * width + slot)[keep]
-    out_ids = np.full((len(ids), width), EMPTY, ids.dtype)
-    out_keys = np.full((len(ids), width), np.inf, np.float32)
-    out_ids.reshape(-1)[dest] = ids[keep]
-    out_keys.reshape(-1)[dest] = keys[keep]
-    return out_ids, out_keys
-

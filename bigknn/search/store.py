@@ -42,9 +42,12 @@ def shard_rows(shard: ShardEntry) -> np.ndarray:
 def locate(store: Store, global_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(position in manifest.shards, local row) of each global id."""
     shards = store.manifest.shards
+    global_ids = np.asarray(global_ids, np.int64)
+    if len(shards) == 1:  # a store of one shard (defaults where the GPU holds the data): no search
+        return np.zeros(global_ids.shape, np.intp), global_ids - shards[0].offset
     starts = np.array([s.offset for s in shards], np.int64)
     pos = np.searchsorted(starts, global_ids, side="right") - 1
-    return pos, np.asarray(global_ids, np.int64) - starts[pos]
+    return pos, global_ids - starts[pos]
 
 
 @dataclass(frozen=True)

@@ -7,15 +7,16 @@ import numpy as np
 
 from bigknn.backends.cpu import graph_search, prune
 from bigknn.graph import KnnGraph
-from bigknn.search.lists import nearest_lists
+from bigknn.search.lists import nearest_lists, verdict_columns
 from bigknn.search.graph import SearchIndex
-from bigknn.search.params import DiversifyRule, SearchPlan
+from bigknn.search.params import NO_LAMBDA, DiversifyRule, SearchPlan
 
 
 class SearchReference:
-    def diversify(self, cands: np.ndarray, keys: np.ndarray, table: np.ndarray, metric: str,
-                  rule: DiversifyRule) -> np.ndarray:
-        return prune.diversify(cands, keys, table, metric, rule)
+    def diversify_lists(self, cands: np.ndarray, keys: np.ndarray, table: np.ndarray, metric: str,
+                        rule: DiversifyRule, width: int) -> tuple[np.ndarray, np.ndarray]:
+        verdict = prune.diversify(cands, keys, table, metric, rule)
+        return verdict_columns(np, verdict, cands >= 0, rule.sequential, width, NO_LAMBDA)
 
     def nearest_lists(self, rows: int, width: int, row: np.ndarray, ids: np.ndarray, keys: np.ndarray,
                       lists: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:

@@ -120,9 +120,9 @@ class CudaBackend(SearchReference):
     def exact_knn(self, queries: np.ndarray, k: int, metric: str, blocks: Iterable[tuple[int, np.ndarray]]) -> KnnGraph:
         return self._call(exact.exact_knn, queries, k, metric, _int32_blocks(blocks))
 
-    def diversify(self, cands: np.ndarray, keys: np.ndarray, table: np.ndarray, metric: str,
-                  rule: DiversifyRule) -> np.ndarray:
-        return self._call(prune.diversify, self._prune_table, cands, keys, table, metric, rule)
+    def diversify_lists(self, cands: np.ndarray, keys: np.ndarray, table: np.ndarray, metric: str,
+                        rule: DiversifyRule, width: int) -> tuple[np.ndarray, np.ndarray]:
+        return self._call(prune.diversify_lists, self._prune_table, cands, keys, table, metric, rule, width)
 
     def nearest_lists(self, rows: int, width: int, row: np.ndarray, ids: np.ndarray, keys: np.ndarray,
                       lists: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:

@@ -12,8 +12,8 @@ from bigknn.backends.cuda.compile import compile_kernels, kernel_metric, sync_ch
 from bigknn.backends.cuda.gpu import Gpu
 from bigknn.backends.cuda.kept import KeptCopy
 from bigknn.backends.cpu import prune as reference
-from bigknn.search.lists import edge_lists, merge_rows
-from bigknn.search.params import DiversifyRule
+from bigknn.search.lists import edge_lists, merge_rows, verdict_columns
+from bigknn.search.params import NO_LAMBDA, DiversifyRule
 
 WARPS = 4  # prune.cu: __launch_bounds__(128)
 BLOCK_BYTES = 256 << 20  # candidates, keys and results of one launch
@@ -66,15 +66,17 @@ def reach_back(gpu: Gpu, kept: KeptCopy, table: np.ndarray, lists: np.ndarray, l
     return out
 
 
-def diversify(gpu: Gpu, kept: KeptCopy, cands: np.ndarray, keys: np.ndarray, table: np.ndarray, metric: str,
-              rule: DiversifyRule) -> np.ndarray:
+def diversify_lists(gpu: Gpu, kept: KeptCopy, cands: np.ndarray, keys: np.ndarray, table: np.ndarray, metric: str,
+                    rule: DiversifyRule, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """Backend.diversify_lists: each block's verdict (prune.cu) turned into columns on the device, so that only
+    the ``width`` columns kept (int32) and their factors (uint8) come back, not the (rows, c) verdict."""
     import cupy as cp
 
     m = kernel_metric(metric)
     rows, c = cands.shape
-    out = np.zeros((rows, c), np.uint8 if rule.sequential else np.int32)
+    cols, ranks = np.full((rows, width), -1, np.int32), np.full((rows, width), NO_LAMBDA, np.uint8)
     if rows == 0 or c == 0:
-        return out
+        return cols, ranks
     # the whole table stays on the device where half the budget holds it; otherwise each block gets the rows
     # it names (a GPU capped below the data: issue 15's out-of-core prune)
     whole = kept.holds(table) or 4 * table.shape[0] * table.shape[1] <= gpu.budget() // 2
@@ -92,7 +94,7 @@ def diversify(gpu: Gpu, kept: KeptCopy, cands: np.ndarray, keys: np.ndarray, tab
         cd = cp.asarray(np.ascontiguousarray(block, dtype=np.int32))
         kd = cp.asarray(np.ascontiguousarray(keys[r0:r0 + step], dtype=np.float32))
         n = cd.shape[0]
-        od = cp.empty((n, c), out.dtype)
+        od = cp.empty((n, c), np.uint8 if rule.sequential else np.int32)
         grid = (-(-n // WARPS),)
         if rule.sequential:
             kernel(grid, (32 * WARPS,), (x, np.int32(x.shape[1]), cd, kd, np.int32(n), np.int32(c),
@@ -100,5 +102,6 @@ def diversify(gpu: Gpu, kept: KeptCopy, cands: np.ndarray, keys: np.ndarray, tab
         else:
             kernel(grid, (32 * WARPS,), (x, np.int32(x.shape[1]), cd, kd, np.int32(n), np.int32(c), od))
         sync_check(cp)
-        out[r0:r0 + n] = od.get()
-    return out
+        bc, br = verdict_columns(cp, od, cd >= 0, rule.sequential, width, NO_LAMBDA)
+        cols[r0:r0 + n], ranks[r0:r0 + n] = bc.get(), br.get()
+    return cols, ranks
