@@ -175,7 +175,7 @@ def test_the_plan_reads_back_what_the_schedulers_order_reads_through_an_lru_cach
     assert p["merge_reads"] == lru_loads(12, 3, True, pairs) < p["merges"] * 2 * (1 - 3 / 12)
     assert p["read_bytes"] - roomy["read_bytes"] == p["merge_reads"] * shard_bytes
     assert p["written_bytes"] - roomy["written_bytes"] == p["merge_reads"] * graph
-    assert "replayed for one worker" in p["assumptions"]["merge_reads"]
+    assert "replayed" in p["assumptions"]["merge_reads"]
 
 
 def test_near_pairs_are_a_repeatable_draw_in_the_builds_order():
@@ -189,4 +189,4 @@ def test_reads_of_more_merges_than_are_replayed_are_counted_at_random():
     params, fast, r = GnndParams(k=32), {"gnnd_rows_per_s": 2e8, "ggm_rows_per_s": 4e8}, 10**5
     p = plan(100 * r, 96, 4, params, r, 1, fast, DISK, host_mem=10 * r * (96 * 4 + params.width() * 8))
     assert p["merges"] == 4950 > SIMULATED_PAIRS and p["cached_shards"] == 10
-    assert p["merge_reads"] == round(4950 * 2 * 0.9) and "at random" in p["assumptions"]["merge_reads"]
+    assert p["merge_reads"] == round(4950 * 2 * 0.9) and "random" in p["assumptions"]["merge_reads"]

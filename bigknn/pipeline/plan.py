@@ -120,19 +120,18 @@ def merge_reads(shards: int, merges: int, cached: int, partitioned: bool, worker
     which reads far fewer than merges hitting cached shards at random; that (merges x 2 x the share not
     cached) only beyond SIMULATED_PAIRS merges, where the replay's cost (merges^2) would hold the plan up."""
     if cached >= shards:
-        return 0.0, "every shard in the host cache: merges read nothing back"
+        return 0.0, "every shard cached: nothing read back"
     if merges > SIMULATED_PAIRS:
         return merges * 2 * (1 - cached / shards), (
-            f"over {SIMULATED_PAIRS:,} merges: shards read back as if merges hit cached shards at random "
-            "(merges x 2 x the share not cached), not replayed; the build's order (cached pairs first) reads fewer")
+            f"over {SIMULATED_PAIRS:,} merges: counted as random cache hits (merges x 2 x the share not cached), "
+            "not replayed; the build, cached pairs first, reads fewer")
     pairs = near_pairs(shards, merges) if partitioned else pending_pairs(shards, set())
-    how = (f"shards read back as the build's Scheduler orders the merges (pairs of cached shards first) through "
-           f"an LRU cache of {cached} shards, replayed for one worker after every GNND")
+    how = (f"the build's Scheduler (pairs of cached shards first) replayed through an LRU cache of {cached} "
+           "shards, one worker, after every GNND")
     if workers > 1:
-        how += f" ({workers} workers take pairs in the order merges end: not replayed)"
+        how += f"; {workers} workers take pairs as merges end: replayed as one"
     if partitioned:
-        how += (f"; the {merges:,} near pairs drawn at random (real ones cluster, which keeps more of them "
-                "cached)")
+        how += "; near pairs drawn at random (real ones cluster: fewer reads)"
     return float(replayed_reads(pairs, shards, cached)), how
 
 
