@@ -47,7 +47,7 @@ CPU_SHARD_ROWS = 1_000_000  # shard size on the CPU backend, where no device mem
 # shards, recall 0.99) plans 39 pairs (2.3 per shard); data with less locality needs more
 ASSUMED_PAIRS_PER_SHARD = 2.3
 SIMULATED_SHARDS = 40  # merge_rounds replays the Scheduler up to this many shards (0.2 s), counts beyond
-SIMULATED_PAIRS = 2_000  # merge_reads replays the Scheduler up to this many merges (61 shards' 1,830: ~1 s)
+SIMULATED_PAIRS = 2_000  # merge_reads replays the Scheduler up to this many merges (61 shards' 1,830: 1-1.5 s)
 NEAR_PAIRS_SEED = 0  # of the near pairs a partitioned plan draws (near_pairs)
 
 
@@ -83,7 +83,7 @@ def plan(rows: int, dim: int, itemsize: int, params: GnndParams, shard_rows: int
     compute_s = gnnd_wall + merge_wall
     input_passes = 1 if partition == "contiguous" else 2  # a partitioned build labels every row first
     cached = cache_parts(shard_bytes, workers, host_mem)
-    misses, misses_counted = merge_reads(shards, merges, cached, partition != "contiguous", workers)
+    misses, misses_how = merge_reads(shards, merges, cached, partition != "contiguous", workers)
     # rewrites while merges change graphs: each checkpoint's (the clock starts at the first GNND result) and
     # each eviction of an unwritten graph (one per shard read back: it was evicted before its last merge), at
     # most one per merge result (what an interval of 0 writes)
@@ -110,7 +110,7 @@ def plan(rows: int, dim: int, itemsize: int, params: GnndParams, shard_rows: int
                        "end": round(end_s, 1), "io": round(io_s, 1), "total": round(total_s, 1)},
         "estimate_h": round(total_s / 3600, 2),
         "rates": planned_rates(rates, r, gnnd_rate, ggm_rate),
-        "assumptions": {"disk": disk, "merge_reads": misses_counted, **(assumptions or {})},
+        "assumptions": {"disk": disk, "merge_reads": misses_how, **(assumptions or {})},
     }
 
 
