@@ -235,3 +235,29 @@ def fold_in(backend, old: list, batch, params, seeded: bool, metric: str = "l2")
         batch = ShardPart(batch.offset, batch.vectors, gb)
         updates.append(counts)
     return old, batch, updates
+
+
+def lru_loads(shards: int, capacity: int, cache_aware: bool, pairs: list | None = None) -> int:
+    """Shard reads of one worker merging ``pairs`` (default: every pair, in the schedule's order) through an LRU
+    cache of ``capacity`` shards holding the last GNND results at first, the pairs chosen by the Scheduler
+    (told what is cached, or not): the explicit replay bigknn plan's read count is checked against."""
+    from collections import OrderedDict
+
+    from bigknn.pipeline.schedule import pending_pairs
+    from bigknn.pipeline.scheduler import Scheduler
+
+    lru = OrderedDict.fromkeys(range(shards - capacity, shards))  # the last GNND results are at hand
+    sched = Scheduler(pending_pairs(shards, set()) if pairs is None else pairs, ready=range(shards),
+                      held=lru.__contains__ if cache_aware else (lambda s: False))
+    reads, last = 0, set()
+    while (task := sched.next_task(last)) is not None:
+        for s in task[1]:
+            if s not in lru:
+                reads += 1
+                lru[s] = None
+                while len(lru) > capacity:
+                    lru.popitem(last=False)
+            lru.move_to_end(s)
+        sched.release(task[1])
+        last = set(task[1])
+    return reads

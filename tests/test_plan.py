@@ -6,10 +6,13 @@ from __future__ import annotations
 import pytest
 
 from bigknn.params import GnndParams
-from bigknn.pipeline.plan import (CPU_SHARD_ROWS, all_pairs_merge_cost, auto_shard_rows, largest_shard_rows,
-                                  merge_gpu_bytes, merge_rounds, plan, spread_for_workers)
+from bigknn.partition.learn import SLACK
+from bigknn.pipeline.plan import (CPU_SHARD_ROWS, SIMULATED_PAIRS, all_pairs_merge_cost, auto_shard_rows,
+                                  largest_shard_rows, merge_gpu_bytes, merge_rounds, near_pairs, plan,
+                                  spread_for_workers)
+from bigknn.pipeline.schedule import pending_pairs
 
-from conftest import run_cli, run_json
+from conftest import lru_loads, run_cli, run_json
 
 DISK = {"read_gbps": 2.0, "write_gbps": 2.0, "source": "test"}
 
@@ -146,7 +149,8 @@ def test_a_cache_too_small_reads_shards_back_and_writes_what_it_evicts():
     roomy = plan(10**8, 96, 4, params, 10**7, 1, fast, DISK, host_mem=1 << 40)
     tight = plan(10**8, 96, 4, params, 10**7, 1, fast, DISK, host_mem=5 * shard_bytes)
     assert tight["cached_shards"] == 5 and roomy["cached_shards"] == 10
-    misses = 45 * 2 * (1 - 5 / 10)
+    misses = tight["merge_reads"]
+    assert misses == lru_loads(10, 5, True) < 45 * 2 * (1 - 5 / 10) and roomy["merge_reads"] == 0
     assert roomy["read_bytes"] == inputs and roomy["written_bytes"] == inputs + 10 * graph
     assert tight["read_bytes"] - roomy["read_bytes"] == pytest.approx(misses * shard_bytes, rel=1e-6)
     assert tight["written_bytes"] - roomy["written_bytes"] == pytest.approx(misses * graph, rel=1e-6)
@@ -154,3 +158,35 @@ def test_a_cache_too_small_reads_shards_back_and_writes_what_it_evicts():
     assert long["written_bytes"] == inputs + (10 + 4 * 10) * graph  # 4 checkpoints after the first GNND
     longer = plan(10**8, 96, 4, params, 10**7, 1, dict(slow, ggm_rows_per_s=4e5), DISK, host_mem=1 << 40)
     assert longer["written_bytes"] == inputs + (10 + 90) * graph  # 37 checkpoints, capped at 2 per merge
+
+
+@pytest.mark.parametrize("partition", ["contiguous", "kmeans"])
+def test_the_plan_reads_back_what_the_schedulers_order_reads_through_an_lru_cache(partition):
+    """12 shards through a cache of 3: the shards the plan reads back for merges are an explicit LRU replay of
+    the Scheduler's order (pairs of cached shards first), fewer than merges hitting cached shards at random;
+    each one read back was evicted unwritten, so it is written once more too."""
+    params, fast, r = GnndParams(k=32), {"gnnd_rows_per_s": 2e8, "ggm_rows_per_s": 4e8}, 10**6
+    shard_bytes, graph = r * (96 * 4 + params.width() * 8), r * params.width() * 8
+    shard_rows = r if partition == "contiguous" else int(SLACK * r)  # 12 shards either way
+    p = plan(12 * r, 96, 4, params, shard_rows, 1, fast, DISK, partition, pairs_per_shard=3, host_mem=3 * shard_bytes)
+    roomy = plan(12 * r, 96, 4, params, shard_rows, 1, fast, DISK, partition, pairs_per_shard=3, host_mem=1 << 40)
+    assert p["shards"] == 12 and p["cached_shards"] == 3 and p["merges"] == (66 if partition == "contiguous" else 36)
+    pairs = None if partition == "contiguous" else near_pairs(12, 36)
+    assert p["merge_reads"] == lru_loads(12, 3, True, pairs) < p["merges"] * 2 * (1 - 3 / 12)
+    assert p["read_bytes"] - roomy["read_bytes"] == p["merge_reads"] * shard_bytes
+    assert p["written_bytes"] - roomy["written_bytes"] == p["merge_reads"] * graph
+    assert "replayed" in p["assumptions"]["merge_reads"]
+
+
+def test_near_pairs_are_a_repeatable_draw_in_the_builds_order():
+    pairs = near_pairs(61, 157)
+    assert len(pairs) == len(set(pairs)) == 157 and pairs == near_pairs(61, 157)
+    assert pairs == [p for p in pending_pairs(61, set()) if p in set(pairs)]  # as Ledger.todo_pairs orders them
+
+
+def test_reads_of_more_merges_than_are_replayed_are_counted_at_random():
+    """Replaying costs merges^2: beyond SIMULATED_PAIRS the plan says it counted reads as random hits."""
+    params, fast, r = GnndParams(k=32), {"gnnd_rows_per_s": 2e8, "ggm_rows_per_s": 4e8}, 10**5
+    p = plan(100 * r, 96, 4, params, r, 1, fast, DISK, host_mem=10 * r * (96 * 4 + params.width() * 8))
+    assert p["merges"] == 4950 > SIMULATED_PAIRS and p["cached_shards"] == 10
+    assert p["merge_reads"] == round(4950 * 2 * 0.9) and "random" in p["assumptions"]["merge_reads"]

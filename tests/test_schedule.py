@@ -9,6 +9,8 @@ import pytest
 from bigknn.pipeline.build import shard_sizes
 from bigknn.pipeline.schedule import pending_pairs, round_robin
 
+from conftest import lru_loads
+
 
 @pytest.mark.parametrize("s", range(1, 13))
 def test_round_robin_covers_every_pair_once_in_disjoint_rounds(s):
@@ -71,30 +73,6 @@ def test_a_pair_whose_shards_are_cached_comes_before_one_sharing_the_last_pair()
     assert sched.next_task(prefer={0})[1] == (2, 3)
     assert sched.upcoming(prefer={0}, count=2) == [(0, 1), (0, 4)]  # then the last pair's shard, in order
     assert Scheduler([(0, 1), (0, 4), (2, 3)], ready=range(5)).next_task(prefer={4})[1] == (0, 4)
-
-
-def lru_loads(shards: int, capacity: int, cache_aware: bool) -> int:
-    """Shard reads of one worker merging every pair through an LRU cache of ``capacity`` shards, the pairs
-    chosen by the Scheduler (told what is cached, or not)."""
-    from collections import OrderedDict
-
-    from bigknn.pipeline.scheduler import Scheduler
-
-    lru = OrderedDict.fromkeys(range(shards - capacity, shards))  # the last GNND results are at hand
-    sched = Scheduler(pending_pairs(shards, set()), ready=range(shards),
-                      held=lru.__contains__ if cache_aware else (lambda s: False))
-    reads, last = 0, set()
-    while (task := sched.next_task(last)) is not None:
-        for s in task[1]:
-            if s not in lru:
-                reads += 1
-                lru[s] = None
-                while len(lru) > capacity:
-                    lru.popitem(last=False)
-            lru.move_to_end(s)
-        sched.release(task[1])
-        last = set(task[1])
-    return reads
 
 
 @pytest.mark.parametrize("shards, capacity", [(8, 4), (16, 6), (61, 10)])

@@ -134,6 +134,7 @@ def show(p: dict, backend: str, dtype: str) -> None:
         "written during the build",
         f"  host memory  {human_bytes(p['host_bytes_per_worker'])} per worker, {human_bytes(p['host_bytes_total'])} "
         f"in all; the shard cache holds {p['cached_shards']:,} of {p['shards']:,} shards",
+        f"  read back    {p['merge_reads']:,} shards for merges: {assumed['merge_reads']}",
         f"  GPU memory   {human_bytes(p['gpu_bytes_per_worker'])} per worker" if backend == "cuda" else
         f"  GPU memory   {human_bytes(p['gpu_bytes_per_worker'])} per worker, if built on a GPU",
         f"  time         ≈ {human_duration(est['total'])} on {backend}: first shards read "

@@ -17,21 +17,27 @@ is read (one shard per worker), and the last merge's two graphs are written afte
     total = max(start + compute + end, I/O)
 
 The I/O is what the pipeline does: the input read once (twice when partitioned: labelling, then sharding)
-and its rows written once; a merge reads a shard only where the host cache cannot hold them all (the share
-it cannot); each shard's graph is written once at its end, again at each checkpoint while merges change it,
-and when it is evicted unwritten. T2 (10 shards, all cached, shorter than a checkpoint): 3.84 GB read and
-7.68 GB written, as measured; every merge reading and writing both shards would be 73 and 42 GB.
+and its rows written once; merges read shards back only where the host cache cannot hold them all: as many
+as the build's Scheduler makes an LRU cache of the planned size read, pairs of cached shards first
+(``replayed_reads``: 61 shards through 10 cached, all pairs, read 372 shards, not the 1,827 of merges hitting
+cached shards at random); each shard's graph is written once at its end, again at each checkpoint while
+merges change it, and when it is evicted unwritten (each shard read back was). T2 (10 shards, all cached,
+shorter than a checkpoint): 3.84 GB read and 7.68 GB written, as measured; every merge reading and writing
+both shards would be 73 and 42 GB.
 """
 
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
+
+import numpy as np
 
 from bigknn.params import GnndParams
 from bigknn.partition.assign import shard_count
 from bigknn.pipeline.calibrate import rate_at
 from bigknn.pipeline.schedule import pending_pairs, round_robin
-from bigknn.pipeline.scheduler import Scheduler
+from bigknn.pipeline.scheduler import Pair, Scheduler
 from bigknn.pipeline.steps import cache_parts
 from bigknn.pipeline.writer import checkpoint_s
 from bigknn.shards import Store
@@ -41,6 +47,8 @@ CPU_SHARD_ROWS = 1_000_000  # shard size on the CPU backend, where no device mem
 # shards, recall 0.99) plans 39 pairs (2.3 per shard); data with less locality needs more
 ASSUMED_PAIRS_PER_SHARD = 2.3
 SIMULATED_SHARDS = 40  # merge_rounds replays the Scheduler up to this many shards (0.2 s), counts beyond
+SIMULATED_PAIRS = 2_000  # merge_reads replays the Scheduler up to this many merges (61 shards' 1,830: 1-1.5 s)
+NEAR_PAIRS_SEED = 0  # of the near pairs a partitioned plan draws (near_pairs)
 
 
 def pairs_per_shard_from_store(store: Store) -> float | None:
@@ -75,9 +83,10 @@ def plan(rows: int, dim: int, itemsize: int, params: GnndParams, shard_rows: int
     compute_s = gnnd_wall + merge_wall
     input_passes = 1 if partition == "contiguous" else 2  # a partitioned build labels every row first
     cached = cache_parts(shard_bytes, workers, host_mem)
-    misses = 0.0 if cached >= shards else merges * 2 * (1 - cached / shards)  # shards read back for merges
+    misses, misses_how = merge_reads(shards, merges, cached, partition != "contiguous", workers)
     # rewrites while merges change graphs: each checkpoint's (the clock starts at the first GNND result) and
-    # each eviction of an unwritten graph, at most one per merge result (what an interval of 0 writes)
+    # each eviction of an unwritten graph (one per shard read back: it was evicted before its last merge), at
+    # most one per merge result (what an interval of 0 writes)
     interval = checkpoint_s()
     checkpoints = int(max(0.0, compute_s - r / gnnd_rate) // interval) if interval > 0 else merges
     graph_writes = shards + min(checkpoints * shards + misses, 2 * merges)
@@ -96,13 +105,69 @@ def plan(rows: int, dim: int, itemsize: int, params: GnndParams, shard_rows: int
         "host_bytes_per_worker": 2 * shard_bytes, "host_bytes_total": (2 * workers + 2) * shard_bytes,
         "gpu_bytes_per_worker": merge_gpu_bytes(r, dim, itemsize, params),
         "io_bytes": round(read_bytes + written_bytes), "read_bytes": round(read_bytes),
-        "written_bytes": round(written_bytes),
+        "written_bytes": round(written_bytes), "merge_reads": round(misses),
         "estimate_s": {"start": round(start_s, 1), "gnnd": round(gnnd_wall, 1), "ggm": round(merge_wall, 1),
                        "end": round(end_s, 1), "io": round(io_s, 1), "total": round(total_s, 1)},
         "estimate_h": round(total_s / 3600, 2),
         "rates": planned_rates(rates, r, gnnd_rate, ggm_rate),
-        "assumptions": {"disk": disk, **(assumptions or {})},
+        "assumptions": {"disk": disk, "merge_reads": misses_how, **(assumptions or {})},
     }
+
+
+def merge_reads(shards: int, merges: int, cached: int, partitioned: bool, workers: int) -> tuple[float, str]:
+    """Shards the merges read back from the store, and how they were counted (stated in the plan's assumptions):
+    none where the cache holds every shard; else the replay of the build's own order (``replayed_reads``),
+    which reads far fewer than merges hitting cached shards at random; that (merges x 2 x the share not
+    cached) only beyond SIMULATED_PAIRS merges, where the replay's cost (merges^2) would hold the plan up."""
+    if cached >= shards:
+        return 0.0, "every shard cached: nothing read back"
+    if merges > SIMULATED_PAIRS:
+        return merges * 2 * (1 - cached / shards), (
+            f"over {SIMULATED_PAIRS:,} merges: counted as random cache hits (merges x 2 x the share not cached), "
+            "not replayed; the build, cached pairs first, reads fewer")
+    pairs = near_pairs(shards, merges) if partitioned else pending_pairs(shards, set())
+    how = (f"the build's Scheduler (pairs of cached shards first) replayed through an LRU cache of {cached} "
+           "shards, one worker, after every GNND")
+    if workers > 1:
+        how += f"; {workers} workers take pairs as merges end: replayed as one"
+    if partitioned:
+        how += "; near pairs drawn at random (real ones cluster: fewer reads)"
+    return float(replayed_reads(pairs, shards, cached)), how
+
+
+def near_pairs(shards: int, merges: int) -> list[Pair]:
+    """A partitioned build's pairs as the plan models them: ``merges`` pairs drawn at random (seeded: a plan
+    is repeatable), in the order the build hands them to its Scheduler (Ledger.todo_pairs: the schedule's,
+    the unplanned left out). Which pairs are near is the data's; a partition's shard numbers say nothing of
+    it, and random pairs share fewer shards than near ones, so they count reads on the safe side."""
+    every = pending_pairs(shards, set())
+    keep = set(np.random.default_rng(NEAR_PAIRS_SEED).choice(len(every), merges, replace=False).tolist())
+    return [p for n, p in enumerate(every) if n in keep]
+
+
+def replayed_reads(pairs: list[Pair], shards: int, cached: int) -> int:
+    """Shards read while one worker merges ``pairs`` (given in the build's order) through an LRU cache of
+    ``cached`` shards, each next pair chosen by the build's Scheduler told what the cache holds (as the build
+    tells it where the cache is smaller than the store): its order, not a copy of it. The merges start with
+    the last ``cached`` GNND results cached (a partitioned build plans its pairs after every GNND; GNND goes
+    first whenever a shard waits for it). The cache's prefetching and its dirty shards held past capacity
+    are left out."""
+    lru = OrderedDict.fromkeys(range(shards - cached, shards))
+    sched = Scheduler(pairs, ready=range(shards), held=lru.__contains__)
+    reads, last = 0, set()
+    while (task := sched.next_task(prefer=last)) is not None:
+        pair = task[1]
+        for sid in pair:  # read in turn, as the merge gets them: the first may evict the second
+            if sid in lru:
+                lru.move_to_end(sid)
+                continue
+            reads += 1
+            lru[sid] = None
+            while len(lru) > cached:
+                lru.popitem(last=False)
+        sched.release(pair)
+        last = set(pair)
+    return reads
 
 
 def planned_rates(rates: dict, shard_rows: int, gnnd_rate: float, ggm_rate: float) -> dict:
