@@ -259,3 +259,50 @@ def test_checkpoints_commit_merges_while_the_run_goes_on(data, tmp_path, monkeyp
     during = {n for n in merged_at_commit if 0 < n < 21}
     assert len(during) >= 2, merged_at_commit  # several checkpoints before the end
     assert len(writes) < 7 + 2 * 21
+
+
+def test_a_slow_checkpoint_spaces_out_the_next_one(monkeypatch):
+    """A checkpoint whose writes took w seconds is followed by the next after w / CHECKPOINT_SHARE at least,
+    however short BIGKNN_CHECKPOINT_S is: checkpoints never keep the disk writing more than that share."""
+    import threading
+
+    from bigknn.pipeline import writer as writer_module
+    from bigknn.pipeline.accounting import Accounting
+
+    monkeypatch.setenv("BIGKNN_CHECKPOINT_S", "0.02")
+    writes = []
+
+    class SlowSink:  # always one dirty shard, which takes 0.1 s to write
+        def on_pressure(self, ask):
+            pass
+
+        def dirty(self):
+            return [0]
+
+        def write(self, sids):
+            time.sleep(0.1)
+            writes.append(time.monotonic())
+            return {}, 0
+
+        def accept(self, done):
+            return done
+
+        def written(self, done):
+            pass
+
+        def close(self):
+            pass
+
+    class NoStore:
+        lock = threading.Lock()
+
+    w = writer_module.Writer(NoStore(), None, Accounting(), SlowSink())
+    w.gnnd_done(0)  # starts the checkpoint clock
+    deadline = time.monotonic() + 10
+    while not writes and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.6)
+    w.close()
+    assert writes and w.interval >= 0.1 / writer_module.CHECKPOINT_SHARE
+    assert len(writes) == 2  # the first checkpoint and close(); with 0.02 s between them there would be ~6 more
+    assert writer_module.checkpoint_interval(0, 5.0) == 0  # an interval of 0 (commit every merge) stays 0

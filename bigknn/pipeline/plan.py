@@ -21,9 +21,10 @@ and its rows written once; merges read shards back only where the host cache can
 as the build's Scheduler makes an LRU cache of the planned size read, pairs of cached shards first
 (``replayed_reads``: 61 shards through 10 cached, all pairs, read 372 shards, not the 1,827 of merges hitting
 cached shards at random); each shard's graph is written once at its end, again at each checkpoint while
-merges change it, and when it is evicted unwritten (each shard read back was). T2 (10 shards, all cached,
-shorter than a checkpoint): 3.84 GB read and 7.68 GB written, as measured; every merge reading and writing
-both shards would be 73 and 42 GB.
+merges change it (the cached graphs; checkpoints spaced to take at most a tenth of the time,
+writer.checkpoint_interval), and when it is evicted unwritten (each shard read back was). T2 (10 shards, all
+cached, shorter than a checkpoint): 3.84 GB read and 7.68 GB written, as measured; every merge reading and
+writing both shards would be 73 and 42 GB.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from bigknn.pipeline.calibrate import rate_at
 from bigknn.pipeline.schedule import pending_pairs, round_robin
 from bigknn.pipeline.scheduler import Pair, Scheduler
 from bigknn.pipeline.steps import cache_parts
-from bigknn.pipeline.writer import checkpoint_s
+from bigknn.pipeline.writer import checkpoint_interval, checkpoint_s
 from bigknn.shards import Store
 
 CPU_SHARD_ROWS = 1_000_000  # shard size on the CPU backend, where no device memory bounds it
@@ -84,15 +85,17 @@ def plan(rows: int, dim: int, itemsize: int, params: GnndParams, shard_rows: int
     input_passes = 1 if partition == "contiguous" else 2  # a partitioned build labels every row first
     cached = cache_parts(shard_bytes, workers, host_mem)
     misses, misses_how = merge_reads(shards, merges, cached, partition != "contiguous", workers)
-    # rewrites while merges change graphs: each checkpoint's (the clock starts at the first GNND result) and
-    # each eviction of an unwritten graph (one per shard read back: it was evicted before its last merge), at
-    # most one per merge result (what an interval of 0 writes)
-    interval = checkpoint_s()
+    # rewrites while merges change graphs: each checkpoint's (the clock starts at the first GNND result; a
+    # checkpoint writes the cached graphs, and the next waits until its writes are CHECKPOINT_SHARE of the time)
+    # and each eviction of an unwritten graph (one per shard read back: it was evicted before its last merge),
+    # at most one per merge result (what an interval of 0 writes)
+    read_bps, write_bps = disk["read_gbps"] * 1e9, disk["write_gbps"] * 1e9
+    held = min(cached, shards)
+    interval = checkpoint_interval(checkpoint_s(), held * r * graph_row / write_bps)
     checkpoints = int(max(0.0, compute_s - r / gnnd_rate) // interval) if interval > 0 else merges
-    graph_writes = shards + min(checkpoints * shards + misses, 2 * merges)
+    graph_writes = shards + min(checkpoints * held + misses, 2 * merges)
     read_bytes = input_passes * rows * row_bytes + misses * shard_bytes
     written_bytes = rows * row_bytes + graph_writes * r * graph_row
-    read_bps, write_bps = disk["read_gbps"] * 1e9, disk["write_gbps"] * 1e9
     io_s = read_bytes / read_bps + written_bytes / write_bps
     start_s = min(workers, shards) * r * row_bytes / read_bps  # each worker's first shard, read before its GNND
     end_s = (2 if merges else 1) * r * graph_row / write_bps  # the last merge's graphs (or the one GNND's)

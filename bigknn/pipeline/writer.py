@@ -21,13 +21,25 @@ from bigknn.shards import Store
 # results reach the disk (and the manifest) at least this often: a crash loses at most this much work, and
 # each checkpoint rewrites every graph changed since the last (10 s wrote T2's graphs 6 times: 5x the input)
 CHECKPOINT_S = 60.0
+# ... and at most this share of the time between checkpoints goes to their writes: the next one waits ten
+# times as long as the last one wrote (a billion rows' cached graphs, 63 GB, take ~36 s: every 6 min, not
+# every minute, which would keep the disk writing more than half the time; bigknn plan models T7 so)
+CHECKPOINT_SHARE = 0.1
 
 Written = dict[int, tuple[int, int]]  # shard -> (graph version now on disk, generation it holds)
 
 
 def checkpoint_s() -> float:
-    """Seconds between write-back checkpoints (env BIGKNN_CHECKPOINT_S overrides; 0 commits every merge)."""
+    """Seconds between write-back checkpoints at least (env BIGKNN_CHECKPOINT_S overrides; 0 commits every
+    merge)."""
     return float(os.environ.get("BIGKNN_CHECKPOINT_S", CHECKPOINT_S))
+
+
+def checkpoint_interval(base_s: float, write_s: float) -> float:
+    """Seconds to the next checkpoint after one whose writes took ``write_s``: ``base_s``, or longer where
+    that would give the checkpoints more than CHECKPOINT_SHARE of the time (0: every merge committed, no
+    checkpoints)."""
+    return max(base_s, write_s / CHECKPOINT_SHARE) if base_s > 0 else base_s
 
 
 class GraphSink(Protocol):
@@ -102,7 +114,7 @@ class Writer:
         self.written_gen: dict[int, int] = {}
         self.since: float | None = None  # when the oldest result not yet on disk was made
         self._lock = threading.Lock()
-        self.interval = checkpoint_s()
+        self.base_interval = self.interval = checkpoint_s()
         sink.on_pressure(lambda sids: self.jobs.put(list(sids)))
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -176,6 +188,7 @@ class Writer:
             if job == "tick":
                 continue
             sids = self.sink.dirty() if job is None or job == "checkpoint" else job
+            t = time.monotonic()
             if self.error is None:
                 try:
                     self._write(sids)
@@ -186,6 +199,7 @@ class Writer:
             if job == "checkpoint":  # results made while it wrote wait for the next one
                 with self._lock:
                     self.since = time.monotonic() if self.finished or self.sink.dirty() else None
+                    self.interval = checkpoint_interval(self.base_interval, time.monotonic() - t)
 
     def _write(self, sids: Iterable[int]) -> None:
         """Write the graphs of ``sids``, record them and the pairs they complete, and commit."""
