@@ -251,13 +251,15 @@ def lru_loads(shards: int, capacity: int, cache_aware: bool, pairs: list | None 
                       held=lru.__contains__ if cache_aware else (lambda s: False))
     reads, last = 0, set()
     while (task := sched.next_task(last)) is not None:
+        for s in task[1]:  # the pair touched first, then its missing shards read
+            if s in lru:
+                lru.move_to_end(s)
         for s in task[1]:
             if s not in lru:
                 reads += 1
                 lru[s] = None
                 while len(lru) > capacity:
                     lru.popitem(last=False)
-            lru.move_to_end(s)
         sched.release(task[1])
         last = set(task[1])
     return reads

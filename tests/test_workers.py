@@ -197,6 +197,28 @@ def test_cache_never_evicts_a_result_the_writer_has_not_stored(data, tmp_path):
     assert cache.get(0).graph is not newer  # once written, it may be evicted and re-read
 
 
+def test_a_touched_pair_keeps_its_cached_shard_while_the_other_is_read(data, tmp_path):
+    """Merging (3, 1) through a cache of 2 holding 1 (least recent) and 2: touching the pair first makes
+    reading 3 evict 2, not 1, so 1 is not read again."""
+    from bigknn.pipeline.accounting import Accounting
+    from bigknn.pipeline.cache import ShardCache
+    from bigknn.pipeline.steps import Ledger
+
+    build(BuildRequest(input=data, store=tmp_path / "s.knn", shard_rows=700, params=GnndParams(k=10)),
+          [CpuBackend()], Reporter())
+    store = Store.open(tmp_path / "s.knn")
+    acct = Accounting()
+    cache = ShardCache(store, Ledger(store), capacity=2, acct=acct)
+    cache.get(1), cache.get(2)
+    read = acct.bytes_read
+    cache.touch((3, 1))
+    cache.get(3)
+    assert cache.peek(1) is not None and cache.peek(2) is None
+    cache.get(1)
+    assert acct.bytes_read - read == store.read_vectors(3).nbytes + sum(
+        a.nbytes for a in (store.read_graph(3).ids, store.read_graph(3).dists))  # 3 read, 1 not again
+
+
 def test_merge_results_are_written_at_checkpoints_not_after_every_merge(data, tmp_path, monkeypatch):
     """With every shard cached and no checkpoint due, each shard graph is written twice (GNND, then the end
     of the run), not after each of its merges; the result is as good as a build that commits every merge."""

@@ -60,6 +60,14 @@ class ShardCache:
             with self._lock:
                 self._loading.pop(sid).set()
 
+    def touch(self, sids) -> None:
+        """Mark the cached ones of ``sids`` just used: a merge touches its pair first, so that reading one of
+        its shards never evicts the other (which was then read again)."""
+        with self._lock:
+            for sid in sids:
+                if sid in self._parts:
+                    self._parts.move_to_end(sid)
+
     def holds(self, sid: int) -> bool:
         """Whether ``sid`` is cached now, read without the lock: a hint for choosing work (the scheduler asks
         under its own lock), never a promise."""

@@ -160,14 +160,15 @@ def replayed_reads(pairs: list[Pair], shards: int, cached: int) -> int:
     reads, last = 0, set()
     while (task := sched.next_task(prefer=last)) is not None:
         pair = task[1]
-        for sid in pair:  # read in turn, as the merge gets them: the first may evict the second
+        for sid in pair:  # the merge touches its pair (ShardCache.touch), then reads what is missing
             if sid in lru:
                 lru.move_to_end(sid)
-                continue
-            reads += 1
-            lru[sid] = None
-            while len(lru) > cached:
-                lru.popitem(last=False)
+        for sid in pair:
+            if sid not in lru:
+                reads += 1
+                lru[sid] = None
+                while len(lru) > cached:
+                    lru.popitem(last=False)
         sched.release(pair)
         last = set(pair)
     return reads

@@ -98,6 +98,7 @@ def run_tasks(store: Store, ledger, backends: list[Backend], reporter: Reporter,
     def merge(backend: Backend, name: str, pair: tuple[int, int]) -> None:
         i, j = pair
         cache.prefetch(s for p in sched.upcoming(set(pair), cache.capacity) for s in p if s not in pair)
+        cache.touch(pair)
         a, b = cache.get(i), cache.get(j)
         # a GPU backend copies the next pair's shards during this merge
         upcoming = [cache.peek(s) for p in sched.upcoming(set(pair), 2) for s in p if s not in pair]
