@@ -87,6 +87,16 @@ def test_plan_command_calibrates_on_the_cpu():
     assert code == 2 and "--rows" in err
 
 
+def test_plan_command_takes_the_builds_host_cache():
+    """--host-mem sizes the plan's shard cache as it sizes the build's: 22 GiB holds 3 shards of 10M x 96
+    (7.68 GB each with their graphs), so merges read shards back."""
+    args = ("plan", "--rows", 10**8, "--dim", 96, "--k", 32, "--backend", "cpu", "--calibrate-rows", 1000,
+            "--shard-rows", 10**7, "--partition", "contiguous", "--disk-gbps", 1)
+    tight, roomy = run_json(*args, "--host-mem", "22G"), run_json(*args, "--host-mem", "1T")
+    assert tight["cached_shards"] == 3 and roomy["cached_shards"] == 10
+    assert tight["merge_reads"] > 0 == roomy["merge_reads"]
+
+
 def test_build_picks_the_shard_size_itself(tmp_path):
     from conftest import write_synth
 

@@ -8,8 +8,8 @@ import click
 import numpy as np
 
 from bigknn.backends import get_backends
-from bigknn.cli.common import (backend_option, emit, gpu_mem_option, gpus_option, json_option, parse_bytes,
-                               reporter_for)
+from bigknn.cli.common import (backend_option, emit, gpu_mem_option, gpus_option, host_mem_option, json_option,
+                               parse_bytes, reporter_for)
 from bigknn.formats import open_vectors
 from bigknn.params import GnndParams
 from bigknn.human import human_bytes, human_duration
@@ -56,11 +56,12 @@ CPU_CALIBRATION_ROWS = 20_000  # and this on the CPU
 @backend_option
 @gpus_option
 @gpu_mem_option
+@host_mem_option
 @json_option
 def plan(input: Path | None, rows: int | None, dim: int | None, dtype: str, k: int, list_width: int,
          shard_rows: int | None, store: Path | None, calibrate_rows: int | None, disk_gbps: float | None,
          partition: str, pairs_per_shard: float | None, backend: str, gpus: str | None, gpu_mem: str | None,
-         as_json: bool) -> None:
+         host_mem: str | None, as_json: bool) -> None:
     """Shards, merges, disk, host and GPU memory per worker, and the estimated time of a build.
 
     Rates come from a store's recorded timings (--store) or from a short calibration run on this
@@ -72,6 +73,7 @@ def plan(input: Path | None, rows: int | None, dim: int | None, dtype: str, k: i
       bigknn plan deep1b.fbin --gpus all --gpu-mem 120G
       bigknn plan --rows 1000000000 --dim 96 --store t2.knn --shard-rows 50000000
       bigknn plan --rows 1000000000 --dim 96 --k 32 --partition kmeans --store t2.knn
+      bigknn plan big.fbin --host-mem 64G    # the shard cache of a build given --host-mem 64G
     """
     vf = None
     if input is not None:
@@ -113,7 +115,7 @@ def plan(input: Path | None, rows: int | None, dim: int | None, dtype: str, k: i
         with reporter_for(as_json).phase("calibrate", calibration_steps(sizes), "steps") as advance:
             rates = calibrate(backends[0], x, sizes, params, what, advance=advance)
     result = make_plan(rows, dim, itemsize, params, min(shard_rows, rows), len(backends), rates, disk, partition,
-                       pairs_per_shard, assumptions)
+                       pairs_per_shard, assumptions, parse_bytes(host_mem))
     if as_json:
         emit(result, as_json, "plan")
     else:
