@@ -174,6 +174,21 @@ def test_a_pending_graph_written_and_evicted_is_read_back_not_lost(built, backen
     assert tasks.merge(_spec(store), ref, _ref(store, 2), [], seed=0).bytes_read > 0
 
 
+def test_a_shard_in_the_workers_cache_is_not_counted_as_read(built, backend):
+    """Bytes read are the bytes read from the store: a shard whose vectors this worker holds (another
+    version's part) counts nothing for them, whichever path the task takes (GNND, a merge, a hand-over)."""
+    store = Store.open(built, pin=False)
+    made = _merge(store, 0, 1)  # shards 0 and 1 pending here, their vectors with them
+    assert tasks.gnnd(_spec(store), _ref(store, 0, graph=False), 0, None, 0).bytes_read == 0
+    durable = store.read_graph(0, store.manifest.shards[0].graph)
+    graph_bytes = durable.ids.nbytes + durable.dists.nbytes
+    two = store.read_graph(2, store.manifest.shards[2].graph)
+    two_bytes = store.read_vectors(2).nbytes + two.ids.nbytes + two.dists.nbytes
+    assert tasks.merge(_spec(store), _ref(store, 0), _ref(store, 2), [], seed=0).bytes_read == graph_bytes + two_bytes
+    ref = ShardRef(1, store.manifest.shards[1].offset, made[1] + 10, pending=True)
+    assert tasks._take(store, ref, durable) == 0
+
+
 def test_a_task_on_a_worker_without_the_pending_graph_says_so(built, backend):
     store = Store.open(built, pin=False)
     shard = store.manifest.shards[1]
