@@ -215,6 +215,16 @@ def test_a_pending_graph_is_handed_over_without_a_write(built, backend, monkeypa
     assert again[0] > made[0] and writes == []
 
 
+def test_a_worker_that_hands_a_graph_over_keeps_the_shards_vectors(built, backend):
+    """The shards of an all-pairs build come back to a worker: one that handed a shard's graph over reads
+    only a graph when a later task brings the shard back, not its vectors again."""
+    store = Store.open(built, pin=False)
+    made = _merge(store, 0, 1)
+    tasks.hand_over(_spec(store), 0, made[0])
+    assert tasks._CACHE.state((str(store.path.resolve()), 0, made[0]))[0] == "handed"
+    assert tasks.gnnd(_spec(store), _ref(store, 0, graph=False), 0, None, 0).bytes_read == 0
+
+
 def _recording(calls: list) -> type:
     class Recorder:
         def __init__(self, **kwargs):
