@@ -262,6 +262,23 @@ def test_a_lost_versions_late_write_does_not_count():
     assert held.written(0, 8) and (held.get(0).durable, held.get(0).owner) == (8, None)
 
 
+class _Waiting:
+    """A Dask future of a task that never ends: pinned to a worker that left, it waits for it for ever."""
+
+    def result(self, timeout: float):
+        raise TimeoutError
+
+
+def test_a_pinned_task_whose_worker_left_ends_the_wait(monkeypatch):
+    """Tasks are pinned to their worker (Dask stole hinted hand-overs and flushes for idle workers that lacked
+    the graphs); one whose worker (or a graph's holder) leaves ends the client's wait instead of hanging."""
+    monkeypatch.setattr(connect, "WATCH_S", 0.01)
+    client = types.SimpleNamespace(nthreads=lambda: {"b": 2})
+    with pytest.raises(connect.WorkerGone) as gone:
+        connect.pinned_result(client, _Waiting(), {"a", "b"})
+    assert gone.value.workers == {"a"}
+
+
 def test_place_keeps_pending_graphs_where_they_are_while_a_thread_is_free():
     threads = {"a": 2, "b": 2}
     on_disk, seen_b, pending_b, pending_a = Holding(1), Holding(1, seen="b"), Holding(2, "b", 1, "b"), Holding(2, "a")
