@@ -174,6 +174,21 @@ def test_a_pending_graph_written_and_evicted_is_read_back_not_lost(built, backen
     assert tasks.merge(_spec(store), ref, _ref(store, 2), [], seed=0).bytes_read > 0
 
 
+def test_a_shard_in_the_workers_cache_is_not_counted_as_read(built, backend):
+    """Bytes read are the bytes read from the store: a shard whose vectors this worker holds (another
+    version's part) counts nothing for them, whichever path the task takes (GNND, a merge, a hand-over)."""
+    store = Store.open(built, pin=False)
+    made = _merge(store, 0, 1)  # shards 0 and 1 pending here, their vectors with them
+    assert tasks.gnnd(_spec(store), _ref(store, 0, graph=False), 0, None, 0).bytes_read == 0
+    durable = store.read_graph(0, store.manifest.shards[0].graph)
+    graph_bytes = durable.ids.nbytes + durable.dists.nbytes
+    two = store.read_graph(2, store.manifest.shards[2].graph)
+    two_bytes = store.read_vectors(2).nbytes + two.ids.nbytes + two.dists.nbytes
+    assert tasks.merge(_spec(store), _ref(store, 0), _ref(store, 2), [], seed=0).bytes_read == graph_bytes + two_bytes
+    ref = ShardRef(1, store.manifest.shards[1].offset, made[1] + 10, pending=True)
+    assert tasks._take(store, ref, durable) == 0
+
+
 def test_a_task_on_a_worker_without_the_pending_graph_says_so(built, backend):
     store = Store.open(built, pin=False)
     shard = store.manifest.shards[1]
@@ -198,6 +213,16 @@ def test_a_pending_graph_is_handed_over_without_a_write(built, backend, monkeypa
     ref = ShardRef(0, store.manifest.shards[0].offset, made[0], pending=True)
     again = tasks.merge(_spec(store), ref, _ref(store, 2), [], seed=0, handed={0: graph}).versions
     assert again[0] > made[0] and writes == []
+
+
+def test_a_worker_that_hands_a_graph_over_keeps_the_shards_vectors(built, backend):
+    """The shards of an all-pairs build come back to a worker: one that handed a shard's graph over reads
+    only a graph when a later task brings the shard back, not its vectors again."""
+    store = Store.open(built, pin=False)
+    made = _merge(store, 0, 1)
+    tasks.hand_over(_spec(store), 0, made[0])
+    assert tasks._CACHE.state((str(store.path.resolve()), 0, made[0]))[0] == "handed"
+    assert tasks.gnnd(_spec(store), _ref(store, 0, graph=False), 0, None, 0).bytes_read == 0
 
 
 def _recording(calls: list) -> type:
@@ -235,6 +260,23 @@ def test_a_lost_versions_late_write_does_not_count():
     assert not held.written(0, 5) and held.get(0).durable == 3
     held.made(0, 8, "b")
     assert held.written(0, 8) and (held.get(0).durable, held.get(0).owner) == (8, None)
+
+
+class _Waiting:
+    """A Dask future of a task that never ends: pinned to a worker that left, it waits for it for ever."""
+
+    def result(self, timeout: float):
+        raise TimeoutError
+
+
+def test_a_pinned_task_whose_worker_left_ends_the_wait(monkeypatch):
+    """Tasks are pinned to their worker (Dask stole hinted hand-overs and flushes for idle workers that lacked
+    the graphs); one whose worker (or a graph's holder) leaves ends the client's wait instead of hanging."""
+    monkeypatch.setattr(connect, "WATCH_S", 0.01)
+    client = types.SimpleNamespace(nthreads=lambda: {"b": 2})
+    with pytest.raises(connect.WorkerGone) as gone:
+        connect.pinned_result(client, _Waiting(), {"a", "b"})
+    assert gone.value.workers == {"a"}
 
 
 def test_place_keeps_pending_graphs_where_they_are_while_a_thread_is_free():

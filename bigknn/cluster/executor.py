@@ -9,16 +9,17 @@ A task keeps its new graphs pending in its worker's memory (bigknn/cluster/tasks
 ``Writer``, the in-process one, has them written (``flush.ClusterSink``) at checkpoints, when a shard has no
 merge left, to make room, and at the end, and commits a pair once both its graphs are on disk. So a shard
 merged many times between checkpoints is written once. The client is the only committer, and a pair is
-committed once: the scheduler hands each pending pair out once, and a task's retries and Dask's reruns all
-end in that one future's single result.
+committed once: the scheduler hands each pending pair out once, and a task's retries all end in one
+result.
 
 Where a task runs (``holdings.place``): on the worker holding its shards' pending versions while it has a
 thread free; a shard pending on another worker is handed over (``tasks.hand_over``: Dask moves the graph
-from worker to worker, not through the disk). A worker that dies takes its pending
-versions with it (a flush or a task finds them missing: ``PendingLost``): the shards revert to their
-newest written versions, and the pairs that reached the lost versions and were not committed go back to
-the scheduler (merging a pair again is harmless). A task that fails otherwise is submitted again with the
-shards' current versions (``ATTEMPTS`` in all).
+from worker to worker, not through the disk). Every task is pinned to its worker (``connect.pinned_result``:
+Dask would steal it for an idle worker that lacks the graphs). A worker that dies takes its pending
+versions with it (the client sees it leave while it waits on a task there: ``WorkerGone``): the shards
+revert to their newest written versions, and the pairs that reached the lost versions and were not
+committed go back to the scheduler (merging a pair again is harmless). A task that fails otherwise is
+submitted again with the shards' current versions (``ATTEMPTS`` in all).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from itertools import chain
 from typing import Callable, Iterable
 
 from bigknn.cluster import tasks
-from bigknn.cluster.connect import Cluster
+from bigknn.cluster.connect import Cluster, WorkerGone, pinned_result
 from bigknn.cluster.flush import ClusterSink
 from bigknn.cluster.holdings import Holdings, place
 from bigknn.cluster.tasks import PendingLost, ShardRef, StoreSpec, TaskResult
@@ -246,12 +247,17 @@ class _Run:
             worker, handed = self._place(shards)
             fn, *args = task(handed)
             future = client.submit(fn, *args, key=f"{name}-{uuid.uuid4().hex[:8]}", pure=False,
-                                   workers=[worker] if worker else None, allow_other_workers=worker is not None)
+                                   workers=[worker] if worker else None, allow_other_workers=False)
             try:
-                return future.result()
+                return pinned_result(client, future, {w for w in (worker, *(owners[s] for s in handed)) if w})
             except PendingLost as e:  # from the task, or from a hand-over it waited for
                 for sid in e.shards:
                     self._lost([sid], owners.get(sid))
+            except WorkerGone as e:  # its graphs pending there are lost; the task runs again, on a worker here
+                client.cancel([future, *handed.values()])
+                for sid, owner in owners.items():
+                    if owner in e.workers:
+                        self._lost([sid], owner)
             except Exception as e:  # noqa: BLE001 - a worker's error, retried, then re-raised
                 if attempt == ATTEMPTS or isinstance(e, BadInput):
                     raise
@@ -279,7 +285,7 @@ class _Run:
                 self.inflight[worker] += 1
         return worker, {shards[n]: self.cluster.client.submit(
             tasks.hand_over, self.spec, shards[n], held[n].version, key=f"hand-{shards[n]}-{uuid.uuid4().hex[:8]}",
-            pure=False, workers=[held[n].owner], allow_other_workers=True) for n in moves}
+            pure=False, workers=[held[n].owner], allow_other_workers=False) for n in moves}
 
     # ---- results -------------------------------------------------------------------------------
     def _made(self, res: TaskResult, phase: str) -> None:

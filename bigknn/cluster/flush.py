@@ -9,6 +9,7 @@ import uuid
 from typing import Callable, Iterable
 
 from bigknn.cluster import tasks
+from bigknn.cluster.connect import WorkerGone, pinned_result
 from bigknn.cluster.holdings import Holdings
 from bigknn.cluster.partcache import CACHE_PARTS
 from bigknn.cluster.tasks import StoreSpec
@@ -37,16 +38,21 @@ class ClusterSink:
         return sorted(sid for held in self.holdings.pending().values() for sid in held)
 
     def write(self, sids: Iterable[int]) -> tuple[Written, int]:
-        # the holder if it is there; else Dask runs the flush elsewhere, which finds the versions missing
+        # on the holder only (connect.pinned_result): a flush elsewhere would find the versions missing
+        held = self.holdings.pending(set(sids))
         futures = {worker: self.client.submit(tasks.flush, self.spec, versions, pure=False,
                                               key=f"flush-{uuid.uuid4().hex[:8]}", workers=[worker],
-                                              allow_other_workers=True)
-                   for worker, versions in self.holdings.pending(set(sids)).items()}
+                                              allow_other_workers=False)
+                   for worker, versions in held.items()}
         done: Written = {}
         nbytes = 0
         for worker, future in futures.items():
             try:
-                res = future.result()
+                res = pinned_result(self.client, future, {worker})
+            except WorkerGone:  # the holder died with the versions
+                self.client.cancel([future])
+                self.on_lost(list(held[worker]), worker)
+                continue
             finally:
                 future.release()
             done.update({sid: (v, v) for sid, v in res.written.items()})

@@ -92,7 +92,7 @@ def place(held: list[Holding], threads: dict[str, int], inflight: Counter[str]) 
     if not threads:
         return None, []
 
-    def moves(w: str) -> list[int]:  # a holder that left counts too: the hand-over finds the graph lost
+    def moves(w: str) -> list[int]:  # a holder that left counts too: the wait finds it gone (WorkerGone)
         return [n for n, h in enumerate(held) if h.owner is not None and h.owner != w]
 
     order = {w: n for n, w in enumerate(threads)}

@@ -164,26 +164,31 @@ def _part(store: Store, ref: ShardRef) -> tuple[ShardPart, int]:
         return part, 0
     if ref.pending and _CACHE.state(key)[0] != "written":
         raise PendingLost([ref.id])
-    vectors = _vectors(store, ref.id)
+    vectors, nread = _vectors(store, ref.id)
     graph = store.read_graph(ref.id, ref.version) if ref.version is not None else None
     part = ShardPart(ref.offset, vectors, graph)
     _CACHE.put(key, part)
-    return part, vectors.nbytes + (graph.ids.nbytes + graph.dists.nbytes if graph is not None else 0)
+    return part, nread + (graph.ids.nbytes + graph.dists.nbytes if graph is not None else 0)
 
 
-def _vectors(store: Store, shard_id: int) -> np.ndarray:
-    """A shard's vectors: from any cached part of it (vectors never change), else from the store."""
+def _vectors(store: Store, shard_id: int) -> tuple[np.ndarray, int]:
+    """A shard's vectors and the bytes read from the store for them: from any cached part of the shard
+    (vectors never change; 0 read), else from the store. Every path that needs a shard's vectors counts
+    its reads here, so a shard another version of which is cached is not counted as read (issue 14: the
+    workers' reads summed to 3.5 times the store)."""
     cached = _CACHE.vectors(str(store.path), shard_id)
-    return cached if cached is not None else store.read_vectors(shard_id)
+    if cached is not None:
+        return cached, 0
+    vectors = store.read_vectors(shard_id)
+    return vectors, vectors.nbytes
 
 
 def _take(store: Store, ref: ShardRef, graph: KnnGraph) -> int:
     """Hold a graph another worker handed over as the pending version ``ref`` names; the bytes read for
     its vectors."""
-    cached = _CACHE.vectors(str(store.path), ref.id)
-    vectors = cached if cached is not None else store.read_vectors(ref.id)
+    vectors, nread = _vectors(store, ref.id)
     _CACHE.put_pending((str(store.path), ref.id, ref.version), ShardPart(ref.offset, vectors, graph), None)
-    return 0 if cached is not None else vectors.nbytes
+    return nread
 
 
 def _keep(store: Store, ref: ShardRef, graph: KnnGraph, vectors: np.ndarray) -> int:
