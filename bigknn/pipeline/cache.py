@@ -21,10 +21,16 @@ class ShardCache:
     Each shard's graph has a generation, raised by every ``put(..., dirty=True)``. A dirty shard (cached
     graph newer than the disk's) is never evicted: when only dirty shards could make room, the cache asks
     ``on_pressure`` (the writer) to write them, and evicts them once ``written``.
+
+    ``tight``: the cache holds fewer than the store's ``shards``. Merges then prefer pairs of cached shards
+    (Scheduler ``held``) and read ahead only the next pair's missing shards: reading further ahead evicts
+    shards the cache-aware order is about to use (10 shards through 4 on the CPU, one worker: 46 shard reads
+    against 20; the LRU replay of the plan counts 18).
     """
 
-    def __init__(self, store: Store, ledger, capacity: int, acct: Accounting):
+    def __init__(self, store: Store, ledger, capacity: int, acct: Accounting, shards: int):
         self.store, self.ledger, self.capacity, self.acct = store, ledger, max(2, capacity), acct
+        self.tight = self.capacity < shards
         self.on_pressure = lambda sids: None
         self._parts: OrderedDict[int, ShardPart] = OrderedDict()
         self._gen: dict[int, int] = {}  # kept across evictions: generations only grow
@@ -117,17 +123,25 @@ class ShardCache:
                 self._lock.wait(1.0)
 
     def _evict(self) -> None:
-        for sid in list(self._parts):
+        """Least recently used clean shards out, never the one just put or used: where every other shard is
+        dirty, a shard read (or read ahead) was the only one to go, dropped as it arrived (a 10-shard CPU build
+        through 4 read 68 shards for 45 merges, 41 with the narrower read-ahead alone, 20 with both)."""
+        for sid in list(self._parts)[:-1]:
             if len(self._parts) <= self.capacity:
                 return
             if sid not in self._dirty:
                 del self._parts[sid]
         over = len(self._parts) - self.capacity
         if over > 0:  # only dirty shards left to drop: have the oldest written
-            ask = [s for s in self._parts if s not in self._asked][:over]
+            ask = [s for s in self._parts if s in self._dirty and s not in self._asked][:over]
             self._asked.update(ask)
             if ask:
                 self.on_pressure(ask)
+
+    def read_ahead(self) -> int:
+        """Upcoming pairs whose shards ``prefetch`` should be given: one where the cache is tight, else as
+        many as it holds."""
+        return 1 if self.tight else self.capacity
 
     def prefetch(self, sids) -> None:
         """Start reading the first shards of ``sids`` in the background: as many as the cache holds beside

@@ -112,11 +112,12 @@ def run_pending(store: Store, ledger: Ledger, backends: list[Backend], reporter:
     if incoming:
         source = chain(source or (), incoming[0])
     biggest = max([s.rows for s in shards] + new_sizes)
-    cache = ShardCache(store, ledger, cache_shards(store.manifest, store.path, biggest, len(backends), host_mem), acct)
+    cache = ShardCache(store, ledger, cache_shards(store.manifest, store.path, biggest, len(backends), host_mem), acct,
+                       len(shards) + len(new_sizes))
     writer = Writer(store, ledger, acct, CacheSink(store, ledger, cache))
     # pairs of cached shards first only where the cache cannot hold them all: elsewhere the schedule's own
     # order, so that a build resumed before its first merge redoes the uninterrupted one bit for bit
-    held = cache.holds if cache.capacity < len(shards) + len(new_sizes) else (lambda sid: False)
+    held = cache.holds if cache.tight else (lambda sid: False)
     sched = Scheduler(ledger.todo_pairs(len(shards) + len(new_sizes)),
                       ready=[s.id for s in shards if ledger.version(s.id) is not None],
                       feeding=source is not None, queue_limit=len(backends) + 1, held=held)

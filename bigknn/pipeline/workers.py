@@ -97,8 +97,9 @@ def run_tasks(store: Store, ledger, backends: list[Backend], reporter: Reporter,
 
     def merge(backend: Backend, name: str, pair: tuple[int, int]) -> None:
         i, j = pair
-        cache.prefetch(s for p in sched.upcoming(set(pair), cache.capacity) for s in p if s not in pair)
-        cache.touch(pair)
+        cache.touch(pair)  # first: what is read ahead must not evict this pair's shards
+        ahead = sched.upcoming(set(pair), cache.read_ahead())
+        cache.prefetch(s for p in ahead for s in p if s not in pair)
         a, b = cache.get(i), cache.get(j)
         # a GPU backend copies the next pair's shards during this merge
         upcoming = [cache.peek(s) for p in sched.upcoming(set(pair), 2) for s in p if s not in pair]
@@ -138,7 +139,7 @@ def run_tasks(store: Store, ledger, backends: list[Backend], reporter: Reporter,
         return
     feeding = threading.Thread(target=feeder, daemon=True, name="gnnd-feed") if source is not None else None
     # shards that already have a graph (an ingest's old shards) are read while the first GNND runs
-    cache.prefetch(s for p in sched.upcoming(set(), cache.capacity) for s in p if s in sched.ready)
+    cache.prefetch(s for p in sched.upcoming(set(), cache.read_ahead()) for s in p if s in sched.ready)
     with reporter.phase("build", tasks, "tasks") as advance:
         if feeding is not None:
             feeding.start()
