@@ -43,7 +43,8 @@ def seed_for(*parts: int) -> int:
     return int(np.random.SeedSequence(list(parts)).generate_state(1)[0])
 
 
-def shards_from_store(store: Store, shards: list[ShardEntry], acct: Accounting) -> Iterator[tuple[ShardEntry, np.ndarray]]:
+def shards_from_store(store: Store, shards: list[ShardEntry],
+                      acct: Accounting) -> Iterator[tuple[ShardEntry, np.ndarray]]:
     """(shard, vectors) of shards already in the store, read one after the other."""
     for shard in shards:
         t = time.perf_counter()
