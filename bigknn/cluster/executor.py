@@ -96,9 +96,7 @@ class _Run:
         self.spec = StoreSpec.of(store, cluster.backend, cluster.gpu_mem)
         self.seed = store.manifest.seed
         self.sample = sample
-        # the sample's vectors go to every worker once, not with each GNND task
-        self.sample_data = (cluster.client.scatter(sample.vectors, broadcast=True) if sample is not None
-                            else None)
+        self._sample_future = None  # the sample's vectors on the workers (_sample_data)
         cluster.client.run(tasks.drop_pending, self.spec.path)  # a killed client's, on a cluster that lives on
         self.holdings = Holdings({s.id: ledger.version(s.id) for s in ledger.shards()})
         self.sink = ClusterSink(cluster.client, self.spec, self.holdings, self._lost)
@@ -195,11 +193,22 @@ class _Run:
             return None if cost(best)[0] else best
 
     # ---- tasks ---------------------------------------------------------------------------------
+    def _sample_data(self):
+        """The recall sample's vectors on the workers (None without a sample): sent to every worker once, not
+        with each GNND task, and sent again once a worker's death lost them (Dask then cancels every task
+        that needs them, "lost dependencies", retries included: a CI run failed so)."""
+        if self.sample is None:
+            return None
+        with self.lock:
+            if self._sample_future is None or self._sample_future.status != "finished":
+                self._sample_future = self.cluster.client.scatter(self.sample.vectors, broadcast=True)
+            return self._sample_future
+
     def _gnnd(self, shard: ShardEntry) -> None:
         sample_k = self.sample.m + 1 if self.sample is not None else 0
         res = self._submit(f"gnnd-{shard.id}", [], lambda _: (
             tasks.gnnd, self.spec, ShardRef(shard.id, shard.offset, None), seed_for(self.seed, 0, shard.id),
-            self.sample_data, sample_k))
+            self._sample_data(), sample_k))
         if self.sample is not None and res.truth is not None:
             self.sample.fold(shard.id, res.truth)
         self._made(res, "gnnd")
