@@ -25,7 +25,7 @@ class ShardCache:
     ``tight``: the cache holds fewer than the store's ``shards``. Merges then prefer pairs of cached shards
     (Scheduler ``held``) and read ahead only the next pair's missing shards: reading further ahead evicts
     shards the cache-aware order is about to use (10 shards through 4 on the CPU, one worker: 46 shard reads
-    against 20; the LRU replay of the plan counts 18).
+    against 20; the LRU replay of the plan counts 19).
     """
 
     def __init__(self, store: Store, ledger, capacity: int, acct: Accounting, shards: int):

@@ -25,7 +25,7 @@ from bigknn.backends.cuda.compile import MAX_K, compile_kernels, kernel_metric, 
 from bigknn.backends.cuda.gpu import Gpu
 from bigknn.backends.cuda.memory import free_pools
 from bigknn.backends.cuda.rows import half_rows
-from bigknn.graph import EMPTY, KnnGraph
+from bigknn.graph import EMPTY, KnnGraph, merge_lists
 
 FUSED_MAX_DIM = 256  # widest rows (padded to 16 dims) whose query fragments fit the fused kernel's registers
 FUSED_MIN_DIM = 16  # narrower rows have too few terms to average out the halves' rounding: tiled (float32)
@@ -89,17 +89,14 @@ def exact_graph(gpu: Gpu, x, k: int, metric: str) -> KnnGraph:
 def _exact_widest(gpu: Gpu, x, k: int, metric: str) -> KnnGraph:
     """The exact graph k = MAX_K wide, a width whose top-(k + 1) with the row itself the kernels cannot hold:
     each half's rows take their top k among the other half and their top k - 1 among their own half (self
-    dropped), and keep the nearest k of the two (disjoint) lists."""
+    dropped), and keep the nearest k of the two (disjoint) lists (graph.merge_lists)."""
     n, h = x.shape[0], x.shape[0] // 2
     ids, dists = np.empty((n, k), np.int32), np.empty((n, k), np.float32)
     for lo, hi, other in ((0, h, (h, n)), (h, n, (0, h))):
         own = _exact(gpu, x[lo:hi], k, metric, [(lo, x[lo:hi])], self_base=lo)
         far = _exact(gpu, x[lo:hi], k, metric, [(other[0], x[other[0]:other[1]])])
-        both_ids = np.concatenate([own.ids, far.ids], axis=1)
-        both_dists = np.concatenate([own.dists, far.dists], axis=1)
-        order = np.argsort(both_dists, axis=1, kind="stable")[:, :k]
-        ids[lo:hi] = np.take_along_axis(both_ids, order, axis=1)
-        dists[lo:hi] = np.take_along_axis(both_dists, order, axis=1)
+        ids[lo:hi], dists[lo:hi] = merge_lists(np.concatenate([own.ids, far.ids], axis=1),
+                                               np.concatenate([own.dists, far.dists], axis=1), k)
     return KnnGraph(ids, dists)
 
 
