@@ -46,7 +46,7 @@ def _recall(found: np.ndarray, truth: np.ndarray) -> float:
 
 
 @pytest.mark.parametrize("method", ["tsdg", "rng"])
-@pytest.mark.parametrize("procedure,budget,batch", [("large", 0.3, None), ("small", 16, 1)])
+@pytest.mark.parametrize("procedure,budget,batch", [("large", 32, None), ("small", 16, 1)])
 def test_search_recall_on_the_cpu(data, method, procedure, budget, batch):
     truth = _true_ids(data["x"], data["q"])
     with bigknn.open(data["stores"][method]) as g:
@@ -58,16 +58,19 @@ def test_search_recall_on_the_cpu(data, method, procedure, budget, batch):
     assert (np.diff(found.distances, axis=1) >= 0).all()
 
 
-def test_more_budget_finds_more_and_results_do_not_depend_on_the_batch(data):
+def test_more_budget_finds_more_and_results_do_not_depend_on_the_batch(data, monkeypatch):
+    import bigknn.search.graph as search_graph
+
+    monkeypatch.setattr(search_graph, "ENTRY_SAMPLE", 4)  # 4 seeds: the budget, not the start, finds rows
     truth = _true_ids(data["x"], data["q"])
     with bigknn.open(data["stores"]["tsdg"]) as g:
         one = g.search(data["q"], budget=1, batch=1, procedure="small", backend="cpu")
         wide = g.search(data["q"], budget=8, batch=1, procedure="small", backend="cpu")
         together = g.search(data["q"], budget=8, batch=64, procedure="small", backend="cpu")
-        slack0 = g.search(data["q"], budget=0.0, procedure="large", backend="cpu")
-        slack1 = g.search(data["q"], budget=0.3, batch=50, procedure="large", backend="cpu")
+        short = g.search(data["q"], budget=10, procedure="large", backend="cpu")
+        long = g.search(data["q"], budget=32, batch=50, procedure="large", backend="cpu")
     assert _recall(one.ids, truth) < _recall(wide.ids, truth)
-    assert _recall(slack0.ids, truth) < _recall(slack1.ids, truth)
+    assert _recall(short.ids, truth) < _recall(long.ids, truth)
     np.testing.assert_array_equal(wide.ids, together.ids)
 
 
@@ -82,8 +85,8 @@ def test_cli_truth_search_and_sweep(data):
     assert s["out"] == str(d / "found.ibin") and found.shape == (QUERIES, 10) and s["qps"] > 0
     assert _recall(found, gt) >= 0.95
     sweep = run_json("eval", "search", store, "--queries", d / "q.fbin", "--truth", d / "gt.ibin", "--budgets",
-                     "0,0.3", "--backend", "cpu", "--plot", d / "curve.png")
-    assert [p["budget"] for p in sweep["points"]] == [0.0, 0.3] and sweep["procedure"] == "large"
+                     "10,32", "--backend", "cpu", "--plot", d / "curve.png")
+    assert [p["budget"] for p in sweep["points"]] == [10, 32] and sweep["procedure"] == "large"
     assert sweep["points"][0]["recall"] <= sweep["points"][1]["recall"] and sweep["points"][1]["recall"] >= 0.95
     assert (d / "curve.png").read_bytes()[:4] == b"\x89PNG"
 
@@ -140,7 +143,7 @@ def test_searches_start_in_the_query_cluster_of_a_disconnected_graph(tmp_path, m
     x, q = _clustered(rng, 3000, centres), _clustered(rng, 60, centres)
     with bigknn.build(x, k=16, store=tmp_path / "s.knn", backend="cpu") as g:
         g.prune("tsdg", degree=16, backend="cpu")
-        found = g.search(q, k=10, budget=0.0, procedure="large", backend="cpu")
+        found = g.search(q, k=10, budget=10, procedure="large", backend="cpu")
     assert _recall(found.ids, _true_ids(x, q)) >= 0.95
 
 

@@ -21,7 +21,7 @@ batch_option = click.option("--batch", type=click.IntRange(min=1), default=None,
                             help="Queries searched together (default: all); QPS is measured over batches of it.")
 procedure_option = click.option("--procedure", type=click.Choice(PROCEDURES), default="auto", show_default=True,
                                 help="small: independent greedy searches per query (budget: how many); large: "
-                                     "best-first with a slack (budget: tau); auto: small below a batch size set "
+                                     "best-first over a search list (budget: its length); auto: small below a batch size set "
                                      "by the device's processors and the dimension.")
 seed_option = click.option("--seed", type=int, default=0, show_default=True, help="Seed of the entry sample (the rows searches start from).")
 output_option = click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
@@ -62,7 +62,7 @@ def prune(store: Path, method: str, degree: int, alpha: float, backend: str, gpu
 @queries_option
 @k_option
 @click.option("--budget", type=float, default=None,
-              help="small: searches per query (default 16); large: the slack factor tau (default 0.3).")
+              help="small: searches per query (default 16); large: the search list's length (default 64).")
 @batch_option
 @procedure_option
 @seed_option
@@ -77,7 +77,7 @@ def search(store: Path, queries: Path, k: int, budget: float | None, batch: int 
     \b
     Examples:
       bigknn search data.knn --queries q.fbin -o found.ibin
-      bigknn search data.knn --queries q.fbin --k 10 --budget 0.6 --procedure large -o found.ibin
+      bigknn search data.knn --queries q.fbin --k 10 --budget 128 --procedure large -o found.ibin
       bigknn search data.knn --queries q.fbin --batch 1 --budget 8 -o found.ibin --json
     """
     found = api.open(store).search(queries, k, budget, batch, procedure, seed, output, backend, parse_bytes(gpu_mem))

@@ -29,14 +29,12 @@ _M2 = np.uint64(0x94D049BB133111EB)
 @dataclass
 class SearchIndex:
     """Everything a batch search reads: the rows, each row's edges ordered by (occlusion factor, distance),
-    their occlusion factors, the kernel metric (l2 or ip) and GGNN's d_nn1+ (the largest distance from a row
-    to its nearest neighbour, in the metric's distance: Euclidean for l2, 1 - x.y for ip)."""
+    their occlusion factors and the kernel metric (l2 or ip)."""
 
     vectors: np.ndarray  # (n, d) as stored (cosine rows normalised)
     ids: np.ndarray  # (n, degree) int32 global row ids, EMPTY-padded at the end
     lambdas: np.ndarray  # (n, degree) uint8 occlusion factors, NO_LAMBDA in empty slots
     metric: str
-    nn1: float
 
     @property
     def rows(self) -> int:
@@ -72,8 +70,3 @@ def nearest_entries(xp: Any, sample: Any, sample_ids: Any, queries: Any, metric:
     word = ((key_bits(xp, keys) - (1 << 31)) << 32) | col  # distinct (no tie left to the sort), within int64
     return sample_ids[xp.sort(word, axis=1)[:, :w] & 0xFFFFFFFF]  # a whole-row sort: CuPy's is segmented
 
-
-def key_distance(keys: np.ndarray | float, metric: str) -> np.ndarray:
-    """Ordering keys -> the distances GGNN's slack is measured in: Euclidean for l2, 1 + key = 1 - x.y for ip."""
-    keys = np.asarray(keys, np.float64)
-    return np.sqrt(np.maximum(keys, 0.0)) if metric == "l2" else 1.0 + keys

@@ -60,7 +60,7 @@ class SearchMethods:
                gpu_mem: int | None = None) -> SearchResult:
         """The k nearest rows of each query (an array or a vector file) found by searching the pruned graph.
         ``batch``: queries searched together (default all); ``procedure``: "small" (independent greedy
-        searches, ``budget`` of them per query), "large" (best-first, ``budget`` the slack factor tau) or
+        searches, ``budget`` of them per query), "large" (best-first, ``budget`` the search list's length) or
         "auto" (small below a batch size the device's processors and the dimension set). ``out``: also write
         the ids and distances to this .ibin.
 
@@ -118,9 +118,9 @@ class SearchMethods:
         >>> with bigknn.build(x, k=16, backend="cpu") as g:
         ...     _ = g.prune(degree=16, backend="cpu")
         ...     _ = g.truth(q, gt, backend="cpu")
-        ...     sweep = g.search_sweep(q, gt, budgets=[0.0, 0.5], procedure="large", backend="cpu")
+        ...     sweep = g.search_sweep(q, gt, budgets=[10, 64], procedure="large", backend="cpu")
         >>> [p.budget for p in sweep.points], sweep.points[-1].recall >= 0.9
-        ([0.0, 0.5], True)
+        ([10.0, 64.0], True)
         """
         store = self._live()
         if plot is not None:

@@ -79,14 +79,15 @@ SEEDS = 32  # the entry sample rows nearest each query that its searches start f
 ENTRY_SAMPLE = 4096  # rows every query is compared with for its entry points (a GEMM a batch; search/graph.py)
 SEARCH_K_MAX = 32  # the result list of one search is one warp wide (TSDG Alg. 1: 32 entries)
 LAMBDA_VISIT = {"small": 10, "large": 5}  # TSDG §5.4: edges visited have occlusion factors below these
-HOPS = {"small": 64, "large": 4096}  # hop limit T: Alg. 1 "converges in 4-5 iterations"; Alg. 2 ends by Δ first
-QUEUE_SEGMENTS = 16  # TSDG §4.2: the expansion queue and the visited table, in segments of 32 entries
-SEGMENT = 32
+HOPS = {"small": 64, "large": 4096}  # hop limit T: Alg. 1 "converges in 4-5 iterations"; Alg. 2 ends first
+LIST_MAX = 256  # longest search list of the large-batch procedure (its budget)
+PARENTS = 4  # entries of the search list the large-batch procedure expands a hop (CAGRA's search_width);
+# in small batches a block of PARENTS warps searches a query (search.cu: at most 4)
 # TSDG §4: batches below (a * SMs + b) / d queries take the small-batch procedure. The paper gives no a, b;
 # a fits its example (82 SMs, 128-d: about 300), b = 0
 SMALL_BATCH_A = 468
 BUDGETS = {"small": (1, 2, 4, 8, 16, 32, 64, 128),  # t0: independent greedy searches per query (Alg. 1)
-           "large": (0.0, 0.1, 0.2, 0.3, 0.45, 0.6, 0.8, 1.0, 1.4)}  # tau: GGNN's slack factor (Alg. 2's Δ)
+           "large": (10, 16, 24, 32, 48, 64, 96, 128, 192, 256)}  # the search list's length (Alg. 2's R)
 
 
 def small_batch_limit(processors: int, dim: int) -> int:
@@ -97,8 +98,8 @@ def small_batch_limit(processors: int, dim: int) -> int:
 @dataclass(frozen=True)
 class SearchPlan:
     """One batch search: the procedure (``small``: TSDG Alg. 1, ``large``: Alg. 2), its budget (t0 searches per
-    query, or GGNN's slack factor tau), the neighbours wanted, the occlusion factors visited, the hop limit and
-    the seed of the entry sample."""
+    query, or the length of the search list), the neighbours wanted, the occlusion factors visited, the hop limit
+    and the seed of the entry sample."""
 
     procedure: str
     budget: float
@@ -118,6 +119,11 @@ class SearchPlan:
         """t0, the independent greedy searches per query of the small-batch procedure."""
         return max(1, int(self.budget))
 
+    @property
+    def list_length(self) -> int:
+        """The large-batch procedure's search list: the budget, and never shorter than k."""
+        return max(self.k, int(self.budget))
+
     def check(self) -> None:
         if self.procedure not in ("small", "large"):
             raise ValueError(f"procedure {self.procedure!r}: choose small or large")
@@ -126,5 +132,6 @@ class SearchPlan:
         if self.procedure == "small" and (self.budget < 1 or self.budget != int(self.budget)):
             raise ValueError(f"--budget {self.budget:g}: the small-batch procedure takes a whole number of "
                              "searches per query (1, 2, 4, ...)")
-        if self.procedure == "large" and not self.budget >= 0:
-            raise ValueError(f"--budget {self.budget:g}: the large-batch procedure takes a slack factor >= 0")
+        if self.procedure == "large" and not (1 <= self.budget <= LIST_MAX and self.budget == int(self.budget)):
+            raise ValueError(f"--budget {self.budget:g}: the large-batch procedure takes a search list length, "
+                             f"a whole number in 1..{LIST_MAX}")

@@ -28,7 +28,6 @@ from bigknn.errors import BadInput
 from bigknn.graph import EMPTY
 from bigknn.metrics import kernel_metric
 from bigknn.progress import Reporter
-from bigknn.search.graph import key_distance
 from bigknn.search.lists import take_columns
 from bigknn.search.params import NO_LAMBDA, DiversifyRule, PruneParams
 from bigknn.search.scratch import Scratch
@@ -83,7 +82,6 @@ class _Pruner:
         scratch_bytes = self.m.rows * params.forward_width(self.k) * SCRATCH_BYTES_PER_EDGE
         self.scratch = Scratch(work_path(store, self.version),
                                self.vectors.whole and vector_bytes + scratch_bytes <= host_bytes)
-        self.nn1 = 0.0
         self.stats = {"forward_edges": 0, "reverse_edges": 0, "symmetric_links": 0, "edges": 0}
 
     def run(self, reporter: Reporter) -> dict:
@@ -108,9 +106,6 @@ class _Pruner:
     def _forward(self, s) -> None:
         g = self.store.read_graph(s.id)
         ids, keys = g.ids[:, :self.k], g.dists[:, :self.k]
-        first = keys[:, 0][ids[:, 0] >= 0]
-        if first.size:
-            self.nn1 = max(self.nn1, float(key_distance(first, self.metric).max()))
         p = self.params
         rule = DiversifyRule("gd", p.alpha) if p.method == "tsdg" else DiversifyRule("rng")
         table, index = self.vectors.table(ids)
@@ -210,7 +205,7 @@ class _Pruner:
         previous = m.search["version"] if m.search else None
         entry = SearchEntry(version=self.version, method=p.method, degree=p.degree, rows=m.rows,
                             graphs=[s.graph for s in m.shards], alpha=p.alpha, lambda0=p.lambda0, knn_k=self.k,
-                            nn1=round(self.nn1, 7), mean_degree=round(self.stats["edges"] / max(1, m.rows), 3),
+                            mean_degree=round(self.stats["edges"] / max(1, m.rows), 3),
                             seconds=round(seconds, 3))
         with self.store.lock:
             m.search = entry.__dict__.copy()

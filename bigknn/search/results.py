@@ -39,8 +39,8 @@ class PruneReport(_Report):
 @dataclass(frozen=True)
 class SearchReport(_Report):
     """How a search ran: queries, k, procedure (small: TSDG Alg. 1, large: Alg. 2) and its budget (t0 searches
-    per query, or the slack factor tau), the batch size, queries per second over the search calls, the backend,
-    and the output file where one was written."""
+    per query, or the search list's length), the batch size, queries per second over the search calls, the
+    backend, and the output file where one was written."""
 
     store: str
     queries: int

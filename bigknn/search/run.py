@@ -22,7 +22,7 @@ from bigknn.search.params import BUDGETS, PROCEDURES, SearchPlan, small_batch_li
 from bigknn.search.results import SearchReport, SearchSweep, SweepPoint, TruthReport
 from bigknn.shards import Store
 
-DEFAULT_BUDGET = {"small": 16, "large": 0.3}
+DEFAULT_BUDGET = {"small": 16, "large": 64}
 WARMUP_QUERIES = 64  # searched once before timing: kernels compiled, the index on the device
 
 
@@ -127,7 +127,7 @@ def sweep(index: SearchIndex, store: Store, queries: np.ndarray, truth_path: Pat
     for b in budgets:
         make_plan(proc, b, k, seed)  # every budget checked before the first search
     warm = queries[:WARMUP_QUERIES]
-    backend.graph_search(index, warm, make_plan(proc, budgets[0], k, seed), min(batch, len(warm)))
+    backend.graph_search(index, warm, make_plan(proc, budgets[0], k, seed), batch)  # the kernels the batch takes
     points = []
     for b in budgets:
         ids, _, rep = search(index, store, queries, backend, k, b, batch, proc, seed)

@@ -63,7 +63,6 @@ class SearchEntry:
     alpha: float
     lambda0: int
     knn_k: int
-    nn1: float  # GGNN's d_nn1+ (bigknn/search/graph.py SearchIndex)
     mean_degree: float
     seconds: float
 
@@ -126,7 +125,7 @@ def load_index(store: Store, metric: str) -> tuple[SearchIndex, SearchEntry]:
         vectors[at] = store.read_vectors(s.id)
         ids[at] = store.read_search(entry.version, f"shards/{s.id}/ids")
         lambdas[at] = store.read_search(entry.version, f"shards/{s.id}/lambdas")
-    return SearchIndex(vectors, ids, lambdas, metric, entry.nn1), entry
+    return SearchIndex(vectors, ids, lambdas, metric), entry
 
 
 def work_path(store: Store, version: int) -> Path:

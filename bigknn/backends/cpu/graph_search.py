@@ -7,13 +7,17 @@ bigknn/backends/cuda/search.cu.
   computes the distances of the current row's neighbours (occlusion factor < 10), keeps per warp slot w the
   best of the neighbours w, w + 32, ... (R_temp), merges R_temp into the search's 32-entry list R_ij and moves
   to R_temp's best; a search ends when R_ij did not change. The t0 lists are merged into the top k.
-* ``large`` (Alg. 2): one best-first search per query from the entry sample's row nearest it, with the result list
-  R of k entries, an expansion queue C of QUEUE_SEGMENTS sorted segments of 32 (row id mod segments), and a
-  visited table V of the same segments (circular, the oldest entry replaced); edges with occlusion factor < 5.
-  It ends when the nearest queued row is farther than R's last by more than Δ = tau min(d_best1, d_nn1+)
-  (GGNN eq. (2)), when C is empty, or after the hop limit. A row enters R when it beats R's last, and C when
-  it is within Δ of R's last: GGNN's fetch criterion, to which TSDG refers for Δ (the printed Alg. 2 queues
-  only rows that enter R, which leaves Δ little to widen).
+* ``large`` (Alg. 2, with a search list for its R and Δ): one best-first search per query over a sorted search
+  list R of L entries (L the budget, at least k), started with the SEEDS entry sample rows nearest the query.
+  A hop expands R's PARENTS nearest entries not expanded yet (CAGRA's search width): the distances of their
+  neighbours (occlusion factor < 5) not already in R nor listed before, and R <- the best L of R and them (R
+  first among equal keys, then parent by parent in edge list order).
+  It ends when every entry of R is expanded, or after the hop limit; the first k entries are the result.
+  The paper keeps R at k entries and searches on while the nearest queued row is within a slack Δ of R's
+  last (GGNN's rule): a distance, where a list length is a rank. On 384-d text embeddings, whose distances
+  crowd together, a slack admits whole shells of rows (docs/perf-notes.md, session 28); the list is HNSW's
+  ef and CAGRA's itopk. The GPU skips rows it computed before (a table of them): such a row is in R or was
+  beaten by R's last, which only falls, so skipping it changes nothing.
 
 Departures from the paper, the same in both backends: R_ij takes the best 32 of R_ij and R_temp (the paper
 replaces R_ij's last 16 by R_temp's best 16: the same cost on a warp, and exact for k up to 32), and a row
@@ -25,8 +29,8 @@ from __future__ import annotations
 import numpy as np
 
 from bigknn.graph import EMPTY, KnnGraph, merge_lists
-from bigknn.search.graph import SearchIndex, entry_sample, key_distance, nearest_entries
-from bigknn.search.params import QUEUE_SEGMENTS, SEARCH_K_MAX, SEGMENT, SearchPlan
+from bigknn.search.graph import SearchIndex, entry_sample, nearest_entries
+from bigknn.search.params import PARENTS, SEARCH_K_MAX, SearchPlan
 
 GATHER_BYTES = 64 << 20  # float32 temporaries of one distance gather
 
@@ -129,72 +133,48 @@ def _merge_sorted(ids_a, keys_a, ids_b, keys_b, width):
 
 # ---- Alg. 2: large batches --------------------------------------------------------------------
 def _large(index: SearchIndex, q: np.ndarray, starts: np.ndarray, plan: SearchPlan) -> KnnGraph:
-    nq, k, m, s = len(q), plan.k, QUEUE_SEGMENTS, SEGMENT
-    u0, k0 = _entries(index, q, starts, 0)
-    at = np.arange(nq)
-    r_ids = np.full((nq, k), EMPTY, np.int64)  # R, ascending
-    r_keys = np.full((nq, k), np.inf, np.float32)
-    r_ids[:, 0], r_keys[:, 0] = u0, k0
-    c_ids = np.full((nq, m, s), EMPTY, np.int64)  # C: each segment ascending
-    c_keys = np.full((nq, m, s), np.inf, np.float32)
-    c_ids[at, u0 % m, 0], c_keys[at, u0 % m, 0] = u0, k0
-    v_ids = np.full((nq, m, s), EMPTY, np.int64)  # V: each segment a ring
-    v_head = np.zeros((nq, m), np.int64)
+    nq, width = len(q), plan.list_length
+    seed_keys = query_keys(index, q, starts)
+    order = np.argsort(seed_keys, axis=1, kind="stable")[:, :width]  # R: the nearest seeds, ascending
+    r_ids = np.full((nq, width), EMPTY, np.int64)
+    r_keys = np.full((nq, width), np.inf, np.float32)
+    r_ids[:, :order.shape[1]] = np.take_along_axis(starts.astype(np.int64), order, axis=1)
+    r_keys[:, :order.shape[1]] = np.take_along_axis(seed_keys, order, axis=1)
+    expanded = np.zeros((nq, width), bool)
     active = np.ones(nq, bool)
-    nn1 = float(index.nn1)
     for _ in range(plan.hops):
         a = np.flatnonzero(active)
+        open_ = ~expanded[a] & np.isfinite(r_keys[a])
+        done = ~open_.any(axis=1)
+        active[a[done]] = False
+        a, open_ = a[~done], open_[~done]
         if not a.size:
             break
-        heads = c_keys[a, :, 0]
-        seg = np.argmin(heads, axis=1)
-        top = heads[np.arange(len(a)), seg]
-        slack = plan.budget * np.maximum(0.0, np.minimum(key_distance(r_keys[a, 0], index.metric), nn1))
-        stop = np.isinf(top) | (key_distance(top, index.metric) > key_distance(r_keys[a, -1], index.metric) + slack)
-        active[a[stop]] = False
-        a, seg = a[~stop], seg[~stop]
-        if not a.size:
-            break
-        u = c_ids[a, seg, 0]
-        _pop_front(c_ids, c_keys, a, seg)
-        vs = u % m
-        v_ids[a, vs, v_head[a, vs]] = u
-        v_head[a, vs] = (v_head[a, vs] + 1) % s
-        nb = _neighbours(index, u, plan.lambda_visit)
-        safe = np.where(nb >= 0, nb, 0)
-        known = ((v_ids[a[:, None], safe % m] == nb[:, :, None]).any(axis=2)
-                 | (c_ids[a[:, None], safe % m] == nb[:, :, None]).any(axis=2)
-                 | (r_ids[a][:, None, :] == nb[:, :, None]).any(axis=2))
+        chosen = open_ & (np.cumsum(open_, axis=1) <= PARENTS)  # the nearest entries not expanded yet
+        expanded[a] |= chosen
+        at = np.argsort(~chosen, axis=1, kind="stable")[:, :PARENTS]  # their positions, nearest first
+        parents = np.where(np.take_along_axis(chosen, at, axis=1), np.take_along_axis(r_ids[a], at, axis=1), EMPTY)
+        nb = np.where(np.repeat(parents >= 0, index.ids.shape[1], axis=1),
+                      _neighbours(index, np.maximum(parents, 0), plan.lambda_visit).reshape(len(a), -1), EMPTY)
+        known = (r_ids[a][:, None, :] == nb[:, :, None]).any(axis=2) | _repeats(nb)
         nb = np.where(known, EMPTY, nb)
         keys = query_keys(index, q[a], nb)
-        slack = slack[~stop]
-        for j in range(nb.shape[1]):  # inserted one by one in list order, as a warp does
-            key = keys[:, j]
-            to_c = key_distance(key, index.metric) <= key_distance(r_keys[a, -1], index.metric) + slack
-            to_r = key < r_keys[a, -1]
-            if to_c.any():
-                _insert(c_ids, c_keys, a[to_c], nb[to_c, j] % m, nb[to_c, j], key[to_c])
-            if to_r.any():
-                _insert(r_ids, r_keys, a[to_r], None, nb[to_r, j], key[to_r])
-    return KnnGraph(r_ids.astype(np.int32), r_keys)
+        ids = np.concatenate([r_ids[a], nb], axis=1)  # R first among equal keys, then the list's order
+        merged = np.concatenate([r_keys[a], keys], axis=1)
+        flags = np.concatenate([expanded[a], np.zeros(nb.shape, bool)], axis=1)
+        keep = np.argsort(merged, axis=1, kind="stable")[:, :width]
+        r_keys[a] = np.take_along_axis(merged, keep, axis=1)
+        r_ids[a] = np.where(np.isinf(r_keys[a]), EMPTY, np.take_along_axis(ids, keep, axis=1))
+        expanded[a] = np.take_along_axis(flags, keep, axis=1)
+    return KnnGraph(r_ids[:, :plan.k].astype(np.int32), r_keys[:, :plan.k])
 
 
-def _pop_front(ids: np.ndarray, keys: np.ndarray, rows: np.ndarray, seg: np.ndarray) -> None:
-    ids[rows, seg, :-1] = ids[rows, seg, 1:]
-    keys[rows, seg, :-1] = keys[rows, seg, 1:]
-    ids[rows, seg, -1] = EMPTY
-    keys[rows, seg, -1] = np.inf
-
-
-def _insert(ids: np.ndarray, keys: np.ndarray, rows: np.ndarray, seg: np.ndarray | None, e: np.ndarray,
-            key: np.ndarray) -> None:
-    """Insert (e, key) into each row's ascending list (or the list's segment ``seg``), after equal keys; the
-    last entry falls off (a new entry worse than all of a full list is the one that falls off)."""
-    where = (rows,) if seg is None else (rows, seg)
-    li, lk = ids[where], keys[where]
-    pos = (lk <= key[:, None]).sum(axis=1)[:, None]
-    col = np.arange(lk.shape[1])[None, :]
-    prev_i = np.concatenate([li[:, :1], li[:, :-1]], axis=1)
-    prev_k = np.concatenate([lk[:, :1], lk[:, :-1]], axis=1)
-    ids[where] = np.where(col < pos, li, np.where(col == pos, e[:, None], prev_i))
-    keys[where] = np.where(col < pos, lk, np.where(col == pos, key[:, None], prev_k))
+def _repeats(nb: np.ndarray) -> np.ndarray:
+    """Entries equal to an earlier entry of their row (a row in the lists of two parents)."""
+    order = np.argsort(nb, axis=1, kind="stable")
+    s = np.take_along_axis(nb, order, axis=1)
+    dup = np.zeros(nb.shape, bool)
+    dup[:, 1:] = (s[:, 1:] == s[:, :-1]) & (s[:, 1:] >= 0)
+    out = np.zeros(nb.shape, bool)
+    np.put_along_axis(out, order, dup, axis=1)
+    return out

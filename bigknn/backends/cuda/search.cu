@@ -3,8 +3,6 @@
 // they depart from the paper). Rows are float32 (n, dim); edges (n, deg) int32 global ids, EMPTY-padded;
 // occlusion factors (n, deg) uint8. Keys as everywhere: squared L2, or -dot for ip.
 
-#define SEARCH_SEG 16       // params.py QUEUE_SEGMENTS
-#define SEARCH_SEG_LEN 32   // params.py SEGMENT
 
 
 template <int METRIC>
@@ -16,15 +14,16 @@ __device__ __forceinline__ float key_term(float acc, float a, float b) {
     return acc + a * b;
 }
 
-// key of row ``row`` of x to q, terms in dimension order; rows of a multiple of 4 dims are read as float4
-// (x from CuPy is 256-byte aligned, so every such row is 16-byte aligned)
+// the key terms of row v to q over dimensions first, first + stride, ... in that order; rows of a multiple of 4
+// dims are read as float4 units (x from CuPy is 256-byte aligned, so every such row is 16-byte aligned)
 template <int METRIC>
-__device__ __forceinline__ float row_key(const float* __restrict__ x, int dim, long long row, const float* q) {
-    const float* v = x + row * (long long)dim;
+__device__ __forceinline__ float key_terms(const float* __restrict__ v, int dim, const float* q, int first,
+                                           int stride) {
     float acc = 0.f;
     if ((dim & 3) == 0) {
         const float4* v4 = reinterpret_cast<const float4*>(v);
-        for (int t = 0; t < (dim >> 2); ++t) {
+#pragma unroll 8
+        for (int t = first; t < (dim >> 2); t += stride) {
             float4 a = __ldg(v4 + t);
             acc = key_term<METRIC>(acc, a.x, q[4 * t]);
             acc = key_term<METRIC>(acc, a.y, q[4 * t + 1]);
@@ -32,14 +31,34 @@ __device__ __forceinline__ float row_key(const float* __restrict__ x, int dim, l
             acc = key_term<METRIC>(acc, a.w, q[4 * t + 3]);
         }
     } else {
-        for (int t = 0; t < dim; ++t) acc = key_term<METRIC>(acc, __ldg(v + t), q[t]);
+        for (int t = first; t < dim; t += stride) acc = key_term<METRIC>(acc, __ldg(v + t), q[t]);
     }
+    return acc;
+}
+
+// key of row ``row`` of x to q, terms in dimension order
+template <int METRIC>
+__device__ __forceinline__ float row_key(const float* __restrict__ x, int dim, long long row, const float* q) {
+    const float acc = key_terms<METRIC>(x + row * (long long)dim, dim, q, 0, 1);
     return METRIC == 0 ? acc : -acc;
 }
 
-// key -> the distance GGNN's slack is measured in (search/graph.py key_distance)
+// keys of rows ids[0..count) to q into keys[], TEAM lanes a row (4 rows a warp-wide step): a team's loads of
+// a row are 128 contiguous bytes, and a hop costs steps by the rows it computes, not a whole row a lane
+// (``first``, ``step``: the warp's first row and the rows all warps sharing the list take a step)
+#define TEAM 8
 template <int METRIC>
-__device__ __forceinline__ float key_dist(float key) { return METRIC == 0 ? sqrtf(fmaxf(key, 0.f)) : 1.f + key; }
+__device__ __forceinline__ void team_keys(const float* __restrict__ x, int dim, const float* q,
+                                          const int* ids, float* keys, int count, int lane, int first = 0,
+                                          int step = 32 / TEAM) {
+    const int tl = lane & (TEAM - 1);
+    for (int r0 = first; r0 < count; r0 += step) {
+        const int r = r0 + lane / TEAM;
+        float acc = r < count ? key_terms<METRIC>(x + (long long)ids[r] * dim, dim, q, tl, TEAM) : 0.f;
+        for (int off = TEAM / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(FULL_MASK, acc, off);
+        if (tl == 0 && r < count) keys[r] = METRIC == 0 ? acc : -acc;
+    }
+}
 
 // where search j of query qi starts (search/graph.py): its entry sample row j mod nstart, (row, key) on every
 // lane; starts (nq, nstart) are the sample rows nearest each query, nearest first
@@ -51,111 +70,155 @@ __device__ __forceinline__ void entry(const float* __restrict__ x, int dim, cons
     *key = row_key<METRIC>(x, dim, *row, q);
 }
 
-// insert (id, key) into the ascending list held one entry a lane (lanes < width), after equal keys; the last
-// entry falls off, and nothing happens where the new one is worse than all of a full list
-__device__ __forceinline__ void lane_insert(float* lk, int* li, float key, int id, int width, int lane) {
-    unsigned le = __ballot_sync(FULL_MASK, lane < width && *lk <= key);
-    int pos = __popc(le);
-    float pk = __shfl_up_sync(FULL_MASK, *lk, 1);
-    int pi = __shfl_up_sync(FULL_MASK, *li, 1);
-    if (pos < width && lane < width) {
-        if (lane == pos) { *lk = key; *li = id; }
-        else if (lane > pos) { *lk = pk; *li = pi; }
+// mark row v computed in a warp's table of 2^bits slots (open addressing, -1 empty); true where it was not there
+__device__ __forceinline__ bool first_visit(int* table, int bits, int v) {
+    unsigned mask = (1u << bits) - 1u;
+    unsigned h = ((unsigned)v * 2654435761u) >> (32 - bits);
+    while (true) {
+        int old = atomicCAS(table + h, -1, v);
+        if (old == -1) return true;
+        if (old == v) return false;
+        h = (h + 1u) & mask;
     }
 }
 
-// ---- Alg. 2: large batches, one warp a query --------------------------------------------------
-// shared memory per warp: q[dim] | nb keys[deg] | nb ids[deg] | C keys[16*32] | C ids[16*32] | V ids[16*32]
-template <int METRIC>
+// insert (key, id) unexpanded into the ascending list of ``width`` entries, after equal keys, where it beats the
+// last entry (which falls off); every lane calls it with the same arguments
+__device__ __forceinline__ void list_insert(float* lk, int* li, unsigned char* lx, int width, float key, int id,
+                                            int lane) {
+    if (!(key < lk[width - 1])) return;
+    int pos = 0;
+    for (int c = 0; c < width; c += 32) {
+        int t = c + lane;
+        pos += __popc(__ballot_sync(FULL_MASK, t < width && lk[t] <= key));
+    }
+    for (int c = (width - 1) & ~31; c >= (pos & ~31); c -= 32) {  // shift [pos, width - 1) up one, back first
+        int t = c + lane;
+        bool move = t > pos && t < width;
+        float pk = move ? lk[t - 1] : 0.f;
+        int pi = move ? li[t - 1] : 0;
+        unsigned char px = move ? lx[t - 1] : 0;
+        __syncwarp();
+        if (move) { lk[t] = pk; li[t] = pi; lx[t] = px; }
+        __syncwarp();
+    }
+    if (lane == 0) { lk[pos] = key; li[pos] = id; lx[pos] = 0; }
+    __syncwarp();
+}
+
+// ---- Alg. 2: large batches: a search list of ``width`` entries, ``parents`` of them expanded a hop ----------
+// QW warps a query: 1 where the batch fills the GPU (several queries a block), else a block a query (its warps
+// share the list and compute the keys of different rows; warp 0 keeps the list). The same results either way.
+// Shared memory per query (search.py large_floats): q[dim] | R keys[wpad] | R ids[wpad] | R expanded[wpad]
+// bytes | per parent: neighbour keys[nb] | per parent: neighbour ids[nb] | fresh counts[parents] |
+// parents[parents] | rows computed[2] | the table of rows computed[2^bits]; wpad = width rounded up to 32,
+// nb = max(deg, 32) (the seeds pass through parent 0's). The table is cleared (R's rows put back) when the
+// next hop could fill it past half.
+template <int QW>
+__device__ __forceinline__ void query_sync() {
+    if (QW == 1) __syncwarp(); else __syncthreads();
+}
+
+template <int METRIC, int QW>
 __global__ void __launch_bounds__(128) graph_search_large(
         const float* __restrict__ x, long long n, int dim, const int* __restrict__ edges,
         const unsigned char* __restrict__ lambdas, int deg, const float* __restrict__ queries,
-        const int* __restrict__ starts, int nstart, int nq, int k, int lambda_visit, int hops, float tau,
-        float nn1, int* __restrict__ out_ids, float* __restrict__ out_keys) {
+        const int* __restrict__ starts, int nstart, int nq, int k, int width, int parents, int lambda_visit,
+        int hops, int bits, int* __restrict__ out_ids, float* __restrict__ out_keys) {
     extern __shared__ float smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int qi = blockIdx.x * (blockDim.x >> 5) + warp;
+    const int wq = warp % QW, slot = warp / QW;  // this warp among its query's, the query's place in the block
+    const int qi = blockIdx.x * (blockDim.x / (32 * QW)) + slot;
     if (qi >= nq) return;
-    const int per_warp = dim + 2 * deg + 3 * SEARCH_SEG * SEARCH_SEG_LEN;
-    float* q = smem + warp * per_warp;
-    float* nbk = q + dim;
-    int* nbi = (int*)(nbk + deg);
-    float* ck = (float*)(nbi + deg);
-    int* ci = (int*)(ck + SEARCH_SEG * SEARCH_SEG_LEN);
-    int* vi = ci + SEARCH_SEG * SEARCH_SEG_LEN;
-    for (int t = lane; t < dim; t += 32) q[t] = queries[(long long)qi * dim + t];
-    for (int t = lane; t < SEARCH_SEG * SEARCH_SEG_LEN; t += 32) { ck[t] = INF_F; ci[t] = -1; vi[t] = -1; }
-    __syncwarp();
-    int u0; float k0;
-    entry<METRIC>(x, dim, q, starts, nstart, qi, 0, &u0, &k0);
-    float rk = lane == 0 ? k0 : INF_F;  // R: entry `lane` on lane `lane` (lanes < k)
-    int ri = lane == 0 ? u0 : -1;
-    int vhead = 0;  // lane s < 16: the ring head of V's segment s
-    if (lane == 0) { ck[(u0 % SEARCH_SEG) * SEARCH_SEG_LEN] = k0; ci[(u0 % SEARCH_SEG) * SEARCH_SEG_LEN] = u0; }
-    __syncwarp();
-    for (int hop = 0; hop < hops; ++hop) {
-        float head = lane < SEARCH_SEG ? ck[lane * SEARCH_SEG_LEN] : INF_F;
-        int seg = lane;
-        for (int off = 16; off > 0; off >>= 1) {  // the segment with the nearest head, the lowest on ties
-            float oh = __shfl_xor_sync(FULL_MASK, head, off);
-            int os = __shfl_xor_sync(FULL_MASK, seg, off);
-            if (oh < head || (oh == head && os < seg)) { head = oh; seg = os; }
+    const int wpad = (width + 31) & ~31, slots = 1 << bits, nb = max(deg, 32);
+    float* q = smem + slot * (dim + 2 * wpad + wpad / 4 + 2 * parents * nb + 2 * parents + 2 + slots);
+    float* rk = q + dim;
+    int* ri = (int*)(rk + wpad);
+    unsigned char* rx = (unsigned char*)(ri + wpad);
+    float* nbk = (float*)(rx + wpad);
+    int* nbi = (int*)(nbk + parents * nb);
+    int* fresh = nbi + parents * nb;
+    int* par = fresh + parents;
+    int* computed = par + parents;
+    int* table = computed + 2;
+    const int tid = wq * 32 + lane;
+    for (int t = tid; t < dim; t += 32 * QW) q[t] = queries[(long long)qi * dim + t];
+    for (int t = tid; t < wpad; t += 32 * QW) { rk[t] = INF_F; ri[t] = -1; rx[t] = 0; }
+    for (int t = tid; t < slots; t += 32 * QW) table[t] = -1;
+    query_sync<QW>();
+    if (wq == 0) {  // R <- the seeds
+        const int seeds = min(nstart, 32);
+        if (lane < seeds) {
+            nbi[lane] = starts[(long long)qi * nstart + lane];
+            first_visit(table, bits, nbi[lane]);
         }
-        float r0 = __shfl_sync(FULL_MASK, rk, 0);
-        float slack = tau * fmaxf(0.f, fminf(key_dist<METRIC>(r0), nn1));
-        float last = __shfl_sync(FULL_MASK, rk, k - 1);
-        if (isinf(head) || key_dist<METRIC>(head) > key_dist<METRIC>(last) + slack) break;
-        float* sk = ck + seg * SEARCH_SEG_LEN;
-        int* si = ci + seg * SEARCH_SEG_LEN;
-        int u = si[0];
-        float nk = lane + 1 < SEARCH_SEG_LEN ? sk[lane + 1] : INF_F;  // pop the front
-        int ni = lane + 1 < SEARCH_SEG_LEN ? si[lane + 1] : -1;
+        if (lane == 0) *computed = seeds;
         __syncwarp();
-        sk[lane] = nk; si[lane] = ni;
-        int vs = u % SEARCH_SEG;
-        int h = __shfl_sync(FULL_MASK, vhead, vs);
-        if (lane == 0) vi[vs * SEARCH_SEG_LEN + h] = u;
-        if (lane == vs) vhead = (vhead + 1) % SEARCH_SEG_LEN;
+        team_keys<METRIC>(x, dim, q, nbi, nbk, seeds, lane);
         __syncwarp();
-        // this hop's neighbours: those already visited, queued or in R are skipped; keys of the rest
-        for (int c = lane; c < deg; c += 32) {
-            int v = edges[(long long)u * deg + c];
-            bool ok = v >= 0 && lambdas[(long long)u * deg + c] < lambda_visit;
-            if (ok) {
-                const int* vseg = vi + (v % SEARCH_SEG) * SEARCH_SEG_LEN;
-                const int* cseg = ci + (v % SEARCH_SEG) * SEARCH_SEG_LEN;
-                for (int t = 0; t < SEARCH_SEG_LEN && ok; ++t) ok = vseg[t] != v && cseg[t] != v;
-            }
-            nbi[c] = ok ? v : -1;
-        }
-        for (int t = 0; t < k; ++t) {  // in R?
-            int rt = __shfl_sync(FULL_MASK, ri, t);
-            for (int c = lane; c < deg; c += 32)
-                if (nbi[c] == rt && rt >= 0) nbi[c] = -1;
-        }
-        for (int c = lane; c < deg; c += 32) nbk[c] = nbi[c] >= 0 ? row_key<METRIC>(x, dim, nbi[c], q) : INF_F;
-        __syncwarp();
-        for (int c = 0; c < deg; ++c) {  // inserted one by one in list order
-            int v = nbi[c];
-            if (v < 0) continue;
-            float key = nbk[c];
-            float lastr = __shfl_sync(FULL_MASK, rk, k - 1);
-            if (key_dist<METRIC>(key) <= key_dist<METRIC>(lastr) + slack) {
-                float* qk = ck + (v % SEARCH_SEG) * SEARCH_SEG_LEN;
-                int* qd = ci + (v % SEARCH_SEG) * SEARCH_SEG_LEN;
-                float lk = qk[lane];
-                int li = qd[lane];
-                lane_insert(&lk, &li, key, v, SEARCH_SEG_LEN, lane);
-                __syncwarp();
-                qk[lane] = lk; qd[lane] = li;
-                __syncwarp();
-            }
-            if (key < lastr) lane_insert(&rk, &ri, key, v, k, lane);
-        }
+        for (int j = 0; j < seeds; ++j) list_insert(rk, ri, rx, width, nbk[j], nbi[j], lane);
     }
-    if (lane < k) {
-        out_ids[(long long)qi * k + lane] = isinf(rk) ? -1 : ri;
-        out_keys[(long long)qi * k + lane] = rk;
+    query_sync<QW>();
+    for (int hop = 0; hop < hops; ++hop) {
+        if (wq == 0) {  // the parents: R's nearest entries not expanded yet
+            int found = 0;
+            for (int c = 0; c < width && found < parents; c += 32) {
+                const int t = c + lane;
+                unsigned open = __ballot_sync(FULL_MASK, t < width && !isinf(rk[t]) && !rx[t]);
+                for (; open && found < parents; ++found) {
+                    const int b = __ffs(open) - 1;
+                    open &= open - 1;
+                    if (lane == 0) { par[found] = ri[c + b]; rx[c + b] = 1; }
+                }
+            }
+            if (lane == 0)
+                for (int p = found; p < parents; ++p) par[p] = -1;
+            __syncwarp();
+            if (*computed + parents * deg > (slots >> 1)) {  // forget all but R's rows
+                for (int t = lane; t < slots; t += 32) table[t] = -1;
+                __syncwarp();
+                int kept = 0;
+                for (int c = 0; c < width; c += 32) {
+                    int v = c + lane < width ? ri[c + lane] : -1;
+                    kept += __popc(__ballot_sync(FULL_MASK, v >= 0 && first_visit(table, bits, v)));
+                }
+                if (lane == 0) *computed = kept;
+            }
+        }
+        query_sync<QW>();
+        if (par[0] < 0) break;
+        for (int p = wq; p < parents; p += QW) {  // each parent's neighbours not computed before, in list order
+            const int u = par[p];
+            int count = 0;
+            for (int c0 = 0; u >= 0 && c0 < deg; c0 += 32) {
+                const int c = c0 + lane;
+                const int v = c < deg ? edges[(long long)u * deg + c] : -1;
+                bool ok = v >= 0 && lambdas[(long long)u * deg + c] < lambda_visit && first_visit(table, bits, v);
+                unsigned got = __ballot_sync(FULL_MASK, ok);
+                if (ok) nbi[p * nb + count + __popc(got & ((1u << lane) - 1u))] = v;
+                count += __popc(got);
+            }
+            if (lane == 0) fresh[p] = count;
+        }
+        query_sync<QW>();
+        for (int p = 0; p < parents; ++p)
+            team_keys<METRIC>(x, dim, q, nbi + p * nb, nbk + p * nb, fresh[p], lane, wq * (32 / TEAM),
+                              QW * (32 / TEAM));
+        query_sync<QW>();
+        if (wq == 0) {  // inserted one by one: parent by parent, each in list order
+            int added = 0;
+            for (int p = 0; p < parents; ++p) {
+                added += fresh[p];
+                for (int c = p * nb; c < p * nb + fresh[p]; ++c) list_insert(rk, ri, rx, width, nbk[c], nbi[c], lane);
+            }
+            if (lane == 0) *computed += added;
+            __syncwarp();
+        }
+        query_sync<QW>();
+    }
+    if (wq == 0 && lane < k) {
+        out_ids[(long long)qi * k + lane] = isinf(rk[lane]) ? -1 : ri[lane];
+        out_keys[(long long)qi * k + lane] = rk[lane];
     }
 }
 

@@ -15,10 +15,25 @@ from bigknn.backends.cuda.gpu import Gpu
 from bigknn.backends.cuda.kept import KeptCopy
 from bigknn.graph import EMPTY, KnnGraph, merge_lists
 from bigknn.search.graph import SearchIndex, entry_sample, nearest_entries
-from bigknn.search.params import QUEUE_SEGMENTS, SEARCH_K_MAX, SEGMENT, SearchPlan
+from bigknn.search.params import PARENTS, SEARCH_K_MAX, SearchPlan
 
 WARPS = 4  # search.cu: __launch_bounds__(128)
 SHARED_BYTES = 48 << 10  # per block without the opt-in
+TABLE_SLOTS = (2048, 2048)  # the large procedure's table of rows computed: 16x the list, within these
+QUERY_WARPS_PER_SM = 4  # batches of fewer queries than this per SM get a block (PARENTS warps) a query
+
+
+def table_bits(width: int, deg: int) -> int:
+    """log2 of the slots of the large procedure's table of computed rows for a search list of ``width``: also
+    twice what a hop can hold (the list, then PARENTS lists of neighbours), so that it never fills up."""
+    slots = max(min(TABLE_SLOTS[1], max(TABLE_SLOTS[0], 16 * width)), 2 * (width + PARENTS * deg))
+    return (slots - 1).bit_length()
+
+
+def large_floats(dim: int, deg: int, width: int) -> int:
+    """Shared memory of one large-batch search (search.cu's layout), in 4-byte words."""
+    wpad = -(-width // 32) * 32
+    return dim + 2 * wpad + wpad // 4 + PARENTS * (2 * max(deg, 32) + 2) + 2 + (1 << table_bits(width, deg))
 
 
 def _upload(index: SearchIndex) -> tuple:
@@ -47,12 +62,23 @@ def graph_search(gpu: Gpu, kept: KeptCopy, index: SearchIndex, queries: np.ndarr
     x, edges, lambdas, samples = kept.of(index, _upload)
     n, dim = x.shape
     deg = edges.shape[1]
-    name = f"graph_search_{plan.procedure}<{m}>"
+    width = plan.list_length
+    if plan.procedure == "large":  # per_query: shared bytes; a block of PARENTS warps a query in small batches
+        per_query = 4 * large_floats(dim, deg, width)
+        if per_query > SHARED_BYTES:
+            raise ValueError(f"rows of {dim} dims are too wide for the search kernels' shared memory")
+        sms = cp.cuda.Device().attributes["MultiProcessorCount"]
+        qw = PARENTS if batch < QUERY_WARPS_PER_SM * sms else 1  # by the batch asked for: a sweep's warm-up too
+        warps = PARENTS if qw > 1 else min(WARPS, SHARED_BYTES // per_query)
+        queries_per_block = 1 if qw > 1 else warps
+        name = f"graph_search_large<{m}, {qw}>"
+    else:
+        per_query = 4 * (dim + 128)
+        warps = min(WARPS, SHARED_BYTES // per_query)
+        if warps < 1:
+            raise ValueError(f"rows of {dim} dims are too wide for the search kernels' shared memory")
+        name = f"graph_search_small<{m}>"
     kernel = compile_kernels((name,)).get_function(name)
-    per_warp = 4 * (dim + (2 * deg + 3 * QUEUE_SEGMENTS * SEGMENT if plan.procedure == "large" else 128))
-    warps = min(WARPS, SHARED_BYTES // per_warp)
-    if warps < 1:
-        raise ValueError(f"rows of {dim} dims are too wide for the search kernels' shared memory")
     sample_ids, sample = _entry_sample(x, samples, plan.seed)
     ids_out, keys_out = [], []
     for b0 in range(0, len(queries), batch):
@@ -63,10 +89,10 @@ def graph_search(gpu: Gpu, kept: KeptCopy, index: SearchIndex, queries: np.ndarr
         if plan.procedure == "large":
             oi = cp.empty((nq, plan.k), cp.int32)
             ok = cp.empty((nq, plan.k), cp.float32)
-            kernel((-(-nq // warps),), (32 * warps,), common + (
-                np.int32(nq), np.int32(plan.k), np.int32(plan.lambda_visit), np.int32(plan.hops),
-                np.float32(plan.budget), np.float32(index.nn1), oi, ok),
-                shared_mem=warps * per_warp)
+            kernel((-(-nq // queries_per_block),), (32 * warps,), common + (
+                np.int32(nq), np.int32(plan.k), np.int32(width), np.int32(PARENTS), np.int32(plan.lambda_visit),
+                np.int32(plan.hops), np.int32(table_bits(width, deg)), oi, ok),
+                shared_mem=queries_per_block * per_query)
             sync_check(cp)
             ids_out.append(oi.get())
             keys_out.append(ok.get())
@@ -77,10 +103,10 @@ def graph_search(gpu: Gpu, kept: KeptCopy, index: SearchIndex, queries: np.ndarr
             ok = cp.empty((ns, SEARCH_K_MAX), cp.float32)
             kernel((-(-ns // warps),), (32 * warps,), common + (
                 np.int32(ns), np.int32(t0), np.int32(plan.lambda_visit), np.int32(plan.hops),
-                oi, ok), shared_mem=warps * per_warp)
+                oi, ok), shared_mem=warps * per_query)
             sync_check(cp)
-            per_query = (nq, t0 * SEARCH_K_MAX)
-            ids, keys = merge_lists(oi.get().reshape(per_query).astype(np.int64), ok.get().reshape(per_query), plan.k)
+            lists = (nq, t0 * SEARCH_K_MAX)
+            ids, keys = merge_lists(oi.get().reshape(lists).astype(np.int64), ok.get().reshape(lists), plan.k)
             ids_out.append(np.where(np.isinf(keys), EMPTY, ids).astype(np.int32))
             keys_out.append(keys)
     if not ids_out:
