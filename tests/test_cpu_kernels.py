@@ -126,7 +126,7 @@ def test_threads_are_checked_and_used():
     import numba
 
     be = get_backends("cpu", threads=1)[0]
-    assert be.processors() == 1
+    assert be.threads == 1
     be.gnnd(rows_with_twins(100, 4, seed=1), "l2", GnndParams(k=3), seed=0)
     assert numba.get_num_threads() == 1
     CpuBackend().gnnd(rows_with_twins(100, 4, seed=1), "l2", GnndParams(k=3), seed=0)

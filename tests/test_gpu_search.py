@@ -42,14 +42,14 @@ def _index(tmp_path, rng, dtype, metric: str, method: str, n: int = 1999, d: int
 
 @pytest.fixture(scope="module")
 def indexes(tmp_path_factory):
-    """index(dtype, metric, method): built and pruned once per module (on the CPU), with its queries."""
+    """index(dtype, metric, method, d): built and pruned once per module (on the CPU), with its queries."""
     made: dict = {}
 
-    def index(dtype, metric: str, method: str):
-        key = (np.dtype(dtype).name, metric, method)
+    def index(dtype, metric: str, method: str, d: int = 37):
+        key = (np.dtype(dtype).name, metric, method, str(d))
         if key not in made:
             rng = np.random.default_rng(zlib.crc32(" ".join(key).encode()))
-            made[key] = _index(tmp_path_factory.mktemp("gpu-search"), rng, dtype, metric, method)
+            made[key] = _index(tmp_path_factory.mktemp("gpu-search"), rng, dtype, metric, method, d=d)
         return made[key]
     return index
 
@@ -109,3 +109,22 @@ def test_gpu_search_table_of_computed_rows_may_forget(indexes, cuda_backend, mon
     want = CpuBackend(reference=True).graph_search(index, q, plan, len(q))
     got = cuda_backend.graph_search(index, q, plan, len(q))
     assert (got.ids == want.ids).all(axis=1).mean() >= 0.95
+
+
+@pytest.mark.parametrize("d,metric", [(40, "l2"), (132, "cosine")])
+def test_gpu_search_rows_held_in_registers(indexes, cuda_backend, d, metric, monkeypatch):
+    """Rows of a multiple of 4 dims: each lane holds its float4 units of a row in registers (2 and 5 units, the
+    last lanes' fifth past the row's end) and finds what the reference finds, in both launch shapes."""
+    import bigknn.backends.cuda.search as cuda_search
+
+    assert cuda_search.units_per_lane(d) == -(-d // 32) > 0
+    index, q = indexes(np.float32, metric, "tsdg", d)
+    plan = SearchPlan("large", 48, 10, seed=d)
+    want = CpuBackend(reference=True).graph_search(index, q, plan, len(q))
+    block = cuda_backend.graph_search(index, q, plan, len(q))
+    monkeypatch.setattr(cuda_search, "QUERY_WARPS_PER_SM", 0)
+    warp = cuda_backend.graph_search(index, q, plan, len(q))
+    for got in (block, warp):
+        assert (got.ids == want.ids).all(axis=1).mean() >= 0.95
+        both = (got.ids == want.ids) & (want.ids >= 0)
+        np.testing.assert_allclose(got.dists[both], want.dists[both], rtol=1e-4, atol=1e-4)

@@ -68,6 +68,3 @@ class Backend(Protocol):
         Entry points come from the entry sample nearest each query (bigknn/search/graph.py). Keys ascending,
         EMPTY-padded."""
 
-    def processors(self) -> int:
-        """Independent processors one call keeps busy (streaming multiprocessors, or CPU cores): the
-        small-batch bound of TSDG §4 is computed from it."""

@@ -19,11 +19,12 @@ k_option = click.option("--k", type=click.IntRange(min=1), default=10, show_defa
                         help="Neighbours per query.")
 batch_option = click.option("--batch", type=click.IntRange(min=1), default=None,
                             help="Queries searched together (default: all); QPS is measured over batches of it.")
-procedure_option = click.option("--procedure", type=click.Choice(PROCEDURES), default="auto", show_default=True,
-                                help="small: independent greedy searches per query (budget: how many); large: "
-                                     "best-first over a search list (budget: its length); auto: small below a batch size set "
-                                     "by the device's processors and the dimension.")
-seed_option = click.option("--seed", type=int, default=0, show_default=True, help="Seed of the entry sample (the rows searches start from).")
+procedure_option = click.option(
+    "--procedure", type=click.Choice(PROCEDURES), default="auto", show_default=True,
+    help="small: independent greedy searches per query (budget: how many); large: best-first over a search "
+         "list (budget: its length); auto: large (small's greedy searches stop short of recall 0.97 on text).")
+seed_option = click.option("--seed", type=int, default=0, show_default=True,
+                           help="Seed of the entry sample (the rows searches start from).")
 output_option = click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
                              help=".ibin to write (ids, then distances; row i: query i).")
 

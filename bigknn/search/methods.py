@@ -61,7 +61,7 @@ class SearchMethods:
         """The k nearest rows of each query (an array or a vector file) found by searching the pruned graph.
         ``batch``: queries searched together (default all); ``procedure``: "small" (independent greedy
         searches, ``budget`` of them per query), "large" (best-first, ``budget`` the search list's length) or
-        "auto" (small below a batch size the device's processors and the dimension set). ``out``: also write
+        "auto" (large, at every batch size). ``out``: also write
         the ids and distances to this .ibin.
 
         Examples

@@ -7,7 +7,6 @@ stopping rule); GRNND = Li et al., *GRNND: A GPU-Parallel Relative NN-Descent Al
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 METHODS = ("tsdg", "rng")
@@ -81,18 +80,9 @@ SEARCH_K_MAX = 32  # the result list of one search is one warp wide (TSDG Alg. 1
 LAMBDA_VISIT = {"small": 10, "large": 5}  # TSDG §5.4: edges visited have occlusion factors below these
 HOPS = {"small": 64, "large": 4096}  # hop limit T: Alg. 1 "converges in 4-5 iterations"; Alg. 2 ends first
 LIST_MAX = 256  # longest search list of the large-batch procedure (its budget)
-PARENTS = 4  # entries of the search list the large-batch procedure expands a hop (CAGRA's search_width);
-# in small batches a block of PARENTS warps searches a query (search.cu: at most 4)
-# TSDG §4: batches below (a * SMs + b) / d queries take the small-batch procedure. The paper gives no a, b;
-# a fits its example (82 SMs, 128-d: about 300), b = 0
-SMALL_BATCH_A = 468
+PARENTS = 4  # entries of the search list the large-batch procedure expands a hop (CAGRA's search_width)
 BUDGETS = {"small": (1, 2, 4, 8, 16, 32, 64, 128),  # t0: independent greedy searches per query (Alg. 1)
            "large": (10, 16, 24, 32, 48, 64, 96, 128, 192, 256)}  # the search list's length (Alg. 2's R)
-
-
-def small_batch_limit(processors: int, dim: int) -> int:
-    """Batches of fewer queries than this take the small-batch procedure (TSDG §4: (a SMs + b) / d)."""
-    return max(1, math.ceil(SMALL_BATCH_A * processors / max(1, dim)))
 
 
 @dataclass(frozen=True)

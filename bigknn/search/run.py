@@ -18,7 +18,7 @@ from bigknn.metrics import kernel_metric, row_keys, user_distance
 from bigknn.partition.rowmap import RowMap
 from bigknn.pipeline.evaluate import TIE_RTOL
 from bigknn.search.graph import SearchIndex
-from bigknn.search.params import BUDGETS, PROCEDURES, SearchPlan, small_batch_limit
+from bigknn.search.params import BUDGETS, PROCEDURES, SearchPlan
 from bigknn.search.results import SearchReport, SearchSweep, SweepPoint, TruthReport
 from bigknn.shards import Store
 
@@ -33,13 +33,13 @@ def check_output(out: Path) -> None:
     check_target(Path(out))
 
 
-def procedure_for(procedure: str, batch: int, backend: Backend, dim: int) -> str:
-    """TSDG §4: batches below (a SMs + b) / d queries take the small-batch procedure."""
+def procedure_for(procedure: str) -> str:
+    """``auto`` is the large-batch procedure at every batch size: TSDG's small-batch procedure's greedy searches
+    stop short of recall 0.97 on text however many (32 seeds), and at batch 1 the large procedure (a block of
+    warps a query) is as fast below that (docs/perf-notes.md, session 28)."""
     if procedure not in PROCEDURES:
         raise BadInput(f"--procedure {procedure}", f"choose one of {', '.join(PROCEDURES)}")
-    if procedure != "auto":
-        return procedure
-    return "small" if batch < small_batch_limit(backend.processors(), dim) else "large"
+    return "large" if procedure == "auto" else procedure
 
 
 def make_plan(procedure: str, budget: float | None, k: int, seed: int) -> SearchPlan:
@@ -61,7 +61,7 @@ def search(index: SearchIndex, store: Store, queries: np.ndarray, backend: Backe
         raise BadInput(f"--batch {batch}", "must be at least 1")
     if out is not None:
         check_output(out)
-    plan = make_plan(procedure_for(procedure, batch, backend, queries.shape[1]), budget, k, seed)
+    plan = make_plan(procedure_for(procedure), budget, k, seed)
     t0 = time.perf_counter()
     found = backend.graph_search(index, queries, plan, batch)
     dt = time.perf_counter() - t0
@@ -122,7 +122,7 @@ def sweep(index: SearchIndex, store: Store, queries: np.ndarray, truth_path: Pat
     batch = len(queries) if batch is None else batch
     if batch < 1:
         raise BadInput(f"--batch {batch}", "must be at least 1")
-    proc = procedure_for(procedure, batch, backend, queries.shape[1])
+    proc = procedure_for(procedure)
     budgets = list(BUDGETS[proc]) if not budgets else budgets
     for b in budgets:
         make_plan(proc, b, k, seed)  # every budget checked before the first search

@@ -3,7 +3,6 @@ descent loops compiled by numba (kernels.py) unless the reference is asked for."
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Callable, Iterable
 
@@ -213,7 +212,3 @@ class CpuBackend(SearchReference):
 
     def stage(self, arrays: Iterable[np.ndarray]) -> None:
         """Nothing to copy ahead: the CPU computes on the host arrays themselves."""
-
-    def processors(self) -> int:
-        """The threads one call runs on: ``threads``, or the cores this process may run on."""
-        return self.threads or len(os.sched_getaffinity(0))

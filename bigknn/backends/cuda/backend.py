@@ -138,13 +138,6 @@ class CudaBackend(SearchReference):
         with self.gpu.context():
             return search.graph_search(self.gpu, self._search_index, index, queries, plan, batch)
 
-    def processors(self) -> int:
-        """The device's streaming multiprocessors."""
-        with self.gpu.context():
-            import cupy
-
-            return int(cupy.cuda.Device().attributes["MultiProcessorCount"])
-
     def stage(self, arrays: Iterable[np.ndarray]) -> None:
         """Start copying host arrays (the next pair's shards) to this GPU on a stream of their own while the
         current call computes, so the next merge finds them there. Returns at once; arrays already on the

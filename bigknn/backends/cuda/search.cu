@@ -43,18 +43,51 @@ __device__ __forceinline__ float row_key(const float* __restrict__ x, int dim, l
     return METRIC == 0 ? acc : -acc;
 }
 
+// key_terms for float4 rows of at most VPL units a lane: every load of a row issued before the first is used
+// (the terms in the same order, so the same keys)
+template <int METRIC, int VPL>
+__device__ __forceinline__ float key_terms_held(const float* __restrict__ v, int dim, const float* q, int first,
+                                                int stride) {
+    const float4* v4 = reinterpret_cast<const float4*>(v);
+    const int units = dim >> 2;
+    float4 held[VPL];
+#pragma unroll
+    for (int i = 0; i < VPL; ++i) {
+        const int t = first + i * stride;
+        held[i] = t < units ? __ldg(v4 + t) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    float acc = 0.f;
+#pragma unroll
+    for (int i = 0; i < VPL; ++i) {
+        const int t = first + i * stride;
+        if (t < units) {
+            acc = key_term<METRIC>(acc, held[i].x, q[4 * t]);
+            acc = key_term<METRIC>(acc, held[i].y, q[4 * t + 1]);
+            acc = key_term<METRIC>(acc, held[i].z, q[4 * t + 2]);
+            acc = key_term<METRIC>(acc, held[i].w, q[4 * t + 3]);
+        }
+    }
+    return acc;
+}
+
 // keys of rows ids[0..count) to q into keys[], TEAM lanes a row (4 rows a warp-wide step): a team's loads of
 // a row are 128 contiguous bytes, and a hop costs steps by the rows it computes, not a whole row a lane
-// (``first``, ``step``: the warp's first row and the rows all warps sharing the list take a step)
+// (``first``, ``step``: the warp's first row and the rows all warps sharing the list take a step). VPL > 0:
+// float4 rows of at most VPL units a lane (search.py units_per_lane), held in registers; 0: any rows
 #define TEAM 8
-template <int METRIC>
+template <int METRIC, int VPL>
 __device__ __forceinline__ void team_keys(const float* __restrict__ x, int dim, const float* q,
                                           const int* ids, float* keys, int count, int lane, int first = 0,
                                           int step = 32 / TEAM) {
     const int tl = lane & (TEAM - 1);
     for (int r0 = first; r0 < count; r0 += step) {
         const int r = r0 + lane / TEAM;
-        float acc = r < count ? key_terms<METRIC>(x + (long long)ids[r] * dim, dim, q, tl, TEAM) : 0.f;
+        float acc = 0.f;
+        if (r < count) {
+            const float* v = x + (long long)ids[r] * dim;
+            acc = VPL > 0 ? key_terms_held<METRIC, (VPL > 0 ? VPL : 1)>(v, dim, q, tl, TEAM)
+                          : key_terms<METRIC>(v, dim, q, tl, TEAM);
+        }
         for (int off = TEAM / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(FULL_MASK, acc, off);
         if (tl == 0 && r < count) keys[r] = METRIC == 0 ? acc : -acc;
     }
@@ -119,8 +152,8 @@ __device__ __forceinline__ void query_sync() {
     if (QW == 1) __syncwarp(); else __syncthreads();
 }
 
-template <int METRIC, int QW>
-__global__ void __launch_bounds__(128) graph_search_large(
+template <int METRIC, int QW, int VPL>
+__global__ void __launch_bounds__(256) graph_search_large(
         const float* __restrict__ x, long long n, int dim, const int* __restrict__ edges,
         const unsigned char* __restrict__ lambdas, int deg, const float* __restrict__ queries,
         const int* __restrict__ starts, int nstart, int nq, int k, int width, int parents, int lambda_visit,
@@ -154,7 +187,7 @@ __global__ void __launch_bounds__(128) graph_search_large(
         }
         if (lane == 0) *computed = seeds;
         __syncwarp();
-        team_keys<METRIC>(x, dim, q, nbi, nbk, seeds, lane);
+        team_keys<METRIC, VPL>(x, dim, q, nbi, nbk, seeds, lane);
         __syncwarp();
         for (int j = 0; j < seeds; ++j) list_insert(rk, ri, rx, width, nbk[j], nbi[j], lane);
     }
@@ -202,7 +235,7 @@ __global__ void __launch_bounds__(128) graph_search_large(
         }
         query_sync<QW>();
         for (int p = 0; p < parents; ++p)
-            team_keys<METRIC>(x, dim, q, nbi + p * nb, nbk + p * nb, fresh[p], lane, wq * (32 / TEAM),
+            team_keys<METRIC, VPL>(x, dim, q, nbi + p * nb, nbk + p * nb, fresh[p], lane, wq * (32 / TEAM),
                               QW * (32 / TEAM));
         query_sync<QW>();
         if (wq == 0) {  // inserted one by one: parent by parent, each in list order

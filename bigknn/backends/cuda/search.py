@@ -17,10 +17,20 @@ from bigknn.graph import EMPTY, KnnGraph, merge_lists
 from bigknn.search.graph import SearchIndex, entry_sample, nearest_entries
 from bigknn.search.params import PARENTS, SEARCH_K_MAX, SearchPlan
 
-WARPS = 4  # search.cu: __launch_bounds__(128)
+WARPS = 4  # queries a block where a warp searches a query
 SHARED_BYTES = 48 << 10  # per block without the opt-in
 TABLE_SLOTS = (2048, 2048)  # the large procedure's table of rows computed: 16x the list, within these
-QUERY_WARPS_PER_SM = 4  # batches of fewer queries than this per SM get a block (PARENTS warps) a query
+QUERY_WARPS_PER_SM = 4  # batches of fewer queries than this per SM get a block of BLOCK_WARPS a query
+BLOCK_WARPS = 4  # warps of such a block: they share the keys of a hop (results as with one warp; search.cu: <= 8)
+TEAM = 8  # search.cu: lanes that compute one key together
+HELD_UNITS = 16  # search.cu: float4 units a lane holds in registers at most (team_keys' VPL)
+
+
+def units_per_lane(dim: int) -> int:
+    """search.cu team_keys' VPL: the float4 units of a row each lane of a team loads, where rows are float4
+    and that fits the registers; 0 (a loop) otherwise."""
+    units = -(-dim // (4 * TEAM))
+    return units if dim % 4 == 0 and units <= HELD_UNITS else 0
 
 
 def table_bits(width: int, deg: int) -> int:
@@ -63,15 +73,15 @@ def graph_search(gpu: Gpu, kept: KeptCopy, index: SearchIndex, queries: np.ndarr
     n, dim = x.shape
     deg = edges.shape[1]
     width = plan.list_length
-    if plan.procedure == "large":  # per_query: shared bytes; a block of PARENTS warps a query in small batches
+    if plan.procedure == "large":  # per_query: shared bytes; a block of warps a query in small batches
         per_query = 4 * large_floats(dim, deg, width)
         if per_query > SHARED_BYTES:
             raise ValueError(f"rows of {dim} dims are too wide for the search kernels' shared memory")
         sms = cp.cuda.Device().attributes["MultiProcessorCount"]
-        qw = PARENTS if batch < QUERY_WARPS_PER_SM * sms else 1  # by the batch asked for: a sweep's warm-up too
-        warps = PARENTS if qw > 1 else min(WARPS, SHARED_BYTES // per_query)
+        qw = BLOCK_WARPS if batch < QUERY_WARPS_PER_SM * sms else 1  # by the batch asked for: warm-ups too
+        warps = qw if qw > 1 else min(WARPS, SHARED_BYTES // per_query)
         queries_per_block = 1 if qw > 1 else warps
-        name = f"graph_search_large<{m}, {qw}>"
+        name = f"graph_search_large<{m}, {qw}, {units_per_lane(dim)}>"
     else:
         per_query = 4 * (dim + 128)
         warps = min(WARPS, SHARED_BYTES // per_query)
