@@ -103,7 +103,7 @@ def test_gpu_search_table_of_computed_rows_may_forget(indexes, cuda_backend, mon
     import bigknn.backends.cuda.search as cuda_search
 
     index, q = indexes(np.float32, "l2", "tsdg")
-    monkeypatch.setattr(cuda_search, "TABLE_SLOTS", (64, 64))
+    monkeypatch.setattr(cuda_search, "TABLE_SLOTS", 64)
     assert 1 << cuda_search.table_bits(32, index.ids.shape[1]) == 2 * (32 + PARENTS * 24)
     plan = SearchPlan("large", 32, 10, seed=3)
     want = CpuBackend(reference=True).graph_search(index, q, plan, len(q))

@@ -79,7 +79,7 @@ def search(store: Path, queries: Path, k: int, budget: float | None, batch: int 
     Examples:
       bigknn search data.knn --queries q.fbin -o found.ibin
       bigknn search data.knn --queries q.fbin --k 10 --budget 128 --procedure large -o found.ibin
-      bigknn search data.knn --queries q.fbin --batch 1 --budget 8 -o found.ibin --json
+      bigknn search data.knn --queries q.fbin --batch 1 --budget 8 --procedure small -o found.ibin --json
     """
     found = api.open(store).search(queries, k, budget, batch, procedure, seed, output, backend, parse_bytes(gpu_mem))
     emit(found.report.to_dict(), as_json, "search")

@@ -1,9 +1,9 @@
-"""Batch graph search on the GPU (search.cu): TSDG's two procedures, one warp per search, step for step the
-NumPy reference (bigknn/backends/cpu/graph_search.py), whose docstring states them. The search graph and
-its rows go to the device once per ``SearchIndex`` (a sweep searches one index many times) and stay while it
-lives (kept.py); the queries go batch by batch, each batch finished before the next starts (what
-batch-1 QPS means). Each batch is compared with the entry sample (a GEMM, bigknn/search/graph.py), and each
-search starts from the sample row its number picks.
+"""Batch graph search on the GPU (search.cu): TSDG's two procedures, one warp per search (the large procedure
+in small batches: a block of warps per query), step for step the NumPy reference
+(bigknn/backends/cpu/graph_search.py), whose docstring states them. The search graph and its rows go to the device
+once per ``SearchIndex`` (a sweep searches one index many times) and stay while it lives (kept.py); the queries go
+batch by batch, each batch finished before the next starts (what batch-1 QPS means). Each batch is compared with
+the entry sample (a GEMM, bigknn/search/graph.py), and each search starts from the sample row its number picks.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from bigknn.search.params import PARENTS, SEARCH_K_MAX, SearchPlan
 
 WARPS = 4  # queries a block where a warp searches a query
 SHARED_BYTES = 48 << 10  # per block without the opt-in
-TABLE_SLOTS = (2048, 2048)  # the large procedure's table of rows computed: 16x the list, within these
+TABLE_SLOTS = 2048  # the large procedure's table of rows computed (4,096 measured slower: fewer warps an SM)
 QUERY_WARPS_PER_SM = 4  # batches of fewer queries than this per SM get a block of BLOCK_WARPS a query
 BLOCK_WARPS = 4  # warps of such a block: they share the keys of a hop (results as with one warp; search.cu: <= 8)
 TEAM = 8  # search.cu: lanes that compute one key together
@@ -34,9 +34,9 @@ def units_per_lane(dim: int) -> int:
 
 
 def table_bits(width: int, deg: int) -> int:
-    """log2 of the slots of the large procedure's table of computed rows for a search list of ``width``: also
-    twice what a hop can hold (the list, then PARENTS lists of neighbours), so that it never fills up."""
-    slots = max(min(TABLE_SLOTS[1], max(TABLE_SLOTS[0], 16 * width)), 2 * (width + PARENTS * deg))
+    """log2 of the slots of the large procedure's table of computed rows for a search list of ``width``: at
+    least twice what a hop can hold (the list, then PARENTS lists of neighbours), so that it never fills up."""
+    slots = max(TABLE_SLOTS, 2 * (width + PARENTS * deg))
     return (slots - 1).bit_length()
 
 
