@@ -148,3 +148,7 @@ def test_tree_init_seeds_near_neighbours():
     assert recall_at(random_init(x, 16, "l2", np.random.default_rng(0)).ids[rows], x, rows, 10) < 0.05
     rand = tree_init(x[400:901], 16, "ip", 0, np.random.default_rng(1))  # no trees: random rows only
     check_graph(rand.ids, rand.dists, x[400:901], "ip", rtol=1e-2)
+    for _ in range(3):  # the random rows follow the seed alone, whichever thread fills a list and whatever it drew
+        tree_init(x[:700], 16, "l2", 0, np.random.default_rng(5))
+        again = tree_init(x[400:901], 16, "ip", 0, np.random.default_rng(1))
+        np.testing.assert_array_equal(again.ids, rand.ids)

@@ -114,16 +114,11 @@ def test_kill_and_resume(reference, tmp_path, stage):
     assert len(got) == len(reference["graphs"])
     if stage == "gnnd":
         # killed before any merge: the resumed run merges in the same order with the same seeds, so the
-        # graph should be the uninterrupted one, bit for bit. In about 1 run of 6 (session 28; once in session
-        # 26) one shard's lists differ in their tails though the order, the committed GNND graphs (no row of
-        # another shard in them) and the recall above are the same: a nondeterminism not found yet. It is
-        # reported as an expected failure, named, until it is; every check above still holds.
+        # graph is the uninterrupted one, bit for bit
         assert m["merged"] == ref_m["merged"]
-        differ = [sid for sid, ((ids, dists), (rids, rdists)) in enumerate(zip(got, reference["graphs"]))
-                  if not (np.array_equal(ids, rids) and np.array_equal(dists, rdists))]
-        if differ:
-            pytest.xfail(f"shards {differ} differ from the uninterrupted build after a resume (same merge order, "
-                         "same recall): the nondeterminism of session 28's notes")
+        for sid, ((ids, dists), (rids, rdists)) in enumerate(zip(got, reference["graphs"])):
+            np.testing.assert_array_equal(ids, rids, err_msg=f"shard {sid} ids differ after resume")
+            np.testing.assert_array_equal(dists, rdists, err_msg=f"shard {sid} dists differ after resume")
     else:
         # the merges committed before the kill are the uninterrupted run's first ones; the scheduler may
         # order the rest differently after a restart (it prefers pairs sharing a shard with the worker's
