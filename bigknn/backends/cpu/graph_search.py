@@ -122,24 +122,25 @@ def _warp_minima(nb: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarr
     return np.where(np.isinf(tkey), EMPTY, tid), tkey
 
 
-def _merge_sorted(ids_a, keys_a, ids_b, keys_b, width):
-    """The ``width`` smallest of two lists per row (entries of a first among equal keys)."""
+def _merge_sorted(ids_a, keys_a, ids_b, keys_b, width, flags_a=None):
+    """The ``width`` smallest of two lists per row (entries of a first among equal keys); with ``flags_a``,
+    also a's flags carried along (False for b's entries)."""
     ids = np.concatenate([ids_a, ids_b], axis=1)
     keys = np.concatenate([keys_a, keys_b], axis=1)
     order = np.argsort(keys, axis=1, kind="stable")[:, :width]
     keys = np.take_along_axis(keys, order, axis=1)
-    return np.where(np.isinf(keys), EMPTY, np.take_along_axis(ids, order, axis=1)), keys
+    ids = np.where(np.isinf(keys), EMPTY, np.take_along_axis(ids, order, axis=1))
+    if flags_a is None:
+        return ids, keys
+    flags = np.concatenate([flags_a, np.zeros(ids_b.shape, bool)], axis=1)
+    return ids, keys, np.take_along_axis(flags, order, axis=1)
 
 
 # ---- Alg. 2: large batches --------------------------------------------------------------------
 def _large(index: SearchIndex, q: np.ndarray, starts: np.ndarray, plan: SearchPlan) -> KnnGraph:
     nq, width = len(q), plan.list_length
-    seed_keys = query_keys(index, q, starts)
-    order = np.argsort(seed_keys, axis=1, kind="stable")[:, :width]  # R: the nearest seeds, ascending
-    r_ids = np.full((nq, width), EMPTY, np.int64)
-    r_keys = np.full((nq, width), np.inf, np.float32)
-    r_ids[:, :order.shape[1]] = np.take_along_axis(starts.astype(np.int64), order, axis=1)
-    r_keys[:, :order.shape[1]] = np.take_along_axis(seed_keys, order, axis=1)
+    r_ids, r_keys = _merge_sorted(np.full((nq, width), EMPTY, np.int64), np.full((nq, width), np.inf, np.float32),
+                                  starts.astype(np.int64), query_keys(index, q, starts), width)  # the nearest seeds
     expanded = np.zeros((nq, width), bool)
     active = np.ones(nq, bool)
     for _ in range(plan.hops):
@@ -158,14 +159,8 @@ def _large(index: SearchIndex, q: np.ndarray, starts: np.ndarray, plan: SearchPl
                       _neighbours(index, np.maximum(parents, 0), plan.lambda_visit).reshape(len(a), -1), EMPTY)
         known = (r_ids[a][:, None, :] == nb[:, :, None]).any(axis=2) | _repeats(nb)
         nb = np.where(known, EMPTY, nb)
-        keys = query_keys(index, q[a], nb)
-        ids = np.concatenate([r_ids[a], nb], axis=1)  # R first among equal keys, then the list's order
-        merged = np.concatenate([r_keys[a], keys], axis=1)
-        flags = np.concatenate([expanded[a], np.zeros(nb.shape, bool)], axis=1)
-        keep = np.argsort(merged, axis=1, kind="stable")[:, :width]
-        r_keys[a] = np.take_along_axis(merged, keep, axis=1)
-        r_ids[a] = np.where(np.isinf(r_keys[a]), EMPTY, np.take_along_axis(ids, keep, axis=1))
-        expanded[a] = np.take_along_axis(flags, keep, axis=1)
+        r_ids[a], r_keys[a], expanded[a] = _merge_sorted(r_ids[a], r_keys[a], nb, query_keys(index, q[a], nb),
+                                                         width, expanded[a])  # R first among equal keys
     return KnnGraph(r_ids[:, :plan.k].astype(np.int32), r_keys[:, :plan.k])
 
 

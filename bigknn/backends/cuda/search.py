@@ -8,6 +8,8 @@ the entry sample (a GEMM, bigknn/search/graph.py), and each search starts from t
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from bigknn.backends.cuda.compile import compile_kernels, kernel_metric, sync_check
@@ -46,6 +48,15 @@ def large_floats(dim: int, deg: int, width: int) -> int:
     return dim + 2 * wpad + wpad // 4 + PARENTS * (2 * max(deg, 32) + 2) + 2 + (1 << table_bits(width, deg))
 
 
+@functools.cache
+def _processors(device: int) -> int:
+    """The device's streaming multiprocessors, asked once: CuPy's ``attributes`` queries every attribute, and
+    batch-1 searches call graph_search once a query."""
+    import cupy as cp
+
+    return int(cp.cuda.Device(device).attributes["MultiProcessorCount"])
+
+
 def _upload(index: SearchIndex) -> tuple:
     import cupy as cp
 
@@ -77,8 +88,7 @@ def graph_search(gpu: Gpu, kept: KeptCopy, index: SearchIndex, queries: np.ndarr
         per_query = 4 * large_floats(dim, deg, width)
         if per_query > SHARED_BYTES:
             raise ValueError(f"rows of {dim} dims are too wide for the search kernels' shared memory")
-        sms = cp.cuda.Device().attributes["MultiProcessorCount"]
-        qw = BLOCK_WARPS if batch < QUERY_WARPS_PER_SM * sms else 1  # by the batch asked for: warm-ups too
+        qw = BLOCK_WARPS if batch < QUERY_WARPS_PER_SM * _processors(cp.cuda.Device().id) else 1  # warm-ups too
         warps = qw if qw > 1 else min(WARPS, SHARED_BYTES // per_query)
         queries_per_block = 1 if qw > 1 else warps
         name = f"graph_search_large<{m}, {qw}, {units_per_lane(dim)}>"
