@@ -89,8 +89,9 @@ def test_gpu_prune_matches_the_cpu_prune(tmp_path, cuda_backend, method):
     assert same >= 0.98, same
 
 
-def test_gpu_nearest_lists_match_the_reference(cuda_backend):
+def test_gpu_nearest_lists_match_the_reference(cuda_backend, monkeypatch):
     from bigknn.backends.cpu.search import SearchReference
+    from bigknn.backends.cuda import prune
 
     rng = np.random.default_rng(12)
     rows, m, edges = 5000, 40, 150_000
@@ -100,6 +101,13 @@ def test_gpu_nearest_lists_match_the_reference(cuda_backend):
     keys = rng.random(len(row)).astype(np.float32)
     l_ids = np.where(rng.random((rows, m)) < 0.9, rng.integers(0, rows, (rows, m)), EMPTY)
     l_keys = np.where(l_ids >= 0, rng.random((rows, m)), np.inf).astype(np.float32)
+    for lists in ((l_ids, l_keys), None):
+        want = SearchReference().nearest_lists(rows, 48, row, ids, keys, lists)
+        got = cuda_backend.nearest_lists(rows, 48, row, ids, keys, lists)
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])
+    # a capped GPU sorts the edges of consecutive rows in parts (about 12 here)
+    monkeypatch.setattr(cuda_backend.gpu, "budget", lambda: 2 * prune.EDGE_BYTES * len(row) // 12)
     for lists in ((l_ids, l_keys), None):
         want = SearchReference().nearest_lists(rows, 48, row, ids, keys, lists)
         got = cuda_backend.nearest_lists(rows, 48, row, ids, keys, lists)

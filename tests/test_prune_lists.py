@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from bigknn.graph import EMPTY
-from bigknn.search.lists import nearest_lists
+from bigknn.search.lists import nearest_lists, row_chunks
 
 
 def _edges_and_lists(rng, rows: int = 60, m: int = 7):
@@ -44,3 +44,22 @@ def test_nearest_lists_keep_each_rows_nearest_distinct_ids():
         edges_only = nearest_lists(np, 60, width, row, ids, keys)
         want = _brute(60, width, row, ids, keys, np.full_like(l_ids, EMPTY), l_keys)
         np.testing.assert_array_equal(edges_only[0], want[0])
+
+
+def test_lists_sorted_in_parts_are_the_lists_sorted_at_once():
+    """A capped GPU sorts a range of rows' edges at a time and merges blocks of rows: the same lists."""
+    rng = np.random.default_rng(6)
+    row, ids, keys, l_ids, l_keys = _edges_and_lists(rng)
+    heavy = np.flatnonzero(row == 3)  # a row with more edges than a part holds gets a part of its own
+    whole = nearest_lists(np, 60, 12, row, ids, keys, (l_ids, l_keys))
+    for max_edges, merge in ((1, 1), (len(heavy) - 1, 7), (50, None), (len(row), 60)):
+        parts = nearest_lists(np, 60, 12, row, ids, keys, (l_ids, l_keys), max_edges, merge)
+        np.testing.assert_array_equal(parts[0], whole[0])
+        np.testing.assert_array_equal(parts[1], whole[1])
+        chunks = [(r0, r1, np.arange(len(row))[at]) for r0, r1, at in row_chunks(60, row, max_edges)]
+        seen = np.concatenate([at for _, _, at in chunks])
+        assert sorted(seen.tolist()) == list(range(len(row)))  # each edge in exactly one part
+        for r0, r1, at in chunks:
+            assert ((row[at] >= r0) & (row[at] < r1)).all()
+            assert len(at) <= max_edges or r1 == r0 + 1
+        assert [c[0] for c in chunks[1:]] == [c[1] for c in chunks[:-1]] and chunks[-1][1] == 60

@@ -22,16 +22,49 @@ def key_bits(xp: Any, keys: Any) -> Any:
     return (bits ^ flip).astype(xp.int64)
 
 
-def nearest_lists(xp: Any, rows: int, width: int, row: Any, ids: Any, keys: Any,
-                  lists: tuple[Any, Any] | None = None) -> tuple[Any, Any]:
-    """Per row 0..rows-1: the nearest ``width`` distinct ids of its edges (``row``, ``ids``, ``keys``) and of
-    its entries in ``lists`` ((rows, m) ids and keys, EMPTY / inf padded), ascending by key, a repeated id
-    with its smaller key: (rows, width) int64 ids and float32 keys, EMPTY / inf padded."""
-    out_ids, out_keys = edge_lists(xp, rows, width, row, ids, keys)
-    if lists is None:
-        return out_ids, out_keys
-    return merge_rows(xp, xp.concatenate([xp.asarray(lists[0], dtype=xp.int64), out_ids], axis=1),
-                      xp.concatenate([xp.asarray(lists[1], dtype=xp.float32), out_keys], axis=1), width)
+def nearest_lists(xp: Any, rows: int, width: int, row: np.ndarray, ids: np.ndarray, keys: np.ndarray,
+                  lists: tuple[np.ndarray, np.ndarray] | None = None, max_edges: int | None = None,
+                  merge_rows_at_once: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Per row 0..rows-1: the nearest ``width`` distinct ids of its edges (``row``, ``ids``, ``keys``: host
+    arrays) and of its entries in ``lists`` ((rows, m) ids and keys, EMPTY / inf padded), ascending by key, a
+    repeated id with its smaller key: (rows, width) host int64 ids and float32 keys, EMPTY / inf padded.
+    ``max_edges``: edges sorted at once (consecutive rows' edges in turn: a capped GPU's working set);
+    ``merge_rows_at_once``: rows whose lists are merged at once."""
+    out_ids, out_keys = np.empty((rows, width), np.int64), np.empty((rows, width), np.float32)
+    step = merge_rows_at_once or max(1, rows)
+    for r0, r1, at in row_chunks(rows, row, max_edges or max(1, len(row))):
+        e_row = row[at] - r0 if r0 else row[at]
+        e_ids, e_keys = edge_lists(xp, r1 - r0, width, xp.asarray(e_row), xp.asarray(ids[at]), xp.asarray(keys[at]))
+        for b0 in range(r0, r1, step):
+            b1 = min(r1, b0 + step)
+            i, k = e_ids[b0 - r0:b1 - r0], e_keys[b0 - r0:b1 - r0]
+            if lists is not None:
+                i, k = merge_rows(xp, xp.concatenate([xp.asarray(lists[0][b0:b1], dtype=xp.int64), i], axis=1),
+                                  xp.concatenate([xp.asarray(lists[1][b0:b1], dtype=xp.float32), k], axis=1), width)
+            out_ids[b0:b1], out_keys[b0:b1] = _host(xp, i), _host(xp, k)
+    return out_ids, out_keys
+
+
+def row_chunks(rows: int, row: np.ndarray, max_edges: int) -> list[tuple[int, int, Any]]:
+    """Rows 0..rows-1 split into consecutive ranges (r0, r1) of at most ``max_edges`` edges each (a row with
+    more has a range of its own), each with the positions of its edges in ``row`` (host ints < rows): one
+    range and a whole slice where all fit, else one stable counting sort by range."""
+    if len(row) <= max_edges:
+        return [(0, rows, slice(None))]
+    ends = np.cumsum(np.bincount(row, minlength=rows))  # edges of rows 0..r
+    bounds = [0]
+    while bounds[-1] < rows:
+        r0 = bounds[-1]
+        r1 = int(np.searchsorted(ends, (ends[r0 - 1] if r0 else 0) + max_edges, side="right"))
+        bounds.append(min(rows, max(r1, r0 + 1)))
+    rank = np.searchsorted(np.asarray(bounds[1:-1]), row, side="right")
+    order = np.argsort(rank.astype(np.min_scalar_type(len(bounds))), kind="stable")  # radix for < 2^16 ranges
+    starts = np.concatenate([[0], np.cumsum(np.bincount(rank, minlength=len(bounds) - 1))])
+    return [(bounds[i], bounds[i + 1], order[starts[i]:starts[i + 1]]) for i in range(len(bounds) - 1)]
+
+
+def _host(xp: Any, a: Any) -> np.ndarray:
+    return a if xp is np else a.get()
 
 
 def edge_lists(xp: Any, rows: int, width: int, row: Any, ids: Any, keys: Any) -> tuple[Any, Any]:

@@ -2,21 +2,27 @@
 lists a prune builds from edges (bigknn/search/lists.py run on CuPy arrays). The
 table of rows stays on the device while the prune hands the same one again (``VectorSource`` gives one table
 for the whole prune where the rows fit the host budget; kept.py) and half the device budget holds it;
-otherwise each block of candidates takes the rows it names. Blocks of BLOCK_BYTES."""
+otherwise each block of candidates gathers the rows it names from the host table, mapped (mapped.py). Blocks of
+BLOCK_BYTES, or of half the budget where less."""
 
 from __future__ import annotations
+
+from contextlib import nullcontext
 
 import numpy as np
 
 from bigknn.backends.cuda.compile import compile_kernels, kernel_metric, sync_check
 from bigknn.backends.cuda.gpu import Gpu
 from bigknn.backends.cuda.kept import KeptCopy
+from bigknn.backends.cuda.mapped import mapped
 from bigknn.backends.cpu import prune as reference
-from bigknn.search.lists import edge_lists, merge_rows, verdict_columns
+from bigknn.search.lists import nearest_lists as lists_of_edges
+from bigknn.search.lists import verdict_columns
 from bigknn.search.params import NO_LAMBDA, DiversifyRule
 
 WARPS = 4  # prune.cu: __launch_bounds__(128)
 BLOCK_BYTES = 256 << 20  # candidates, keys and results of one launch
+EDGE_BYTES = 96  # device bytes an edge takes while lists.edge_lists sorts it (words, order, temporaries)
 RULES = {"rng": 0, "gd": 1}
 
 
@@ -28,21 +34,14 @@ def _upload(table: np.ndarray) -> tuple:
 
 def nearest_lists(gpu: Gpu, rows: int, width: int, row: np.ndarray, ids: np.ndarray, keys: np.ndarray,
                   lists: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Backend.nearest_lists on the device: the edges sorted at once, the merge with ``lists`` in blocks of
-    rows of BLOCK_BYTES (its sort words and temporaries, about 40 bytes an entry)."""
+    """Backend.nearest_lists on the device: as many edges sorted at once as half the budget holds (all of
+    them unless the GPU is capped), the merge with ``lists`` in blocks of rows of BLOCK_BYTES (its sort words
+    and temporaries, about 40 bytes an entry)."""
     import cupy as cp
 
-    e_ids, e_keys = edge_lists(cp, rows, width, cp.asarray(row), cp.asarray(ids), cp.asarray(keys))
-    if lists is None:
-        return e_ids.get(), e_keys.get()
-    out_ids, out_keys = np.empty((rows, width), np.int64), np.empty((rows, width), np.float32)
-    step = max(1, BLOCK_BYTES // (40 * (width + lists[0].shape[1])))
-    for r0 in range(0, rows, step):
-        sl = slice(r0, r0 + step)
-        i, k = merge_rows(cp, cp.concatenate([cp.asarray(lists[0][sl], dtype=cp.int64), e_ids[sl]], axis=1),
-                          cp.concatenate([cp.asarray(lists[1][sl], dtype=cp.float32), e_keys[sl]], axis=1), width)
-        out_ids[sl], out_keys[sl] = i.get(), k.get()
-    return out_ids, out_keys
+    m = 0 if lists is None else lists[0].shape[1]
+    return lists_of_edges(cp, rows, width, row, ids, keys, lists, max(1, gpu.budget() // 2 // EDGE_BYTES),
+                          max(1, BLOCK_BYTES // (40 * (width + m))))
 
 
 def reach_back(gpu: Gpu, kept: KeptCopy, table: np.ndarray, lists: np.ndarray, list_index: np.ndarray,
@@ -80,31 +79,31 @@ def diversify_lists(gpu: Gpu, kept: KeptCopy, cands: np.ndarray, keys: np.ndarra
     cols, ranks = np.full((rows, width), -1, np.int32), np.full((rows, width), NO_LAMBDA, np.uint8)
     if rows == 0 or c == 0:
         return cols, ranks
-    # the whole table stays on the device where half the budget holds it; otherwise each block gets the rows
-    # it names (a GPU capped below the data: issue 15's out-of-core prune)
+    # the whole table stays on the device where half the budget holds it; otherwise the table stays on the
+    # host, mapped, and each block gathers the rows its lists name from there (issue 15's capped prune)
     whole = kept.holds(table) or 4 * table.shape[0] * table.shape[1] <= gpu.budget() // 2
     name = f"diversify_kept<{m}, {RULES[rule.kind]}>" if rule.sequential else f"diversify_occlusion<{m}>"
     kernel = compile_kernels((name,)).get_function(name)
-    step = max(1, BLOCK_BYTES // (c * (12 if whole else 12 + 4 * table.shape[1])))
-    for r0 in range(0, rows, step):
-        block = cands[r0:r0 + step]
-        if whole:
-            (x,) = kept.of(table, _upload)
-        else:
-            used = np.unique(block[block >= 0])
-            x = cp.asarray(np.ascontiguousarray(table[used], dtype=np.float32))
-            block = np.where(block >= 0, np.searchsorted(used, block), -1)
-        cd = cp.asarray(np.ascontiguousarray(block, dtype=np.int32))
-        kd = cp.asarray(np.ascontiguousarray(keys[r0:r0 + step], dtype=np.float32))
-        n = cd.shape[0]
-        od = cp.empty((n, c), np.uint8 if rule.sequential else np.int32)
-        grid = (-(-n // WARPS),)
-        if rule.sequential:
-            kernel(grid, (32 * WARPS,), (x, np.int32(x.shape[1]), cd, kd, np.int32(n), np.int32(c),
-                                         np.float32(rule.alpha), od), shared_mem=WARPS * c * 4)
-        else:
-            kernel(grid, (32 * WARPS,), (x, np.int32(x.shape[1]), cd, kd, np.int32(n), np.int32(c), od))
-        sync_check(cp)
-        bc, br = verdict_columns(cp, od, cd >= 0, rule.sequential, width, NO_LAMBDA)
-        cols[r0:r0 + n], ranks[r0:r0 + n] = bc.get(), br.get()
+    block_bytes = min(BLOCK_BYTES, gpu.budget() // 2)
+    step = max(1, block_bytes // (c * (12 if whole else 12 + 4 * table.shape[1])))
+    with nullcontext(None) if whole else mapped(np.ascontiguousarray(table)) as host_rows:
+        for r0 in range(0, rows, step):
+            cd = cp.asarray(np.ascontiguousarray(cands[r0:r0 + step], dtype=np.int32))
+            if whole:
+                (x,) = kept.of(table, _upload)
+            else:  # the block's lists' rows, in list order: row r's j-th candidate is row r * c + j
+                x = host_rows[cp.maximum(cd, 0).ravel()].astype(cp.float32, copy=False)
+                cd = cp.where(cd >= 0, cp.arange(cd.size, dtype=cp.int32).reshape(cd.shape), -1)
+            kd = cp.asarray(np.ascontiguousarray(keys[r0:r0 + step], dtype=np.float32))
+            n = cd.shape[0]
+            od = cp.empty((n, c), np.uint8 if rule.sequential else np.int32)
+            grid = (-(-n // WARPS),)
+            if rule.sequential:
+                kernel(grid, (32 * WARPS,), (x, np.int32(x.shape[1]), cd, kd, np.int32(n), np.int32(c),
+                                             np.float32(rule.alpha), od), shared_mem=WARPS * c * 4)
+            else:
+                kernel(grid, (32 * WARPS,), (x, np.int32(x.shape[1]), cd, kd, np.int32(n), np.int32(c), od))
+            sync_check(cp)
+            bc, br = verdict_columns(cp, od, cd >= 0, rule.sequential, width, NO_LAMBDA)
+            cols[r0:r0 + n], ranks[r0:r0 + n] = bc.get(), br.get()
     return cols, ranks
