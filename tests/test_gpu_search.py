@@ -128,3 +128,28 @@ def test_gpu_search_rows_held_in_registers(indexes, cuda_backend, d, metric, mon
         assert (got.ids == want.ids).all(axis=1).mean() >= 0.95
         both = (got.ids == want.ids) & (want.ids >= 0)
         np.testing.assert_allclose(got.dists[both], want.dists[both], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("metric", ["l2", "ip"])
+@pytest.mark.parametrize("sample_rows,queries", [(4096, 301), (4001, 1), (33, 64), (20, 7)])
+def test_gpu_entry_points_match_the_reference(metric, sample_rows, queries):
+    """The device keeps each query's nearest SEEDS sample rows in a warp (search.cu entry_nearest); the reference
+    sorts the whole row of keys. Small integer rows make every key exact on both, so ties (duplicate sample rows,
+    repeated queries) must fall alike: nearest first, the lower sample position among equal keys."""
+    import cupy as cp
+
+    from bigknn.backends.cuda.search import nearest_entries as device_entries
+    from bigknn.search.graph import nearest_entries
+
+    rng = np.random.default_rng(sample_rows + queries)
+    rows = rng.integers(-3, 4, (sample_rows, 11)).astype(np.float32)
+    rows[sample_rows // 2:sample_rows // 2 + 10] = rows[:10]  # equal keys
+    ids = np.sort(rng.choice(10 * sample_rows, sample_rows, replace=False))  # ascending, as entry_sample's
+    q = rng.integers(-3, 4, (queries, 11)).astype(np.float32)
+    q[-1:] = rows[:1]
+    want = nearest_entries(np, rows, ids, q, metric)
+    d_rows = cp.asarray(rows)
+    sample = (cp.asarray(ids, dtype=cp.int32), d_rows, (d_rows * d_rows).sum(axis=1, dtype=cp.float32))
+    got = device_entries(sample, cp.asarray(q), metric).get()
+    assert got.shape == want.shape == (queries, min(32, sample_rows))
+    np.testing.assert_array_equal(got, want)

@@ -17,7 +17,7 @@ class Gpu:
                  l2_expand: bool | None = None, tensor_cores: bool | None = None):
         self.gpu_mem_bytes = gpu_mem_bytes
         self.device = device
-        self.profile = profile  # time each kernel with events (last_stats["kernel_ms"])
+        self.profile = profile  # time each kernel with events (last_stats["kernel_ms"]); a search: rows, hops
         # l2 cross-match distances by |a|^2 + |b|^2 - 2 a.b (exact keys restored at the end); None: env
         # BIGKNN_CUDA_EXPAND, default on
         self.l2_expand = l2_expand

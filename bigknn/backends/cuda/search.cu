@@ -93,6 +93,48 @@ __device__ __forceinline__ void team_keys(const float* __restrict__ x, int dim, 
     }
 }
 
+// ---- entry points: the SEEDS sample rows nearest each query (search/graph.py nearest_entries) --------------
+// the (key, column) words of the reference, ascending across the warp's lanes (a bitonic network of shuffles)
+__device__ __forceinline__ u64 warp_sorted(u64 v, int lane) {
+    for (int size = 2; size <= 32; size <<= 1)
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            const u64 o = __shfl_xor_sync(FULL_MASK, v, stride);
+            v = ((lane & stride) == 0) == ((lane & size) == 0) ? min(v, o) : max(v, o);
+        }
+    return v;
+}
+
+// one warp a query over its row of the (queries x sample) dot products: sample column c's key is -dot (ip) or
+// |s_c|^2 - 2 dot (l2; the query's own norm dropped), its word (sortable key bits, c) as the reference's; the
+// warp keeps the 32 smallest words so far, ascending, one a lane, and merges in each 32 columns where one can
+// enter (the smallest of the kept and the new reversed form a bitonic sequence; 5 steps sort it). Out: the
+// sample ids of the w = min(32, s) nearest, nearest first.
+template <int METRIC>
+__global__ void __launch_bounds__(128) entry_nearest(const float* __restrict__ dots, const float* __restrict__ norms,
+        int s, int nq, const int* __restrict__ sample_ids, int w, int* __restrict__ out) {
+    const int lane = threadIdx.x & 31;
+    const int qi = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (qi >= nq) return;
+    const float* row = dots + (long long)qi * s;
+    u64 best = ~0ull;
+    for (int c0 = 0; c0 < s; c0 += 32) {
+        const int c = c0 + lane;
+        u64 word = ~0ull;
+        if (c < s) {
+            const float key = METRIC == 0 ? norms[c] - 2.f * row[c] : -row[c];
+            word = ((u64)f2s(key) << 32) | (u64)(u32)c;
+        }
+        if (!__any_sync(FULL_MASK, word < __shfl_sync(FULL_MASK, best, 31))) continue;
+        word = warp_sorted(word, lane);
+        best = min(best, __shfl_sync(FULL_MASK, word, 31 - lane));
+        for (int stride = 16; stride > 0; stride >>= 1) {
+            const u64 o = __shfl_xor_sync(FULL_MASK, best, stride);
+            best = (lane & stride) == 0 ? min(best, o) : max(best, o);
+        }
+    }
+    if (lane < w) out[(long long)qi * w + lane] = sample_ids[(u32)best];
+}
+
 // where search j of query qi starts (search/graph.py): its entry sample row j mod nstart, (row, key) on every
 // lane; starts (nq, nstart) are the sample rows nearest each query, nearest first
 template <int METRIC>
@@ -157,7 +199,7 @@ __global__ void __launch_bounds__(256) graph_search_large(
         const float* __restrict__ x, long long n, int dim, const int* __restrict__ edges,
         const unsigned char* __restrict__ lambdas, int deg, const float* __restrict__ queries,
         const int* __restrict__ starts, int nstart, int nq, int k, int width, int parents, int lambda_visit,
-        int hops, int bits, int* __restrict__ out_ids, float* __restrict__ out_keys) {
+        int hops, int bits, int* __restrict__ out_ids, float* __restrict__ out_keys, int* __restrict__ work) {
     extern __shared__ float smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int wq = warp % QW, slot = warp / QW;  // this warp among its query's, the query's place in the block
@@ -192,7 +234,8 @@ __global__ void __launch_bounds__(256) graph_search_large(
         for (int j = 0; j < seeds; ++j) list_insert(rk, ri, rx, width, nbk[j], nbi[j], lane);
     }
     query_sync<QW>();
-    for (int hop = 0; hop < hops; ++hop) {
+    int rows_done = min(nstart, 32), hop = 0;  // the rows whose keys the search computed, the hops it made
+    for (; hop < hops; ++hop) {
         if (wq == 0) {  // the parents: R's nearest entries not expanded yet
             int found = 0;
             for (int c = 0; c < width && found < parents; c += 32) {
@@ -244,7 +287,7 @@ __global__ void __launch_bounds__(256) graph_search_large(
                 added += fresh[p];
                 for (int c = p * nb; c < p * nb + fresh[p]; ++c) list_insert(rk, ri, rx, width, nbk[c], nbi[c], lane);
             }
-            if (lane == 0) *computed += added;
+            if (lane == 0) { *computed += added; rows_done += added; }
             __syncwarp();
         }
         query_sync<QW>();
@@ -253,6 +296,7 @@ __global__ void __launch_bounds__(256) graph_search_large(
         out_ids[(long long)qi * k + lane] = isinf(rk[lane]) ? -1 : ri[lane];
         out_keys[(long long)qi * k + lane] = rk[lane];
     }
+    if (wq == 0 && lane == 0) { work[2 * qi] = rows_done; work[2 * qi + 1] = hop; }
 }
 
 // ---- Alg. 1: small batches, one warp a search (search s: query s / t0, search number s % t0) ---------

@@ -16,14 +16,14 @@ from bigknn.backends.cuda.compile import compile_kernels, kernel_metric, sync_ch
 from bigknn.backends.cuda.gpu import Gpu
 from bigknn.backends.cuda.kept import KeptCopy
 from bigknn.graph import EMPTY, KnnGraph, merge_lists
-from bigknn.search.graph import SearchIndex, entry_sample, nearest_entries
-from bigknn.search.params import PARENTS, SEARCH_K_MAX, SearchPlan
+from bigknn.search.graph import SearchIndex, entry_sample
+from bigknn.search.params import PARENTS, SEARCH_K_MAX, SEEDS, SearchPlan
 
 WARPS = 4  # queries a block where a warp searches a query
 SHARED_BYTES = 48 << 10  # per block without the opt-in
 TABLE_SLOTS = 2048  # the large procedure's table of rows computed (4,096 measured slower: fewer warps an SM)
 QUERY_WARPS_PER_SM = 4  # batches of fewer queries than this per SM get a block of BLOCK_WARPS a query
-BLOCK_WARPS = 4  # warps of such a block: they share the keys of a hop (results as with one warp; search.cu: <= 8)
+BLOCK_WARPS = 8  # warps of such a block: they share the keys of a hop (results as with one warp; search.cu: <= 8)
 TEAM = 8  # search.cu: lanes that compute one key together
 HELD_UNITS = 16  # search.cu: float4 units a lane holds in registers at most (team_keys' VPL)
 
@@ -67,12 +67,32 @@ def _upload(index: SearchIndex) -> tuple:
 
 
 def _entry_sample(x, samples: dict, seed: int) -> tuple:
+    """(ids, rows, squared norms) of the seed's entry sample on the device, made once per index and seed."""
     import cupy as cp
 
     if seed not in samples:
         ids = cp.asarray(entry_sample(seed, x.shape[0]))
-        samples[seed] = (ids, x[ids])
+        rows = x[ids]
+        samples[seed] = (ids.astype(cp.int32), rows, (rows * rows).sum(axis=1, dtype=cp.float32))
     return samples[seed]
+
+
+def nearest_entries(sample: tuple, queries, metric: str):
+    """search/graph.py nearest_entries on the device: one GEMM, then a warp a query keeps the nearest SEEDS
+    (search.cu entry_nearest) instead of sorting each query's whole row of keys (10K x 4,096 words a batch).
+    (nq, min(SEEDS, sample rows)) int32 ids, nearest first."""
+    import cupy as cp
+
+    ids, rows, norms = sample
+    dots = queries @ rows.T
+    nq, s = dots.shape
+    w = min(SEEDS, s)
+    out = cp.empty((nq, w), cp.int32)
+    if nq:
+        name = f"entry_nearest<{kernel_metric(metric)}>"
+        compile_kernels((name,)).get_function(name)((-(-nq // WARPS),), (32 * WARPS,), (
+            dots, norms, np.int32(s), np.int32(nq), ids, np.int32(w), out))
+    return out
 
 
 def graph_search(gpu: Gpu, kept: KeptCopy, index: SearchIndex, queries: np.ndarray, plan: SearchPlan,
@@ -99,21 +119,24 @@ def graph_search(gpu: Gpu, kept: KeptCopy, index: SearchIndex, queries: np.ndarr
             raise ValueError(f"rows of {dim} dims are too wide for the search kernels' shared memory")
         name = f"graph_search_small<{m}>"
     kernel = compile_kernels((name,)).get_function(name)
-    sample_ids, sample = _entry_sample(x, samples, plan.seed)
-    ids_out, keys_out = [], []
+    sample = _entry_sample(x, samples, plan.seed)
+    ids_out, keys_out, work = [], [], []
     for b0 in range(0, len(queries), batch):
         q = cp.asarray(np.ascontiguousarray(queries[b0:b0 + batch], dtype=np.float32))
-        starts = cp.ascontiguousarray(nearest_entries(cp, sample, sample_ids, q, index.metric), dtype=cp.int32)
+        starts = nearest_entries(sample, q, index.metric)
         nq = q.shape[0]
         common = (x, np.int64(n), np.int32(dim), edges, lambdas, np.int32(deg), q, starts, np.int32(starts.shape[1]))
         if plan.procedure == "large":
             oi = cp.empty((nq, plan.k), cp.int32)
             ok = cp.empty((nq, plan.k), cp.float32)
+            ow = cp.empty((nq, 2), cp.int32)  # per query: rows whose keys it computed, hops
             kernel((-(-nq // queries_per_block),), (32 * warps,), common + (
                 np.int32(nq), np.int32(plan.k), np.int32(width), np.int32(PARENTS), np.int32(plan.lambda_visit),
-                np.int32(plan.hops), np.int32(table_bits(width, deg)), oi, ok),
+                np.int32(plan.hops), np.int32(table_bits(width, deg)), oi, ok, ow),
                 shared_mem=queries_per_block * per_query)
             sync_check(cp)
+            if gpu.profile:
+                work.append(ow.get())
             ids_out.append(oi.get())
             keys_out.append(ok.get())
         else:
@@ -129,6 +152,9 @@ def graph_search(gpu: Gpu, kept: KeptCopy, index: SearchIndex, queries: np.ndarr
             ids, keys = merge_lists(oi.get().reshape(lists).astype(np.int64), ok.get().reshape(lists), plan.k)
             ids_out.append(np.where(np.isinf(keys), EMPTY, ids).astype(np.int32))
             keys_out.append(keys)
+    if work:  # profiled: what the large procedure did per query, beside the kernel times of the other calls
+        w = np.concatenate(work)
+        gpu.last_stats = {"rows_computed_per_query": float(w[:, 0].mean()), "hops_per_query": float(w[:, 1].mean())}
     if not ids_out:
         return KnnGraph(np.empty((0, plan.k), np.int32), np.empty((0, plan.k), np.float32))
     return KnnGraph(np.concatenate(ids_out), np.concatenate(keys_out))
