@@ -63,3 +63,15 @@ def test_lists_sorted_in_parts_are_the_lists_sorted_at_once():
             assert ((row[at] >= r0) & (row[at] < r1)).all()
             assert len(at) <= max_edges or r1 == r0 + 1
         assert [c[0] for c in chunks[1:]] == [c[1] for c in chunks[:-1]] and chunks[-1][1] == 60
+
+
+def test_kept_columns_are_taken_row_by_row():
+    from bigknn.search.columns import take_columns
+
+    rng = np.random.default_rng(7)
+    cols = np.sort(rng.integers(-1, 9, (50, 6)).astype(np.int32), axis=1)[:, ::-1]  # -1 padding at the end
+    for values, empty in ((rng.integers(0, 1000, (50, 9)), EMPTY), (rng.random((50, 9)).astype(np.float32), np.inf)):
+        got = take_columns(values, cols, empty)
+        want = np.where(cols >= 0, np.take_along_axis(values, np.maximum(cols, 0), axis=1), empty)
+        assert got.dtype == values.dtype
+        np.testing.assert_array_equal(got, want)

@@ -126,8 +126,3 @@ def verdict_columns(xp: Any, verdict: Any, valid: Any, sequential: bool, width: 
         cols = xp.concatenate([cols, xp.full((rows, width - c), -1, xp.int32)], axis=1)
         ranks = xp.concatenate([ranks, xp.full((rows, width - c), cap, ranks.dtype)], axis=1)
     return cols, ranks.astype(xp.uint8)
-
-
-def take_columns(values: np.ndarray, cols: np.ndarray, empty: Any) -> np.ndarray:
-    """values[r, cols[r, j]] per row, ``empty`` where a column is -1 (verdict_columns' padding)."""
-    return np.where(cols >= 0, np.take_along_axis(values, np.maximum(cols, 0), axis=1), empty)

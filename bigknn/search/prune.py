@@ -28,7 +28,7 @@ from bigknn.errors import BadInput
 from bigknn.graph import EMPTY
 from bigknn.metrics import kernel_metric
 from bigknn.progress import Reporter
-from bigknn.search.lists import take_columns
+from bigknn.search.columns import take_columns
 from bigknn.search.params import NO_LAMBDA, DiversifyRule, PruneParams
 from bigknn.search.scratch import Scratch
 from bigknn.search.store import (SEARCH_DIR, SEARCH_ID_DTYPE, SearchEntry, drop_versions, drop_work, locate,
