@@ -46,10 +46,12 @@ output_option = click.option("-o", "--output", type=click.Path(dir_okay=False, p
 def prune(store: Path, method: str, degree: int, alpha: float, backend: str, gpu_mem: str | None,
           host_mem: str | None, wait_s: float, as_json: bool) -> None:
     """Turn the store's kNN graph into a search graph (a new version in the store; the kNN graph is kept).
+    A kNN graph of twice the degree (bigknn build --k 64 for degree 32) gives a better search graph.
 
     \b
     Examples:
       bigknn prune data.knn                          # tsdg, degree 32
+      bigknn prune data.knn --gpu-mem 1G             # a capped GPU: the same graph
       bigknn prune data.knn --method rng --degree 64
       bigknn prune data.knn --alpha 1.1 --json
     """
