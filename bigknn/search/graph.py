@@ -62,11 +62,12 @@ def entry_sample(seed: int, rows: int) -> np.ndarray:
 def nearest_entries(xp: Any, sample: Any, sample_ids: Any, queries: Any, metric: str) -> Any:
     """(queries, min(SEEDS, sample rows)) ids of the sample rows nearest each query, nearest first (the lower
     sample position on equal keys), for NumPy or CuPy arrays (``xp``): one GEMM. Keys drop the query's own
-    norm (the same for every row of the sample)."""
+    norm (the same for every row of the sample). The CUDA backend keeps the same words' smallest in a warp
+    instead of sorting whole rows (backends/cuda/search.py nearest_entries)."""
     dots = xp.asarray(queries, dtype=xp.float32) @ xp.asarray(sample, dtype=xp.float32).T
     keys = -dots if metric == "ip" else (sample * sample).sum(axis=1, dtype=xp.float32)[None, :] - 2 * dots
     w = min(SEEDS, keys.shape[1])
     col = xp.arange(keys.shape[1], dtype=xp.int64)[None, :]
     word = ((key_bits(xp, keys) - (1 << 31)) << 32) | col  # distinct (no tie left to the sort), within int64
-    return sample_ids[xp.sort(word, axis=1)[:, :w] & 0xFFFFFFFF]  # a whole-row sort: CuPy's is segmented
+    return sample_ids[xp.sort(word, axis=1)[:, :w] & 0xFFFFFFFF]
 

@@ -3,7 +3,8 @@ in small batches: a block of warps per query), step for step the NumPy reference
 (bigknn/backends/cpu/graph_search.py), whose docstring states them. The search graph and its rows go to the device
 once per ``SearchIndex`` (a sweep searches one index many times) and stay while it lives (kept.py); the queries go
 batch by batch, each batch finished before the next starts (what batch-1 QPS means). Each batch is compared with
-the entry sample (a GEMM, bigknn/search/graph.py), and each search starts from the sample row its number picks.
+the entry sample (a GEMM, then a warp a query keeps its nearest: bigknn/search/graph.py), and each search starts
+from the sample row its number picks.
 """
 
 from __future__ import annotations
