@@ -1,11 +1,11 @@
-"""One GNND iteration and the per-row key passes through the numba kernels (kernels.py): the fast path of
+"""One GNND iteration and the per-row key passes through the numba kernels (kernels.py, keypass.py): the fast path of
 descent.py, drawing the same random numbers as the NumPy reference so both walk the same way."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from bigknn.backends.cpu import kernels
+from bigknn.backends.cpu import kernels, keypass
 from bigknn.graph import EMPTY
 
 
@@ -29,9 +29,9 @@ def _with_reverse(fwd: np.ndarray, p: int, rng: np.random.Generator) -> np.ndarr
 
 def row_keys(x: np.ndarray, sq: np.ndarray, rows: np.ndarray, ids: np.ndarray, metric: str) -> np.ndarray:
     """descent.row_keys_local, compiled."""
-    return kernels.row_keys(x, sq, rows.astype(np.int64), np.ascontiguousarray(ids, np.int32), metric == "l2")
+    return keypass.row_keys(x, sq, rows.astype(np.int64), np.ascontiguousarray(ids, np.int32), metric == "l2")
 
 
 def exact_l2_keys(x: np.ndarray, state) -> None:
     """descent.exact_l2_keys, compiled."""
-    kernels.exact_l2_resort(x, state.ids, state.dists, state.is_new)
+    keypass.exact_l2_resort(x, state.ids, state.dists, state.is_new)

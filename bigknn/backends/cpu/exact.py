@@ -48,10 +48,10 @@ def exact_knn(queries: np.ndarray, k: int, metric: str, blocks: Iterable[tuple[i
 def _compiled_knn(q: np.ndarray, k: int, metric: str, blocks: Iterable[tuple[int, np.ndarray]],
                   best_ids: np.ndarray, best_d: np.ndarray) -> KnnGraph:
     """exact_knn's compiled path: dot products by BLAS into one reused buffer (a fresh 64 MiB tile per matmul
-    cost 5x the matmul in page faults), folded into the running top-k in place by kernels.tile_merge. Smaller
+    cost 5x the matmul in page faults), folded into the running top-k in place by keypass.tile_merge. Smaller
     query batches, to keep the tile in cache, measured slower (256 rows: 1.6x): BLAS's and numba's thread
     pools each spin after a call and take turns 8x as often."""
-    from bigknn.backends.cpu import kernels  # here: the NumPy reference never loads numba
+    from bigknn.backends.cpu import keypass  # here: the NumPy reference never loads numba
 
     nq = len(q)
     is_l2 = metric != "ip"
@@ -67,7 +67,7 @@ def _compiled_knn(q: np.ndarray, k: int, metric: str, blocks: Iterable[tuple[int
                 rows = slice(q0, q0 + step)
                 qr = q[rows]
                 dots = np.matmul(qr, tile.T, out=buf[:len(qr) * len(tile)].reshape(len(qr), len(tile)))
-                kernels.tile_merge(dots, q_sq[rows], t_sq, offset + c0, best_ids[rows], best_d[rows], is_l2)
+                keypass.tile_merge(dots, q_sq[rows], t_sq, offset + c0, best_ids[rows], best_d[rows], is_l2)
     return KnnGraph(best_ids, best_d)
 
 

@@ -1,5 +1,5 @@
-"""GNND's hot loops compiled with numba, on every core: sampling, cross-matching with selective update,
-list insertion, and per-row keys.
+"""GNND's hot loops compiled with numba, on every core: sampling, cross-matching with selective update and
+list insertion (the key passes outside an iteration: keypass.py).
 
 The NumPy code in descent.py is the definition: these kernels compute the same lists (sampling and
 insertion bit for bit; cross-matching up to the rounding of its float32 dot products, which may swap
@@ -396,66 +396,3 @@ def insert(ids, dists, is_new, targets, cands, keys):
             place(ids[r], dists[r], is_new[r], c, key)
             added[r] += 1
     return added.sum()
-
-
-@njit(cache=True, parallel=True, fastmath=FAST)
-def row_keys(x, sq, rows, ids, is_l2):
-    """Keys between each row of ``rows`` and the ids of its block (EMPTY ids: +inf), as
-    descent.row_keys_local."""
-    out = np.empty(ids.shape, np.float32)
-    for i in prange(ids.shape[0]):
-        for j in range(ids.shape[1]):
-            v = ids[i, j]
-            out[i, j] = np.inf if v == EMPTY else _key(x, sq, rows[i], v, is_l2)
-    return out
-
-
-@njit(cache=True, parallel=True, fastmath=FAST)
-def exact_l2_resort(x, ids, dists, is_new):
-    """descent.exact_l2_keys: every l2 key as the direct sum of squared differences, then each list
-    re-sorted (stably)."""
-    n, k = ids.shape
-    for i in prange(n):
-        keys = np.empty(k, np.float32)
-        for j in range(k):
-            v = ids[i, j]
-            if v == EMPTY:
-                keys[j] = np.inf
-                continue
-            s = np.float32(0.0)
-            for t in range(x.shape[1]):
-                diff = x[v, t] - x[i, t]
-                s += diff * diff
-            keys[j] = s
-        order = np.argsort(keys, kind="mergesort")
-        row_ids = ids[i].copy()
-        row_new = is_new[i].copy()
-        for j in range(k):
-            ids[i, j] = row_ids[order[j]]
-            dists[i, j] = keys[order[j]]
-            is_new[i, j] = row_new[order[j]]
-
-
-@njit(cache=True, inline="always")
-def _tile_key(dot, qsq, tsq, is_l2):
-    """metrics.pairwise_keys of one entry, in the same float32 order: (|q|^2 + |t|^2) - 2qt clamped at 0, or -qt."""
-    if is_l2:
-        k = (qsq + tsq) - np.float32(2.0) * dot
-        return k if k > 0 else np.float32(0.0)
-    return -dot
-
-
-@njit(cache=True, parallel=True)
-def tile_merge(dots, qsq, tsq, first_id, best_ids, best_d, is_l2):
-    """Fold a tile of dot products into each row's running top-k in place (exact.exact_knn, compiled): one
-    pass per row computes each key and sifts it in where it beats the k-th (equal keys after those listed,
-    in column order). One read of the tile, where a filter pass (count, then fill) and a NumPy merge of the
-    candidates took 1.4-1.5x as long (docs/perf-notes.md, cpu26)."""
-    nq, nt = dots.shape
-    k = best_ids.shape[1]
-    for r in prange(nq):
-        ids, d = best_ids[r], best_d[r]
-        for j in range(nt):
-            key = _tile_key(dots[r, j], qsq[r], tsq[j], is_l2)
-            if key < d[k - 1] or ids[k - 1] == EMPTY:
-                _sift_in(ids, d, k - 1, first_id + j, key)
