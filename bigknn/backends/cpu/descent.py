@@ -74,8 +74,8 @@ class Target:
     stopper: Stopper
     samples_at: Callable[[int], int]
     pad_key: np.ndarray | float = np.inf
-    hard_below: float = 0.0  # a first estimate below this marks a hard set (text embeddings: the RP-tree
-    hard_samples_at: Callable[[int], int] | None = None  # seeds reach ~0.4, synth ~0.9): p from here on,
+    hard_below: float = 0.0  # a first estimate below this marks a hard set (text embeddings: from 20 RP
+    hard_samples_at: Callable[[int], int] | None = None  # trees 0.57-0.75, synth 0.99): p from here on,
     hard_width: int = 0  # and lists this wide (they would stall at the narrower width and widen later)
 
 
