@@ -81,10 +81,11 @@ def diversify_lists(gpu: Gpu, kept: KeptCopy, cands: np.ndarray, keys: np.ndarra
         return cols, ranks
     # the whole table stays on the device where half the budget holds it; otherwise the table stays on the
     # host, mapped, and each block gathers the rows its lists name from there (issue 15's capped prune)
-    whole = kept.holds(table) or 4 * table.shape[0] * table.shape[1] <= gpu.budget() // 2
+    half_budget = gpu.budget() // 2
+    whole = kept.holds(table) or 4 * table.shape[0] * table.shape[1] <= half_budget
     name = f"diversify_kept<{m}, {RULES[rule.kind]}>" if rule.sequential else f"diversify_occlusion<{m}>"
     kernel = compile_kernels((name,)).get_function(name)
-    block_bytes = min(BLOCK_BYTES, gpu.budget() // 2)
+    block_bytes = min(BLOCK_BYTES, half_budget)
     step = max(1, block_bytes // (c * (12 if whole else 12 + 4 * table.shape[1])))
     with nullcontext(None) if whole else mapped(np.ascontiguousarray(table)) as host_rows:
         for r0 in range(0, rows, step):
