@@ -6,9 +6,12 @@ Graphs store the metric's *ordering key*, smaller is closer: squared L2 for ``l2
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 METRICS = ("l2", "ip", "cosine")
+HALF_RANGE = 2.0 ** 14  # largest magnitude of rows scaled for half precision (half's largest finite: 65504)
 
 
 def kernel_metric(metric: str) -> str:
@@ -30,6 +33,12 @@ def prepare_rows(x: np.ndarray, metric: str) -> np.ndarray:
     xf = np.asarray(x, dtype=np.float32)
     norms = np.linalg.norm(xf, axis=1, keepdims=True)
     return xf / np.where(norms > 0, norms, 1.0).astype(np.float32)
+
+
+def half_scale(amax: float) -> float:
+    """The power of two that brings rows whose largest magnitude is ``amax`` into half's range (HALF_RANGE):
+    keys of scaled rows (and queries) are the keys times its square, in the same order."""
+    return 2.0 ** math.floor(math.log2(HALF_RANGE / amax)) if amax > 0 else 1.0
 
 
 def pairwise_keys(a: np.ndarray, b: np.ndarray, metric: str) -> np.ndarray:

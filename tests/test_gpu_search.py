@@ -130,6 +130,31 @@ def test_gpu_search_rows_held_in_registers(indexes, cuda_backend, d, metric, mon
         np.testing.assert_allclose(got.dists[both], want.dists[both], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("d,metric,k,budget", [(264, "l2", 10, 48), (384, "cosine", 32, 24), (1040, "l2", 1, 8)])
+def test_gpu_half_walk_finds_what_the_reference_finds(indexes, cuda_backend, d, metric, k, budget, monkeypatch):
+    """Rows WALK_HALF_MIN_DIM wide or wider are walked as scaled halves (held in registers; 1,040 dims: the
+    loop) and the list's first RERANK re-keyed in float32: the reference walks the same halves, so the same rows
+    come back with exact float32 distances, ascending, in both launch shapes (budget 24 < RERANK too)."""
+    import bigknn.backends.cuda.search as cuda_search
+    from bigknn.backends.cpu.graph_search import query_keys
+
+    index, q = indexes(np.float32, metric, "tsdg", d)
+    assert index.walk is not None and index.walk[0].dtype == np.float16
+    plan = SearchPlan("large", budget, k, seed=d)
+    want = CpuBackend(reference=True).graph_search(index, q, plan, len(q))
+    block = cuda_backend.graph_search(index, q, plan, len(q))
+    monkeypatch.setattr(cuda_search, "QUERY_WARPS_PER_SM", 0)
+    warp = cuda_backend.graph_search(index, q, plan, len(q))
+    for got in (block, warp):
+        assert got.ids.shape == (len(q), k)
+        assert (got.ids == want.ids).all(axis=1).mean() >= 0.95
+        found = got.ids >= 0
+        np.testing.assert_allclose(got.dists[found], query_keys(index, q, got.ids.astype(np.int64))[found],
+                                   rtol=1e-4, atol=1e-4)
+        keys = np.where(found, got.dists, np.inf)
+        assert (keys[:, 1:] >= keys[:, :-1]).all()
+
+
 @pytest.mark.parametrize("metric", ["l2", "ip"])
 @pytest.mark.parametrize("sample_rows,queries", [(4096, 301), (4001, 1), (33, 64), (20, 7)])
 def test_gpu_entry_points_match_the_reference(metric, sample_rows, queries):

@@ -158,3 +158,39 @@ def test_entry_points_are_the_sample_rows_nearest_each_query():
     for metric, keys in (("l2", ((q[:, None] - x[sample][None]) ** 2).sum(-1)), ("ip", -(q @ x[sample].T))):
         got = nearest_entries(np, x[sample], sample, q, metric)
         np.testing.assert_array_equal(got, sample[np.argsort(keys, axis=1)[:, :32]])
+
+
+def test_wide_rows_are_walked_as_halves_and_reranked_in_float32(tmp_path, monkeypatch):
+    """Rows WALK_HALF_MIN_DIM wide are walked as scaled halves (half the bytes a key reads); the list's first
+    RERANK are re-keyed in float32: the distances returned are the exact float32 ones, ascending, and recall is
+    that of the float32 walk."""
+    import bigknn.search.graph as search_graph
+    from bigknn.backends.cpu.graph_search import query_keys, search
+    from bigknn.metrics import pairwise_keys
+    from bigknn.search.graph import SearchIndex
+    from bigknn.search.params import SearchPlan
+    from bigknn.search.store import load_index
+    from bigknn.shards import Store
+
+    rng = np.random.default_rng(11)
+    centres = rng.normal(size=(20, 264)) * 2
+    x = (centres[rng.integers(0, 20, 4000)] + rng.normal(size=(4000, 264))).astype(np.float32) * 1000  # scaled
+    q = (centres[rng.integers(0, 20, 200)] + rng.normal(size=(200, 264))).astype(np.float32) * 1000
+    with bigknn.build(x, k=20, store=tmp_path / "s.knn", backend="cpu") as g:
+        g.prune(degree=20, backend="cpu")
+    st = Store.open(tmp_path / "s.knn")
+    index, _ = load_index(st, "l2")
+    st.close()
+    truth = np.argsort(pairwise_keys(q, x, "l2"), axis=1)[:, :10]
+    plan = SearchPlan("large", 24, 10, seed=1)
+    recall = {}
+    for half in (True, False):
+        monkeypatch.setattr(search_graph, "WALK_HALF_MIN_DIM", 256 if half else 10 ** 9)
+        idx = SearchIndex(index.vectors, index.ids, index.lambdas, index.metric)
+        assert (idx.walk is not None) == half
+        found = search(idx, q, plan)
+        np.testing.assert_allclose(found.dists, query_keys(idx, q, found.ids.astype(np.int64)), rtol=1e-6)
+        assert (np.diff(found.dists, axis=1) >= 0).all()
+        recall[half] = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(found.ids, truth)])
+    assert recall[True] >= recall[False] - 0.01, recall
+    assert recall[False] > 0.9

@@ -13,13 +13,14 @@ backend and batch: a query's results depend on the query, not on its neighbours 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
+from functools import cached_property
 from typing import Any
 
 import numpy as np
 
+from bigknn.metrics import half_scale
 from bigknn.search.lists import key_bits
-from bigknn.search.params import ENTRY_SAMPLE, SEEDS
+from bigknn.search.params import ENTRY_SAMPLE, SEEDS, WALK_HALF_MIN_DIM
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -39,6 +40,18 @@ class SearchIndex:
     @property
     def rows(self) -> int:
         return self.ids.shape[0]
+
+    @cached_property
+    def walk(self) -> tuple[np.ndarray, float] | None:
+        """(rows as half precision, scaled by a power of two into half's range; the scale) where the large
+        procedure walks on halves (rows WALK_HALF_MIN_DIM wide or wider, a multiple of 8); None otherwise.
+        Made once, the same bits for both backends (float32 * scale, rounded to nearest even)."""
+        n, d = self.vectors.shape
+        if d < WALK_HALF_MIN_DIM or d % 8:
+            return None
+        x = np.asarray(self.vectors, dtype=np.float32)
+        scale = half_scale(float(np.abs(x).max()) if n else 0.0)
+        return (x * np.float32(scale)).astype(np.float16), scale
 
 
 def _mix(x: np.ndarray) -> np.ndarray:

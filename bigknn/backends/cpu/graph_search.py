@@ -13,6 +13,9 @@ bigknn/backends/cuda/search.cu.
   neighbours (occlusion factor < 5) not already in R nor listed before, and R <- the best L of R and them (R
   first among equal keys, then parent by parent in edge list order).
   It ends when every entry of R is expanded, or after the hop limit; the first k entries are the result.
+  Rows of WALK_HALF_MIN_DIM dims or more are walked as halves, rows and query scaled by one power of two
+  (SearchIndex.walk: half the bytes a key reads), and R's first RERANK entries are then re-keyed in float32 and
+  sorted by (key, id): the result's distances are exact.
   The paper keeps R at k entries and searches on while the nearest queued row is within a slack Δ of R's
   last (GGNN's rule): a distance, where a list length is a rank. On 384-d text embeddings, whose distances
   crowd together, a slack admits whole shells of rows (docs/perf-notes.md, session 28); the list is HNSW's
@@ -30,22 +33,26 @@ import numpy as np
 
 from bigknn.graph import EMPTY, KnnGraph, merge_lists
 from bigknn.search.graph import SearchIndex, entry_sample, nearest_entries
-from bigknn.search.params import PARENTS, SEARCH_K_MAX, SearchPlan
+from bigknn.search.params import PARENTS, RERANK, SEARCH_K_MAX, SearchPlan
 
 GATHER_BYTES = 64 << 20  # float32 temporaries of one distance gather
 
 
 def query_keys(index: SearchIndex, q: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """Keys from query i to rows[i, :] (EMPTY entries get inf), float32 as the kernels compute them."""
+    return _keys(index.vectors, index.metric, q, rows)
+
+
+def _keys(vectors: np.ndarray, metric: str, q: np.ndarray, rows: np.ndarray) -> np.ndarray:
     out = np.full(rows.shape, np.inf, np.float32)
     valid = rows >= 0
     width = rows.shape[1] if rows.ndim > 1 else 1
     step = max(1, GATHER_BYTES // max(1, width * q.shape[1] * 4))
     for r0 in range(0, len(rows), step):
         sl = slice(r0, r0 + step)
-        v = index.vectors[np.where(valid[sl], rows[sl], 0)].astype(np.float32)
+        v = vectors[np.where(valid[sl], rows[sl], 0)].astype(np.float32)
         qq = q[sl][:, None, :]
-        keys = -np.einsum("qcd,qcd->qc", v, np.broadcast_to(qq, v.shape)) if index.metric == "ip" else \
+        keys = -np.einsum("qcd,qcd->qc", v, np.broadcast_to(qq, v.shape)) if metric == "ip" else \
             np.einsum("qcd,qcd->qc", v - qq, v - qq)
         out[sl] = np.where(valid[sl], keys, np.inf)
     return out
@@ -139,8 +146,14 @@ def _merge_sorted(ids_a, keys_a, ids_b, keys_b, width, flags_a=None):
 # ---- Alg. 2: large batches --------------------------------------------------------------------
 def _large(index: SearchIndex, q: np.ndarray, starts: np.ndarray, plan: SearchPlan) -> KnnGraph:
     nq, width = len(q), plan.list_length
+    rows, qw = (index.vectors, q) if index.walk is None else (index.walk[0], q * np.float32(index.walk[1]))
+
+    def walk_keys(a, ids):  # the walk's keys: on the scaled half rows and queries where the index has them
+        return _keys(rows, index.metric, qw[a], ids)
+
+    everyone = np.arange(nq)
     r_ids, r_keys = _merge_sorted(np.full((nq, width), EMPTY, np.int64), np.full((nq, width), np.inf, np.float32),
-                                  starts.astype(np.int64), query_keys(index, q, starts), width)  # the nearest seeds
+                                  starts.astype(np.int64), walk_keys(everyone, starts), width)  # the nearest seeds
     expanded = np.zeros((nq, width), bool)
     active = np.ones(nq, bool)
     for _ in range(plan.hops):
@@ -159,8 +172,13 @@ def _large(index: SearchIndex, q: np.ndarray, starts: np.ndarray, plan: SearchPl
                       _neighbours(index, np.maximum(parents, 0), plan.lambda_visit).reshape(len(a), -1), EMPTY)
         known = (r_ids[a][:, None, :] == nb[:, :, None]).any(axis=2) | _repeats(nb)
         nb = np.where(known, EMPTY, nb)
-        r_ids[a], r_keys[a], expanded[a] = _merge_sorted(r_ids[a], r_keys[a], nb, query_keys(index, q[a], nb),
+        r_ids[a], r_keys[a], expanded[a] = _merge_sorted(r_ids[a], r_keys[a], nb, walk_keys(a, nb),
                                                          width, expanded[a])  # R first among equal keys
+    if index.walk is not None:  # R's first RERANK re-keyed in float32, by (key, id) as the GPU's warp sort
+        r_ids = r_ids[:, :min(RERANK, width)]
+        r_keys = query_keys(index, q, r_ids)
+        order = np.lexsort((np.where(r_ids >= 0, r_ids, np.iinfo(np.int64).max), r_keys), axis=-1)
+        r_ids, r_keys = np.take_along_axis(r_ids, order, axis=1), np.take_along_axis(r_keys, order, axis=1)
     return KnnGraph(r_ids[:, :plan.k].astype(np.int32), r_keys[:, :plan.k])
 
 

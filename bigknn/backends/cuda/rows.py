@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from bigknn.backends.cuda.compile import CTYPES, padded_dim
 from bigknn.backends.cuda.transfer import Transfer
+from bigknn.metrics import half_scale
 
 HALF_MIN_DIM = 96  # float32 rows at least this wide descend on half-precision copies (half_rows). 96, not 128:
 # T2 (10M x 96, 10 shards, H200) 34.2 -> 27.7 s, recall 0.9966 -> 0.9968; T1 96-d 0.388 -> 0.307 s (docs/perf-notes.md)
 HALF_BYTES = False  # byte rows (uint8, int8) descend on half copies (exact: halves hold every byte value)
-HALF_RANGE = 2.0 ** 14  # largest magnitude after scaling (half's largest finite value is 65504)
 
 
 def descends_on_halves(ctype: str, d: int) -> bool:
@@ -56,11 +54,6 @@ def numeric(xd, d: int):
     import cupy as cp
 
     return xd.view(cp.float16)[:, :d] if xd.dtype == cp.uint16 else xd[:, :d]
-
-
-def half_scale(amax: float) -> float:
-    """The power of two that brings rows whose largest magnitude is ``amax`` into half's range (HALF_RANGE)."""
-    return 2.0 ** math.floor(math.log2(HALF_RANGE / amax)) if amax > 0 else 1.0
 
 
 def half_rows(xd, width: int | None = None):

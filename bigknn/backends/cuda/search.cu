@@ -70,23 +70,69 @@ __device__ __forceinline__ float key_terms_held(const float* __restrict__ v, int
     return acc;
 }
 
+// key_terms for rows of halves (IEEE bits), 8 a 16-byte unit, over units first, first + stride, ...: the walk
+// of wide rows (search/params.py WALK_HALF_MIN_DIM; rows and queries scaled alike). VPL > 0: at most VPL units
+// a lane, every load issued before the first is used; 0: a loop
+template <int METRIC, int VPL>
+__device__ __forceinline__ float key_terms_half(const unsigned short* __restrict__ v, int dim, const float* q,
+                                                int first, int stride) {
+    const uint4* v4 = reinterpret_cast<const uint4*>(v);
+    const int units = dim >> 3;
+    float acc = 0.f;
+    if (VPL > 0) {
+        uint4 held[VPL > 0 ? VPL : 1];
+#pragma unroll
+        for (int i = 0; i < VPL; ++i) {
+            const int t = first + i * stride;
+            held[i] = t < units ? __ldg(v4 + t) : make_uint4(0u, 0u, 0u, 0u);
+        }
+#pragma unroll
+        for (int i = 0; i < VPL; ++i) {
+            const int t = first + i * stride;
+            if (t < units) {
+                const u32 w[4] = {held[i].x, held[i].y, held[i].z, held[i].w};
+#pragma unroll
+                for (int h = 0; h < 4; ++h) {
+                    acc = key_term<METRIC>(acc, to_f((unsigned short)(w[h] & 0xffffu)), q[8 * t + 2 * h]);
+                    acc = key_term<METRIC>(acc, to_f((unsigned short)(w[h] >> 16)), q[8 * t + 2 * h + 1]);
+                }
+            }
+        }
+    } else {
+        for (int t = first; t < units; t += stride) {
+            const uint4 u = __ldg(v4 + t);
+            const u32 w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+            for (int h = 0; h < 4; ++h) {
+                acc = key_term<METRIC>(acc, to_f((unsigned short)(w[h] & 0xffffu)), q[8 * t + 2 * h]);
+                acc = key_term<METRIC>(acc, to_f((unsigned short)(w[h] >> 16)), q[8 * t + 2 * h + 1]);
+            }
+        }
+    }
+    return acc;
+}
+
 // keys of rows ids[0..count) to q into keys[], TEAM lanes a row (4 rows a warp-wide step): a team's loads of
 // a row are 128 contiguous bytes, and a hop costs steps by the rows it computes, not a whole row a lane
 // (``first``, ``step``: the warp's first row and the rows all warps sharing the list take a step). VPL > 0:
 // float4 rows of at most VPL units a lane (search.py units_per_lane), held in registers; 0: any rows
 #define TEAM 8
-template <int METRIC, int VPL>
+template <int METRIC, int VPL, bool HALF = false>
 __device__ __forceinline__ void team_keys(const float* __restrict__ x, int dim, const float* q,
                                           const int* ids, float* keys, int count, int lane, int first = 0,
-                                          int step = 32 / TEAM) {
+                                          int step = 32 / TEAM, const unsigned short* __restrict__ xh = nullptr) {
     const int tl = lane & (TEAM - 1);
     for (int r0 = first; r0 < count; r0 += step) {
         const int r = r0 + lane / TEAM;
         float acc = 0.f;
         if (r < count) {
-            const float* v = x + (long long)ids[r] * dim;
-            acc = VPL > 0 ? key_terms_held<METRIC, (VPL > 0 ? VPL : 1)>(v, dim, q, tl, TEAM)
-                          : key_terms<METRIC>(v, dim, q, tl, TEAM);
+            if (HALF) {
+                acc = key_terms_half<METRIC, VPL>(xh + (long long)ids[r] * dim, dim, q, tl, TEAM);
+            } else {
+                const float* v = x + (long long)ids[r] * dim;
+                acc = VPL > 0 ? key_terms_held<METRIC, (VPL > 0 ? VPL : 1)>(v, dim, q, tl, TEAM)
+                              : key_terms<METRIC>(v, dim, q, tl, TEAM);
+            }
         }
         for (int off = TEAM / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(FULL_MASK, acc, off);
         if (tl == 0 && r < count) keys[r] = METRIC == 0 ? acc : -acc;
@@ -194,12 +240,16 @@ __device__ __forceinline__ void query_sync() {
     if (QW == 1) __syncwarp(); else __syncthreads();
 }
 
-template <int METRIC, int QW, int VPL>
+// HALF: the walk's keys from xh, the rows as halves scaled by ``scale`` (the query scaled alike), and R's first
+// RERANK entries re-keyed from the float32 rows and sorted by (key, id) for the result (search/params.py)
+#define RERANK 32
+template <int METRIC, int QW, int VPL, bool HALF>
 __global__ void __launch_bounds__(256) graph_search_large(
         const float* __restrict__ x, long long n, int dim, const int* __restrict__ edges,
         const unsigned char* __restrict__ lambdas, int deg, const float* __restrict__ queries,
         const int* __restrict__ starts, int nstart, int nq, int k, int width, int parents, int lambda_visit,
-        int hops, int bits, int* __restrict__ out_ids, float* __restrict__ out_keys, int* __restrict__ work) {
+        int hops, int bits, int* __restrict__ out_ids, float* __restrict__ out_keys, int* __restrict__ work,
+        const unsigned short* __restrict__ xh, float scale) {
     extern __shared__ float smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int wq = warp % QW, slot = warp / QW;  // this warp among its query's, the query's place in the block
@@ -217,7 +267,7 @@ __global__ void __launch_bounds__(256) graph_search_large(
     int* computed = par + parents;
     int* table = computed + 2;
     const int tid = wq * 32 + lane;
-    for (int t = tid; t < dim; t += 32 * QW) q[t] = queries[(long long)qi * dim + t];
+    for (int t = tid; t < dim; t += 32 * QW) q[t] = queries[(long long)qi * dim + t] * (HALF ? scale : 1.f);
     for (int t = tid; t < wpad; t += 32 * QW) { rk[t] = INF_F; ri[t] = -1; rx[t] = 0; }
     for (int t = tid; t < slots; t += 32 * QW) table[t] = -1;
     query_sync<QW>();
@@ -229,7 +279,7 @@ __global__ void __launch_bounds__(256) graph_search_large(
         }
         if (lane == 0) *computed = seeds;
         __syncwarp();
-        team_keys<METRIC, VPL>(x, dim, q, nbi, nbk, seeds, lane);
+        team_keys<METRIC, VPL, HALF>(x, dim, q, nbi, nbk, seeds, lane, 0, 32 / TEAM, xh);
         __syncwarp();
         for (int j = 0; j < seeds; ++j) list_insert(rk, ri, rx, width, nbk[j], nbi[j], lane);
     }
@@ -278,8 +328,8 @@ __global__ void __launch_bounds__(256) graph_search_large(
         }
         query_sync<QW>();
         for (int p = 0; p < parents; ++p)
-            team_keys<METRIC, VPL>(x, dim, q, nbi + p * nb, nbk + p * nb, fresh[p], lane, wq * (32 / TEAM),
-                              QW * (32 / TEAM));
+            team_keys<METRIC, VPL, HALF>(x, dim, q, nbi + p * nb, nbk + p * nb, fresh[p], lane, wq * (32 / TEAM),
+                                         QW * (32 / TEAM), xh);
         query_sync<QW>();
         if (wq == 0) {  // inserted one by one: parent by parent, each in list order
             int added = 0;
@@ -292,7 +342,20 @@ __global__ void __launch_bounds__(256) graph_search_large(
         }
         query_sync<QW>();
     }
-    if (wq == 0 && lane < k) {
+    if (HALF && wq == 0) {  // R's first RERANK (a finite prefix) re-keyed in float32, sorted by (key, id)
+        for (int t = lane; t < dim; t += 32) q[t] = queries[(long long)qi * dim + t];
+        const int m = __popc(__ballot_sync(FULL_MASK, lane < min(RERANK, width) && !isinf(rk[lane])));
+        nbi[lane] = lane < m ? ri[lane] : -1;
+        nbk[lane] = INF_F;
+        __syncwarp();
+        team_keys<METRIC, (2 * VPL <= 16 ? 2 * VPL : 0)>(x, dim, q, nbi, nbk, m, lane);
+        __syncwarp();
+        warp_bitonic(nbk, nbi, RERANK, lane);
+        if (lane < k) {
+            out_ids[(long long)qi * k + lane] = isinf(nbk[lane]) ? -1 : nbi[lane];
+            out_keys[(long long)qi * k + lane] = nbk[lane];
+        }
+    } else if (wq == 0 && lane < k) {
         out_ids[(long long)qi * k + lane] = isinf(rk[lane]) ? -1 : ri[lane];
         out_keys[(long long)qi * k + lane] = rk[lane];
     }

@@ -29,11 +29,12 @@ TEAM = 8  # search.cu: lanes that compute one key together
 HELD_UNITS = 16  # search.cu: float4 units a lane holds in registers at most (team_keys' VPL)
 
 
-def units_per_lane(dim: int) -> int:
-    """search.cu team_keys' VPL: the float4 units of a row each lane of a team loads, where rows are float4
-    and that fits the registers; 0 (a loop) otherwise."""
-    units = -(-dim // (4 * TEAM))
-    return units if dim % 4 == 0 and units <= HELD_UNITS else 0
+def units_per_lane(dim: int, half: bool = False) -> int:
+    """search.cu team_keys' VPL: the 16-byte units of a row (4 floats, or 8 halves for a half walk) each lane
+    of a team loads, where rows are whole units and that fits the registers; 0 (a loop) otherwise."""
+    per_unit = 8 if half else 4
+    units = -(-dim // (per_unit * TEAM))
+    return units if dim % per_unit == 0 and units <= HELD_UNITS else 0
 
 
 def table_bits(width: int, deg: int) -> int:
@@ -61,10 +62,12 @@ def _processors(device: int) -> int:
 def _upload(index: SearchIndex) -> tuple:
     import cupy as cp
 
+    walk = None if index.walk is None else (cp.asarray(index.walk[0]).view(cp.uint16), index.walk[1])
     return (cp.asarray(np.ascontiguousarray(index.vectors, dtype=np.float32)),
             cp.asarray(np.ascontiguousarray(index.ids, dtype=np.int32)),
             cp.asarray(np.ascontiguousarray(index.lambdas, dtype=np.uint8)),
-            {})  # the entry sample of each seed searched: (ids, rows), made once (batch-1 calls pay nothing)
+            {},  # the entry sample of each seed searched: (ids, rows), made once (batch-1 calls pay nothing)
+            walk)  # the half rows the large procedure walks, and their scale (SearchIndex.walk), or None
 
 
 def _entry_sample(x, samples: dict, seed: int) -> tuple:
@@ -101,7 +104,7 @@ def graph_search(gpu: Gpu, kept: KeptCopy, index: SearchIndex, queries: np.ndarr
     import cupy as cp
 
     m = kernel_metric(index.metric)
-    x, edges, lambdas, samples = kept.of(index, _upload)
+    x, edges, lambdas, samples, walk = kept.of(index, _upload)
     n, dim = x.shape
     deg = edges.shape[1]
     width = plan.list_length
@@ -112,7 +115,8 @@ def graph_search(gpu: Gpu, kept: KeptCopy, index: SearchIndex, queries: np.ndarr
         qw = BLOCK_WARPS if batch < QUERY_WARPS_PER_SM * _processors(cp.cuda.Device().id) else 1  # warm-ups too
         warps = qw if qw > 1 else min(WARPS, SHARED_BYTES // per_query)
         queries_per_block = 1 if qw > 1 else warps
-        name = f"graph_search_large<{m}, {qw}, {units_per_lane(dim)}>"
+        half = walk is not None
+        name = f"graph_search_large<{m}, {qw}, {units_per_lane(dim, half)}, {'true' if half else 'false'}>"
     else:
         per_query = 4 * (dim + 128)
         warps = min(WARPS, SHARED_BYTES // per_query)
@@ -133,7 +137,8 @@ def graph_search(gpu: Gpu, kept: KeptCopy, index: SearchIndex, queries: np.ndarr
             ow = cp.empty((nq, 2), cp.int32)  # per query: rows whose keys it computed, hops
             kernel((-(-nq // queries_per_block),), (32 * warps,), common + (
                 np.int32(nq), np.int32(plan.k), np.int32(width), np.int32(PARENTS), np.int32(plan.lambda_visit),
-                np.int32(plan.hops), np.int32(table_bits(width, deg)), oi, ok, ow),
+                np.int32(plan.hops), np.int32(table_bits(width, deg)), oi, ok, ow,
+                walk[0] if half else x, np.float32(walk[1] if half else 1.0)),
                 shared_mem=queries_per_block * per_query)
             sync_check(cp)
             if gpu.profile:
