@@ -20,7 +20,7 @@ from bigknn.search.lists import nearest_lists as lists_of_edges
 from bigknn.search.lists import verdict_columns
 from bigknn.search.params import NO_LAMBDA, DiversifyRule
 
-WARPS = 4  # prune.cu: __launch_bounds__(128)
+THREADS = 256  # prune.cu DIV_THREADS: a block diversifies one row
 BLOCK_BYTES = 256 << 20  # candidates, keys and results of one launch
 EDGE_BYTES = 96  # device bytes an edge takes while lists.edge_lists sorts it (words, order, temporaries)
 RULES = {"rng": 0, "gd": 1}
@@ -98,12 +98,8 @@ def diversify_lists(gpu: Gpu, kept: KeptCopy, cands: np.ndarray, keys: np.ndarra
             kd = cp.asarray(np.ascontiguousarray(keys[r0:r0 + step], dtype=np.float32))
             n = cd.shape[0]
             od = cp.empty((n, c), np.uint8 if rule.sequential else np.int32)
-            grid = (-(-n // WARPS),)
-            if rule.sequential:
-                kernel(grid, (32 * WARPS,), (x, np.int32(x.shape[1]), cd, kd, np.int32(n), np.int32(c),
-                                             np.float32(rule.alpha), od), shared_mem=WARPS * c * 4)
-            else:
-                kernel(grid, (32 * WARPS,), (x, np.int32(x.shape[1]), cd, kd, np.int32(n), np.int32(c), od))
+            args = (x, np.int32(x.shape[1]), cd, kd, np.int32(n), np.int32(c))
+            kernel((n,), (THREADS,), args + ((np.float32(rule.alpha), od) if rule.sequential else (od,)))
             sync_check(cp)
             bc, br = verdict_columns(cp, od, cd >= 0, rule.sequential, width, NO_LAMBDA)
             cols[r0:r0 + n], ranks[r0:r0 + n] = bc.get(), br.get()
