@@ -75,18 +75,21 @@ def test_a_capped_gpu_diversifies_alike_with_the_rows_each_block_names(cuda_back
 
 @pytest.mark.parametrize("method", ["tsdg", "rng"])
 def test_gpu_prune_matches_the_cpu_prune(tmp_path, cuda_backend, method):
+    """Both ways the GPU prunes (tsdg: the whole graph on the device, search/whole.py; shard by shard where the
+    host budget holds no whole copy of the rows) against the CPU's."""
     rng = np.random.default_rng(3)
     x = (rng.normal(size=(15, 24))[rng.integers(0, 15, 2500)] * 2 + rng.normal(size=(2500, 24))).astype(np.float32)
     graphs = {}
-    for backend in ("cpu", "cuda"):
-        path = tmp_path / f"{backend}.knn"
+    for backend, host_mem in (("cpu", None), ("cuda", None), ("cuda", 1)):
+        path = tmp_path / f"{backend}-{host_mem}.knn"
         with bigknn.build(x, k=20, store=path, backend="cpu", shard_rows=900, seed=1) as g:
-            g.prune(method, degree=20, backend=backend)
+            g.prune(method, degree=20, backend=backend, host_mem=host_mem)
         st = Store.open(path)
-        graphs[backend] = load_index(st, "l2")[0]
+        graphs[backend, host_mem] = load_index(st, "l2")[0]
         st.close()
-    same = (graphs["cpu"].ids == graphs["cuda"].ids).all(axis=1).mean()
-    assert same >= 0.98, same
+    for way in (("cuda", None), ("cuda", 1)):
+        same = (graphs["cpu", None].ids == graphs[way].ids).all(axis=1).mean()
+        assert same >= 0.98, (way, same)
 
 
 def test_gpu_nearest_lists_match_the_reference(cuda_backend, monkeypatch):

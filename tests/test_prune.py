@@ -224,7 +224,8 @@ def test_prune_commits_a_search_graph_and_keeps_the_knn_graph(store, method):
 
 @pytest.mark.parametrize("method", ["tsdg", "rng"])
 def test_out_of_core_prune_gives_the_same_graph(store, method):
-    """With host memory for no whole copy of the rows, each step reads the rows it names from the store."""
+    """With host memory for no whole copy of the rows, each step reads the rows it names from the store, shard
+    by shard; with enough, tsdg runs both stages on the whole graph at once (search/whole.py): the same graph."""
     path, _ = store
     graphs = []
     for host_mem in (None, 1):
@@ -269,15 +270,15 @@ def test_a_failed_prune_leaves_the_store_as_it_was(store, monkeypatch):
         g.prune("tsdg", degree=16, backend="cpu")
     before = _files(path, skip="-")
     calls = []
-    real = CpuBackend.diversify_lists
+    real = Store.write_search
 
-    def fail_late(self, *args):
+    def fail_late(self, *args):  # after the first shard's arrays are written
         calls.append(1)
-        if len(calls) > 3:
+        if len(calls) > 2:
             raise RuntimeError("device lost")
         return real(self, *args)
 
-    monkeypatch.setattr(CpuBackend, "diversify_lists", fail_late)
+    monkeypatch.setattr(Store, "write_search", fail_late)
     with bigknn.open(path) as g, pytest.raises(RuntimeError, match="device lost"):
         g.prune("tsdg", degree=12, backend="cpu")
     assert _files(path, skip="-") == before

@@ -11,7 +11,7 @@ import numpy as np
 from bigknn.graph import KnnGraph, ShardPart
 from bigknn.params import GnndParams
 from bigknn.search.graph import SearchIndex
-from bigknn.search.params import DiversifyRule, SearchPlan
+from bigknn.search.params import DiversifyRule, PruneParams, SearchPlan
 
 OnIter = Callable[[int], None]  # called after each descent iteration with the number of list updates it made
 
@@ -55,6 +55,13 @@ class Backend(Protocol):
         """Per row 0..rows-1, the nearest ``width`` distinct ids of its edges (``row``, ``ids``, ``keys``; no edge
         repeated) and of its entries in ``lists`` ((rows, m) ids and keys), ascending by key, a repeated id with
         its smaller key: (rows, width) int64 ids, float32 keys, EMPTY / inf padded (bigknn/search/lists.py)."""
+
+    def prune_tsdg(self, ids: np.ndarray, keys: np.ndarray, table: np.ndarray, metric: str,
+                   params: PruneParams) -> tuple[np.ndarray, np.ndarray, int]:
+        """TSDG's two stages on a whole kNN graph held at once (bigknn/search/whole.py): ``ids`` / ``keys``
+        (rows, k), ids global = rows of ``table``. Returns (rows, degree) int32 ids and uint8 occlusion factors
+        (EMPTY / NO_LAMBDA padded) and the number of forward edges. The caller checks whole.resident_bytes
+        against memory_budget() (or the host budget) first."""
 
     def reach_back(self, table: np.ndarray, lists: np.ndarray, list_index: np.ndarray, x: np.ndarray,
                    z: np.ndarray, z_ids: np.ndarray) -> np.ndarray:

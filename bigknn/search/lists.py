@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 
 EMPTY = -1  # bigknn.graph.EMPTY (not imported: this module is shared with the device code as is)
+EDGE_BYTES = 96  # bytes an edge takes while edge_lists sorts it (words, order, temporaries)
+MERGE_ENTRY_BYTES = 40  # bytes a list entry takes while merge_rows sorts it (words, order, temporaries)
 
 
 def key_bits(xp: Any, keys: Any) -> Any:

@@ -10,7 +10,9 @@ shard by shard, out of core, in two passes over the shards:
 
 A row's candidates' vectors come from any shard: ``VectorSource`` reads them batched. The sorts that turn
 edges into lists run on the backend (``Backend.nearest_lists``); what pass 1 hands pass 2 stays in memory
-where it fits (``Scratch``). Nothing the readers see
+where it fits (``Scratch``). Where the whole graph, its vectors and the lists fit the backend (the device's
+budget, or the host's), a tsdg prune runs both stages in one call instead (``Backend.prune_tsdg``,
+bigknn/search/whole.py: the same graph, without the shards' host round trips). Nothing the readers see
 changes until the final commit (the manifest's ``search`` entry, store format 3); a failed prune removes the
 version it was writing.
 """
@@ -34,6 +36,7 @@ from bigknn.search.scratch import Scratch
 from bigknn.search.store import (SEARCH_DIR, SEARCH_ID_DTYPE, SearchEntry, drop_versions, drop_work, locate,
                                  mark_format, next_version, shard_rows, work_path)
 from bigknn.search.vectors import VectorSource
+from bigknn.search.whole import resident_bytes
 from bigknn.shards import Store
 from bigknn.shards.lock import WriterLock
 from bigknn.shards.manifest import CHECKSUMS_SINCE, SEARCH_SINCE
@@ -72,7 +75,7 @@ def _check(store: Store, params: PruneParams) -> None:
 
 class _Pruner:
     def __init__(self, store: Store, params: PruneParams, backend: Backend, host_bytes: int):
-        self.store, self.params, self.backend = store, params, backend
+        self.store, self.params, self.backend, self.host_bytes = store, params, backend, host_bytes
         self.m = store.manifest
         self.metric = kernel_metric(self.m.metric)
         self.k = self.m.k
@@ -88,19 +91,49 @@ class _Pruner:
         t0 = time.perf_counter()
         shards = self.m.shards
         try:
-            with reporter.phase("forward", len(shards), "shards") as advance:
-                for s in shards:
-                    self._forward(s)
+            if self._whole_fits():
+                with reporter.phase("tsdg", 1, "graphs") as advance:
+                    self._whole()
                     advance(1)
-            with reporter.phase("reverse", len(shards), "shards") as advance:
-                for s in shards:
-                    self._finish(s)
-                    advance(1)
+            else:
+                with reporter.phase("forward", len(shards), "shards") as advance:
+                    for s in shards:
+                        self._forward(s)
+                        advance(1)
+                with reporter.phase("reverse", len(shards), "shards") as advance:
+                    for s in shards:
+                        self._finish(s)
+                        advance(1)
             drop_work(self.store, self.version)
         except BaseException:
             shutil.rmtree(self.store.path / SEARCH_DIR / str(self.version), ignore_errors=True)
             raise
         return self._commit(time.perf_counter() - t0)
+
+    # ---- both stages at once ----------------------------------------------------------------------
+    def _whole_fits(self) -> bool:
+        """tsdg, the vectors and the scratch in host memory, and whole.py's peak within half the device budget
+        (or the host budget where no device bounds it)."""
+        if self.params.method != "tsdg" or not self.scratch.in_memory:
+            return False
+        budget = self.backend.memory_budget()
+        need = resident_bytes(self.m.rows, self.k, self.m.dim, self.params)
+        return need <= (self.host_bytes if budget is None else budget // 2)
+
+    def _whole(self) -> None:
+        ids = np.empty((self.m.rows, self.k), np.int64)
+        keys = np.empty((self.m.rows, self.k), np.float32)
+        for s in self.m.shards:
+            g = self.store.read_graph(s.id)
+            ids[shard_rows(s)], keys[shard_rows(s)] = g.ids[:, :self.k], g.dists[:, :self.k]
+        out, lambdas, forward = self.backend.prune_tsdg(ids, keys, self.vectors.everything(), self.metric,
+                                                        self.params)
+        self.stats["forward_edges"] += forward
+        self.stats["reverse_edges"] += forward
+        self.stats["edges"] += int((out >= 0).sum())
+        for s in self.m.shards:
+            self.store.write_search(self.version, f"shards/{s.id}/ids", out[shard_rows(s)])
+            self.store.write_search(self.version, f"shards/{s.id}/lambdas", lambdas[shard_rows(s)])
 
     # ---- pass 1 --------------------------------------------------------------------------------
     def _forward(self, s) -> None:

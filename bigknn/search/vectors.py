@@ -27,14 +27,15 @@ class VectorSource:
         each id's row in that table (EMPTY stays EMPTY)."""
         ids = np.asarray(global_ids, np.int64)
         if self.whole:
-            return self._everything(), ids
+            return self.everything(), ids
         valid = ids >= 0
         uniq = np.unique(ids[valid])
         index = np.full(ids.shape, -1, np.int64)
         index[valid] = np.searchsorted(uniq, ids[valid])
         return self.store.vectors_of(uniq), index
 
-    def _everything(self) -> np.ndarray:
+    def everything(self) -> np.ndarray:
+        """Every row of the store in global id order (read once; only where ``whole``)."""
         if self._all is None:
             m = self.store.manifest
             out = np.empty((m.rows, m.dim), np.dtype(m.dtype))

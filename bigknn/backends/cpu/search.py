@@ -7,9 +7,10 @@ import numpy as np
 
 from bigknn.backends.cpu import graph_search, prune
 from bigknn.graph import KnnGraph
-from bigknn.search.lists import nearest_lists, verdict_columns
+from bigknn.search import whole
 from bigknn.search.graph import SearchIndex
-from bigknn.search.params import NO_LAMBDA, DiversifyRule, SearchPlan
+from bigknn.search.lists import nearest_lists, verdict_columns
+from bigknn.search.params import NO_LAMBDA, DiversifyRule, PruneParams, SearchPlan
 
 
 class SearchReference:
@@ -21,6 +22,11 @@ class SearchReference:
     def nearest_lists(self, rows: int, width: int, row: np.ndarray, ids: np.ndarray, keys: np.ndarray,
                       lists: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
         return nearest_lists(np, rows, width, row, ids, keys, lists)
+
+    def prune_tsdg(self, ids: np.ndarray, keys: np.ndarray, table: np.ndarray, metric: str,
+                   params: PruneParams) -> tuple[np.ndarray, np.ndarray, int]:
+        return whole.tsdg(np, ids, keys, params, lambda c, k, rule, width: self.diversify_lists(
+            c, k, table, metric, rule, width))
 
     def reach_back(self, table: np.ndarray, lists: np.ndarray, list_index: np.ndarray, x: np.ndarray,
                    z: np.ndarray, z_ids: np.ndarray) -> np.ndarray:

@@ -36,7 +36,7 @@ from bigknn.graph import LOCAL_ID_DTYPE, KnnGraph, ShardPart, id_dtype
 from bigknn.params import GnndParams
 from bigknn.progress import log
 from bigknn.search.graph import SearchIndex
-from bigknn.search.params import DiversifyRule, SearchPlan
+from bigknn.search.params import DiversifyRule, PruneParams, SearchPlan
 
 
 def _report_failure(future) -> None:
@@ -127,6 +127,10 @@ class CudaBackend(SearchReference):
     def nearest_lists(self, rows: int, width: int, row: np.ndarray, ids: np.ndarray, keys: np.ndarray,
                       lists: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
         return self._call(prune.nearest_lists, rows, width, row, ids, keys, lists)
+
+    def prune_tsdg(self, ids: np.ndarray, keys: np.ndarray, table: np.ndarray, metric: str,
+                   params: PruneParams) -> tuple[np.ndarray, np.ndarray, int]:
+        return self._call(prune.prune_tsdg, self._prune_table, ids, keys, table, metric, params)
 
     def reach_back(self, table: np.ndarray, lists: np.ndarray, list_index: np.ndarray, x: np.ndarray,
                    z: np.ndarray, z_ids: np.ndarray) -> np.ndarray:

@@ -1,9 +1,9 @@
-"""Diversification of candidate lists on the GPU (prune.cu), the reference bigknn/backends/cpu/prune.py, and the
-lists a prune builds from edges (bigknn/search/lists.py run on CuPy arrays). The
-table of rows stays on the device while the prune hands the same one again (``VectorSource`` gives one table
-for the whole prune where the rows fit the host budget; kept.py) and half the device budget holds it;
-otherwise each block of candidates gathers the rows it names from the host table, mapped (mapped.py). Blocks of
-BLOCK_BYTES, or of half the budget where less."""
+"""Diversification of candidate lists on the GPU (prune.cu), the reference bigknn/backends/cpu/prune.py, the
+lists a prune builds from edges (bigknn/search/lists.py run on CuPy arrays), and a whole tsdg prune held on the
+device (bigknn/search/whole.py). The table of rows stays on the device while the prune hands the same one again
+(``VectorSource`` gives one table for the whole prune where the rows fit the host budget; kept.py) and half the
+device budget holds it; otherwise each block of candidates gathers the rows it names from the host table,
+mapped (mapped.py). Blocks of BLOCK_BYTES, or of half the budget where less."""
 
 from __future__ import annotations
 
@@ -16,13 +16,13 @@ from bigknn.backends.cuda.gpu import Gpu
 from bigknn.backends.cuda.kept import KeptCopy
 from bigknn.backends.cuda.mapped import mapped
 from bigknn.backends.cpu import prune as reference
+from bigknn.search import whole
+from bigknn.search.lists import EDGE_BYTES, MERGE_ENTRY_BYTES, verdict_columns
 from bigknn.search.lists import nearest_lists as lists_of_edges
-from bigknn.search.lists import verdict_columns
-from bigknn.search.params import NO_LAMBDA, DiversifyRule
+from bigknn.search.params import NO_LAMBDA, DiversifyRule, PruneParams
 
 THREADS = 256  # prune.cu DIV_THREADS: a block diversifies one row
 BLOCK_BYTES = 256 << 20  # candidates, keys and results of one launch
-EDGE_BYTES = 96  # device bytes an edge takes while lists.edge_lists sorts it (words, order, temporaries)
 RULES = {"rng": 0, "gd": 1}
 
 
@@ -41,7 +41,7 @@ def nearest_lists(gpu: Gpu, rows: int, width: int, row: np.ndarray, ids: np.ndar
 
     m = 0 if lists is None else lists[0].shape[1]
     return lists_of_edges(cp, rows, width, row, ids, keys, lists, max(1, gpu.budget() // 2 // EDGE_BYTES),
-                          max(1, BLOCK_BYTES // (40 * (width + m))))
+                          max(1, BLOCK_BYTES // (MERGE_ENTRY_BYTES * (width + m))))
 
 
 def reach_back(gpu: Gpu, kept: KeptCopy, table: np.ndarray, lists: np.ndarray, list_index: np.ndarray,
@@ -74,7 +74,6 @@ def diversify_lists(gpu: Gpu, kept: KeptCopy, cands: np.ndarray, keys: np.ndarra
     the ``width`` columns kept (int32) and their factors (uint8) come back, not the (rows, c) verdict."""
     import cupy as cp
 
-    m = kernel_metric(metric)
     rows, c = cands.shape
     cols, ranks = np.full((rows, width), -1, np.int32), np.full((rows, width), NO_LAMBDA, np.uint8)
     if rows == 0 or c == 0:
@@ -83,10 +82,7 @@ def diversify_lists(gpu: Gpu, kept: KeptCopy, cands: np.ndarray, keys: np.ndarra
     # host, mapped, and each block gathers the rows its lists name from there (issue 15's capped prune)
     half_budget = gpu.budget() // 2
     whole = kept.holds(table) or 4 * table.shape[0] * table.shape[1] <= half_budget
-    name = f"diversify_kept<{m}, {RULES[rule.kind]}>" if rule.sequential else f"diversify_occlusion<{m}>"
-    kernel = compile_kernels((name,)).get_function(name)
-    block_bytes = min(BLOCK_BYTES, half_budget)
-    step = max(1, block_bytes // (c * (12 if whole else 12 + 4 * table.shape[1])))
+    step = max(1, min(BLOCK_BYTES, half_budget) // (c * (12 if whole else 12 + 4 * table.shape[1])))
     with nullcontext(None) if whole else mapped(np.ascontiguousarray(table)) as host_rows:
         for r0 in range(0, rows, step):
             cd = cp.asarray(np.ascontiguousarray(cands[r0:r0 + step], dtype=np.int32))
@@ -96,11 +92,46 @@ def diversify_lists(gpu: Gpu, kept: KeptCopy, cands: np.ndarray, keys: np.ndarra
                 x = host_rows[cp.maximum(cd, 0).ravel()].astype(cp.float32, copy=False)
                 cd = cp.where(cd >= 0, cp.arange(cd.size, dtype=cp.int32).reshape(cd.shape), -1)
             kd = cp.asarray(np.ascontiguousarray(keys[r0:r0 + step], dtype=np.float32))
-            n = cd.shape[0]
-            od = cp.empty((n, c), np.uint8 if rule.sequential else np.int32)
-            args = (x, np.int32(x.shape[1]), cd, kd, np.int32(n), np.int32(c))
-            kernel((n,), (THREADS,), args + ((np.float32(rule.alpha), od) if rule.sequential else (od,)))
-            sync_check(cp)
-            bc, br = verdict_columns(cp, od, cd >= 0, rule.sequential, width, NO_LAMBDA)
-            cols[r0:r0 + n], ranks[r0:r0 + n] = bc.get(), br.get()
+            bc, br = _diversify_block(x, cd, kd, metric, rule, width)
+            cols[r0:r0 + len(cd)], ranks[r0:r0 + len(cd)] = bc.get(), br.get()
     return cols, ranks
+
+
+def _diversify_block(x, cands, keys, metric: str, rule: DiversifyRule, width: int) -> tuple:
+    """One launch over device arrays (rows of table ``x``: int32 ``cands``, float32 ``keys``): the kept columns
+    and their factors (lists.verdict_columns), on the device."""
+    import cupy as cp
+
+    m = kernel_metric(metric)
+    name = f"diversify_kept<{m}, {RULES[rule.kind]}>" if rule.sequential else f"diversify_occlusion<{m}>"
+    kernel = compile_kernels((name,)).get_function(name)
+    n, c = cands.shape
+    out = cp.empty((n, c), np.uint8 if rule.sequential else np.int32)
+    args = (x, np.int32(x.shape[1]), cands, keys, np.int32(n), np.int32(c))
+    kernel((n,), (THREADS,), args + ((np.float32(rule.alpha), out) if rule.sequential else (out,)))
+    sync_check(cp)
+    return verdict_columns(cp, out, cands >= 0, rule.sequential, width, NO_LAMBDA)
+
+
+def prune_tsdg(gpu: Gpu, kept: KeptCopy, ids: np.ndarray, keys: np.ndarray, table: np.ndarray, metric: str,
+               params: PruneParams) -> tuple[np.ndarray, np.ndarray, int]:
+    """Backend.prune_tsdg: bigknn/search/whole.py on the device, the graph and the table uploaded once and only
+    the search graph downloaded."""
+    import cupy as cp
+
+    (x,) = kept.of(table, _upload)
+    d_ids, d_keys = cp.asarray(ids), cp.asarray(keys, dtype=cp.float32)
+
+    def diversify(cands, ckeys, rule: DiversifyRule, width: int) -> tuple:
+        rows, c = cands.shape
+        cols = cp.full((rows, width), -1, cp.int32)
+        ranks = cp.full((rows, width), NO_LAMBDA, cp.uint8)
+        step = max(1, BLOCK_BYTES // (12 * max(1, c)))
+        for r0 in range(0, rows if c else 0, step):
+            sl = slice(r0, r0 + step)
+            cols[sl], ranks[sl] = _diversify_block(x, cp.ascontiguousarray(cands[sl], dtype=cp.int32),
+                                                   cp.ascontiguousarray(ckeys[sl]), metric, rule, width)
+        return cols, ranks
+
+    out, lambdas, edges = whole.tsdg(cp, d_ids, d_keys, params, diversify)
+    return out.get(), lambdas.get(), edges
