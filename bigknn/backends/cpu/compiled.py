@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from bigknn.backends.cpu import kernels, keypass
+from bigknn.backends.cpu.descent import reverse_salt
 from bigknn.graph import EMPTY
 
 
@@ -23,8 +24,8 @@ def iteration(x: np.ndarray, sq: np.ndarray, state, metric: str, p: int, rng: np
 
 
 def _with_reverse(fwd: np.ndarray, p: int, rng: np.random.Generator) -> np.ndarray:
-    """descent._with_reverse: the same permutation drawn here, the fill compiled."""
-    return kernels.reverse_fill(fwd, rng.permutation(int(np.count_nonzero(fwd != EMPTY))), p)
+    """descent._with_reverse: the same salt drawn here, the fill compiled."""
+    return kernels.reverse_fill(fwd, reverse_salt(rng), p)
 
 
 def row_keys(x: np.ndarray, sq: np.ndarray, rows: np.ndarray, ids: np.ndarray, metric: str) -> np.ndarray:

@@ -165,12 +165,21 @@ def first_p(ids, is_new, part, cross_only, p):
     return fwd_new, fwd_old
 
 
+@njit(cache=True, inline="always")
+def mix64(z):
+    """splitmix64's finaliser (uint64 in, uint64 out; wraps): the CPU's hashed draws (RP-tree fill, the order of
+    reverse samples), compiled or called from NumPy on arrays."""
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
 @njit(cache=True, parallel=True)
-def reverse_fill(fwd, perm, p):
-    """descent._with_reverse given its permutation: append s to list v for each forward sample v of s (in
-    ``perm`` order over the row-major valid entries) while v holds fewer than 2p ids; sort each list and
-    blank its repeats. The entries are grouped by v first, so that the lists fill in parallel, each taking
-    its entries in ``perm`` order."""
+def reverse_fill(fwd, salt, p):
+    """descent._with_reverse: append s to list v for each forward sample v of s (in the order of the entries'
+    ranks, mix64(mix64(salt) ^ e) for the e-th row-major valid entry) while v holds fewer than 2p ids;
+    sort each list and blank its repeats. The entries are grouped by v first, so that the lists fill in
+    parallel, each taking its entries in rank order."""
     n = fwd.shape[0]
     out = np.full((n, 2 * p), EMPTY, np.int32)
     own = np.zeros(n, np.int64)  # forward samples of each row: entries first[i]:first[i] + own[i]
@@ -182,9 +191,10 @@ def reverse_fill(fwd, perm, p):
     first = np.zeros(n + 1, np.int64)
     for i in range(n):
         first[i + 1] = first[i] + own[i]
-    rank = np.empty(perm.size, np.int64)  # entry e's place in perm order
-    for t in prange(perm.size):
-        rank[perm[t]] = t
+    base = mix64(np.uint64(salt))
+    rank = np.empty(first[n], np.uint64)  # entry e's rank
+    for e in prange(first[n]):
+        rank[e] = mix64(base ^ np.uint64(e))
     starts = np.zeros(n + 1, np.int64)  # entries grouped by their target v (counting sort)
     for i in range(n):
         for j in range(own[i]):
@@ -192,8 +202,8 @@ def reverse_fill(fwd, perm, p):
     for v in range(n):
         starts[v + 1] += starts[v]
     pos = starts[:-1].copy()
-    g_src = np.empty(perm.size, np.int32)
-    g_rank = np.empty(perm.size, np.int64)
+    g_src = np.empty(first[n], np.int32)
+    g_rank = np.empty(first[n], np.uint64)
     for i in range(n):
         for j in range(own[i]):
             v = out[i, j]

@@ -22,7 +22,7 @@ from numba import njit, prange
 from bigknn.backends.cpu.descent import DescentState
 from bigknn.graph import LOCAL_ID_DTYPE
 
-from bigknn.backends.cpu.kernels import EMPTY, FAST, _holds, _key, _keys_block, place
+from bigknn.backends.cpu.kernels import EMPTY, FAST, _holds, _key, _keys_block, mix64, place
 from bigknn.backends.cpu.prefetch import prefetch_rows
 
 MAX_TRIES = 8  # random pairs tried for a split before the leaf is cut in half at random (duplicated rows)
@@ -123,14 +123,6 @@ def _join_leaves(x, sq, order, bounds, ids, dists, is_new, is_l2):
                 _offer(ids[c], dists[c], is_new[c], r, keys[a, b])
 
 
-@njit(cache=True, inline="always")
-def _mix(z):
-    """splitmix64's finaliser (uint64 in, uint64 out; wraps)."""
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
-
-
 @njit(cache=True, parallel=True, fastmath=FAST)
 def fill_random(x, sq, ids, dists, is_new, seed, is_l2):
     """Fill each list's empty slots with random other rows (NEW), as pynndescent does after its trees. Draw t of
@@ -138,12 +130,12 @@ def fill_random(x, sq, ids, dists, is_new, seed, is_l2):
     calling one, so draws from it depended on which thread took a row and what it drew before (a resumed
     build differed from the uninterrupted one in about 1 run of 9, session 28)."""
     n, k = ids.shape
-    base = _mix(np.uint64(seed))
+    base = mix64(np.uint64(seed))
     for r in prange(n):
         for t in range(2 * k):
             if ids[r, k - 1] != EMPTY:
                 break
-            c = np.int64(_mix(base ^ np.uint64(r * 2 * k + t)) % np.uint64(n - 1))
+            c = np.int64(mix64(base ^ np.uint64(r * 2 * k + t)) % np.uint64(n - 1))
             c += c >= r  # never the row itself
             _offer(ids[r], dists[r], is_new[r], c, _key(x, sq, r, c, is_l2))
 
