@@ -25,8 +25,9 @@ def resident_bytes(rows: int, k: int, dim: int, params: PruneParams) -> int:
     """Bytes ``tsdg`` holds at its peak on a graph of ``rows`` x ``k`` with float32 rows of ``dim``: the table,
     the graph (int64 ids, float32 keys), the forward lists, their edges being sorted, and the candidate
     lists."""
-    width = params.candidate_width(k)
-    return rows * (4 * dim + 12 * k + 12 * k + EDGE_BYTES * k + 12 * width) + MERGE_BYTES
+    forward, width = params.forward_width(k), params.candidate_width(k)
+    per_row = 4 * dim + 12 * k + (12 + EDGE_BYTES) * forward + 12 * width  # 12: an int64 id and a float32 key
+    return rows * per_row + MERGE_BYTES
 
 
 def tsdg(xp: Any, ids: Any, keys: Any, params: PruneParams, diversify: Diversify) -> tuple[Any, Any, int]:
