@@ -33,6 +33,22 @@ def rows_with_twins(n: int, dim: int, seed: int, twins: bool = True) -> np.ndarr
     return x
 
 
+@pytest.mark.parametrize("parts", [1, 2, 3, 7])
+def test_reverse_fill_equals_the_reference_whatever_its_split(parts):
+    """The compiled fill groups the entries by target in ``parts`` ranges (one a thread): any split must give
+    the reference's lists, entry for entry (odd sizes: ranges of unequal length, lists that overflow 2p)."""
+    rng = np.random.default_rng(parts)
+    n, p = 997, 6
+    fwd = np.full((n, p), EMPTY, np.int32)
+    for i in range(n):
+        picks = rng.choice(np.delete(np.arange(n), i), size=int(rng.integers(0, p + 1)), replace=False)
+        fwd[i, :len(picks)] = picks
+    fwd[p:p + 50, :] = np.arange(p)  # rows 0..p-1 are in 50 more lists: theirs overflow and keep 2p by rank
+    want = descent._with_reverse(fwd, p, np.random.default_rng(9))
+    got = compiled.kernels.reverse_fill(fwd, descent.reverse_salt(np.random.default_rng(9)), p, parts)
+    np.testing.assert_array_equal(got, want)
+
+
 @pytest.mark.parametrize("metric", ["l2", "ip"])
 @pytest.mark.parametrize("cross_shard", [False, True])
 def test_iterations_equal_the_reference(metric, cross_shard):

@@ -3,6 +3,7 @@ descent.py, drawing the same random numbers as the NumPy reference so both walk 
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 
 from bigknn.backends.cpu import kernels, keypass
@@ -25,7 +26,7 @@ def iteration(x: np.ndarray, sq: np.ndarray, state, metric: str, p: int, rng: np
 
 def _with_reverse(fwd: np.ndarray, p: int, rng: np.random.Generator) -> np.ndarray:
     """descent._with_reverse: the same salt drawn here, the fill compiled."""
-    return kernels.reverse_fill(fwd, reverse_salt(rng), p)
+    return kernels.reverse_fill(fwd, reverse_salt(rng), p, numba.get_num_threads())
 
 
 def row_keys(x: np.ndarray, sq: np.ndarray, rows: np.ndarray, ids: np.ndarray, metric: str) -> np.ndarray:
