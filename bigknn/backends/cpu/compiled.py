@@ -8,7 +8,6 @@ import numpy as np
 
 from bigknn.backends.cpu import kernels, keypass
 from bigknn.backends.cpu.descent import reverse_salt
-from bigknn.graph import EMPTY
 
 
 def iteration(x: np.ndarray, sq: np.ndarray, state, metric: str, p: int, rng: np.random.Generator,
