@@ -203,28 +203,77 @@ __device__ __forceinline__ bool first_visit(int* table, int bits, int v) {
     }
 }
 
-// insert (key, id) unexpanded into the ascending list of ``width`` entries, after equal keys, where it beats the
-// last entry (which falls off); every lane calls it with the same arguments
-__device__ __forceinline__ void list_insert(float* lk, int* li, unsigned char* lx, int width, float key, int id,
-                                            int lane) {
-    if (!(key < lk[width - 1])) return;
-    int pos = 0;
-    for (int c = 0; c < width; c += 32) {
-        int t = c + lane;
-        pos += __popc(__ballot_sync(FULL_MASK, t < width && lk[t] <= key));
+// R <- the best ``width`` of R (keys lk ascending, ids li, expanded flags lx) and the fresh rows, ``counts[p]``
+// of them at ck / ci + p * stride for p < lists, unexpanded: R first among equal keys, then the fresh rows in
+// their order. That is inserting them one by one (a row that does not beat R's last at its turn never would
+// later), in warp-wide passes: the rows beating R's last are packed to the front of ck / ci (order kept) and
+// merged 32 at a time. Each lane holds one row of a group, ranks it in the group by (key, order) and places it
+// after R's entries of keys <= its own; each entry of R moves up by the group's keys below its own. Every lane
+// calls it.
+#define LIST_UNITS 8  // R's entries a lane holds while R moves: search/params.py LIST_MAX / 32
+__device__ __forceinline__ void list_merge(float* lk, int* li, unsigned char* lx, int width, float* ck, int* ci,
+                                           const int* counts, int lists, int stride, int lane) {
+    const float last = lk[width - 1];
+    int packed = 0;
+    for (int p = 0; p < lists; ++p) {
+        for (int c0 = 0; c0 < counts[p]; c0 += 32) {  // writes land below every row not read yet
+            const bool in = c0 + lane < counts[p];
+            const float key = in ? ck[p * stride + c0 + lane] : INF_F;
+            const int id = in ? ci[p * stride + c0 + lane] : -1;
+            const unsigned got = __ballot_sync(FULL_MASK, key < last);
+            if (key < last) {
+                const int at = packed + __popc(got & ((1u << lane) - 1u));
+                ck[at] = key;
+                ci[at] = id;
+            }
+            packed += __popc(got);
+            __syncwarp();
+        }
     }
-    for (int c = (width - 1) & ~31; c >= (pos & ~31); c -= 32) {  // shift [pos, width - 1) up one, back first
-        int t = c + lane;
-        bool move = t > pos && t < width;
-        float pk = move ? lk[t - 1] : 0.f;
-        int pi = move ? li[t - 1] : 0;
-        unsigned char px = move ? lx[t - 1] : 0;
+    for (int g = 0; g < packed; g += 32) {
+        const int m = min(32, packed - g);
+        const float key = lane < m ? ck[g + lane] : INF_F;
+        const int id = lane < m ? ci[g + lane] : -1;
+        if (!__any_sync(FULL_MASK, key < lk[width - 1])) continue;
+        int rank = 0;  // in the group, by (key, order)
+        for (int l = 0; l < m; ++l) {
+            const float o = __shfl_sync(FULL_MASK, key, l);
+            rank += o < key || (o == key && l < lane);
+        }
+        int lo = 0, hi = width;  // R's entries of keys <= key
+        while (lo < hi) {
+            const int mid = (lo + hi) >> 1;
+            if (lk[mid] <= key) lo = mid + 1; else hi = mid;
+        }
         __syncwarp();
-        if (move) { lk[t] = pk; li[t] = pi; lx[t] = px; }
+        if (lane < m) ck[g + rank] = key;  // the group's keys ascending, where it was read
+        __syncwarp();
+        float rk_[LIST_UNITS];  // R's entries this lane moves, and where to
+        int ri_[LIST_UNITS], to[LIST_UNITS];
+        unsigned char rx_[LIST_UNITS];
+#pragma unroll
+        for (int u = 0; u < LIST_UNITS; ++u) {
+            const int j = lane + 32 * u;
+            to[u] = width;
+            if (j < width) {
+                rk_[u] = lk[j];
+                ri_[u] = li[j];
+                rx_[u] = lx[j];
+                int a = 0, b = m;  // the group's keys below R's entry j
+                while (a < b) {
+                    const int mid = (a + b) >> 1;
+                    if (ck[g + mid] < rk_[u]) a = mid + 1; else b = mid;
+                }
+                to[u] = j + a;
+            }
+        }
+        __syncwarp();
+#pragma unroll
+        for (int u = 0; u < LIST_UNITS; ++u)
+            if (to[u] < width) { lk[to[u]] = rk_[u]; li[to[u]] = ri_[u]; lx[to[u]] = rx_[u]; }
+        if (lane < m && rank + lo < width) { lk[rank + lo] = key; li[rank + lo] = id; lx[rank + lo] = 0; }
         __syncwarp();
     }
-    if (lane == 0) { lk[pos] = key; li[pos] = id; lx[pos] = 0; }
-    __syncwarp();
 }
 
 // ---- Alg. 2: large batches: a search list of ``width`` entries, ``parents`` of them expanded a hop ----------
@@ -280,8 +329,9 @@ __global__ void __launch_bounds__(256) graph_search_large(
         if (lane == 0) *computed = seeds;
         __syncwarp();
         team_keys<METRIC, VPL, HALF>(x, dim, q, nbi, nbk, seeds, lane, 0, 32 / TEAM, xh);
+        if (lane == 0) fresh[0] = seeds;
         __syncwarp();
-        for (int j = 0; j < seeds; ++j) list_insert(rk, ri, rx, width, nbk[j], nbi[j], lane);
+        list_merge(rk, ri, rx, width, nbk, nbi, fresh, 1, nb, lane);
     }
     query_sync<QW>();
     int rows_done = min(nstart, 32), hop = 0;  // the rows whose keys the search computed, the hops it made
@@ -331,12 +381,10 @@ __global__ void __launch_bounds__(256) graph_search_large(
             team_keys<METRIC, VPL, HALF>(x, dim, q, nbi + p * nb, nbk + p * nb, fresh[p], lane, wq * (32 / TEAM),
                                          QW * (32 / TEAM), xh);
         query_sync<QW>();
-        if (wq == 0) {  // inserted one by one: parent by parent, each in list order
+        if (wq == 0) {  // merged as if inserted one by one: parent by parent, each in list order
             int added = 0;
-            for (int p = 0; p < parents; ++p) {
-                added += fresh[p];
-                for (int c = p * nb; c < p * nb + fresh[p]; ++c) list_insert(rk, ri, rx, width, nbk[c], nbi[c], lane);
-            }
+            for (int p = 0; p < parents; ++p) added += fresh[p];
+            list_merge(rk, ri, rx, width, nbk, nbi, fresh, parents, nb, lane);
             if (lane == 0) { *computed += added; rows_done += added; }
             __syncwarp();
         }
