@@ -27,7 +27,7 @@ import numpy as np
 
 from bigknn.backends import Backend
 from bigknn.errors import BadInput
-from bigknn.graph import EMPTY
+from bigknn.graph import EMPTY, id_dtype
 from bigknn.metrics import kernel_metric
 from bigknn.progress import Reporter
 from bigknn.search.columns import take_columns
@@ -121,7 +121,7 @@ class _Pruner:
         return need <= (self.host_bytes if budget is None else budget // 2)
 
     def _whole(self) -> None:
-        ids = np.empty((self.m.rows, self.k), np.int64)
+        ids = np.empty((self.m.rows, self.k), id_dtype(self.m.rows))  # int32 below 2^31 rows: half the upload
         keys = np.empty((self.m.rows, self.k), np.float32)
         for s in self.m.shards:
             g = self.store.read_graph(s.id)

@@ -26,10 +26,16 @@ BLOCK_BYTES = 256 << 20  # candidates, keys and results of one launch
 RULES = {"rng": 0, "gd": 1}
 
 
-def _upload(table: np.ndarray) -> tuple:
-    import cupy as cp
+def _uploader(gpu: Gpu):
+    """KeptCopy's maker of the table's device copy, through the backend's pinned staging buffers: CuPy's asarray
+    stages a large host array through a pinned buffer of its whole size, and allocating and freeing those
+    (``free_pools``) cost ~0.5-1 s of a 740K x 384 prune (session 30's profile)."""
+    return lambda table: (_device(gpu, np.ascontiguousarray(table, dtype=np.float32)),)
 
-    return (cp.asarray(np.ascontiguousarray(table, dtype=np.float32)),)
+
+def _device(gpu: Gpu, host: np.ndarray):
+    """A host array on the device, copied through the backend's staging buffers (transfer.py)."""
+    return gpu.transfer.device_array(np.ascontiguousarray(host), {})
 
 
 def nearest_lists(gpu: Gpu, rows: int, width: int, row: np.ndarray, ids: np.ndarray, keys: np.ndarray,
@@ -55,7 +61,7 @@ def reach_back(gpu: Gpu, kept: KeptCopy, table: np.ndarray, lists: np.ndarray, l
     held = (0 if kept.holds(table) else table.shape[0] * table.shape[1] * 4) + lists.nbytes + list_index.nbytes
     if len(x) == 0 or held + requests > gpu.budget() // 2:
         return reference.reach_back(table, lists, list_index, x, z, z_ids)
-    (t,) = kept.of(table, _upload)
+    (t,) = kept.of(table, _uploader(gpu))
     d_lists, d_index = cp.asarray(lists), cp.asarray(list_index)
     # the requests go up and the answers come back in one copy each: per block they cost ~1.7 ms of host
     # calls (500 blocks on a 1M rng prune)
@@ -85,13 +91,13 @@ def diversify_lists(gpu: Gpu, kept: KeptCopy, cands: np.ndarray, keys: np.ndarra
     step = max(1, min(BLOCK_BYTES, half_budget) // (c * (12 if whole else 12 + 4 * table.shape[1])))
     with nullcontext(None) if whole else mapped(np.ascontiguousarray(table)) as host_rows:
         for r0 in range(0, rows, step):
-            cd = cp.asarray(np.ascontiguousarray(cands[r0:r0 + step], dtype=np.int32))
+            cd = _device(gpu, cands[r0:r0 + step].astype(np.int32, copy=False))
             if whole:
-                (x,) = kept.of(table, _upload)
+                (x,) = kept.of(table, _uploader(gpu))
             else:  # the block's lists' rows, in list order: row r's j-th candidate is row r * c + j
                 x = host_rows[cp.maximum(cd, 0).ravel()].astype(cp.float32, copy=False)
                 cd = cp.where(cd >= 0, cp.arange(cd.size, dtype=cp.int32).reshape(cd.shape), -1)
-            kd = cp.asarray(np.ascontiguousarray(keys[r0:r0 + step], dtype=np.float32))
+            kd = _device(gpu, keys[r0:r0 + step].astype(np.float32, copy=False))
             bc, br = _diversify_block(x, cd, kd, metric, rule, width)
             cols[r0:r0 + len(cd)], ranks[r0:r0 + len(cd)] = bc.get(), br.get()
     return cols, ranks
@@ -119,8 +125,8 @@ def prune_tsdg(gpu: Gpu, kept: KeptCopy, ids: np.ndarray, keys: np.ndarray, tabl
     the search graph downloaded."""
     import cupy as cp
 
-    (x,) = kept.of(table, _upload)
-    d_ids, d_keys = cp.asarray(ids), cp.asarray(keys, dtype=cp.float32)
+    (x,) = kept.of(table, _uploader(gpu))
+    d_ids, d_keys = _device(gpu, ids), _device(gpu, keys.astype(np.float32, copy=False))
 
     def diversify(cands, ckeys, rule: DiversifyRule, width: int) -> tuple:
         rows, c = cands.shape
