@@ -147,6 +147,51 @@ def test_searches_start_in_the_query_cluster_of_a_disconnected_graph(tmp_path, m
     assert _recall(found.ids, _true_ids(x, q)) >= 0.95
 
 
+def test_a_cluster_the_entry_sample_misses_is_still_searched_from_inside(tmp_path, monkeypatch):
+    """Clusters 8 sigma apart with an entry sample of 24 rows: about 13 of the 30 clusters hold no sample row,
+    and their queries find their neighbours only because the rows the graph is reachable from (its roots) join
+    the entry rows."""
+    import bigknn.search.graph as search_graph
+
+    monkeypatch.setattr(search_graph, "ENTRY_SAMPLE", 24)
+    rng = np.random.default_rng(8)
+    centres = rng.normal(size=(30, 8)) * 8
+    x, q = _clustered(rng, 3000, centres), _clustered(rng, 90, centres)
+    with bigknn.build(x, k=16, store=tmp_path / "s.knn", backend="cpu") as g:
+        g.prune("tsdg", degree=16, backend="cpu")
+        found = g.search(q, k=10, budget=10, procedure="large", backend="cpu")
+    cluster = np.argmin(((x[:, None] - centres[None]) ** 2).sum(-1), axis=1)
+    sampled = set(cluster[search_graph.entry_sample(0, len(x))].tolist())
+    assert len(sampled) <= 22  # the sample misses clusters: without the roots, their queries fail
+    assert _recall(found.ids, _true_ids(x, q)) >= 0.95
+
+
+def test_every_row_is_reachable_from_the_roots():
+    """reach.roots against scipy's breadth-first search: every row reached from the roots over the edges a
+    search visits, and no root reached from the roots before it (each is needed when it is taken)."""
+    from scipy.sparse import csr_matrix
+    from scipy.sparse.csgraph import breadth_first_order
+
+    from bigknn.search.reach import roots
+
+    rng = np.random.default_rng(12)
+    n, deg = 700, 3
+    ids = np.where(rng.random((n, deg)) < 0.7, rng.integers(0, n, (n, deg)), -1).astype(np.int32)
+    ids[::7] = -1  # rows no edge leaves
+    lambdas = rng.integers(0, 8, (n, deg)).astype(np.uint8)
+    got = roots(ids, lambdas, 5)
+    edge = (ids >= 0) & (lambdas < 5)
+    graph = csr_matrix((np.ones(edge.sum()), (np.nonzero(edge)[0], ids[edge])), shape=(n, n))
+    reached = np.zeros(n, bool)
+    for r in got:
+        assert not reached[r]
+        reached[breadth_first_order(graph, r, return_predecessors=False)] = True
+    assert reached.all() and 1 < len(got) < n and got[0] == 0 and (np.diff(got) > 0).all()
+    ring = np.roll(np.arange(n, dtype=np.int32), -1)[:, None]
+    np.testing.assert_array_equal(roots(ring, np.zeros((n, 1), np.uint8), 5), [0])  # a cycle: row 0 alone
+    np.testing.assert_array_equal(roots(ring, np.full((n, 1), 5, np.uint8), 5), np.arange(n))  # none visited
+
+
 def test_entry_points_are_the_sample_rows_nearest_each_query():
     from bigknn.search.graph import entry_sample, nearest_entries
 

@@ -7,7 +7,8 @@ well-separated clusters of ``bigknn synth``: a search from another cluster never
 ENTRY_SAMPLE rows (one GEMM a batch, on the backend), and search j of a query starts from the sample row
 j-th nearest to it (j modulo SEEDS): search 0 from the nearest, the small-batch procedure's t0 searches from
 different rows near the query. The sample is drawn from a hash of the plan's seed, so it is the same whichever
-backend and batch: a query's results depend on the query, not on its neighbours in the batch.
+backend and batch: a query's results depend on the query, not on its neighbours in the batch. The rows every row
+is reachable from (search/reach.py) join the sample, so that a cluster the sample misses still has an entry.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import numpy as np
 
 from bigknn.metrics import half_scale
 from bigknn.search.lists import key_bits
-from bigknn.search.params import ENTRY_SAMPLE, SEEDS, WALK_HALF_MIN_DIM
+from bigknn.search.params import ENTRY_SAMPLE, LAMBDA_VISIT, SEEDS, WALK_HALF_MIN_DIM
+from bigknn.search import reach
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -54,6 +56,13 @@ class SearchIndex:
         return (x * np.float32(scale)).astype(np.float16), scale
 
 
+    @cached_property
+    def roots(self) -> np.ndarray:
+        """Rows every row is reachable from over the edges both procedures visit (reach.py; the large procedure
+        visits the fewest)."""
+        return reach.roots(self.ids, self.lambdas, LAMBDA_VISIT["large"])
+
+
 def _mix(x: np.ndarray) -> np.ndarray:
     """splitmix64's finaliser (uint64 arrays wrap; the CUDA kernels compute the same)."""
     x = x + _GOLDEN
@@ -70,6 +79,12 @@ def entry_sample(seed: int, rows: int) -> np.ndarray:
     with np.errstate(over="ignore"):
         h = _mix(_mix(np.asarray([seed], np.uint64)) ^ np.arange(ENTRY_SAMPLE, dtype=np.uint64))
     return np.unique((h % np.uint64(rows)).astype(np.int64))
+
+
+def entry_rows(index: SearchIndex, seed: int) -> np.ndarray:
+    """The rows each query is compared with for its entry points: the seed's entry sample and the index's
+    roots, ascending."""
+    return np.union1d(entry_sample(seed, index.rows), index.roots)
 
 
 def nearest_entries(xp: Any, sample: Any, sample_ids: Any, queries: Any, metric: str) -> Any:

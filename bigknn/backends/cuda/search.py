@@ -17,7 +17,7 @@ from bigknn.backends.cuda.compile import compile_kernels, kernel_metric, sync_ch
 from bigknn.backends.cuda.gpu import Gpu
 from bigknn.backends.cuda.kept import KeptCopy
 from bigknn.graph import EMPTY, KnnGraph, merge_lists
-from bigknn.search.graph import SearchIndex, entry_sample
+from bigknn.search.graph import SearchIndex, entry_rows
 from bigknn.search.params import PARENTS, SEARCH_K_MAX, SEEDS, SearchPlan
 
 WARPS = 4  # queries a block where a warp searches a query
@@ -70,12 +70,13 @@ def _upload(index: SearchIndex) -> tuple:
             walk)  # the half rows the large procedure walks, and their scale (SearchIndex.walk), or None
 
 
-def _entry_sample(x, samples: dict, seed: int) -> tuple:
-    """(ids, rows, squared norms) of the seed's entry sample on the device, made once per index and seed."""
+def _entry_sample(index: SearchIndex, x, samples: dict, seed: int) -> tuple:
+    """(ids, rows, squared norms) of the seed's entry rows (search/graph.py entry_rows) on the device, made once
+    per index and seed."""
     import cupy as cp
 
     if seed not in samples:
-        ids = cp.asarray(entry_sample(seed, x.shape[0]))
+        ids = cp.asarray(entry_rows(index, seed))
         rows = x[ids]
         samples[seed] = (ids.astype(cp.int32), rows, (rows * rows).sum(axis=1, dtype=cp.float32))
     return samples[seed]
@@ -124,7 +125,7 @@ def graph_search(gpu: Gpu, kept: KeptCopy, index: SearchIndex, queries: np.ndarr
             raise ValueError(f"rows of {dim} dims are too wide for the search kernels' shared memory")
         name = f"graph_search_small<{m}>"
     kernel = compile_kernels((name,)).get_function(name)
-    sample = _entry_sample(x, samples, plan.seed)
+    sample = _entry_sample(index, x, samples, plan.seed)
     ids_out, keys_out, work = [], [], []
     for b0 in range(0, len(queries), batch):
         q = cp.asarray(np.ascontiguousarray(queries[b0:b0 + batch], dtype=np.float32))
