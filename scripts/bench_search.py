@@ -28,6 +28,7 @@ from bench_families import emit  # scripts/ is on the path of a script run from 
 from bigknn.backends import get_backend
 from bigknn.formats import open_vectors, read_truth
 from bigknn.metrics import kernel_metric
+from bigknn.api import DEFAULTS
 from bigknn.search.params import SearchPlan
 from bigknn.search.queries import load_queries
 from bigknn.search.run import recall_against
@@ -132,6 +133,7 @@ def main(argv=None) -> int:
     ap.add_argument("--work", type=Path, required=True, help="folder for the stores (replaced)")
     ap.add_argument("--queries", type=int, default=10_000, help="rows held out at the end of each file")
     ap.add_argument("--k", type=int, default=32, help="the kNN graph's k")
+    ap.add_argument("--recall", type=float, default=DEFAULTS.recall, help="the kNN build's recall target")
     ap.add_argument("--degrees", default="32", help="search graph degrees to prune to (comma list)")
     ap.add_argument("--batch1-seconds", type=float, default=5.0, help="batch-1 runs stop after this long")
     ap.add_argument("--no-cagra", action="store_true")
@@ -162,7 +164,7 @@ def main(argv=None) -> int:
         degrees = [int(d) for d in args.degrees.split(",")]
         warm_up(x, args.k, metric, degrees, args.work, args.backend)
         t0 = time.perf_counter()
-        bigknn.build(x, k=args.k, metric=metric, store=store, backend=args.backend).close()
+        bigknn.build(x, k=args.k, metric=metric, store=store, recall=args.recall, backend=args.backend).close()
         build_s = time.perf_counter() - t0
         with bigknn.open(store) as g:
             q = load_queries(vf.read(vf.rows - args.queries, vf.rows), g._live().manifest)
@@ -171,7 +173,7 @@ def main(argv=None) -> int:
             g.truth(q, gt, k=10, backend=args.backend)
         truth = read_truth(gt)[0].astype(np.int64)
         base = {"workload": "search", "family": family, "rows": len(x), "dim": x.shape[1], "metric": metric,
-                "knn_k": args.k, "knn_build_s": round(build_s, 2), "device": device}
+                "knn_k": args.k, "knn_recall_target": args.recall, "knn_build_s": round(build_s, 2), "device": device}
         bench_bigknn(backend, args.backend, store, q, truth, base, degrees, out, args.batch1_seconds)
         if have_cuvs:
             st = Store.open(store)
