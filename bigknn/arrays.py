@@ -12,19 +12,22 @@ import os
 import sys
 import tempfile
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from bigknn.errors import BadInput
-from bigknn.formats import check_rows, vectors_writer
+from bigknn.atomic import allocate
+from bigknn.errors import BadInput, disk_full_named
+from bigknn.formats import npy_header
 from bigknn.shards import Store
 
 ARRAY = "array"  # how errors name an in-memory input
 KEPT_DTYPES = tuple(np.dtype(t) for t in ("<f4", "<f2", "u1", "i1"))
-SPILL_ROWS = 1 << 16  # rows converted, checked and written at a time
+SPILL_ROWS = 1 << 16  # rows converted and written at a time
+SPILL_THREADS = min(8, os.cpu_count() or 1)
 
 
 def host_array(data: object) -> np.ndarray:
@@ -39,15 +42,39 @@ def host_array(data: object) -> np.ndarray:
 
 
 def spill(data: object, path: Path) -> Path:
-    """Write ``data`` to the new ``.npy`` file ``path`` (rows checked finite); return the path."""
+    """Write ``data`` to the new ``.npy`` file ``path``; return the path. It is scratch that the build reads
+    once and deletes with its folder, so it goes to the page cache unsynced (a crash loses only the build, which
+    an array cannot resume anyway), in blocks a thread each (``os.pwrite`` and the casts drop the GIL), and
+    unchecked: the sharding pass checks every row it reads and names the array's row. A 740K x 384 float32
+    array took ~0.5 s more through the API than its file through the CLI, synced and checked twice (session 31)."""
     x = host_array(data)
     dtype = x.dtype if x.dtype in KEPT_DTYPES else np.dtype(np.float32)
-    with vectors_writer(path, x.shape[0], x.shape[1], dtype) as out:
-        for start in range(0, x.shape[0], SPILL_ROWS):
-            block = np.asarray(x[start:start + SPILL_ROWS], dtype=dtype)
-            check_rows(ARRAY, start, block)
-            out[start:start + len(block)] = block
+    header = npy_header(dtype, x.shape)
+    row_bytes = x.shape[1] * dtype.itemsize
+    size = len(header) + x.shape[0] * row_bytes
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        with disk_full_named(path, size):
+            allocate(fd, size)  # a full disk is named before any work
+            _write_at(fd, 0, header)
+
+            def block(start: int) -> None:
+                _write_at(fd, len(header) + start * row_bytes,
+                          np.ascontiguousarray(x[start:start + SPILL_ROWS], dtype=dtype))
+
+            with ThreadPoolExecutor(SPILL_THREADS) as pool:
+                for done in [pool.submit(block, a) for a in range(0, x.shape[0], SPILL_ROWS)]:
+                    done.result()
+    finally:
+        os.close(fd)
     return path
+
+
+def _write_at(fd: int, offset: int, data: bytes | np.ndarray) -> None:
+    view = memoryview(data).cast("B")
+    while view.nbytes:
+        n = os.pwrite(fd, view, offset)
+        view, offset = view[n:], offset + n
 
 
 @contextmanager

@@ -33,7 +33,7 @@ def atomic_path(path: str | os.PathLike, size: int | None = None) -> Iterator[Pa
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
             try:
                 if size:
-                    _allocate(fd, size)
+                    allocate(fd, size)
             finally:
                 os.close(fd)
         yield tmp
@@ -63,7 +63,9 @@ def write_atomic(path: str | os.PathLike, data: str | bytes) -> None:
         tmp.write_bytes(raw)
 
 
-def _allocate(fd: int, size: int) -> None:
+def allocate(fd: int, size: int) -> None:
+    """Give the open file ``fd`` ``size`` bytes on disk now (where the file system can), so a full disk is an
+    error here and not a SIGBUS in a later memory-mapped write."""
     try:
         os.posix_fallocate(fd, 0, size)
     except OSError as e:

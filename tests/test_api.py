@@ -202,6 +202,19 @@ def test_array_likes_and_files_give_the_same_graph(tmp_path):
         g.close()
 
 
+def test_an_array_is_spilled_block_by_block_exactly(tmp_path, monkeypatch):
+    """The scratch .npy a build streams holds the array's values, cast where the dtype is not kept, whatever the
+    blocks its threads write (here 7 rows a block, the last one short)."""
+    import bigknn.arrays as arrays
+
+    monkeypatch.setattr(arrays, "SPILL_ROWS", 7)
+    x = synth(101, 5, seed=3)
+    for data, want in ((x, x), (x.astype(np.float64)[:, ::-1], x[:, ::-1]), (x.astype(np.float16), None)):
+        got = np.load(arrays.spill(data, tmp_path / f"{data.dtype}-{id(data)}.npy"))
+        np.testing.assert_array_equal(got, data.astype(got.dtype) if want is None else want)
+        assert got.dtype == (np.float16 if data.dtype == np.float16 else np.float32)
+
+
 def test_bad_arrays_are_refused_naming_the_problem(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     x = synth(400, 4, seed=1)

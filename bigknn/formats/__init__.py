@@ -21,9 +21,9 @@ from bigknn.formats.read import (FileState, VectorFile, check_and_hash, check_ro
                                  open_vectors, read_truth)
 from bigknn.formats.spec import (BIN_DTYPES, CHECK_CHUNK_ROWS, HASH_BLOCK_BYTES, MAX_SQUARED_NORM, NPY_DTYPES,
                                  TRUTH_EXTENSION, VECS_DTYPES, VECTOR_EXTENSIONS)
-from bigknn.formats.write import npy_writer, truth_writer, vectors_writer, write_truth, write_vectors
+from bigknn.formats.write import npy_header, npy_writer, truth_writer, vectors_writer, write_truth, write_vectors
 
 __all__ = ["BIN_DTYPES", "CHECK_CHUNK_ROWS", "HASH_BLOCK_BYTES", "MAX_SQUARED_NORM", "NPY_DTYPES", "TRUTH_EXTENSION",
            "VECS_DTYPES", "VECTOR_EXTENSIONS", "FileState", "VectorFile", "check_and_hash", "check_rows",
-           "file_sha256", "file_state", "npy_writer", "open_vectors", "read_truth", "truth_writer", "vectors_writer",
-           "write_truth", "write_vectors"]
+           "file_sha256", "file_state", "npy_header", "npy_writer", "open_vectors", "read_truth", "truth_writer",
+           "vectors_writer", "write_truth", "write_vectors"]

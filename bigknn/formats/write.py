@@ -48,11 +48,17 @@ def npy_writer(path: str | os.PathLike, dtype: np.dtype | type, shape: tuple[int
     """Yield a writable memmap of a new C-order ``.npy`` file; it appears under ``path`` only when the block
     exits cleanly."""
     dtype = np.dtype(dtype)
+    with _mapped_output(path, npy_header(dtype, shape), [(dtype, shape)]) as (out,):
+        yield out
+
+
+def npy_header(dtype: np.dtype, shape: tuple[int, int]) -> bytes:
+    """The header of a C-order ``.npy`` file of ``shape`` values of ``dtype`` (format 1.0)."""
     header = io.BytesIO()
     np.lib.format.write_array_header_1_0(
-        header, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": tuple(shape)})
-    with _mapped_output(path, header.getvalue(), [(dtype, shape)]) as (out,):
-        yield out
+        header, {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False,
+                 "shape": tuple(shape)})
+    return header.getvalue()
 
 
 @contextmanager
