@@ -1,5 +1,5 @@
 """In-memory arrays as pipeline inputs: the pipeline streams files (hashing, resuming and ingesting by
-file), so an array is written once to a ``.npy`` file it can stream, checked on the way.
+file), so an array is written once to a ``.npy`` file it can stream, whose rows the build checks as it reads them.
 
 Accepted: NumPy arrays, CuPy arrays (copied to the host: the store is on disk), and anything ``np.asarray``
 takes (``__array__``: PyTorch CPU tensors, pandas frames, memory maps). float32, float16, uint8 and int8
@@ -71,6 +71,7 @@ def spill(data: object, path: Path) -> Path:
 
 
 def _write_at(fd: int, offset: int, data: bytes | np.ndarray) -> None:
+    """All of ``data``'s bytes at ``offset`` of the open file ``fd`` (pwrite may write fewer at a time)."""
     view = memoryview(data).cast("B")
     while view.nbytes:
         n = os.pwrite(fd, view, offset)

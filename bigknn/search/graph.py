@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 
 from bigknn.metrics import half_scale
+from bigknn.search import reach
 from bigknn.search.lists import key_bits
 from bigknn.search.params import ENTRY_SAMPLE, LAMBDA_VISIT, SEEDS, WALK_HALF_MIN_DIM
-from bigknn.search import reach
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -54,7 +54,6 @@ class SearchIndex:
         x = np.asarray(self.vectors, dtype=np.float32)
         scale = half_scale(float(np.abs(x).max()) if n else 0.0)
         return (x * np.float32(scale)).astype(np.float16), scale
-
 
     @cached_property
     def roots(self) -> np.ndarray:
