@@ -88,16 +88,36 @@ def test_insert_keeps_the_nearest_new_entries_once():
     keys = table[targets, cands]
     closer = keys < dists[targets, -1]  # cross_match's bound, which the kernel relies on
     targets, cands, keys = targets[closer], cands[closer], keys[closer]
-    fast = copy.deepcopy(state)
+    before = copy.deepcopy(state)
     want = descent._insert(state, targets, cands, keys)
     slots = np.full((n, len(targets)), EMPTY, np.int32)  # the kernel's (lists, slots) layout
     slots[np.arange(len(targets)) % n, np.arange(len(targets))] = targets
-    got = compiled.kernels.insert(fast.ids, fast.dists, fast.is_new, slots, np.tile(cands, (n, 1)),
-                                  np.tile(keys, (n, 1)))
-    assert got == want > 0
-    np.testing.assert_array_equal(fast.ids, state.ids)
-    np.testing.assert_array_equal(fast.dists, state.dists)
-    np.testing.assert_array_equal(fast.is_new, state.is_new)
+    for parts in (1, 2, 3, 7):  # the slots grouped in ranges, a thread each: the same lists
+        fast = copy.deepcopy(before)
+        got = compiled.kernels.insert(fast.ids, fast.dists, fast.is_new, slots, np.tile(cands, (n, 1)),
+                                      np.tile(keys, (n, 1)), parts)
+        assert got == want > 0
+        np.testing.assert_array_equal(fast.ids, state.ids)
+        np.testing.assert_array_equal(fast.dists, state.dists)
+        np.testing.assert_array_equal(fast.is_new, state.is_new)
+
+
+def test_candidates_group_by_target_in_slot_order_whatever_the_ranges():
+    """insert's counting sort in ranges of slots, one a thread: entry for entry the serial sort's (each
+    target's candidates in slot order), with EMPTY slots and targets that get none."""
+    rng = np.random.default_rng(21)
+    n = 301
+    targets = np.where(rng.random((97, 13)) < 0.8, rng.integers(0, n - 50, (97, 13)), EMPTY).astype(np.int32)
+    cands = rng.integers(0, n, targets.shape).astype(np.int32)
+    keys = rng.random(targets.shape).astype(np.float32)
+    flat = targets.ravel()
+    order = np.argsort(np.where(flat == EMPTY, n, flat), kind="stable")[:(flat != EMPTY).sum()]
+    for parts in (1, 2, 3, 7, 40):
+        starts, gc, gk = compiled.kernels._group(targets, cands, keys, n, parts)
+        per_target = np.bincount(flat[flat >= 0], minlength=n)
+        np.testing.assert_array_equal(starts, np.concatenate([[0], np.cumsum(per_target)]))
+        np.testing.assert_array_equal(gc, cands.ravel()[order])
+        np.testing.assert_array_equal(gk, keys.ravel()[order])
 
 
 def test_exact_l2_keys_and_row_keys_equal_the_reference():

@@ -20,7 +20,7 @@ def iteration(x: np.ndarray, sq: np.ndarray, state, metric: str, p: int, rng: np
     old_s = _with_reverse(fwd_old, p, rng)
     bound = np.ascontiguousarray(state.dists[:, -1])
     targets, cands, keys = kernels.cross_match(x, sq, new_s, old_s, bound, metric == "l2", cross_only)
-    return int(kernels.insert(state.ids, state.dists, state.is_new, targets, cands, keys))
+    return int(kernels.insert(state.ids, state.dists, state.is_new, targets, cands, keys, numba.get_num_threads()))
 
 
 def _with_reverse(fwd: np.ndarray, p: int, rng: np.random.Generator) -> np.ndarray:

@@ -332,28 +332,40 @@ def _emit(out_t, out_c, out_k, m, owners, args, best, bound):
     return m
 
 
-@njit(cache=True)
-def _group(targets, cands, keys, n):
+@njit(cache=True, parallel=True)
+def _group(targets, cands, keys, n, parts):
     """Counting sort of the candidates by target: (starts (n + 1,), their ids, their keys), each target's
-    in slot order; grouped once here, so that each list then reads its candidates from one place."""
+    in slot order; grouped once here, so that each list then reads its candidates from one place. The slots go
+    in ``parts`` consecutive ranges, one a thread, each counted into its own histogram and then scattered from
+    its own offsets (serially the sort was 0.32 s of a 0.45 s insert: 100K text lists of 120 slots, 2 cores)."""
     flat = targets.ravel()
     c_flat = cands.ravel()
     k_flat = keys.ravel()
+    size = flat.size
+    counts = np.zeros((parts, n), np.int64)
+    for p in prange(parts):
+        for s in range(size * p // parts, size * (p + 1) // parts):
+            t = flat[s]
+            if t != EMPTY:
+                counts[p, t] += 1
     starts = np.zeros(n + 1, np.int64)
-    for t in flat:
-        if t != EMPTY:
-            starts[t + 1] += 1
-    for r in range(n):
-        starts[r + 1] += starts[r]
-    pos = starts[:-1].copy()
+    for r in range(n):  # each range's first slot for target r: after the earlier ranges' and targets'
+        at = starts[r]
+        for p in range(parts):
+            c = counts[p, r]
+            counts[p, r] = at
+            at += c
+        starts[r + 1] = at
     gc = np.empty(starts[n], np.int32)
     gk = np.empty(starts[n], np.float32)
-    for s in range(flat.size):
-        t = flat[s]
-        if t != EMPTY:
-            gc[pos[t]] = c_flat[s]
-            gk[pos[t]] = k_flat[s]
-            pos[t] += 1
+    for p in prange(parts):
+        for s in range(size * p // parts, size * (p + 1) // parts):
+            t = flat[s]
+            if t != EMPTY:
+                q = counts[p, t]
+                gc[q] = c_flat[s]
+                gk[q] = k_flat[s]
+                counts[p, t] = q + 1
     return starts, gc, gk
 
 
@@ -395,12 +407,12 @@ def _holds(ids, m, c):
 
 
 @njit(cache=True, parallel=True)
-def insert(ids, dists, is_new, targets, cands, keys):
+def insert(ids, dists, is_new, targets, cands, keys, parts):
     """Merge the candidates into the lists in place, as descent._insert: per target, its k nearest
     candidates (repeats and ids already listed dropped) enter where they beat the last entry, marked NEW.
-    Returns the number of entries inserted."""
+    ``parts``: ranges of slots grouped at once (_group). Returns the number of entries inserted."""
     n, k = ids.shape
-    starts, gc, gk = _group(targets, cands, keys, n)
+    starts, gc, gk = _group(targets, cands, keys, n, parts)
     added = np.zeros(n, np.int64)
     for r in prange(n):
         m = starts[r + 1] - starts[r]
