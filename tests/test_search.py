@@ -131,6 +131,17 @@ def test_search_before_prune_and_after_an_ingest_is_refused(tmp_path):
     assert json.loads((path / "manifest.json").read_text())["search"]["rows"] == 600
 
 
+def _search_separated_clusters(tmp_path, seed: int, queries: int):
+    """3,000 rows in 30 clusters 8 sigma apart (no kNN edge between them), built, pruned (tsdg) and searched with
+    list length 10 on the CPU: (rows, queries, centres, what the search found)."""
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(30, 8)) * 8
+    x, q = _clustered(rng, 3000, centres), _clustered(rng, queries, centres)
+    with bigknn.build(x, k=16, store=tmp_path / "s.knn", backend="cpu") as g:
+        g.prune("tsdg", degree=16, backend="cpu")
+        return x, q, centres, g.search(q, k=10, budget=10, procedure="large", backend="cpu")
+
+
 def test_searches_start_in_the_query_cluster_of_a_disconnected_graph(tmp_path, monkeypatch):
     """Clusters 8 sigma apart: the kNN graph has no edge between them, so a search finds a query's neighbours
     only from an entry in its cluster (the paper's best of 32 random rows of 30 clusters misses it in
@@ -138,12 +149,7 @@ def test_searches_start_in_the_query_cluster_of_a_disconnected_graph(tmp_path, m
     import bigknn.search.graph as search_graph
 
     monkeypatch.setattr(search_graph, "ENTRY_SAMPLE", 300)  # a sample, not every row
-    rng = np.random.default_rng(7)
-    centres = rng.normal(size=(30, 8)) * 8
-    x, q = _clustered(rng, 3000, centres), _clustered(rng, 60, centres)
-    with bigknn.build(x, k=16, store=tmp_path / "s.knn", backend="cpu") as g:
-        g.prune("tsdg", degree=16, backend="cpu")
-        found = g.search(q, k=10, budget=10, procedure="large", backend="cpu")
+    x, q, _, found = _search_separated_clusters(tmp_path, 7, 60)
     assert _recall(found.ids, _true_ids(x, q)) >= 0.95
 
 
@@ -154,12 +160,7 @@ def test_a_cluster_the_entry_sample_misses_is_still_searched_from_inside(tmp_pat
     import bigknn.search.graph as search_graph
 
     monkeypatch.setattr(search_graph, "ENTRY_SAMPLE", 24)
-    rng = np.random.default_rng(8)
-    centres = rng.normal(size=(30, 8)) * 8
-    x, q = _clustered(rng, 3000, centres), _clustered(rng, 90, centres)
-    with bigknn.build(x, k=16, store=tmp_path / "s.knn", backend="cpu") as g:
-        g.prune("tsdg", degree=16, backend="cpu")
-        found = g.search(q, k=10, budget=10, procedure="large", backend="cpu")
+    x, q, centres, found = _search_separated_clusters(tmp_path, 8, 90)
     cluster = np.argmin(((x[:, None] - centres[None]) ** 2).sum(-1), axis=1)
     sampled = set(cluster[search_graph.entry_sample(0, len(x))].tolist())
     assert len(sampled) <= 22  # the sample misses clusters: without the roots, their queries fail
