@@ -112,6 +112,7 @@ class BuildReport(_Report):
     read_gb: float
     written_gb: float
     busy_frac: dict[str, float]
+    timeline: list[list]  # [worker, phase, start s, end s] of each GNND and merge, by worker then start
     descents: dict[str, dict]
     recall_estimate: RecallEstimate | None
     search: dict | None = None

@@ -51,6 +51,19 @@ def test_build_summary(built):
     assert sorted(map(tuple, m["merged"])) == [(0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3)]
 
 
+def test_build_timeline_books_every_task_once_and_adds_up_to_busy(built):
+    s = built["summary"]
+    lines = s["timeline"]
+    assert sorted(phase for _, phase, _, _ in lines) == ["ggm"] * 6 + ["gnnd"] * 4
+    for worker, _, start, end in lines:
+        assert 0 <= start <= end <= s["wall_s"]
+    for a, b in zip(lines, lines[1:]):  # one worker's calls one after the other
+        assert a[0] != b[0] or a[3] <= b[2], (a, b)
+    for worker, frac in s["busy_frac"].items():
+        busy = sum(end - start for w, _, start, end in lines if w == worker)
+        assert abs(busy / s["wall_s"] - frac) < 0.01, (worker, busy, frac)
+
+
 def test_eval_recall(built):
     r = run_json("eval", "recall", built["store"], "--backend", "cpu")
     assert r["k"] == 10 and r["sample"] == ROWS

@@ -303,9 +303,7 @@ class _Run:
             self.holdings.made(sid, version, res.worker)
         self.sink.make_room(res.worker)
         end = time.perf_counter()
-        self.acct.add(phase, res.seconds, res.bytes_read)
-        self.acct.add_busy(res.worker, res.seconds)
-        self.acct.extend_span(phase, end - res.seconds, end)
+        self.acct.add_task(res.worker, phase, end - res.seconds, end, res.bytes_read)
         self.acct.add_descent(phase, res.report)
 
     def _lost(self, sids: list[int], worker: str | None) -> None:

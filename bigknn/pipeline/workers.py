@@ -156,10 +156,7 @@ def run_tasks(store: Store, ledger, backends: list[Backend], reporter: Reporter,
 
 def _account(acct: Accounting, phase: str, worker: str, t: float) -> None:
     """Book a backend call that started at ``t``: phase seconds, the worker's busy time, the phase's span."""
-    end = time.perf_counter()
-    acct.add(phase, end - t)
-    acct.add_busy(worker, end - t)
-    acct.extend_span(phase, t, end)
+    acct.add_task(worker, phase, t, time.perf_counter())
 
 
 def _run_workers(backends: list[Backend], work) -> None:
