@@ -104,6 +104,15 @@ def test_stopper_widens_when_the_pace_cannot_close_the_gap():
     assert "widen" not in actions  # 0.018 gained, 0.022 short: on pace
 
 
+def test_stopper_goes_on_where_one_more_span_at_its_pace_meets_the_target():
+    """0.0015 gained per STALL_ITERS iterations is under STALL_GAIN: far from the target that is a stall,
+    but with the lower bound 0.001 short, one more such span stops the descent: no widening."""
+    near, far = Stopper(0.99, 48), Stopper(0.99, 48)
+    assert [near.after(_est(0.9895 + 0.0005 * i, half=0.002)) for i in range(STALL_ITERS + 1)] == ["go"] * 4
+    assert near.after(_est(0.9925, half=0.002)) == "stop" and near.widened == 0
+    assert [far.after(_est(0.98 + 0.0005 * i, half=0.002)) for i in range(STALL_ITERS + 1)][-1] == "widen"
+
+
 def test_stopper_takes_the_exact_answer_when_the_rest_of_the_descent_would_cost_more():
     """iid-like rows climb slowly from the start: at 0.04 an iteration of 0.1 s, the 0.85 left would take
     about 2.1 s, so an exact answer of 1 s wins; one of 3 s does not, nor does a fast climb."""
