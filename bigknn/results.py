@@ -112,7 +112,7 @@ class BuildReport(_Report):
     read_gb: float
     written_gb: float
     busy_frac: dict[str, float]
-    timeline: list[list]  # [worker, phase, start s, end s] of each GNND and merge, by worker then start
+    timeline: list[dict]  # each GNND and merge: worker, phase, start, end (s), descent iterations, by worker
     descents: dict[str, dict]
     recall_estimate: RecallEstimate | None
     search: dict | None = None

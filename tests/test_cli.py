@@ -54,13 +54,16 @@ def test_build_summary(built):
 def test_build_timeline_books_every_task_once_and_adds_up_to_busy(built):
     s = built["summary"]
     lines = s["timeline"]
-    assert sorted(phase for _, phase, _, _ in lines) == ["ggm"] * 6 + ["gnnd"] * 4
-    for worker, _, start, end in lines:
-        assert 0 <= start <= end <= s["wall_s"]
+    assert sorted(t["phase"] for t in lines) == ["ggm"] * 6 + ["gnnd"] * 4
+    merges = [t for t in lines if t["phase"] == "ggm"]  # (the GNND of 2,000 rows is exact: no descent)
+    assert sum(t["iterations"] for t in merges) == s["descents"]["ggm"]["iterations"]
+    for t in lines:
+        assert 0 <= t["start"] <= t["end"] <= s["wall_s"]
+    assert all(0 < t["descent_s"] <= t["end"] - t["start"] for t in merges)
     for a, b in zip(lines, lines[1:]):  # one worker's calls one after the other
-        assert a[0] != b[0] or a[3] <= b[2], (a, b)
+        assert a["worker"] != b["worker"] or a["end"] <= b["start"], (a, b)
     for worker, frac in s["busy_frac"].items():
-        busy = sum(end - start for w, _, start, end in lines if w == worker)
+        busy = sum(t["end"] - t["start"] for t in lines if t["worker"] == worker)
         assert abs(busy / s["wall_s"] - frac) < 0.01, (worker, busy, frac)
 
 

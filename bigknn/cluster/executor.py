@@ -303,8 +303,7 @@ class _Run:
             self.holdings.made(sid, version, res.worker)
         self.sink.make_room(res.worker)
         end = time.perf_counter()
-        self.acct.add_task(res.worker, phase, end - res.seconds, end, res.bytes_read)
-        self.acct.add_descent(phase, res.report)
+        self.acct.add_task(res.worker, phase, end - res.seconds, end, res.report, res.bytes_read)
 
     def _lost(self, sids: list[int], worker: str | None) -> None:
         """``worker`` no longer holds the pending versions of ``sids``: back to their written versions, and

@@ -20,7 +20,7 @@ class Accounting:
     bytes_read: int = 0
     bytes_written: int = 0
     busy: dict = field(default_factory=dict)  # worker name -> seconds inside backend calls
-    timeline: list = field(default_factory=list)  # [worker, phase, start, end] of each backend call, s since t0
+    timeline: list = field(default_factory=list)  # each backend call (add_task), seconds since t0
     spans: dict = field(default_factory=dict)  # phase -> [start, end] seconds since t0
     descents: dict = field(default_factory=dict)  # "gnnd" / "ggm" -> how recall-targeted descents ended
     t0: float = field(default_factory=time.perf_counter)
@@ -44,14 +44,21 @@ class Accounting:
             reason = report["stop"].split(":")[0]
             d["stops"][reason] = d["stops"].get(reason, 0) + 1
 
-    def add_task(self, worker: str, phase: str, start: float, end: float, nbytes_read: int = 0) -> None:
-        """Book a backend call (perf_counter times): the phase's seconds and span, the worker's busy time, and
-        its line in the timeline (where a worker waited, which busy_frac alone does not say)."""
+    def add_task(self, worker: str, phase: str, start: float, end: float, report: dict | None = None,
+                 nbytes_read: int = 0) -> None:
+        """Book a backend call (perf_counter times) and how its descent ended (``report``): the phase's seconds
+        and span, the worker's busy time, the descent's counts, and the call's line in the timeline: where a
+        worker waited, and how much of a call its iterations took (``descent_s``), which busy_frac alone
+        does not say."""
         self.add(phase, end - start, nbytes_read)
         self.extend_span(phase, start, end)
+        self.add_descent(phase, report)
+        line = {"worker": worker, "phase": phase, "start": round(start - self.t0, 3), "end": round(end - self.t0, 3)}
+        if report is not None:
+            line.update(iterations=len(report["trace"]), widened=report["widened"], descent_s=report["spent_s"])
         with self.lock:
             self.busy[worker] = self.busy.get(worker, 0.0) + end - start
-            self.timeline.append([worker, phase, round(start - self.t0, 3), round(end - self.t0, 3)])
+            self.timeline.append(line)
 
     def extend_span(self, phase: str, start: float, end: float) -> None:
         """Widen ``phase``'s span to cover [start, end] (perf_counter times; phases of tasks interleave)."""

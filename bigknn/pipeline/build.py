@@ -187,5 +187,5 @@ def summary(store: Store, acct: Accounting, wall: float, resumed: bool, backends
             "phase_s": {p: round(s, 3) for p, s in acct.seconds.items()}, "phase_wall_s": acct.spans,
             "read_gb": round(acct.bytes_read / 1e9, 3), "written_gb": round(acct.bytes_written / 1e9, 3),
             "busy_frac": {w: round(s / wall, 3) for w, s in acct.busy.items()} if wall > 0 else {},
-            "timeline": sorted(acct.timeline, key=lambda t: (t[0], t[2])),
+            "timeline": sorted(acct.timeline, key=lambda t: (t["worker"], t["start"])),
             "descents": acct.descents, "recall_estimate": m.estimate}

@@ -90,8 +90,7 @@ def run_tasks(store: Store, ledger, backends: list[Backend], reporter: Reporter,
         g = backend.gnnd(x, metric, params, seed=seed_for(m.seed, 0, shard.id))
         if sample is not None:  # the recall sample's exact neighbours among this shard's rows, while in memory
             sample.add(backend, shard.id, shard.offset, x)
-        _account(acct, "gnnd", name, t)
-        acct.add_descent("gnnd", g.report)
+        acct.add_task(name, "gnnd", t, time.perf_counter(), g.report)
         cache.put(shard.id, ShardPart(shard.offset, x, shard_graph_to_global(g, shard.offset)), dirty=True)
         writer.gnnd_done(shard.id)
         sched.shard_ready(shard.id)
@@ -109,8 +108,7 @@ def run_tasks(store: Store, ledger, backends: list[Backend], reporter: Reporter,
         vias = [cache.get(s) for s in ledger.seed_shards(i, j, merged_with.get(j, []))]
         t = time.perf_counter()
         ga, gb = backend.ggm(a, b, metric, params, seed=seed_for(m.seed, 1, i, j), vias=vias)
-        _account(acct, "ggm", name, t)
-        acct.add_descent("ggm", ga.report)
+        acct.add_task(name, "ggm", t, time.perf_counter(), ga.report)
         record(i, j)
         gen_i = cache.put(i, ShardPart(a.offset, a.vectors, ga), dirty=True)
         gen_j = cache.put(j, ShardPart(b.offset, b.vectors, gb), dirty=True)
@@ -152,11 +150,6 @@ def run_tasks(store: Store, ledger, backends: list[Backend], reporter: Reporter,
                 feeding.join()
     if feed_error:
         raise feed_error[0]
-
-
-def _account(acct: Accounting, phase: str, worker: str, t: float) -> None:
-    """Book a backend call that started at ``t``: phase seconds, the worker's busy time, the phase's span."""
-    acct.add_task(worker, phase, t, time.perf_counter())
 
 
 def _run_workers(backends: list[Backend], work) -> None:
