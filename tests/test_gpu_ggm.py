@@ -413,7 +413,7 @@ def test_targeted_merge_meets_target_and_matches_cpu(cuda_backend, dim, metric):
     ma, mb = cuda_backend.ggm(a, b, metric, params, seed=3)
     assert cuda_backend.last_stats["half"] == (dim >= cuda_module.HALF_MIN_DIM)
     # a merge of small 96-d shards can stall at the widest lists; it then returns the pair's exact lists
-    assert ma.report["stop"] == "target met" or ma.report["stop"].startswith("exact graph"), ma.report
+    assert ma.report["stop"].startswith("target met") or ma.report["stop"].startswith("exact graph"), ma.report
     ids, dists = np.concatenate([ma.ids, mb.ids]), np.concatenate([ma.dists, mb.dists])
     _check(ids, dists, x, metric)
     rows = np.sort(np.random.default_rng(7).choice(na + nb, 1000, replace=False))

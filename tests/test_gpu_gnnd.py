@@ -299,7 +299,7 @@ def test_gnnd_meets_recall_target(cuda_backend, d, dtype, metric):
     params = GnndParams(k=10)
     g = cuda_backend.gnnd(x, metric, params, seed=4)
     assert cuda_backend.last_stats["half"] == (dtype == np.float32 and d >= cuda_module.HALF_MIN_DIM)
-    assert g.report["stop"] == "target met", g.report
+    assert g.report["stop"].startswith("target met"), g.report
     _check_graph(x, g, params.width(), metric)
     rows = np.random.default_rng(1).choice(n, 1000, replace=False)
     exact = _exact_top(x, rows, 10, metric)
@@ -324,12 +324,12 @@ def test_gnnd_widens_where_it_stalls(cuda_backend, monkeypatch, n, d):
     g = cuda_backend.gnnd(x, "l2", params, seed=2)
     _check_graph(x, g, params.width(), "l2")
     assert g.report["widened"] >= 1 and g.report["width"] > params.width(), g.report
-    assert g.report["stop"] in ("target met", "stalled at the widest lists"), g.report
-    assert g.report["stop"] == "target met" or g.report["width"] == MAX_WIDTH, g.report
+    assert g.report["stop"].startswith(("target met", "stalled at the widest lists")), g.report
+    assert g.report["stop"].startswith("target met") or g.report["width"] == MAX_WIDTH, g.report
     rows = np.random.default_rng().choice(n, 500, replace=False)  # not the first rows: they fare better
     got = _recall(g.ids[rows], _exact_top(x, rows, 10, "l2"), 10)  # (0.943 against 0.83 for random rows)
     assert abs(got - g.report["estimate"]["recall"]) <= 0.03, (got, g.report)
-    assert got >= (0.985 if g.report["stop"] == "target met" else 0.75), (got, g.report)  # stalled: 0.83 (H200)
+    assert got >= (0.985 if g.report["stop"].startswith("target met") else 0.75), (got, g.report)  # stalled: 0.83
 
 
 @pytest.mark.parametrize("dtype,metric", [(np.float32, "l2"), (np.float16, "ip"), (np.uint8, "l2")])

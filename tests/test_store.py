@@ -99,6 +99,23 @@ def test_store_create_open_round_trip(tmp_path):
     np.testing.assert_array_equal(again.vectors_of(rows), full[rows])
 
 
+def test_reading_rows_whose_write_is_in_flight_waits_for_it(tmp_path):
+    """The sharding pass hands a shard on before its rows are on disk: a read of them from the store (a
+    cache that dropped them) gets the rows once written, not a missing array."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    store = Store.create(tmp_path / "s", make_manifest())
+    x = np.random.default_rng(1).standard_normal((200, DIM)).astype(np.float32)
+
+    def slow_write():
+        time.sleep(0.3)
+        store.write_vectors(0, x)
+
+    with ThreadPoolExecutor(1) as pool:
+        store.vectors_being_written(0, pool.submit(slow_write))
+        np.testing.assert_array_equal(store.read_vectors(0), x)
+
+
 def test_open_refuses_missing_and_foreign_directories(tmp_path):
     with pytest.raises(BadInput, match="no such store"):
         Store.open(tmp_path / "nothing")

@@ -4,8 +4,10 @@ One pass over the input file: a reader thread has each shard's rows read in bloc
 checks release the GIL, and a cold file gets several reads in flight), bad rows (NaN/Inf, norms that
 overflow) refused and the rows prepared for the metric; a small pool writes them to the store; another thread
 hashes the file's bytes from the same mapping (hashlib releases the GIL), and a file that changed while
-it was read is refused. Each shard is handed on, vectors in memory, as soon as it is on disk, so GNND
-runs on the GPU while the rest of the file is still being sharded. The store's commits are held back for the whole
+it was read is refused. Each shard is handed on, vectors in memory, as soon as it is read and checked (not
+once written: on a 50M build the writes fill the page cache's dirty limit and a GPU waited for them), so
+GNND runs while its rows are written and the rest of the file is sharded; a read of those rows from the
+store waits for their write (Store.vectors_being_written). The store's commits are held back for the whole
 pass: the shards, the input's sha256 and any graph finished meanwhile become visible in one commit at its
 end, so a crash mid-pass leaves no half-sharded store (the rerun shards again).
 """
@@ -61,27 +63,25 @@ def stream_shards(store: Store, vf: VectorFile, sizes: list[int], acct: Accounti
                 m = store.manifest
                 offset, first, start = m.rows, len(m.shards), 0
                 t = time.perf_counter()
-                in_flight: deque = deque()
-
-                def hand_on(entry, x, fut) -> None:
-                    fut.result()
-                    with store.lock:
-                        m.shards.append(entry)
-                    put((entry, x))
-
+                in_flight: deque = deque()  # writes not yet seen to end (their errors are raised here)
                 for i, rows in enumerate(sizes):
                     x = shard_vectors(vf, readers, m.metric, np.dtype(m.dtype), start, rows,
                                       None if layout is None else layout[i])
                     entry = ShardEntry(id=first + i, offset=offset + start, rows=rows)
                     row_ids = None if layout is None else layout[i]
-                    in_flight.append((entry, x, writers.submit(_write_shard, store, entry.id, x, row_ids)))
+                    write = writers.submit(_write_shard, store, entry.id, x, row_ids)
+                    store.vectors_being_written(entry.id, write)
+                    in_flight.append(write)
+                    with store.lock:
+                        m.shards.append(entry)
+                    put((entry, x))
                     start += rows
-                    while len(in_flight) >= WRITES_IN_FLIGHT or (in_flight and in_flight[0][2].done()):
-                        hand_on(*in_flight.popleft())
+                    while len(in_flight) >= WRITES_IN_FLIGHT or (in_flight and in_flight[0].done()):
+                        in_flight.popleft().result()
                     if stop.is_set():
                         raise _Stopped
                 while in_flight:
-                    hand_on(*in_flight.popleft())
+                    in_flight.popleft().result()
                 sha256 = digest.result()
                 vf.check_unchanged()  # else the rows and the hash may be of different bytes
                 with store.lock:

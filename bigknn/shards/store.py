@@ -18,7 +18,7 @@ import os
 import shutil
 import threading
 import weakref
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterable, TypeVar
@@ -55,6 +55,7 @@ class Store:
         self._reaper: ThreadPoolExecutor | None = None
         self._lease: Lease | None = None
         self._manifest_text: str | None = None  # as read by open()
+        self._vectors_writing: dict[int, Future] = {}  # shard -> its rows' write, handed on before it ended
 
     # ---- opening and committing -------------------------------------------------------------
     @staticmethod
@@ -242,7 +243,13 @@ class Store:
         chunk_rows = max(1, min(x.shape[0], CHUNK_BYTES // max(1, x.shape[1] * x.itemsize)))
         self._write_array(vectors_name(shard_id), x, chunk_rows, x.dtype)
 
+    def vectors_being_written(self, shard_id: int, write: Future) -> None:
+        """The sharding pass hands a shard's rows to GNND while ``write`` puts them on disk: reads wait for it."""
+        self._vectors_writing[shard_id] = write
+
     def read_vectors(self, shard_id: int, start: int = 0, stop: int | None = None) -> np.ndarray:
+        if (write := self._vectors_writing.get(shard_id)) is not None:
+            write.result()
         return self._read_array(vectors_name(shard_id), f"shard {shard_id} vectors", start, stop)
 
     def write_row_ids(self, shard_id: int, rows: np.ndarray) -> None:
