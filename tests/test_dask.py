@@ -77,6 +77,25 @@ def test_build_on_cluster_matches_in_process(cluster, reference, tmp_path):
     assert len(graph_dirs) <= 2 * SHARDS, "stale graph versions are deleted as in-process"
 
 
+def test_build_on_cluster_waits_for_rows_still_being_written(cluster, reference, tmp_path, monkeypatch):
+    """The sharding pass hands a shard on before its rows are on disk, and a worker reads them from the store:
+    the client waits for each shard's write before its GNND (held back 0.3 s here; without the wait the
+    workers find no rows)."""
+    from bigknn.pipeline import sharding
+
+    write = sharding._write_shard
+
+    def held_back(*args):
+        time.sleep(0.3)
+        write(*args)
+
+    monkeypatch.setattr(sharding, "_write_shard", held_back)
+    with bigknn.build(reference["data"], store=tmp_path / "d.knn", scheduler=cluster.scheduler.address,
+                      **OPTS) as g:
+        assert g.report.shards == SHARDS and g.report.merges_done == MERGES
+        assert abs(g.recall().recall - reference["recall"]) <= TOLERANCE
+
+
 def _build_killing(cluster, data: Path, store: Path, victim: Callable[[], str | None]) -> int:
     """Build ``store`` on the cluster, SIGKILL the worker ``victim()`` names as soon as it names one, and
     return the build's merges (the nanny restarts the worker, for the tests after this one)."""

@@ -206,6 +206,7 @@ class _Run:
 
     def _gnnd(self, shard: ShardEntry) -> None:
         sample_k = self.sample.m + 1 if self.sample is not None else 0
+        self.store.vectors_written(shard.id)  # the worker reads the rows from the store, not from the pass
         res = self._submit(f"gnnd-{shard.id}", [], lambda _: (
             tasks.gnnd, self.spec, ShardRef(shard.id, shard.offset, None), seed_for(self.seed, 0, shard.id),
             self._sample_data(), sample_k))

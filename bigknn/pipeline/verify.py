@@ -29,7 +29,7 @@ from bigknn.graph import EMPTY, LOCAL_ID_DTYPE
 from bigknn.search.store import SEARCH_ID_DTYPE
 from bigknn.shards import Store, WriterLock, checksums
 from bigknn.shards.manifest import MANIFEST
-from bigknn.shards.store import graph_name, row_ids_name, search_name, vectors_name
+from bigknn.shards.names import graph_name, row_ids_name, search_name, vectors_name
 
 # what repairs a problem
 REBUILD = "rebuild"  # from the input files, into a new store

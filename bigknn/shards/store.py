@@ -34,6 +34,7 @@ from bigknn.shards import checksums, chunks
 from bigknn.shards.creation import check_new_store_path
 from bigknn.shards.leases import LEASE_DIR, Lease, pinned
 from bigknn.shards.manifest import MANIFEST, Manifest
+from bigknn.shards.names import graph_name, partition_name, row_ids_name, search_name, vectors_name
 
 CHUNK_BYTES = 16 << 20  # target size of one row chunk on disk
 REAPER_THREADS = 4  # stale graph versions deleted at once
@@ -247,9 +248,14 @@ class Store:
         """The sharding pass hands a shard's rows to GNND while ``write`` puts them on disk: reads wait for it."""
         self._vectors_writing[shard_id] = write
 
-    def read_vectors(self, shard_id: int, start: int = 0, stop: int | None = None) -> np.ndarray:
+    def vectors_written(self, shard_id: int) -> None:
+        """Wait until the shard's rows are on disk (raising the write's error): before this store reads them,
+        or another process (a Dask worker) is told to."""
         if (write := self._vectors_writing.get(shard_id)) is not None:
             write.result()
+
+    def read_vectors(self, shard_id: int, start: int = 0, stop: int | None = None) -> np.ndarray:
+        self.vectors_written(shard_id)
         return self._read_array(vectors_name(shard_id), f"shard {shard_id} vectors", start, stop)
 
     def write_row_ids(self, shard_id: int, rows: np.ndarray) -> None:
@@ -281,6 +287,7 @@ class Store:
         for shard in self.manifest.shards:
             sel = np.nonzero((global_ids >= shard.offset) & (global_ids < shard.offset + shard.rows))[0]
             if sel.size:
+                self.vectors_written(shard.id)
                 out[sel] = self._read_array_rows(vectors_name(shard.id), f"shard {shard.id} vectors",
                                                  global_ids[sel] - shard.offset)
         return out
@@ -367,26 +374,6 @@ class Store:
                 except FileNotFoundError:
                     pass
         return total
-
-
-def vectors_name(shard_id: int) -> str:
-    return f"shards/{shard_id}/vectors"
-
-
-def row_ids_name(shard_id: int) -> str:
-    return f"shards/{shard_id}/row_ids"
-
-
-def partition_name(array: str) -> str:
-    return f"partition/{array}"
-
-
-def graph_name(shard_id: int, version: int, array: str) -> str:
-    return f"shards/{shard_id}/graph/{version}/{array}"
-
-
-def search_name(version: int, array: str) -> str:
-    return f"search/{version}/{array}"
 
 
 def read_store(path: Path, read: Callable[[Store], T], suspect: Callable[[T], bool] | None = None) -> T:

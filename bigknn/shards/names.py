@@ -1,0 +1,23 @@
+"""Where each array of a store lives, relative to the store's directory (the layout in docs/design.md)."""
+
+from __future__ import annotations
+
+
+def vectors_name(shard_id: int) -> str:
+    return f"shards/{shard_id}/vectors"
+
+
+def row_ids_name(shard_id: int) -> str:
+    return f"shards/{shard_id}/row_ids"
+
+
+def partition_name(array: str) -> str:
+    return f"partition/{array}"
+
+
+def graph_name(shard_id: int, version: int, array: str) -> str:
+    return f"shards/{shard_id}/graph/{version}/{array}"
+
+
+def search_name(version: int, array: str) -> str:
+    return f"search/{version}/{array}"
