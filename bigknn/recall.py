@@ -102,6 +102,7 @@ class Probe:
     outside: tuple[np.ndarray, np.ndarray] | None = None
     na: int = 0
     offsets: tuple[int, int] = (0, 0)
+    exact_pace: float | None = None  # seconds per (row, candidate) key of the search that found the truth
 
     def measure(self, row_ids: np.ndarray, row_keys: np.ndarray) -> Estimate:
         """The estimate from the probe rows' current lists (``row_ids``/``row_keys``: (len(rows), W))."""

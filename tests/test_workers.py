@@ -30,8 +30,8 @@ class RecordingBackend(CpuBackend):
     def __init__(self, log: list, running: set):
         self.cpu, self.log, self.running = CpuBackend(), log, running
 
-    def gnnd(self, x, metric, params, seed):
-        return self.cpu.gnnd(x, metric, params, seed)
+    def gnnd(self, x, metric, params, seed, probe=None):
+        return self.cpu.gnnd(x, metric, params, seed, probe=probe)
 
     def ggm(self, a, b, metric, params, seed, vias=None):
         pair = (a.offset, b.offset)

@@ -10,6 +10,7 @@ import numpy as np
 
 from bigknn.graph import KnnGraph, ShardPart
 from bigknn.params import GnndParams
+from bigknn.recall import Probe
 from bigknn.search.graph import SearchIndex
 from bigknn.search.params import DiversifyRule, PruneParams, SearchPlan
 
@@ -20,8 +21,10 @@ class Backend(Protocol):
     name: str
 
     def gnnd(self, x: np.ndarray, metric: str, params: GnndParams, seed: int,
-             on_iter: OnIter | None = None) -> KnnGraph:
-        """k-NN graph of the rows of ``x`` among themselves; ids are local row numbers 0..n-1."""
+             on_iter: OnIter | None = None, probe: Probe | None = None) -> KnnGraph:
+        """k-NN graph of the rows of ``x`` among themselves; ids are local row numbers 0..n-1. ``probe``: the
+        rows the recall target measures, with their exact top-10 among ``x`` and the pace that search ran
+        at (a build's recall sample, bigknn/pipeline/estimate.py); None: the backend draws its own."""
 
     def ggm(self, a: ShardPart, b: ShardPart, metric: str, params: GnndParams, seed: int,
             on_iter: OnIter | None = None, vias: list[ShardPart] | None = None) -> tuple[KnnGraph, KnnGraph]:

@@ -18,15 +18,16 @@ from bigknn.formats import VectorFile
 from bigknn.graph import EMPTY, KnnGraph, merge_lists
 from bigknn.metrics import kernel_metric, prepare_rows
 from bigknn.partition.rowmap import RowMap
-from bigknn.recall import ESTIMATE_ROWS, RECALL_AT, Estimate, estimate, without_self
+from bigknn.recall import ESTIMATE_ROWS, PROBE_ROWS, RECALL_AT, Estimate, Probe, estimate, without_self
 from bigknn.shards import Manifest, Store
 
 
 class SampleTruth:
     """Exact top-(m+1) of ``rows`` (global ids, sorted) over the shards folded in so far."""
 
-    def __init__(self, rows: np.ndarray, vectors: np.ndarray, metric: str, k: int):
+    def __init__(self, rows: np.ndarray, vectors: np.ndarray, metric: str, k: int, positional: bool = False):
         self.rows = rows
+        self.positional = positional  # the rows are store positions too (a contiguous store): probes can be made
         self.vectors = vectors
         self.metric = kernel_metric(metric)
         self.m = min(RECALL_AT, k)
@@ -41,7 +42,7 @@ class SampleTruth:
         rows = np.sort(np.random.default_rng((seed, 2)).choice(vf.rows, size=min(size, vf.rows), replace=False))
         raw = vf.take(rows)
         x = prepare_rows(raw, m.metric).astype(np.dtype(m.dtype), copy=False)
-        return cls(rows.astype(np.int64), np.ascontiguousarray(x), m.metric, m.k)
+        return cls(rows.astype(np.int64), np.ascontiguousarray(x), m.metric, m.k, positional=m.partition is None)
 
     @classmethod
     def from_store(cls, store: Store, size: int = ESTIMATE_ROWS) -> "SampleTruth":
@@ -54,9 +55,26 @@ class SampleTruth:
         """The sample's store positions (its rows are input rows)."""
         return RowMap.of(store).to_position(self.rows)
 
-    def add(self, backend: Backend, shard_id: int, offset: int, x: np.ndarray) -> None:
-        """Fold the exact neighbours among one shard's rows (global ids from ``offset``) into the truth."""
-        self.fold(shard_id, backend.exact_knn(self.vectors, self.m + 1, self.metric, [(offset, x)]))
+    def add(self, backend: Backend, shard_id: int, offset: int, x: np.ndarray) -> KnnGraph:
+        """Fold the exact neighbours among one shard's rows (global ids from ``offset``) into the truth; returns
+        them (``probe``)."""
+        g = backend.exact_knn(self.vectors, self.m + 1, self.metric, [(offset, x)])
+        self.fold(shard_id, g)
+        return g
+
+    def probe(self, offset: int, n: int, g: KnnGraph, width: int, seconds: float) -> Probe | None:
+        """The sample rows inside a contiguous store's shard of ``n`` rows from ``offset``, with their exact
+        top-m among the shard (``g``, from ``add``, which took ``seconds``), as the probe of the shard's GNND
+        (Backend.gnnd): the descent needs no exact search of its own, and its interval is narrower (2,000 rows
+        of a one-shard build against PROBE_ROWS). None where fewer than PROBE_ROWS lie in the shard, or where
+        the descent measures another m than the sample (k < 10: make_probe's m is 10)."""
+        inside = np.nonzero((self.rows >= offset) & (self.rows < offset + n))[0]
+        if not self.positional or len(inside) < PROBE_ROWS or self.m != min(RECALL_AT, width, n - 1):
+            return None
+        rows = self.rows[inside] - offset
+        ids = g.ids[inside].astype(np.int64)
+        ids, keys = without_self(np.where(ids == EMPTY, EMPTY, ids - offset), g.dists[inside], rows, self.m)
+        return Probe(rows, ids, keys[:, -1].copy(), exact_pace=seconds / max(1, len(self.rows) * n))
 
     def fold(self, shard_id: int, g: KnnGraph) -> None:
         """Fold one shard's exact neighbours of the sample (computed here by ``add``, or on a Dask worker

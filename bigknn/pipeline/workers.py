@@ -87,9 +87,11 @@ def run_tasks(store: Store, ledger, backends: list[Backend], reporter: Reporter,
 
     def gnnd(backend: Backend, name: str, shard: ShardEntry, x: np.ndarray) -> None:
         t = time.perf_counter()
-        g = backend.gnnd(x, metric, params, seed=seed_for(m.seed, 0, shard.id))
+        probe = None
         if sample is not None:  # the recall sample's exact neighbours among this shard's rows, while in memory
-            sample.add(backend, shard.id, shard.offset, x)
+            truth = sample.add(backend, shard.id, shard.offset, x)
+            probe = sample.probe(shard.offset, len(x), truth, params.width(), time.perf_counter() - t)
+        g = backend.gnnd(x, metric, params, seed=seed_for(m.seed, 0, shard.id), probe=probe)
         acct.add_task(name, "gnnd", t, time.perf_counter(), g.report)
         cache.put(shard.id, ShardPart(shard.offset, x, shard_graph_to_global(g, shard.offset)), dirty=True)
         writer.gnnd_done(shard.id)

@@ -18,7 +18,7 @@ from bigknn.ggm import exact_merge, finish_merge, merge_stop_frac, start_merge
 from bigknn.graph import EMPTY, LOCAL_ID_DTYPE, KnnGraph, ShardPart, drop_self, merge_lists
 from bigknn.params import (CPU_AUTO_SAMPLES, CPU_HARD_BELOW, CPU_HARD_SAMPLES, CPU_HARD_WIDTH, EXACT_ROWS,
                            GnndParams)
-from bigknn.recall import Stopper, make_merge_probe, make_probe
+from bigknn.recall import Probe, Stopper, make_merge_probe, make_probe
 
 
 RP_TREES = 20  # RP trees seeding the compiled GNND's lists (rptree.py). 20, not 6 (2 cores, same runs): synth
@@ -80,24 +80,26 @@ def random_init(x: np.ndarray, k: int, metric: str, rng: np.random.Generator, co
 
 
 def recall_target(xf: np.ndarray, metric: str, params: GnndParams, seed: int, pad_key: np.ndarray | float = np.inf,
-                  pair: tuple[ShardPart, ShardPart] | None = None, compiled: bool = False) -> Target | None:
+                  pair: tuple[ShardPart, ShardPart] | None = None, compiled: bool = False,
+                  probe: Probe | None = None) -> Target | None:
     """The recall target of a descent over the rows of ``xf`` (None without one): a probe of its rows with
     their exact neighbours among ``xf``, or for the merge of ``pair`` (xf = [a | b]) among their old lists and
     the other shard (bigknn/recall.py). Drawn from its own generator, so the descent's draws stay those of an
     untargeted run. The probe's own exact search, timed and scaled to all rows, prices the exact answer that
-    may replace a stalled descent (``Stopper.exact_s``): a stalled 1M-row shard must not wait hours for it."""
+    may replace a stalled descent (``Stopper.exact_s``): a stalled 1M-row shard must not wait hours for it.
+    A ``probe`` given (a GNND's, from the build's recall sample) is used as it is, priced at its own pace."""
     if params.recall <= 0:
         return None
     rng = np.random.default_rng((seed, 1))
-    clock = _ExactClock()
-    if pair is None:
+    clock = _ExactClock() if probe is None else _ExactClock(probe.exact_pace or 0.0, 1)
+    all_pairs = len(xf) * len(xf)
+    if probe is None and pair is None:
         def exact(rows, m):
             g = clock.run(lambda: exact_knn(xf[rows], m, metric, [(0, xf)], compiled), len(rows) * len(xf))
             return g.ids, g.dists
 
         probe = make_probe(len(xf), params.width(), exact, rng)
-        all_pairs = len(xf) * len(xf)
-    else:
+    elif probe is None:
         a, b = pair
 
         def exact(rows, m, other_is_b):
@@ -115,9 +117,9 @@ def recall_target(xf: np.ndarray, metric: str, params: GnndParams, seed: int, pa
 class _ExactClock:
     """Seconds per key of the exact searches run through it: their time over the (query, row) pairs."""
 
-    def __init__(self) -> None:
-        self.seconds = 0.0
-        self.pairs = 0
+    def __init__(self, seconds: float = 0.0, pairs: int = 0) -> None:
+        self.seconds = seconds
+        self.pairs = pairs
 
     def run(self, search: Callable[[], KnnGraph], pairs: int) -> KnnGraph:
         t = time.perf_counter()
@@ -144,7 +146,8 @@ class CpuBackend(SearchReference):
         self.threads = threads
         self.compiled = not reference
 
-    def gnnd(self, x: np.ndarray, metric: str, params: GnndParams, seed: int, on_iter=None) -> KnnGraph:
+    def gnnd(self, x: np.ndarray, metric: str, params: GnndParams, seed: int, on_iter=None,
+             probe: Probe | None = None) -> KnnGraph:
         use_threads(self.threads)
         xf = as_float(x)
         if len(xf) <= EXACT_ROWS:
@@ -157,7 +160,7 @@ class CpuBackend(SearchReference):
             state = tree_init(xf, width, metric, RP_TREES, np.random.default_rng((seed, 2)))
         else:
             state = random_init(xf, width, metric, rng)
-        target = recall_target(xf, metric, params, seed, compiled=self.compiled)
+        target = recall_target(xf, metric, params, seed, compiled=self.compiled, probe=probe)
         if target is not None and params.samples == 0:  # a hard set (first estimate low) takes more samples
             target.hard_below = CPU_HARD_BELOW
             target.hard_samples_at = lambda w: max(CPU_HARD_SAMPLES, params.sample_count(w, CPU_AUTO_SAMPLES))

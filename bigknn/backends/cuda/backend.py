@@ -35,6 +35,7 @@ from bigknn.errors import BadInput
 from bigknn.graph import LOCAL_ID_DTYPE, KnnGraph, ShardPart, id_dtype
 from bigknn.params import GnndParams
 from bigknn.progress import log
+from bigknn.recall import Probe
 from bigknn.search.graph import SearchIndex
 from bigknn.search.params import DiversifyRule, PruneParams, SearchPlan
 
@@ -99,8 +100,9 @@ class CudaBackend(SearchReference):
         with self.gpu.context():
             return self.gpu.budget()
 
-    def gnnd(self, x: np.ndarray, metric: str, params: GnndParams, seed: int, on_iter=None) -> KnnGraph:
-        return self._call(gnnd.gnnd, x, metric, params, seed, on_iter)
+    def gnnd(self, x: np.ndarray, metric: str, params: GnndParams, seed: int, on_iter=None,
+             probe: Probe | None = None) -> KnnGraph:
+        return self._call(gnnd.gnnd, x, metric, params, seed, on_iter, probe)
 
     def ggm(self, a: ShardPart, b: ShardPart, metric: str, params: GnndParams, seed: int,
             on_iter=None, vias: list[ShardPart] | None = None) -> tuple[KnnGraph, KnnGraph]:

@@ -28,10 +28,12 @@ from bigknn.backends.cuda.rows import cut, descends_on_halves, half_rows, numeri
 from bigknn.backends.cuda.target import device_target
 from bigknn.graph import EMPTY, KnnGraph
 from bigknn.params import EXACT_ROWS, GnndParams
+from bigknn.recall import Probe
 
 
-def gnnd(gpu: Gpu, x, metric: str, params: GnndParams, seed: int, on_iter=None) -> KnnGraph:
-    """k-NN graph (lists params.width() wide) of the rows of ``x`` (host or device) among themselves."""
+def gnnd(gpu: Gpu, x, metric: str, params: GnndParams, seed: int, on_iter=None, probe: Probe | None = None) -> KnnGraph:
+    """k-NN graph (lists params.width() wide) of the rows of ``x`` (host or device) among themselves;
+    ``probe``: the recall target's rows and truth where the caller has them (Backend.gnnd)."""
     import cupy as cp
 
     t0 = time.perf_counter()
@@ -81,7 +83,7 @@ def gnnd(gpu: Gpu, x, metric: str, params: GnndParams, seed: int, on_iter=None) 
     sync()
     t_init = time.perf_counter()
     target = device_target(gpu, xd, d, metric, params, seed, lambda w, q: gnnd_bytes(
-        n, d, itemsize, w, q, 1 << log_c) + half_bytes <= gpu.budget())
+        n, d, itemsize, w, q, 1 << log_c) + half_bytes <= gpu.budget(), probe=probe)
     stats, ids, keys, flags = iterate(gpu, xw, wct, dpad, m, ids, keys, flags, p, int(params.iters),
                                       float(params.min_update_frac), labels=None, log_c=log_c,
                                       norms=norms, on_iter=on_iter, target=target)

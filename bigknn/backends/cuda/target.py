@@ -89,11 +89,11 @@ class DeviceTarget:
 
 
 def device_target(gpu: Gpu, xd, d: int, metric: str, params: GnndParams, seed: int, fits: Callable[[int, int], bool],
-                  pair: tuple[ShardPart, ShardPart] | None = None) -> DeviceTarget | None:
+                  pair: tuple[ShardPart, ShardPart] | None = None, probe: Probe | None = None) -> DeviceTarget | None:
     """The recall target of a descent over the device rows ``xd`` (local ids; None without a target):
     a probe of its rows with their exact neighbours among ``xd``, or for the merge of ``pair`` (xd = [a | b])
-    among their old lists and the other shard (bigknn/recall.py). ``fits(width, p)``: whether lists of
-    that width still fit the memory budget."""
+    among their old lists and the other shard (bigknn/recall.py); a GNND's ``probe`` given by the caller is
+    used as it is. ``fits(width, p)``: whether lists of that width still fit the memory budget."""
     if params.recall <= 0:
         return None
     import cupy as cp
@@ -106,13 +106,13 @@ def device_target(gpu: Gpu, xd, d: int, metric: str, params: GnndParams, seed: i
     else:
         na = len(pair[0].vectors)
         exact_s = exact_seconds(na, n - na, d) + exact_seconds(n - na, na, d)
-    if pair is None:
+    if probe is None and pair is None:
         def exact(rows, k):
             g = exact_knn(gpu, rows_all[cp.asarray(rows)], k, metric, [(0, rows_all)])
             return g.ids, g.dists
 
         probe = make_probe(xd.shape[0], params.width(), exact, rng)
-    else:
+    elif probe is None:
         a, b = pair
         na = len(a.vectors)
 
