@@ -132,10 +132,15 @@ def make_probe(n: int, width: int, exact: ExactFn, rng: np.random.Generator, siz
     (the backend's exact k-NN over the descent's own vectors; self comes back first). The lists' width, not
     the user's k: later merges start from these lists, so they must be right beyond the first k."""
     rows = np.sort(rng.choice(n, size=min(size, n), replace=False))
-    m = min(RECALL_AT, width, n - 1)
+    m = probe_m(width, n)
     ids, keys = exact(rows, m + 1)
     ids, keys = without_self(np.asarray(ids), np.asarray(keys), rows, m)
     return Probe(rows, ids, keys[:, -1].copy())
+
+
+def probe_m(width: int, n: int) -> int:
+    """The neighbours per row a GNND's probe holds, over ``n`` rows with lists ``width`` wide (make_probe)."""
+    return min(RECALL_AT, width, n - 1)
 
 
 PairExactFn = Callable[[np.ndarray, int, bool], tuple[np.ndarray, np.ndarray]]

@@ -18,7 +18,7 @@ from bigknn.formats import VectorFile
 from bigknn.graph import EMPTY, KnnGraph, merge_lists
 from bigknn.metrics import kernel_metric, prepare_rows
 from bigknn.partition.rowmap import RowMap
-from bigknn.recall import ESTIMATE_ROWS, PROBE_ROWS, RECALL_AT, Estimate, Probe, estimate, without_self
+from bigknn.recall import ESTIMATE_ROWS, PROBE_ROWS, RECALL_AT, Estimate, Probe, estimate, probe_m, without_self
 from bigknn.shards import Manifest, Store
 
 
@@ -69,7 +69,7 @@ class SampleTruth:
         of a one-shard build against PROBE_ROWS). None where fewer than PROBE_ROWS lie in the shard, or where
         the descent measures another m than the sample (k < 10: make_probe's m is 10)."""
         inside = np.nonzero((self.rows >= offset) & (self.rows < offset + n))[0]
-        if not self.positional or len(inside) < PROBE_ROWS or self.m != min(RECALL_AT, width, n - 1):
+        if not self.positional or len(inside) < PROBE_ROWS or self.m != probe_m(width, n):
             return None
         rows = self.rows[inside] - offset
         ids = g.ids[inside].astype(np.int64)

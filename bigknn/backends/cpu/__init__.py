@@ -91,7 +91,7 @@ def recall_target(xf: np.ndarray, metric: str, params: GnndParams, seed: int, pa
     if params.recall <= 0:
         return None
     rng = np.random.default_rng((seed, 1))
-    clock = _ExactClock() if probe is None else _ExactClock(probe.exact_pace or 0.0, 1)
+    clock = _ExactClock()
     all_pairs = len(xf) * len(xf)
     if probe is None and pair is None:
         def exact(rows, m):
@@ -110,16 +110,17 @@ def recall_target(xf: np.ndarray, metric: str, params: GnndParams, seed: int, pa
 
         probe = make_merge_probe(a, b, params.width(), exact, rng)
         all_pairs = 2 * len(a.vectors) * len(b.vectors)  # exact_merge: each shard's rows against the other's
-    return Target(probe, Stopper(params.recall, params.width(), clock.predict(all_pairs)),
+    exact_s = clock.predict(all_pairs) if probe.exact_pace is None else probe.exact_pace * all_pairs
+    return Target(probe, Stopper(params.recall, params.width(), exact_s),
                   lambda w: params.sample_count(w, CPU_AUTO_SAMPLES), pad_key)
 
 
 class _ExactClock:
     """Seconds per key of the exact searches run through it: their time over the (query, row) pairs."""
 
-    def __init__(self, seconds: float = 0.0, pairs: int = 0) -> None:
-        self.seconds = seconds
-        self.pairs = pairs
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.pairs = 0
 
     def run(self, search: Callable[[], KnnGraph], pairs: int) -> KnnGraph:
         t = time.perf_counter()
