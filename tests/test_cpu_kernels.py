@@ -102,6 +102,42 @@ def test_insert_keeps_the_nearest_new_entries_once():
         np.testing.assert_array_equal(fast.is_new, state.is_new)
 
 
+@pytest.mark.parametrize("metric", ["l2", "ip"])
+@pytest.mark.parametrize("cross_only", [False, True])
+def test_cross_match_chooses_the_references_candidates(metric, cross_only):
+    """Each list's chosen pairs, against descent._match_lists: sample lists of every fill (none, one, odd
+    counts, EMPTY gaps) where some ids are both NEW and OLD (never a pair), lists that end the range while
+    the next list's rows are prefetched, and a bound that drops some candidates."""
+    rng = np.random.default_rng(17 + cross_only)
+    n, w, dim = 301, 14, 37
+    x = rng.standard_normal((n, dim)).astype(np.float32)
+    sq = np.einsum("ij,ij->i", x, x)
+    new_s = np.full((n, w), EMPTY, np.int32)
+    old_s = np.full((n, w), EMPTY, np.int32)
+    for i in range(n):
+        nn, no = rng.integers(0, w + 1, 2)
+        picks = rng.choice(n, nn + no, replace=False)
+        new, old = np.sort(picks[:nn]), np.sort(picks[nn:])
+        if nn and no and i % 3 == 0:
+            old[0] = new[-1]  # shared by both lists
+            old.sort()
+        new_s[i, np.sort(rng.choice(w, nn, replace=False))] = new  # ascending, EMPTY gaps anywhere
+        old_s[i, np.sort(rng.choice(w, no, replace=False))] = old
+    keys_all = descent._keys(x[None], x[None], sq, np.arange(n)[None], np.arange(n)[None], metric)[0]
+    near = np.sort(keys_all, axis=1)[:, n // 5:n // 5 + 2]
+    bound = near.mean(axis=1).astype(np.float32)  # halfway between two keys: rounding cannot decide a side
+    want_t, want_c, want_k = descent._match_lists(x, sq, new_s, old_s, metric, cross_only)
+    keep = want_k < bound[want_t]
+    got_t, got_c, got_k = compiled.kernels.cross_match(x, sq, new_s, old_s, bound, metric == "l2", cross_only)
+    used = got_t != EMPTY
+    want = sorted(zip(want_t[keep].tolist(), want_c[keep].tolist()))
+    assert sorted(zip(got_t[used].tolist(), got_c[used].tolist())) == want and len(want) > n
+    order_w = np.lexsort((want_c[keep], want_t[keep]))
+    order_g = np.lexsort((got_c[used], got_t[used]))
+    np.testing.assert_allclose(got_k[used][order_g], want_k[keep][order_w], rtol=1e-4, atol=1e-4)
+    assert not (got_t[used] == got_c[used]).any()
+
+
 def test_candidates_group_by_target_in_slot_order_whatever_the_ranges():
     """insert's counting sort in ranges of slots, one a thread: entry for entry the serial sort's (each
     target's candidates in slot order), with EMPTY slots and targets that get none."""

@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from bigknn.backends.cpu.kernels import EMPTY, FAST, _key, _sift_in
+from bigknn.backends.cpu.kernels import _sift_in
+from bigknn.backends.cpu.keyblock import EMPTY, FAST, _key
 
 
 @njit(cache=True, parallel=True, fastmath=FAST)

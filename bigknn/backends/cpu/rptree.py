@@ -22,7 +22,8 @@ from numba import njit, prange
 from bigknn.backends.cpu.descent import DescentState
 from bigknn.graph import LOCAL_ID_DTYPE
 
-from bigknn.backends.cpu.kernels import EMPTY, FAST, _holds, _key, _keys_block, mix64, place
+from bigknn.backends.cpu.kernels import _holds, _sift_in, mix64, place
+from bigknn.backends.cpu.keyblock import EMPTY, FAST, _key, keys_block, prefetch_per_pair
 from bigknn.backends.cpu.prefetch import prefetch_rows
 
 MAX_TRIES = 8  # random pairs tried for a split before the leaf is cut in half at random (duplicated rows)
@@ -105,22 +106,59 @@ def _leaves(x, leaf, seed):
 
 @njit(cache=True, parallel=True, fastmath=FAST)
 def _join_leaves(x, sq, order, bounds, ids, dists, is_new, is_l2):
-    """Every pair of leaf-mates offered to both their lists (each key computed once, the leaf's keys as one
-    blocked triangle, as the cross-match's, while the next leaf's rows are prefetched)."""
+    """Every row's leaf-mates merged into its list (each key computed once, the leaf's keys as one blocked
+    triangle, as the cross-match's, while the next leaf's rows are prefetched)."""
+    k = ids.shape[1]
     for leaf in prange(bounds.size - 1):
         lo, hi = bounds[leaf], bounds[leaf + 1]
-        if leaf + 2 < bounds.size:
-            prefetch_rows(x, order[hi:bounds[leaf + 2]], EMPTY)
+        ahead = order[hi:bounds[leaf + 2]] if leaf + 2 < bounds.size else order[hi:hi]
         rows = order[lo:hi]
         m = hi - lo
         keys = np.empty((m, m), np.float32)
-        _keys_block(x, sq, rows, m, rows, m, keys, True, is_l2)
+        prefetch_rows(ids, ahead, EMPTY)  # the next leaf's lists, which its merges read and write
+        prefetch_rows(dists, ahead, EMPTY)
+        at = keys_block(x, sq, rows, m, rows, m, keys, True, is_l2, ahead, 0, prefetch_per_pair(ahead.size, m // 2))
+        prefetch_rows(x, ahead[at:], EMPTY)
+        cand = np.empty(m, np.int32)
+        cand_key = np.empty(m, np.float32)
+        merged = np.empty(k, np.int32)
+        merged_key = np.empty(k, np.float32)
+        merged_new = np.empty(k, np.bool_)
         for a in range(m):
             r = rows[a]
-            for b in range(a + 1, m):
-                c = rows[b]
-                _offer(ids[r], dists[r], is_new[r], c, keys[a, b])
-                _offer(ids[c], dists[c], is_new[c], r, keys[a, b])
+            q = 0
+            for b in range(m):  # mates in leaf order, sorted by key as they come (ties keep that order)
+                key = keys[min(a, b), max(a, b)]
+                if b == a or key >= dists[r, k - 1] or _holds(ids[r], k, rows[b]):
+                    continue
+                _sift_in(cand, cand_key, q, rows[b], key)
+                q += 1
+            if q > 0:
+                _merge(ids[r], dists[r], is_new[r], cand, cand_key, q, merged, merged_key, merged_new)
+
+
+@njit(cache=True, inline="always")
+def _merge(ids, dists, is_new, cand, cand_key, q, merged, merged_key, merged_new):
+    """The list's k nearest of itself and the sorted candidates cand[:q] (NEW), listed entries first at equal
+    keys: what offering the candidates one by one gives, at one pass over the list instead of a shift per
+    candidate (text 100K, 20 trees: 17.9M candidates entered with 452M shifts)."""
+    k = ids.size
+    i = 0
+    j = 0
+    for t in range(k):
+        if j < q and cand_key[j] < dists[i]:
+            merged[t] = cand[j]
+            merged_key[t] = cand_key[j]
+            merged_new[t] = True
+            j += 1
+        else:
+            merged[t] = ids[i]
+            merged_key[t] = dists[i]
+            merged_new[t] = is_new[i]
+            i += 1
+    ids[:] = merged
+    dists[:] = merged_key
+    is_new[:] = merged_new
 
 
 @njit(cache=True, parallel=True, fastmath=FAST)
