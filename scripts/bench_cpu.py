@@ -72,19 +72,19 @@ def run_pynndescent(x: np.ndarray, metric: str, k: int, seed: int, neighbors: in
     return wall, out
 
 
-def run_api(path: Path, metric: str, k: int, threads: int | None) -> tuple[float, np.ndarray, dict]:
+def run_api(path: Path, metric: str, k: int, threads: int | None, seed: int) -> tuple[float, np.ndarray, dict]:
     import bigknn
 
     t = time.perf_counter()
-    with bigknn.build(path, k=k, metric=metric, backend="cpu", threads=threads) as g:
+    with bigknn.build(path, k=k, metric=metric, backend="cpu", threads=threads, seed=seed) as g:
         wall = time.perf_counter() - t
         return wall, g.neighbors(RECALL_AT).ids, g.report.to_dict()
 
 
-def run_cli(path: Path, metric: str, k: int, threads: int | None, work: Path) -> tuple[float, dict]:
+def run_cli(path: Path, metric: str, k: int, threads: int | None, seed: int, work: Path) -> tuple[float, dict]:
     store = Path(tempfile.mkdtemp(dir=work)) / "g.knn"
     cmd = [sys.executable, "-m", "bigknn", "build", str(path), "-o", str(store), "--k", str(k), "--metric", metric,
-           "--backend", "cpu", "--json"] + (["--threads", str(threads)] if threads else [])
+           "--backend", "cpu", "--seed", str(seed), "--json"] + (["--threads", str(threads)] if threads else [])
     t = time.perf_counter()
     out = subprocess.run(cmd, check=True, capture_output=True, text=True)
     return time.perf_counter() - t, json.loads(out.stdout)
@@ -100,7 +100,10 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1, help="warm runs of each tool after the cold ones")
     ap.add_argument("--threads", type=int, default=None, help="bigknn --threads (default: all cores)")
     ap.add_argument("--sample", type=int, default=2000, help="rows the recall checker samples")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="data (synth), recall rows, and both tools' seed")
+    ap.add_argument("--vary-seed", action="store_true",
+                    help="warm round r runs both tools with seed + r: a descent's stop can fall an iteration later "
+                         "by the luck of its draws, so one seed's time is one sample")
     ap.add_argument("--no-cli", action="store_true", help="skip the CLI runs")
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--pynn-neighbors", type=int, nargs="*", default=[],
@@ -121,18 +124,20 @@ def main() -> None:
               "cores": len(os.sched_getaffinity(0)), "load1": round(os.getloadavg()[0], 2)}
     for run in range(1 + a.repeat):
         mode = "cold" if run == 0 else "warm"
-        wall, ids = run_pynndescent(x, a.metric, a.k, a.seed)
+        seed = a.seed + run if a.vary_seed else a.seed
+        common["seed"] = seed
+        wall, ids = run_pynndescent(x, a.metric, a.k, seed)
         emit(tool="pynndescent", mode=mode, wall_s=round(wall, 2), recall_at_10=recall(ids), **common)
-        wall, ids, report = run_api(path, a.metric, a.k, a.threads)
+        wall, ids, report = run_api(path, a.metric, a.k, a.threads, seed)
         emit(tool="bigknn-api", mode=mode, wall_s=round(wall, 2), recall_at_10=recall(ids),
              descents=report.get("descents"), **common)
         if not a.no_cli:
-            wall, report = run_cli(path, a.metric, a.k, a.threads, work)
+            wall, report = run_cli(path, a.metric, a.k, a.threads, seed, work)
             with __import__("bigknn").open(report["store"]) as g:
                 emit(tool="bigknn-cli", mode="process", wall_s=round(wall, 2), build_wall_s=report["wall_s"],
                      recall_at_10=recall(g.neighbors(RECALL_AT).ids), **common)
         for neighbors in a.pynn_neighbors if run > 0 else []:  # each warm round: the peer at equal recall too
-            wall, ids = run_pynndescent(x, a.metric, a.k, a.seed, neighbors)
+            wall, ids = run_pynndescent(x, a.metric, a.k, seed, neighbors)
             emit(tool="pynndescent", mode="warm", n_neighbors=neighbors, wall_s=round(wall, 2),
                  recall_at_10=recall(ids), **common)
         common["load1"] = round(os.getloadavg()[0], 2)

@@ -13,7 +13,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-LINE_FLOATS = 16  # float32 values per 64-byte cache line
+LINE_BYTES = 64  # a cache line
 LOCALITY = 2  # llvm.prefetch locality 2: into the core's L2 (prefetcht1), not L1, where the current list works
 
 
@@ -40,9 +40,10 @@ def _prefetch(typingctx, arr, row, col):
 @njit(cache=True, inline="always")
 def prefetch_rows(x, ids, empty):
     """Prefetch every cache line of the rows of ``x`` that ``ids`` names (ids equal to ``empty`` skipped)."""
+    step = max(1, LINE_BYTES // x.itemsize)  # items per line: float32 vectors, int8 split rows, lists
     for t in range(ids.size):
         r = ids[t]
         if r != empty:
-            for j in range(0, x.shape[1], LINE_FLOATS):
+            for j in range(0, x.shape[1], step):
                 _prefetch(x, r, j)
             _prefetch(x, r, x.shape[1] - 1)  # the row's last line, where rows do not start on a line
