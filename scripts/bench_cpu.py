@@ -107,8 +107,8 @@ def main() -> None:
     ap.add_argument("--no-cli", action="store_true", help="skip the CLI runs")
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--pynn-neighbors", type=int, nargs="*", default=[],
-                    help="also time pynndescent with these n_neighbors, cut to k, in every warm round: its time at recall "
-                         ">= 0.99 where its defaults fall short")
+                    help="also time pynndescent with these n_neighbors, cut to k, in every warm round: its time "
+                         "at recall >= 0.99 where its defaults fall short")
     a = ap.parse_args()
     work = a.workdir or Path(tempfile.mkdtemp(prefix="bigknn-bench-"))
     work.mkdir(parents=True, exist_ok=True)
