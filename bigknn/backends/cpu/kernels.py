@@ -169,7 +169,7 @@ def cross_match(x, sq, new_s, old_s, bound, is_l2, cross_only):
             for b in range(no):
                 if ns[a] == os_[b]:
                     d_no[a, b] = np.inf
-        best_n, arg_n = _nearest_in_rows(d_no, ns, os_)  # NEW u: nearest OLD
+        best_n, arg_n = _nearest_in_rows(d_no, os_)  # NEW u: nearest OLD
         best_o, arg_o = _nearest_in_cols(d_no, ns, os_)  # OLD v: nearest NEW
         best_nn = np.full(nn, np.inf, np.float32)  # NEW u: nearest other NEW
         arg_nn = np.empty(nn, np.int32)
@@ -201,11 +201,11 @@ def _compact(samples):
 # with the rows cache-resident). Each takes the first of equal keys, as argmin does in the reference.
 
 @njit(cache=True, fastmath=FAST, inline="always")
-def _nearest_in_rows(d, rows, cols):
+def _nearest_in_rows(d, cols):
     """For each row a: the smallest finite d[a, b] and that column's id (EMPTY if none)."""
-    best = np.empty(rows.size, np.float32)
-    arg = np.empty(rows.size, np.int32)
-    for a in range(rows.size):
+    best = np.empty(d.shape[0], np.float32)
+    arg = np.empty(d.shape[0], np.int32)
+    for a in range(d.shape[0]):
         m = np.float32(np.inf)
         ib = -1
         for b in range(cols.size):
