@@ -1,4 +1,5 @@
-"""Error types that map to the CLI's exit codes (0 ok, 1 failure, 2 bad usage or input, 128 + N for signal N)."""
+"""Error types that map to the CLI's exit codes (0 ok, 1 failure, 2 bad usage or input, 75 store
+busy: another writer holds it, 128 + N for signal N)."""
 
 from __future__ import annotations
 
@@ -29,9 +30,9 @@ class BadInput(BigknnError):
 
 
 class StoreBusy(BigknnError):
-    """Another writer holds the store's lock."""
+    """Another writer holds the store's lock (exit code 75, EX_TEMPFAIL: try again later)."""
 
-    exit_code = 1
+    exit_code = 75
 
 
 class DiskFull(BigknnError):

@@ -365,8 +365,8 @@ def test_leases_of_dead_or_silent_readers_are_ignored_and_removed(tmp_path):
     writer = new_store(tmp_path / "s", rng)
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True).stdout.strip()
-    gone = write_lease(writer, "dead.json", int(dead), {"0": 1})
-    silent = write_lease(writer, "silent.json", os.getpid(), {"0": 1}, age_s=leases.EXPIRE_S + 5)
+    gone = write_lease(writer, "123-aaaaaaaaaaaa.json", int(dead), {"0": 1})
+    silent = write_lease(writer, "124-aaaaaaaaaaaa.json", os.getpid(), {"0": 1}, age_s=leases.EXPIRE_S + 5)
     commit_versions(writer, rng, (2, 3))
     writer.close()
     assert versions_on_disk(writer, 0) == {2, 3}
@@ -377,7 +377,7 @@ def test_a_reader_still_opening_holds_back_every_deletion(tmp_path):
     """A lease without versions yet (its reader is reading the manifest) may need any version."""
     rng = np.random.default_rng(7)
     writer = new_store(tmp_path / "s", rng)
-    opening = write_lease(writer, "opening.json", os.getpid(), None)
+    opening = write_lease(writer, "125-aaaaaaaaaaaa.json", os.getpid(), None)
     commit_versions(writer, rng, (2, 3))
     writer.close()
     assert versions_on_disk(writer, 0) == {1, 2, 3}

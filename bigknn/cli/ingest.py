@@ -24,7 +24,7 @@ from bigknn.pipeline.ingest import drop_folder_files, ingest as run_ingest
                    "files and files still being written are skipped (the next run takes them).")
 @click.option("--wait", "wait_s", type=float, default=0.0, show_default=True,
               help="Seconds to wait for another writer before giving up.")
-@click.option("--busy-exit", type=click.IntRange(0, 255), default=0, show_default=True,
+@click.option("--busy-exit", type=click.IntRange(0, 255), default=75, show_default=True,
               help="Exit code when another writer still holds the store after --wait (e.g. 75 for cron alerts).")
 @backend_option
 @threads_option

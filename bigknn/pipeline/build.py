@@ -164,7 +164,7 @@ def _new_manifest(req: BuildRequest, vf: VectorFile, method: str) -> Manifest:
                  k=req.params.k, shard_rows=req.shard_rows, params=req.params.to_dict(), seed=req.seed,
                  inputs=[fingerprint(vf, sha256=None)])  # the sharding pass records the sha256
     if method != "contiguous":  # the arrays come with the sharding pass's commit (_record_partition)
-        m.format, m.partition = PARTITIONED_SINCE, {"method": method, "arrays": [], "shards": 0}
+        m.format, m.partition = max(m.format, PARTITIONED_SINCE), {"method": method, "arrays": [], "shards": 0}
     m.hold_ids_of(vf.rows)
     return m
 

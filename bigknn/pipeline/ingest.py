@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from bigknn.backends import Backend
-from bigknn.errors import BadInput
+from bigknn.errors import BadInput, StoreBusy
 from bigknn.formats import VECTOR_EXTENSIONS, FileState, VectorFile, check_and_hash, file_state, open_vectors
 from bigknn.ggm import SEED_SHARDS, seeded_merge_fits
 from bigknn.graph import id_dtype
@@ -126,7 +126,7 @@ def ingest(store_path: Path, inputs: list[Path], backends: list[Backend], report
     next run takes it."""
     t0 = time.perf_counter()
     acct = Accounting()
-    store = Store.open(store_path, pin=False)
+    store = _finished_store(store_path, wait_s)
     report = {"store": str(store_path), "ingested": [], "skipped": [], "still_being_written": [], "rows_added": 0}
     # every check runs before the lock is taken, so a refused input or request leaves the store untouched
     store.manifest.require_complete(store.path)
@@ -166,6 +166,21 @@ def ingest(store_path: Path, inputs: list[Path], backends: list[Backend], report
                    "wall_s": round(time.perf_counter() - t0, 3),
                    "phase_s": {p: round(s, 3) for p, s in acct.seconds.items()}, "phase_wall_s": acct.spans})
     return report
+
+
+def _finished_store(store_path: Path, wait_s: float) -> Store:
+    """The store, opened to read its manifest. An unfinished one may be a build or merge still running: then
+    the answer is that it runs (StoreBusy), or, with ``wait_s``, the store once it ended; only a store no
+    writer holds is refused as unfinished (run ``bigknn merge``)."""
+    store = Store.open(store_path, pin=False)
+    if store.manifest.complete:
+        return store
+    try:
+        with WriterLock(store_path, wait_s):
+            return Store.open(store_path, pin=False)
+    except StoreBusy as e:
+        raise StoreBusy(f"{e}; the store is not finished: a build or merge is running on it "
+                        "(ingest once it ends)") from None
 
 
 def drop_folder_files(folder: Path) -> dict[Path, FileState]:

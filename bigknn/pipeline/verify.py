@@ -18,6 +18,7 @@ committed shard, or shards that do not add up, cannot be repaired in place: rebu
 
 from __future__ import annotations
 
+import shlex
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,12 +92,13 @@ def _advice(store: Store, problems: list[Problem]) -> list[str]:
         inputs = ", ".join(i.get("path", "?") for i in store.manifest.inputs) or "the input files"
         return [f"rebuild a new store from {inputs} (bigknn build, then bigknn ingest of any later files): "
                 "damaged vectors or shard bounds cannot be recomputed in place"]
-    steps = [f"bigknn verify {store.path} --repair", f"bigknn merge {store.path}"]
+    at = shlex.quote(str(store.path))  # advice is pasted into a shell: a name with spaces or $(...) stays one word
+    steps = [f"bigknn verify {at} --repair", f"bigknn merge {at}"]
     if any(p.repair == SEARCH for p in problems):
-        steps.append(f"bigknn prune {store.path}")
+        steps.append(f"bigknn prune {at}")
     pending = store.manifest.pending
     if pending and any(p.repair in (GRAPH, PENDING) for p in problems):
-        steps += [f"bigknn ingest {store.path} --input {i['path']}" for i in pending["inputs"]]
+        steps += [f"bigknn ingest {at} --input {shlex.quote(str(i['path']))}" for i in pending["inputs"]]
     return steps
 
 

@@ -19,7 +19,6 @@ version it was writing.
 
 from __future__ import annotations
 
-import shutil
 import time
 from pathlib import Path
 
@@ -37,7 +36,7 @@ from bigknn.search.store import (SEARCH_DIR, SEARCH_ID_DTYPE, SearchEntry, drop_
                                  mark_format, next_version, shard_rows, work_path)
 from bigknn.search.vectors import VectorSource
 from bigknn.search.whole import resident_bytes
-from bigknn.shards import Store
+from bigknn.shards import Store, safepaths
 from bigknn.shards.lock import WriterLock
 from bigknn.shards.manifest import CHECKSUMS_SINCE, SEARCH_SINCE
 
@@ -106,7 +105,7 @@ class _Pruner:
                         advance(1)
             drop_work(self.store, self.version)
         except BaseException:
-            shutil.rmtree(self.store.path / SEARCH_DIR / str(self.version), ignore_errors=True)
+            safepaths.remove_tree(self.store.path, f"{SEARCH_DIR}/{self.version}")
             raise
         return self._commit(time.perf_counter() - t0)
 

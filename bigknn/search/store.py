@@ -17,7 +17,6 @@ commit named stays for readers that opened it, older ones are deleted after the 
 from __future__ import annotations
 
 import json
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +25,7 @@ import numpy as np
 from bigknn.atomic import write_atomic
 from bigknn.errors import BadInput
 from bigknn.search.graph import SearchIndex
-from bigknn.shards import Store
+from bigknn.shards import Store, safepaths
 from bigknn.shards.manifest import ShardEntry
 
 SEARCH_DIR = "search"
@@ -73,23 +72,20 @@ class SearchEntry:
 
 def next_version(store: Store) -> int:
     """Above the committed version and every version directory on disk (copy-on-write)."""
-    root = store.path / SEARCH_DIR
-    on_disk = [int(e.name) for e in root.iterdir() if e.name.isdigit()] if root.is_dir() else []
+    on_disk = safepaths.versions(store.path, SEARCH_DIR)
     current = store.manifest.search["version"] if store.manifest.search else 0
     return max([current, *on_disk]) + 1
 
 
 def drop_versions(store: Store, keep: set[int]) -> None:
     """Delete the search graph versions not in ``keep`` (after a commit: the new one and the previous one)."""
-    root = store.path / SEARCH_DIR
-    if root.is_dir():
-        for e in root.iterdir():
-            if e.name.isdigit() and int(e.name) not in keep:
-                shutil.rmtree(e, ignore_errors=True)
+    for version in safepaths.versions(store.path, SEARCH_DIR):
+        if version not in keep:
+            safepaths.remove_tree(store.path, f"{SEARCH_DIR}/{version}")
 
 
 def drop_work(store: Store, version: int) -> None:
-    shutil.rmtree(store.path / SEARCH_DIR / str(version) / WORK, ignore_errors=True)
+    safepaths.remove_tree(store.path, f"{SEARCH_DIR}/{version}/{WORK}")
 
 
 def mark_format(store: Store) -> None:

@@ -9,9 +9,13 @@ CPU's crc instruction it runs at about 9 GB/s on one core, where the stdlib's ``
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import google_crc32c
 import numpy as np
 from zarr.codecs import Crc32cCodec
+
+from bigknn.errors import Damaged
 
 NAME = "crc32c"  # the codec's name in an array's zarr.json
 SIZE = 4  # bytes the checksum adds to each chunk file
@@ -39,3 +43,34 @@ def encode(crc: int) -> bytes:
 
 def decode(stored: bytes) -> int:
     return int.from_bytes(stored, "little")
+
+
+# ---- each chunk's checksum bound to its place (format 6) ---------------------------------------------------
+# A chunk's own checksum proves its bytes are whole, not that they belong where they are: a chunk copied over
+# another array's (a mixed-up restore, a bad sync) or an older write's chunk passes it. So every array also
+# records, in its zarr.json, where it lives in the store (the array's path: shard, graph or search version,
+# array name) and the checksum of each of its chunks in order; a chunk whose checksum is not the one listed for
+# its index is damage. zarr and other readers ignore these attributes and still check the chunks' own crc32c.
+TABLE = "bigknn_chunks"  # the key under the array's zarr.json attributes
+
+
+def with_table(meta: dict, place: str, crcs: list[int]) -> dict:
+    """``meta`` (an array's zarr.json) recording its place and its chunks' checksums."""
+    return {**meta, "attributes": {**(meta.get("attributes") or {}), TABLE: {"place": place, "crc32c": crcs}}}
+
+
+def table(meta: dict, array_dir: Path, chunks: int) -> tuple[int, ...] | None:
+    """The chunk checksums ``meta`` lists for the array at ``array_dir`` (None when it lists none); Damaged
+    when they were written for another place or do not match the array's chunk count."""
+    raw = (meta.get("attributes") or {}).get(TABLE)
+    if raw is None:
+        return None
+    where = Path(array_dir) / "zarr.json"
+    if not isinstance(raw, dict) or not isinstance(raw.get("place"), str) or not isinstance(raw.get("crc32c"), list):
+        raise Damaged(where, f"unreadable {TABLE} attribute")
+    place, crcs = raw["place"], raw["crc32c"]
+    if not Path(array_dir).as_posix().endswith("/" + place):
+        raise Damaged(where, f"the array's metadata was written for {place}, not for this place")
+    if len(crcs) != chunks or not all(isinstance(c, int) and 0 <= c < 1 << 32 for c in crcs):
+        raise Damaged(where, f"lists {len(crcs)} chunk checksums for {chunks} chunks")
+    return tuple(crcs)

@@ -23,12 +23,14 @@ import os
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Callable
 
 import numpy as np
 
+from bigknn.atomic import write_atomic
 from bigknn.errors import Damaged
 from bigknn.shards import checksums
 
@@ -49,6 +51,7 @@ class _Layout:
     dtype: np.dtype
     fill: np.generic
     checksum: bool  # each chunk file ends in its crc32c
+    table: tuple[int, ...] | None = None  # each chunk's crc32c as zarr.json lists it for this place (format 6)
 
     @property
     def row_bytes(self) -> int:
@@ -79,8 +82,16 @@ def metadata(array_dir: Path) -> dict:
 
 
 def _layout(array_dir: Path) -> _Layout | None:
-    """The array's layout if its metadata allows direct chunk access, else None; Damaged if it has no metadata."""
+    """The array's layout if its metadata allows direct chunk access, else None; Damaged if it has no metadata,
+    or a table of chunk checksums written for another place (bigknn/shards/checksums.py)."""
     meta = metadata(array_dir)
+    lay = _plain_layout(meta)
+    if lay is None or not lay.checksum:
+        return lay
+    return dataclasses.replace(lay, table=checksums.table(meta, array_dir, lay.chunks))
+
+
+def _plain_layout(meta: dict) -> _Layout | None:
     if sys.byteorder != "little":
         return None
     try:
@@ -162,8 +173,9 @@ def _skim(f: BinaryIO, nbytes: int, crc: int) -> int:
     return crc
 
 
-def _read_chunk(array_dir: Path, lay: _Layout, i: int, lo: int, hi: int, dest: np.ndarray) -> None:
-    """Array rows [lo, hi), all inside chunk ``i``, into ``dest``; the whole chunk is checked against its checksum."""
+def _read_chunk(array_dir: Path, lay: _Layout, i: int, lo: int, hi: int, dest: np.ndarray) -> int | None:
+    """Array rows [lo, hi), all inside chunk ``i``, into ``dest``; the whole chunk is checked against its checksum
+    (and the one its place lists); returns that checksum (None for an array without checksums)."""
     path = _chunk_path(array_dir, i)
     try:
         f = open(path, "rb", buffering=0)
@@ -171,13 +183,13 @@ def _read_chunk(array_dir: Path, lay: _Layout, i: int, lo: int, hi: int, dest: n
         if lay.checksum:
             raise Damaged(path, "chunk file missing") from None
         dest.fill(lay.fill)  # zarr did not write it: all fill value
-        return
+        return None
     first = i * lay.chunk_rows
     with f:
         if not lay.checksum:
             f.seek((lo - first) * lay.row_bytes)
             _read_into(f, dest)
-            return
+            return None
         size = os.fstat(f.fileno()).st_size
         if size != lay.file_bytes:
             raise Damaged(path, f"chunk file has {size} bytes; its array's metadata says {lay.file_bytes}")
@@ -188,24 +200,31 @@ def _read_chunk(array_dir: Path, lay: _Layout, i: int, lo: int, hi: int, dest: n
         _read_into(f, stored)
     if crc != checksums.decode(bytes(stored)):
         raise Damaged(path, "checksum mismatch: the chunk's bytes are not the ones written")
+    if lay.table is not None and crc != lay.table[i]:
+        raise Damaged(path, "chunk from another place or an older write: its checksum is not the one its array "
+                            "lists for it")
+    return crc
 
 
-def _direct_layout(array_dir: Path, require_checksums: bool) -> _Layout | None:
+def _direct_layout(array_dir: Path, require_checksums: bool, require_places: bool = False) -> _Layout | None:
     """The layout for direct reads (None: read with zarr); an array without checksums where they are required
-    (a format-2 store) is damage."""
+    (a format-2 store), or without its table of them where that is (format 6), is damage."""
     lay = _layout(array_dir)
     if lay is not None and require_checksums and not lay.checksum:
         raise Damaged(array_dir / "zarr.json", "array has no chunk checksums")
+    if lay is not None and require_places and lay.checksum and lay.table is None:
+        raise Damaged(array_dir / "zarr.json", "array lists no checksums of its chunks for its place")
     return lay
 
 
 def read_rows(array_dir: Path, start: int = 0, stop: int | None = None,
-              require_checksums: bool = False) -> np.ndarray | None:
+              require_checksums: bool = False, require_places: bool = False) -> np.ndarray | None:
     """Rows ``[start:stop]`` (Python slice semantics) of the array at ``array_dir``, read straight from its
     chunk files and checked against their checksums; None when the array's layout is not one this module
-    handles (read it with zarr). ``require_checksums``: an array without them is damage (a format-2 store)."""
+    handles (read it with zarr). ``require_checksums``: an array without them is damage (a format-2 store);
+    ``require_places``: so is one without its table of them (format 6)."""
     array_dir = Path(array_dir)
-    lay = _direct_layout(array_dir, require_checksums)
+    lay = _direct_layout(array_dir, require_checksums, require_places)
     if lay is None:
         return None
     start, stop, _ = slice(start, stop).indices(lay.rows)
@@ -221,12 +240,13 @@ def read_rows(array_dir: Path, start: int = 0, stop: int | None = None,
     return out
 
 
-def read_row_set(array_dir: Path, rows: np.ndarray, require_checksums: bool = False) -> np.ndarray | None:
+def read_row_set(array_dir: Path, rows: np.ndarray, require_checksums: bool = False,
+                 require_places: bool = False) -> np.ndarray | None:
     """The array's rows ``rows`` (any order, repeats allowed), each chunk holding any of them read and checked
     once: a sample of scattered rows costs the chunks it touches, not a chunk per row. None when the layout is
     not one this module handles."""
     array_dir = Path(array_dir)
-    lay = _direct_layout(array_dir, require_checksums)
+    lay = _direct_layout(array_dir, require_checksums, require_places)
     if lay is None:
         return None
     rows = np.asarray(rows, dtype=np.int64)
@@ -247,17 +267,18 @@ def read_row_set(array_dir: Path, rows: np.ndarray, require_checksums: bool = Fa
 
 
 def check(array_dir: Path, contents: bool, visit: Callable[[np.ndarray], None] | None = None,
-          require_checksums: bool = False) -> list[Damaged] | None:
+          require_checksums: bool = False, require_places: bool = False) -> list[Damaged] | None:
     """Every missing or damaged chunk of the array, all of them rather than the first: with ``contents`` each
     chunk is read and checked against its checksum and its rows handed to ``visit`` (one call at a time),
     without only each chunk file's presence and size are checked. None when the layout is not one this
     module handles."""
     array_dir = Path(array_dir)
-    lay = _layout(array_dir)
+    try:
+        lay = _direct_layout(array_dir, require_checksums, require_places)
+    except Damaged as e:
+        return [e]
     if lay is None:
         return None
-    if require_checksums and not lay.checksum:
-        return [Damaged(array_dir / "zarr.json", "array has no chunk checksums")]
     found: list[Damaged] = []
     lock = threading.Lock()
 
@@ -298,10 +319,11 @@ def _write_all(f: BinaryIO, data: np.ndarray) -> None:
         done += f.write(view[done:])
 
 
-def write_array(array_dir: Path, data: np.ndarray) -> bool:
+def write_array(array_dir: Path, data: np.ndarray, place: str | None = None) -> bool:
     """Write all of ``data`` as the chunk files of the array whose metadata zarr just created at
     ``array_dir`` (each chunk written in full, the edge chunk padded with the fill value, then its checksum,
-    as zarr does); False, writing nothing, when the layout is not one this module handles (write it with zarr)."""
+    as zarr does); False, writing nothing, when the layout is not one this module handles (write it with zarr).
+    ``place`` (the array's path in its store): its zarr.json then lists each chunk's checksum for that place."""
     array_dir = Path(array_dir)
     lay = _layout(array_dir)
     if lay is None:
@@ -309,6 +331,7 @@ def write_array(array_dir: Path, data: np.ndarray) -> bool:
     if tuple(data.shape) != (lay.rows, lay.width):
         raise ValueError(f"{array_dir}: data of shape {data.shape} for an array of shape {(lay.rows, lay.width)}")
     data = np.ascontiguousarray(data, dtype=lay.dtype)
+    crcs = [0] * lay.chunks
 
     def write(i: int) -> None:
         lo, hi = i * lay.chunk_rows, min(lay.rows, (i + 1) * lay.chunk_rows)
@@ -318,7 +341,8 @@ def write_array(array_dir: Path, data: np.ndarray) -> bool:
         path = _chunk_path(array_dir, i)
         path.parent.mkdir(parents=True, exist_ok=True)
         crc = 0
-        with open(path, "wb", buffering=0) as f:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+        with open(fd, "wb", buffering=0) as f:
             for part in parts:
                 flat = part.reshape(-1).view(np.uint8)
                 for start in range(0, flat.size, PIECE_BYTES):
@@ -328,6 +352,38 @@ def write_array(array_dir: Path, data: np.ndarray) -> bool:
                     _write_all(f, piece)
             if lay.checksum:
                 _write_all(f, np.frombuffer(checksums.encode(crc), dtype=np.uint8))
+        crcs[i] = crc
 
     _run([lambda i=i: write(i) for i in range(lay.chunks)])
+    if place is not None and lay.checksum:
+        _write_table(array_dir, place, crcs)
     return True
+
+
+def add_table(array_dir: Path, place: str) -> bool:
+    """List in the array's zarr.json the checksum of each of its chunks for ``place`` (upgrading an array
+    written before format 6): each chunk is read and checked first. False, changing nothing, for an array
+    this module does not handle, one without checksums, or one with a damaged chunk (it stays damage)."""
+    array_dir = Path(array_dir)
+    try:
+        lay = _layout(array_dir)
+    except Damaged:
+        return False
+    if lay is None or not lay.checksum:
+        return False
+    if lay.table is not None:
+        return True
+    crcs = []
+    buf = np.empty((lay.chunk_rows, lay.width), dtype=lay.dtype)
+    try:
+        for i in range(lay.chunks):
+            lo, hi = i * lay.chunk_rows, min(lay.rows, (i + 1) * lay.chunk_rows)
+            crcs.append(_read_chunk(array_dir, lay, i, lo, hi, buf[:hi - lo]))
+    except Damaged:
+        return False
+    _write_table(array_dir, place, crcs)
+    return True
+
+
+def _write_table(array_dir: Path, place: str, crcs: list[int]) -> None:
+    write_atomic(array_dir / "zarr.json", json.dumps(checksums.with_table(metadata(array_dir), place, crcs)))

@@ -1,57 +1,105 @@
 """The advisory writer lock: one writer at a time, readers never block.
 
-``fcntl.flock`` on STORE/.lock: the kernel drops the lock when its process dies (even by SIGKILL), so a
-lock left by a dead writer is simply free again. The file records pid, host and start time of the
-holder, for the message a waiting writer prints.
+``fcntl.flock`` on the store's directory itself, and on STORE/.lock: the kernel drops both when their
+process dies (even by SIGKILL), so a lock left by a dead writer is simply free again. The directory's lock is
+the one that counts: deleting or replacing ``.lock`` while a writer runs does not let a second writer in
+(a lock on a file can be defeated so, since a new ``.lock`` is a new file). ``.lock`` is still locked, for
+bigknn versions that lock only it, and records pid, host and start time of the holder for the message a
+waiting writer prints. It is opened without following a link and must be a plain file with no other name
+(a hard link to a user's file would have the writer overwrite that file); where the file system cannot lock
+a directory (some network file systems), the lock on ``.lock`` alone is taken.
+
+Once it holds the lock, a writer refuses a store holding a symbolic link (bigknn/shards/safepaths.py) and
+removes the temporary manifest files a killed writer left.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
+import re
 import socket
+import stat
 import time
 from pathlib import Path
 
-from bigknn.errors import StoreBusy
+from bigknn.errors import BadInput, StoreBusy
+from bigknn.shards import safepaths
 
 POLL_S = 0.2
 LOCK_NAME = ".lock"
+# what atomic.py names a manifest being written (``.manifest.json.<pid>-<hex>.tmp``): left only by a kill
+_MANIFEST_TMP = re.compile(r"\.manifest\.json\.[0-9]+-[0-9a-f]{8}\.tmp")
 
 
 class WriterLock:
     def __init__(self, store_path: Path, wait_s: float = 0.0):
         self.path = Path(store_path) / LOCK_NAME
         self.wait_s = wait_s
-        self._fd: int | None = None
+        self._fds: list[int] = []
 
     def __enter__(self) -> "WriterLock":
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        deadline = time.monotonic() + self.wait_s
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    holder = self._holder(fd)
-                    os.close(fd)
-                    raise StoreBusy(f"{self.path.parent}: another writer holds the store ({holder}); "
-                                    f"gave up after {self.wait_s:g} s")
-                time.sleep(POLL_S)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                                  "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}).encode(), 0)
-        self._fd = fd
+        store = self.path.parent
+        store.mkdir(parents=True, exist_ok=True)
+        dir_fd = os.open(store, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            file_fd = self._open_lock_file(dir_fd)
+        except BaseException:
+            os.close(dir_fd)
+            raise
+        self._fds = [dir_fd, file_fd]
+        try:
+            self._acquire(dir_fd, file_fd)
+            os.ftruncate(file_fd, 0)
+            os.pwrite(file_fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                           "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}).encode(), 0)
+            safepaths.check_store(store)
+            _remove_manifest_leftovers(dir_fd)
+        except BaseException:
+            self._release()
+            raise
         return self
 
     def __exit__(self, *exc) -> None:
-        if self._fd is not None:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            os.close(self._fd)
-            self._fd = None
+        self._release()
+
+    def _open_lock_file(self, dir_fd: int) -> int:
+        try:
+            fd = os.open(LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dir_fd)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise safepaths.link_refusal(self.path) from None
+            raise
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+            os.close(fd)
+            raise BadInput(self.path, f"is not a plain file of the store's own ({st.st_nlink} names link to it); "
+                                      "bigknn would overwrite it: remove it")
+        return fd
+
+    def _acquire(self, dir_fd: int, file_fd: int) -> None:
+        deadline = time.monotonic() + self.wait_s
+        while True:
+            held = []
+            try:
+                for fd in (dir_fd, file_fd):
+                    if _try_lock(fd):
+                        held.append(fd)
+                return
+            except BlockingIOError:
+                for fd in held:
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+            if time.monotonic() >= deadline:
+                raise StoreBusy(f"{self.path.parent}: another writer holds the store ({self._holder(file_fd)}); "
+                                f"gave up after {self.wait_s:g} s")
+            time.sleep(POLL_S)
+
+    def _release(self) -> None:
+        for fd in self._fds:
+            os.close(fd)  # closing drops the flock
+        self._fds = []
 
     @staticmethod
     def _holder(fd: int) -> str:
@@ -60,3 +108,23 @@ class WriterLock:
             return f"pid {info.get('pid')} on {info.get('host')} since {info.get('since')}"
         except ValueError:
             return "holder unknown"
+
+
+def _try_lock(fd: int) -> bool:
+    """Lock ``fd`` exclusively without waiting: True when locked, False where the file system cannot lock it
+    (a directory on some network file systems); BlockingIOError when another process holds it."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        raise
+    except OSError as e:
+        if e.errno in (errno.ENOLCK, errno.EBADF, errno.EINVAL, errno.EOPNOTSUPP) and stat.S_ISDIR(os.fstat(fd).st_mode):
+            return False
+        raise
+
+
+def _remove_manifest_leftovers(dir_fd: int) -> None:
+    for name in safepaths.list_names(dir_fd):
+        if _MANIFEST_TMP.fullmatch(name) and safepaths.is_plain_file(dir_fd, name):
+            safepaths.remove_file(dir_fd, name)

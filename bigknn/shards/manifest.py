@@ -12,12 +12,15 @@ from bigknn.errors import BadInput
 from bigknn.graph import id_dtype
 from bigknn.shards.schema import check_manifest
 
-FORMAT_VERSION = 2  # of the stores this bigknn creates
+FORMAT_VERSION = 6  # of the stores this bigknn creates
 CHECKSUMS_SINCE = 2  # the first format whose every array checksums every chunk (bigknn/shards/checksums.py)
 SEARCH_SINCE = 3  # format 2 plus a pruned search graph (``search``, bigknn/search/): what ``bigknn prune`` writes
 PARTITIONED_SINCE = 4  # rows stored by a learnt partition (``partition``, shards/<id>/row_ids) and chosen ``pairs``
 WIDE_IDS_SINCE = 5  # graph ids are int64 (``id_dtype``): a store past 2^31 rows, which older bigknn must not read
-READ_FORMATS = (1, 2, 3, 4, 5)  # format 1 (no checksums) is still read, and written: new arrays get checksums
+# every array lists its chunks' checksums for its place (bigknn/shards/checksums.py): a chunk swapped with another
+# array's, or an older write's, is damage. A writer upgrades a format 2-5 store to it (Store.commit)
+PLACED_SINCE = 6
+READ_FORMATS = (1, 2, 3, 4, 5, 6)  # format 1 (no checksums) is still read, and written: new arrays get checksums
 MANIFEST = "manifest.json"
 
 
@@ -66,6 +69,11 @@ class Manifest:
     def checksummed(self) -> bool:
         """Whether every array of the store must carry chunk checksums (one without them is damage)."""
         return self.format >= CHECKSUMS_SINCE
+
+    @property
+    def placed(self) -> bool:
+        """Whether every checksummed array must list its chunks' checksums for its place (format 6)."""
+        return self.format >= PLACED_SINCE
 
     @property
     def rows(self) -> int:

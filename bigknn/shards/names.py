@@ -15,6 +15,11 @@ def partition_name(array: str) -> str:
     return f"partition/{array}"
 
 
+def graph_dir(shard_id: int, version: int | None = None) -> str:
+    """A shard's directory of graph versions, or one version's directory."""
+    return f"shards/{shard_id}/graph" + ("" if version is None else f"/{version}")
+
+
 def graph_name(shard_id: int, version: int, array: str) -> str:
     return f"shards/{shard_id}/graph/{version}/{array}"
 

@@ -14,8 +14,8 @@ chunk raises ``Damaged`` naming the shard and the file, never reads as zeros.
 
 from __future__ import annotations
 
+import json
 import os
-import shutil
 import threading
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -30,11 +30,11 @@ from numpy.typing import DTypeLike
 from bigknn.atomic import write_atomic
 from bigknn.errors import BadInput, BigknnError, Damaged, disk_full_named
 from bigknn.graph import KnnGraph
-from bigknn.shards import checksums, chunks
+from bigknn.shards import checksums, chunks, safepaths
 from bigknn.shards.creation import check_new_store_path
 from bigknn.shards.leases import LEASE_DIR, Lease, pinned
-from bigknn.shards.manifest import MANIFEST, Manifest
-from bigknn.shards.names import graph_name, partition_name, row_ids_name, search_name, vectors_name
+from bigknn.shards.manifest import MANIFEST, PLACED_SINCE, Manifest
+from bigknn.shards.names import graph_dir, graph_name, partition_name, row_ids_name, search_name, vectors_name
 
 CHUNK_BYTES = 16 << 20  # target size of one row chunk on disk
 REAPER_THREADS = 4  # stale graph versions deleted at once
@@ -110,10 +110,26 @@ class Store:
         with self.lock:
             if self._deferred:
                 return
+            if self.manifest.checksummed and not self.manifest.placed:
+                self._upgrade_places()
             write_atomic(self.path / MANIFEST, self.manifest.to_json())
             self._stale_below = {sh.id: self._committed.get(sh.id) for sh in self.manifest.shards}
             self._committed = self._graph_versions()
             self._reap()
+
+    def _upgrade_places(self) -> None:
+        """Make an older checksummed store format 6 (before the commit that says so): every array it holds
+        lists its chunks' checksums for its place; an array with a damaged chunk is left without, to stay
+        damage that ``bigknn verify`` reports."""
+        for root, _, files in os.walk(self.path):
+            if "zarr.json" in files and Path(root) != self.path:
+                chunks.add_table(Path(root), Path(root).relative_to(self.path).as_posix())
+        self.manifest.format = max(self.manifest.format, PLACED_SINCE)
+        meta_path = self.path / "zarr.json"
+        meta = json.loads(meta_path.read_text())
+        meta.setdefault("attributes", {})["bigknn"] = {**meta["attributes"].get("bigknn", {}),
+                                                       "format": self.manifest.format}
+        write_atomic(meta_path, json.dumps(meta))
 
     def close(self) -> None:
         """Let go of the store: a writer deletes what its commits left stale (versions a reader's lease kept
@@ -156,7 +172,7 @@ class Store:
     @property
     def pinned(self) -> bool:
         """Whether this reader's graph versions are held by its lease (a lease nobody removed as expired)."""
-        return self._lease is not None and self._lease.path.exists()
+        return self._lease is not None and self._lease.held()
 
     def moved_on(self) -> bool:
         """Whether a writer has committed since ``open()`` read the manifest."""
@@ -172,32 +188,37 @@ class Store:
         """Delete, in the background, the graph versions the last commit made stale that no live reader's
         lease names. Runs after the commit, so a reader either has its lease listed here or read the new
         manifest (bigknn/shards/leases.py); nothing is deleted while a reader is still opening."""
-        stale = [d for sid, below in self._stale_below.items() for d in self._stale_graphs(sid, below)]
+        stale = [(sid, v) for sid, below in self._stale_below.items() for v in self._stale_graphs(sid, below)]
         if not stale:
             return
         pins = pinned(self.path)
         if pins is None:
             return
-        for d in stale:
-            if (int(d.parent.parent.name), int(d.name)) not in pins:
+        for sid, version in stale:
+            if (sid, version) not in pins:
                 if self._reaper is None:
                     self._reaper = ThreadPoolExecutor(REAPER_THREADS, thread_name_prefix="reaper")
-                self._reaper.submit(shutil.rmtree, d, ignore_errors=True)
+                self._reaper.submit(safepaths.remove_tree, self.path, graph_dir(sid, version))
 
     # ---- arrays -------------------------------------------------------------------------------
     # zarr creates every array's metadata (with a checksum per chunk); the chunk bytes go through ``chunks``
     # (direct file I/O) where the layout allows it, else through zarr
     def _write_array(self, name: str, data: np.ndarray, chunk_rows: int, dtype: DTypeLike) -> None:
         with disk_full_named(self.path / name, data.shape[0] * data.shape[1] * np.dtype(dtype).itemsize):
+            safepaths.fresh_dir(self.path, name)  # zarr's overwrite would follow a link in its way
             arr = zarr.create_array(store=str(self.path), name=name, shape=data.shape,
                                     chunks=(chunk_rows, data.shape[1]), dtype=dtype, compressors=checksums.codecs(),
                                     overwrite=True, config={"write_empty_chunks": True})
-            if not chunks.write_array(self.path / name, data):
+            if not chunks.write_array(self.path / name, data, place=name):
                 arr[:] = data.astype(dtype, copy=False)
+
+    def _required(self) -> dict[str, bool]:
+        """What every array of this store must carry: chunk checksums (format 2), bound to their place (6)."""
+        return {"require_checksums": self.manifest.checksummed, "require_places": self.manifest.placed}
 
     def _read_array(self, name: str, where: str, start: int = 0, stop: int | None = None) -> np.ndarray:
         try:
-            out = chunks.read_rows(self.path / name, start, stop, require_checksums=self.manifest.checksummed)
+            out = chunks.read_rows(self.path / name, start, stop, **self._required())
             if out is None:
                 out = self._zarr_read(name, start, stop)
         except Damaged as e:
@@ -229,7 +250,7 @@ class Store:
         """Every missing or damaged chunk of an array (``chunks.check``); for layouts it does not handle, the
         whole array is read through zarr, which reports the first damage only."""
         try:
-            found = chunks.check(self.path / name, contents, visit, require_checksums=self.manifest.checksummed)
+            found = chunks.check(self.path / name, contents, visit, **self._required())
             if found is not None:
                 return found
             data = self._zarr_read(name, 0, None)
@@ -278,7 +299,7 @@ class Store:
         for sid in ids:
             if sid < len(self.manifest.shards):
                 raise ValueError(f"shard {sid} is committed; only uncommitted shards can be removed")
-            shutil.rmtree(self.path / "shards" / str(sid), ignore_errors=True)
+            safepaths.remove_tree(self.path, f"shards/{sid}")
 
     def vectors_of(self, global_ids: np.ndarray) -> np.ndarray:
         """Vectors of arbitrary global rows (each chunk holding any of them read once)."""
@@ -296,9 +317,7 @@ class Store:
     def next_version(self, shard_id: int, current: int | None) -> int:
         """The number of a shard's next graph version: above ``current`` and above every version directory on
         disk, so copy-on-write never writes into one a reader may hold."""
-        gdir = self.path / "shards" / str(shard_id) / "graph"
-        on_disk = [int(e.name) for e in gdir.iterdir() if e.name.isdigit()] if gdir.is_dir() else []
-        return max([current or 0, *on_disk]) + 1
+        return max([current or 0, *safepaths.versions(self.path, graph_dir(shard_id))]) + 1
 
     def write_graph(self, shard_id: int, version: int, graph: KnnGraph) -> None:
         """Write a graph version (not visible until a manifest commit points at it), ids in the manifest's
@@ -338,7 +357,7 @@ class Store:
 
     def _read_array_rows(self, name: str, where: str, rows: np.ndarray) -> np.ndarray:
         try:
-            out = chunks.read_row_set(self.path / name, rows, require_checksums=self.manifest.checksummed)
+            out = chunks.read_row_set(self.path / name, rows, **self._required())
         except Damaged as e:
             raise Damaged(e.file, f"{e.problem} (`bigknn verify {self.path}` lists all damage and what repairs it)",
                           where) from None
@@ -356,12 +375,11 @@ class Store:
     def read_search(self, version: int, name: str, start: int = 0, stop: int | None = None) -> np.ndarray:
         return self._read_array(search_name(version, name), f"search graph version {version} {name}", start, stop)
 
-    def _stale_graphs(self, shard_id: int, below: int | None) -> list[Path]:
-        """Version directories of a shard older than ``below``."""
-        gdir = self.path / "shards" / str(shard_id) / "graph"
-        if below is None or not gdir.is_dir():
+    def _stale_graphs(self, shard_id: int, below: int | None) -> list[int]:
+        """Version numbers of a shard's graph directories older than ``below``."""
+        if below is None:
             return []
-        return [e for e in gdir.iterdir() if e.name.isdigit() and int(e.name) < below]
+        return [v for v in safepaths.versions(self.path, graph_dir(shard_id)) if v < below]
 
     # ---- accounting ---------------------------------------------------------------------------
     def disk_bytes(self) -> int:

@@ -1,0 +1,151 @@
+"""Paths a writer touches inside a store, never reached through a link.
+
+Anyone who can write a store's directory can plant a symbolic link where bigknn owns a name (``.lock``,
+``.readers``, ``shards/0/graph``, ``search``): a writer that followed it would truncate, fill or delete files
+outside the store with its own rights (root's, under the cron job). So:
+
+* a writer refuses a store that holds any symbolic link (``check_store``, when it takes the lock): bigknn
+  never makes one, so one is planted or a mistake; the one-line error (exit 2) names it;
+* every deletion and every rename opens the directories on its way with ``O_NOFOLLOW`` relative to the
+  store's own descriptor (``owned_dir``), so a link planted after that check is not followed either;
+* deletions match only names bigknn creates (``is_version``, the lease and temp-file patterns of their
+  modules): a stray user file in a store is never removed.
+
+The store's own path is the user's choice and may be a link; only what is inside is bigknn's.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import shutil
+import stat
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from bigknn.errors import BadInput
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+VERSION = re.compile(r"[0-9]{1,18}")  # graph and search version directories, shard directories
+
+
+def is_version(name: str) -> bool:
+    """Whether ``name`` is one bigknn gives a version (or shard) directory: digits only."""
+    return VERSION.fullmatch(name) is not None
+
+
+def link_refusal(path: Path) -> BadInput:
+    return BadInput(path, "is a symbolic link inside the store; bigknn never makes one and never writes, "
+                          "renames or deletes through one (remove it, or put what it points to in its place)")
+
+
+def check_store(store: Path) -> None:
+    """Refuse (exit 2) a store that holds a symbolic link anywhere inside it (run by every writer once it
+    holds the lock: no other writer adds one meanwhile)."""
+    store = Path(store)
+    for root, dirs, files in os.walk(store):  # os.walk lists links to directories but never enters them
+        for name in dirs + files:
+            path = Path(root) / name
+            if path.is_symlink():
+                raise link_refusal(path)
+
+
+def open_dir(store: Path, rel: str | Path = "", create: bool = False) -> int:
+    """A descriptor of the directory ``store/rel``, each part of ``rel`` opened without following a link
+    (created first with ``create``). BadInput names a part that is a link; FileNotFoundError when missing."""
+    fd = os.open(store, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    done = Path(store)
+    try:
+        for part in Path(rel).parts:
+            done = done / part
+            if create:
+                try:
+                    os.mkdir(part, 0o777, dir_fd=fd)
+                except FileExistsError:
+                    pass
+            try:
+                child = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            except OSError as e:
+                if _is_link(part, fd):
+                    raise link_refusal(done) from None
+                if e.errno == errno.ENOTDIR:  # a file where bigknn keeps a directory
+                    raise BadInput(done, "is not a directory; the store is damaged (run `bigknn verify`)") from None
+                raise
+            os.close(fd)
+            fd = child
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+@contextmanager
+def owned_dir(store: Path, rel: str | Path = "", create: bool = False) -> Iterator[int]:
+    """``open_dir`` as a block: the descriptor is closed after it."""
+    fd = open_dir(store, rel, create)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def remove_tree(store: Path, rel: str | Path) -> None:
+    """Delete the directory ``store/rel`` and everything in it, following no link on the way or inside (a
+    link in its place is left alone); nothing happens when it is missing."""
+    rel = Path(rel)
+    try:
+        with owned_dir(store, rel.parent) as parent:
+            if _is_link(rel.name, parent):
+                return
+            shutil.rmtree(rel.name, ignore_errors=True, dir_fd=parent)
+    except (FileNotFoundError, NotADirectoryError, BadInput):
+        return  # nothing of ours to delete there
+
+
+def fresh_dir(store: Path, rel: str | Path) -> None:
+    """Make way for a new array at ``store/rel``: its parents created (none of them a link), whatever was at
+    ``rel`` removed; BadInput when ``rel`` itself is a link (zarr's overwrite would empty its target)."""
+    rel = Path(rel)
+    with owned_dir(store, rel.parent, create=True) as parent:
+        if _is_link(rel.name, parent):
+            raise link_refusal(Path(store) / rel)
+        shutil.rmtree(rel.name, ignore_errors=True, dir_fd=parent)
+
+
+def versions(store: Path, rel: str | Path) -> list[int]:
+    """The version numbers of the version directories in ``store/rel`` (none when it is missing)."""
+    try:
+        with owned_dir(store, rel) as fd:
+            return [int(name) for name in list_names(fd) if is_version(name)]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def remove_file(dir_fd: int, name: str) -> None:
+    """Unlink the plain file ``name`` of the directory ``dir_fd`` (a link is removed itself, never its target);
+    a missing file or one we may not remove is left."""
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except OSError:
+        pass
+
+
+def list_names(dir_fd: int) -> list[str]:
+    """Names in the directory ``dir_fd``."""
+    return os.listdir(dir_fd)
+
+
+def is_plain_file(dir_fd: int, name: str) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(name, dir_fd=dir_fd).st_mode)
+    except OSError:
+        return False
+
+
+def _is_link(name: str, dir_fd: int) -> bool:
+    try:
+        return stat.S_ISLNK(os.lstat(name, dir_fd=dir_fd).st_mode)
+    except OSError:
+        return False
