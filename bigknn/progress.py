@@ -9,7 +9,6 @@ default shows warnings only: the notes, never the progress lines).
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import threading
 import time
@@ -22,6 +21,7 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, ProgressColu
                            TimeElapsedColumn, TimeRemainingColumn)
 from rich.text import Text
 
+from bigknn import envvars
 from bigknn.human import human_duration
 
 log = logging.getLogger("bigknn")
@@ -31,7 +31,7 @@ LOG_EVERY_S = 30.0  # seconds between progress lines where no bar is shown
 
 def log_every_s() -> float:
     """Seconds between progress log lines (env BIGKNN_LOG_EVERY_S overrides; 0 turns them off)."""
-    return float(os.environ.get("BIGKNN_LOG_EVERY_S", LOG_EVERY_S))
+    return envvars.seconds("BIGKNN_LOG_EVERY_S", LOG_EVERY_S)
 
 
 _console: Console | None = None

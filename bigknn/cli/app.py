@@ -10,7 +10,7 @@ import sys
 
 import click
 
-from bigknn import __version__
+from bigknn import __version__, envvars
 from bigknn.cli import build, evaluate, info, ingest, plan, search, synth, verify
 from bigknn.errors import BigknnError, Interrupted
 from bigknn.progress import configure_logging, log
@@ -73,6 +73,7 @@ def main() -> None:
         signal.signal(signum, _interrupt)
     configure_logging(logging.INFO)
     try:
+        envvars.check_all()
         cli.main(prog_name="bigknn", standalone_mode=False)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)

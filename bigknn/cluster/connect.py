@@ -9,6 +9,7 @@ path's signature, and nothing imports dask unless a scheduler was asked for.
 
 from __future__ import annotations
 
+import re
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
     from distributed import Client
 
 LOCAL_PREFIX = "local:"
+ADDRESS = re.compile(r"([a-z][a-z0-9+]*://)?[A-Za-z0-9._\-\[\]:]+")  # scheme://host:port (host, ipv6 in [])
 # threads of a local:N worker: two tasks at once, so one's disk I/O overlaps the other's compute (the backend
 # calls take turns: tasks.COMPUTE_LOCK); external workers should be started with --nthreads 2 likewise
 TASK_THREADS = 2
@@ -107,10 +109,13 @@ def _connect(address: str, backend: str) -> tuple["Client", Any]:
         from distributed import Client
     except ImportError:
         raise BadInput(f"--scheduler {address}", INSTALL_HINT) from None
+    if not address.startswith(LOCAL_PREFIX) and not ADDRESS.fullmatch(address):
+        raise BadInput(f"--scheduler {address!r} (or DASK_SCHEDULER_ADDRESS)",
+                       "not a scheduler address like tcp://host:8786, or local:N")
     local = _local_cluster(address, backend) if address.startswith(LOCAL_PREFIX) else None
     try:
         client = Client(local if local is not None else address, timeout=CONNECT_TIMEOUT_S)
-    except (OSError, TimeoutError) as e:
+    except (OSError, TimeoutError, ValueError) as e:
         if local is not None:
             local.close()
         raise BadInput(f"--scheduler {address}", f"no Dask scheduler answers there ({e})") from None

@@ -7,13 +7,13 @@ both their graphs and the commits are the same for both."""
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterable, Protocol
 
+from bigknn import envvars
 from bigknn.pipeline.accounting import Accounting
 from bigknn.pipeline.cache import IO_THREADS, ShardCache
 from bigknn.shards import Store
@@ -32,7 +32,7 @@ Written = dict[int, tuple[int, int]]  # shard -> (graph version now on disk, gen
 def checkpoint_s() -> float:
     """Seconds between write-back checkpoints at least (env BIGKNN_CHECKPOINT_S overrides; 0 commits every
     merge)."""
-    return float(os.environ.get("BIGKNN_CHECKPOINT_S", CHECKPOINT_S))
+    return envvars.seconds("BIGKNN_CHECKPOINT_S", CHECKPOINT_S)
 
 
 def checkpoint_interval(base_s: float, write_s: float) -> float:

@@ -8,10 +8,11 @@ running device's arch in one NVRTC run and cached per process, per device and pe
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
+
+from bigknn import envvars
 
 SOURCES = ("common.cuh", "gnnd.cu", "cross.cu", "ggm.cu", "exact.cu", "search.cu", "prune.cu")
 CTYPES = {
@@ -37,8 +38,8 @@ def compile_kernels(name_expressions: tuple[str, ...]):
 
     # BIGKNN_CUDA_GUNR: loads in flight per thread in the cross-match gather (experiments; 0 = default)
     # BIGKNN_CUDA_MODE: diagnostics (1: cross-match emits nothing, 2: nor computes distances); never in use
-    defines = tuple(f"-DGNND_GUNR={int(v)}" for v in [os.environ.get("BIGKNN_CUDA_GUNR", "")] if v)
-    defines += tuple(f"-DGNND_MODE={int(v)}" for v in [os.environ.get("BIGKNN_CUDA_MODE", "")] if v)
+    defines = tuple(f"-DGNND_GUNR={v}" for v in [envvars.integer("BIGKNN_CUDA_GUNR")] if v is not None)
+    defines += tuple(f"-DGNND_MODE={v}" for v in [envvars.integer("BIGKNN_CUDA_MODE")] if v is not None)
     device = cp.cuda.Device().id  # a loaded module belongs to one device's context (several GPUs: one each)
     mod = _MODULES.get((name_expressions, defines, device))
     if mod is not None:
@@ -65,7 +66,7 @@ def compile_kernels(name_expressions: tuple[str, ...]):
 
 def sync_check(cp) -> None:
     """With BIGKNN_CUDA_CHECK set, wait for each kernel, so that a fault names the launch that caused it."""
-    if os.environ.get("BIGKNN_CUDA_CHECK", "") not in ("", "0"):
+    if envvars.flag("BIGKNN_CUDA_CHECK", False):
         cp.cuda.get_current_stream().synchronize()
 
 

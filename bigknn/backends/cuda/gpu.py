@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import os
 
+from bigknn import envvars
 from bigknn.backends.cuda import memory
 from bigknn.backends.cuda.resident import ResidentCopies
 from bigknn.backends.cuda.transfer import Transfer
@@ -42,10 +42,10 @@ class Gpu:
         """Whether l2 cross-match distances use the norm expansion."""
         if self.l2_expand is not None:
             return bool(self.l2_expand)
-        return os.environ.get("BIGKNN_CUDA_EXPAND", "1") not in ("0", "")
+        return envvars.flag("BIGKNN_CUDA_EXPAND", True)
 
     def use_tensor_cores(self) -> bool:
         """Whether cross-match tiles may run on tensor cores (compile.uses_mma says where they do)."""
         if self.tensor_cores is not None:
             return bool(self.tensor_cores)
-        return os.environ.get("BIGKNN_CUDA_MMA", "1") not in ("0", "")
+        return envvars.flag("BIGKNN_CUDA_MMA", True)
