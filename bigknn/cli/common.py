@@ -46,9 +46,12 @@ def parse_bytes(text: str | None) -> int | None:
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
     t = text.strip().upper().removesuffix("B").removesuffix("I")
     try:
-        return int(float(t[:-1]) * units[t[-1]]) if t and t[-1] in units else int(t)
-    except ValueError:
+        size = int(float(t[:-1]) * units[t[-1]]) if t and t[-1] in units else int(t)
+    except (ValueError, OverflowError):
         raise click.BadParameter(f"{text!r} is not a size like 8G or 512M") from None
+    if size < 0:
+        raise click.BadParameter(f"{text!r} is negative; give a size like 8G or 512M")
+    return size
 
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")

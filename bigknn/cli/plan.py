@@ -39,6 +39,9 @@ CPU_CALIBRATION_ROWS = 20_000  # and this on the CPU
 @click.option("--list-width", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option("--shard-rows", type=click.IntRange(min=2), default=None,
               help="Rows per shard (default: the largest whose merge fits --gpu-mem, or 1M on the CPU).")
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
+              help="The store the build will write: its file system's rate is measured (default: INPUT's, "
+                   "else the current directory's).")
 @click.option("--store", type=click.Path(path_type=Path), default=None,
               help="Take rates from this store's recorded timings instead of calibrating.")
 @click.option("--calibrate-rows", type=click.IntRange(min=1000), default=None,
@@ -59,8 +62,8 @@ CPU_CALIBRATION_ROWS = 20_000  # and this on the CPU
 @host_mem_option
 @json_option
 def plan(input: Path | None, rows: int | None, dim: int | None, dtype: str, k: int, list_width: int,
-         shard_rows: int | None, store: Path | None, calibrate_rows: int | None, disk_gbps: float | None,
-         partition: str, pairs_per_shard: float | None, backend: str, gpus: str | None, gpu_mem: str | None,
+         shard_rows: int | None, output: Path | None, store: Path | None, calibrate_rows: int | None,
+         disk_gbps: float | None,         partition: str, pairs_per_shard: float | None, backend: str, gpus: str | None, gpu_mem: str | None,
          host_mem: str | None, as_json: bool) -> None:
     """Shards, merges, disk, host and GPU memory per worker, and the estimated time of a build.
 
@@ -74,6 +77,7 @@ def plan(input: Path | None, rows: int | None, dim: int | None, dtype: str, k: i
       bigknn plan --rows 1000000000 --dim 96 --store t2.knn --shard-rows 50000000
       bigknn plan --rows 1000000000 --dim 96 --k 32 --partition kmeans --store t2.knn
       bigknn plan big.fbin --host-mem 64G    # the shard cache of a build given --host-mem 64G
+      bigknn plan big.fbin -o /data/big.knn  # the disk rate of the file system the store goes to
     """
     vf = None
     if input is not None:
@@ -96,7 +100,7 @@ def plan(input: Path | None, rows: int | None, dim: int | None, dtype: str, k: i
         pairs_per_shard = ASSUMED_PAIRS_PER_SHARD if from_store is None else from_store
         pairs_source = f"the plan of {store}" if from_store is not None else "assumed (the clustered synth's)"
     if disk_gbps is None:
-        disk = measure_disk(input.parent if input is not None else Path.cwd())
+        disk = measure_disk(probe_dir(output, input))
     else:
         disk = {"read_gbps": disk_gbps, "write_gbps": disk_gbps, "source": "--disk-gbps"}
     gpu_bytes = [b for b in (be.memory_budget() for be in backends) if b is not None] or [parse_bytes(gpu_mem)]
@@ -120,6 +124,14 @@ def plan(input: Path | None, rows: int | None, dim: int | None, dtype: str, k: i
         emit(result, as_json, "plan")
     else:
         show(result, backends[0].name, dtype if vf is None else vf.read_dtype.name)
+
+
+def probe_dir(output: Path | None, input: Path | None) -> Path:
+    """Where the disk probe goes: the nearest existing directory of the store the build will write, else
+    INPUT's directory, else the current one."""
+    if output is not None:
+        return next(p for p in (output.absolute(), *output.absolute().parents) if p.is_dir())
+    return input.parent if input is not None else Path.cwd()
 
 
 def show(p: dict, backend: str, dtype: str) -> None:

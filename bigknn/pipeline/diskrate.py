@@ -9,19 +9,32 @@ cannot be bypassed on (tmpfs) the read rate is memory's, which is that file syst
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
+
+from bigknn.errors import BadInput
 
 PROBE_BYTES = 256 << 20
 BLOCK_BYTES = 16 << 20
 
 
 def measure_disk(where: Path, nbytes: int = PROBE_BYTES) -> dict:
-    """{"read_gbps", "write_gbps", "source"} of the file system holding ``where`` (a directory)."""
+    """{"read_gbps", "write_gbps", "source"} of the file system holding ``where`` (a directory). The probe
+    takes at most a quarter of the free space; BadInput (naming ``where``) where even one block does not fit
+    or the file cannot be written."""
+    try:
+        free = shutil.disk_usage(where).free
+        blocks = min(max(1, nbytes // BLOCK_BYTES), free // 4 // BLOCK_BYTES)
+        if blocks < 1:
+            raise BadInput(where, f"has {free >> 20} MiB free, too little to measure the disk's rate; give "
+                                  "--disk-gbps, or -o on the file system the store will go to")
+        fd, name = tempfile.mkstemp(prefix=".bigknn-disk-", dir=where)
+    except OSError as e:
+        raise BadInput(where, f"cannot measure the disk's rate here ({e.strerror}); give --disk-gbps, or -o on "
+                              "the file system the store will go to") from None
     block = os.urandom(BLOCK_BYTES)
-    blocks = max(1, nbytes // BLOCK_BYTES)
-    fd, name = tempfile.mkstemp(prefix=".bigknn-disk-", dir=where)
     try:
         t = time.perf_counter()
         for _ in range(blocks):

@@ -37,7 +37,7 @@ import numpy as np
 from bigknn.params import GnndParams
 from bigknn.partition.assign import shard_count
 from bigknn.pipeline.calibrate import rate_at
-from bigknn.pipeline.schedule import pending_pairs, round_robin
+from bigknn.pipeline.schedule import pending_pairs, round_count
 from bigknn.pipeline.scheduler import Pair, Scheduler
 from bigknn.pipeline.steps import cache_parts
 from bigknn.pipeline.writer import checkpoint_interval, checkpoint_s
@@ -103,7 +103,7 @@ def plan(rows: int, dim: int, itemsize: int, params: GnndParams, shard_rows: int
     return {
         "rows": rows, "dim": dim, "k": params.k, "list_width": width, "partition": partition, "shards": shards,
         "shard_rows": r, "merges": merges, "all_pairs": shards * (shards - 1) // 2,
-        "rounds": len(round_robin(shards)), "workers": workers,
+        "rounds": round_count(shards), "workers": workers,
         "disk_bytes": rows * row_bytes + 2 * rows * graph_row, "cached_shards": min(cached, shards),
         "host_bytes_per_worker": 2 * shard_bytes, "host_bytes_total": (2 * workers + 2) * shard_bytes,
         "gpu_bytes_per_worker": merge_gpu_bytes(r, dim, itemsize, params),

@@ -19,6 +19,11 @@ def round_robin(shards: int) -> list[list[tuple[int, int]]]:
     return [r for r in rounds if r]
 
 
+def round_count(shards: int) -> int:
+    """``len(round_robin(shards))`` without listing the pairs (a plan of a billion shards must not)."""
+    return 0 if shards < 2 else shards - 1 + shards % 2
+
+
 def pending_pairs(shards: int, done: set[tuple[int, int]]) -> list[tuple[int, int]]:
     """Every pair not yet merged, in schedule order."""
     return [p for rnd in round_robin(shards) for p in rnd if p not in done]
