@@ -61,11 +61,17 @@ backend_option = click.option("--backend", type=click.Choice(["auto", "cpu", "cu
                               show_default=True, help="auto uses the GPU when CuPy and a device are present.")
 threads_option = click.option("--threads", type=click.IntRange(min=1), default=None,
                               help="CPU threads of the CPU backend's compiled loops (default: all cores).")
-gpu_mem_option = click.option("--gpu-mem", "gpu_mem", type=str, default=None,
+def _size_text(ctx: click.Context, param: click.Parameter, text: str | None) -> str | None:
+    """Check a size option as it is parsed (before any work); the command parses it again where used."""
+    parse_bytes(text)
+    return text
+
+
+gpu_mem_option = click.option("--gpu-mem", "gpu_mem", type=str, default=None, callback=_size_text,
                               help="Cap on GPU memory to use per GPU, e.g. 8G or 512M (default: what is free).")
 gpus_option = click.option("--gpus", type=str, default=None,
                            help="GPUs to use: 'all' or ids like 0,1 (one worker each; default: GPU 0).")
-host_mem_option = click.option("--host-mem", "host_mem", type=str, default=None,
+host_mem_option = click.option("--host-mem", "host_mem", type=str, default=None, callback=_size_text,
                                help="Host RAM for cached shards, e.g. 64G (default: half the machine's RAM).")
 
 scheduler_option = click.option(

@@ -63,8 +63,8 @@ CPU_CALIBRATION_ROWS = 20_000  # and this on the CPU
 @json_option
 def plan(input: Path | None, rows: int | None, dim: int | None, dtype: str, k: int, list_width: int,
          shard_rows: int | None, output: Path | None, store: Path | None, calibrate_rows: int | None,
-         disk_gbps: float | None,         partition: str, pairs_per_shard: float | None, backend: str, gpus: str | None, gpu_mem: str | None,
-         host_mem: str | None, as_json: bool) -> None:
+         disk_gbps: float | None, partition: str, pairs_per_shard: float | None, backend: str, gpus: str | None,
+         gpu_mem: str | None, host_mem: str | None, as_json: bool) -> None:
     """Shards, merges, disk, host and GPU memory per worker, and the estimated time of a build.
 
     Rates come from a store's recorded timings (--store) or from a short calibration run on this
