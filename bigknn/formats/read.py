@@ -16,7 +16,7 @@ import numpy as np
 
 from bigknn.errors import BadInput
 from bigknn.formats.spec import (BIN_DTYPES, CHECK_CHUNK_ROWS, HASH_BLOCK_BYTES, HEADER, HEADER_BYTES,
-                                 MAX_SQUARED_NORM, NPY_DTYPES, SCAN_ROWS, TRUTH_EXTENSION, VECS_DIM,
+                                 MAX_SQUARED_NORM, MIN_ROW_PEAK, NPY_DTYPES, SCAN_ROWS, TRUTH_EXTENSION, VECS_DIM,
                                  VECS_DTYPES, VECTOR_EXTENSIONS)
 
 _WILL_NEED = getattr(mmap, "MADV_WILLNEED", None)  # not on every platform: there, no hint is given
@@ -162,6 +162,11 @@ def check_rows(path: str | os.PathLike, start: int, block: np.ndarray) -> None:
     bad = ~np.isfinite(peak)
     if bad.any():
         raise BadInput(path, f"row {start + int(np.argmax(bad))} holds NaN or Inf values")
+    tiny = (peak > 0) & (peak < MIN_ROW_PEAK)
+    if tiny.any():
+        i = int(np.argmax(tiny))
+        raise BadInput(path, f"row {start + i}'s values are all below {MIN_ROW_PEAK:.3g} (largest {peak[i]:.3g}): "
+                             "its distances would underflow float32 to 0 (scale the data up)")
     suspects = np.flatnonzero(np.square(peak, dtype=np.float64) * block.shape[1] > MAX_SQUARED_NORM)
     if suspects.size:  # only rows whose largest value could reach the limit get the exact norm
         norms = np.square(block[suspects], dtype=np.float64).sum(axis=1)
@@ -220,10 +225,11 @@ def _open_regular(path: str | os.PathLike) -> Iterator[tuple[BinaryIO, FileState
         raise BadInput(path, "no such file") from None
     except OSError as e:
         raise BadInput(path, f"cannot read ({e.strerror})") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):  # checked before fdopen, which refuses a directory with its own error
+        os.close(fd)
+        raise BadInput(path, "is a directory, not a vector file" if stat.S_ISDIR(st.st_mode) else "not a regular file")
     with os.fdopen(fd, "rb") as f:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise BadInput(path, "not a regular file")
         if st.st_size == 0:
             raise BadInput(path, "empty file (0 bytes)")
         yield f, FileState.of(st)

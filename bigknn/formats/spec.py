@@ -25,6 +25,9 @@ VECS_DIM = np.dtype("<i4")
 SCAN_ROWS = 1 << 22  # rows per block when scanning every *vecs row's dim field (bounds the temporaries)
 # a row's squared norm above this lets a squared L2 distance |a|^2 + |b|^2 - 2ab overflow float32 to inf
 MAX_SQUARED_NORM = float(np.finfo(np.float32).max) / 4
+# a row whose every value is below this (but not all zero) has squares under float32's smallest normal number:
+# its distances underflow to 0 (denormal rows such as 1e-42 build a graph of ties that recall scores perfect)
+MIN_ROW_PEAK = float(np.sqrt(np.finfo(np.float32).tiny))
 CHECK_CHUNK_ROWS = 1 << 16  # rows per block of a checking pass
 HASH_BLOCK_BYTES = 16 << 20
 

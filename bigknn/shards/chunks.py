@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -184,6 +185,15 @@ def _read_chunk(array_dir: Path, lay: _Layout, i: int, lo: int, hi: int, dest: n
             raise Damaged(path, "chunk file missing") from None
         dest.fill(lay.fill)  # zarr did not write it: all fill value
         return None
+    except OSError as e:  # a directory in its place, no permission: listed by verify like any damage
+        raise Damaged(path, f"chunk file unreadable ({e.strerror or e})") from None
+    try:
+        return _read_open_chunk(f, path, lay, i, lo, hi, dest)
+    except OSError as e:
+        raise Damaged(path, f"chunk file unreadable ({e.strerror or e})") from None
+
+
+def _read_open_chunk(f: BinaryIO, path: Path, lay: _Layout, i: int, lo: int, hi: int, dest: np.ndarray) -> int | None:
     first = i * lay.chunk_rows
     with f:
         if not lay.checksum:
@@ -304,11 +314,16 @@ def check(array_dir: Path, contents: bool, visit: Callable[[np.ndarray], None] |
 def _check_size(array_dir: Path, lay: _Layout, i: int) -> None:
     path = _chunk_path(array_dir, i)
     try:
-        size = path.stat().st_size
+        st = path.stat()
     except FileNotFoundError:
         if lay.checksum:
             raise Damaged(path, "chunk file missing") from None
         return  # all fill value (an array without checksums)
+    except OSError as e:
+        raise Damaged(path, f"chunk file unreadable ({e.strerror or e})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise Damaged(path, "chunk file is not a plain file")
+    size = st.st_size
     if size != lay.file_bytes:
         raise Damaged(path, f"chunk file has {size} bytes; its array's metadata says {lay.file_bytes}")
 

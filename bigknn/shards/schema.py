@@ -97,6 +97,27 @@ def check_manifest(raw: object) -> None:
         for i, rec in enumerate(pending["inputs"]):
             _check_object(rec, INPUT, f"pending.inputs[{i}].", optional=set(INPUT) - {"path"},
                           closed=False)
+        bad_key = next((key for key in pending["graphs"] if not key.isdigit()), None)
+        if bad_key is not None:
+            raise ValueError(f"pending.graphs has the key {bad_key!r}, expected a shard id")
+    _check_sequence(raw.get("shards", []), "shards", 0, 0)
+    if pending is not None:
+        done = raw.get("shards", [])
+        _check_sequence(pending["shards"], "pending.shards", len(done),
+                        done[-1]["offset"] + done[-1]["rows"] if done else 0)
+
+
+def _check_sequence(shards: list[dict], where: str, first_id: int, first_row: int) -> None:
+    """Shards number on from ``first_id`` and their rows follow one another from ``first_row``: a gap or an
+    overlap would give rows two ids or none."""
+    expect_id, expect_row = first_id, first_row
+    for i, shard in enumerate(shards):
+        if shard["id"] != expect_id:
+            raise ValueError(f"{where}[{i}].id is {shard['id']}, expected {expect_id} (shards number on in order)")
+        if shard["offset"] != expect_row:
+            raise ValueError(f"{where}[{i}].offset is {shard['offset']}, expected {expect_row} (the rows of the "
+                             "shards before it): a gap or an overlap of row ids")
+        expect_id, expect_row = expect_id + 1, expect_row + shard["rows"]
 
 
 def _check_object(obj: object, schema: dict[str, Check], where: str, optional: set[str] = frozenset(),

@@ -81,6 +81,7 @@ class Store:
                 manifest = Manifest.from_json(text)
             except (ValueError, TypeError, KeyError) as e:
                 raise BadInput(path / MANIFEST, f"unreadable manifest: {e}") from None
+            _check_width(path, manifest)
         except BaseException:
             if lease is not None:
                 lease.release()
@@ -392,6 +393,21 @@ class Store:
                 except FileNotFoundError:
                     pass
         return total
+
+
+def _check_width(path: Path, manifest: Manifest) -> None:
+    """Refuse a manifest whose ``dim`` is not the width of the vectors it describes (an edited manifest would
+    have every distance computed on the wrong rows). A missing or unreadable array is left to the reads and to
+    ``bigknn verify``, which name it."""
+    if not manifest.shards:
+        return
+    try:
+        shape = chunks.metadata(path / vectors_name(0)).get("shape")
+    except Damaged:
+        return
+    if isinstance(shape, list) and len(shape) == 2 and shape[1] != manifest.dim:
+        raise BadInput(path / MANIFEST, f"dim is {manifest.dim} but shard 0's vectors have {shape[1]} columns "
+                                        f"({path / vectors_name(0) / 'zarr.json'})")
 
 
 def read_store(path: Path, read: Callable[[Store], T], suspect: Callable[[T], bool] | None = None) -> T:
