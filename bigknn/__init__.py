@@ -7,6 +7,10 @@
 
 __version__ = "0.1.0"
 
+from bigknn import numbacache  # noqa: E402 - before anything imports numba
+
+numbacache.ensure()
+
 from bigknn.api import Graph, build, open  # noqa: E402 - after __version__, which the CLI imports
 from bigknn.errors import BadInput, BigknnError, StoreBusy  # noqa: E402
 from bigknn.results import (BuildReport, ExportReport, InDegrees, Info, IngestReport, Neighbors,  # noqa: E402

@@ -10,6 +10,7 @@ from bigknn.errors import BadInput
 from bigknn.pipeline.build import summary
 from bigknn.pipeline.ingest import resume_pending
 from bigknn.pipeline.steps import cache_shards, record_timings, run_build_steps
+from bigknn.pipeline.verify import verify
 from bigknn.pipeline.accounting import Accounting
 from bigknn.progress import Reporter
 from bigknn.shards import Store, WriterLock
@@ -24,6 +25,7 @@ def finish(store_path: Path, backends: list[Backend], reporter: Reporter, wait_s
     with WriterLock(store_path, wait_s):
         store = Store.open(store_path, pin=False)
         _check(store, len(backends), host_mem)
+        _refuse_damage(store)
         if store.manifest.pending:
             resume_pending(store, backends, reporter, acct, host_mem)
         else:
@@ -31,6 +33,16 @@ def finish(store_path: Path, backends: list[Backend], reporter: Reporter, wait_s
         record_timings(store, acct)
         store.close()
     return summary(store, acct, time.perf_counter() - t0, resumed=True, backends=backends)
+
+
+def _refuse_damage(store: Store) -> None:
+    """Refuse (exit 2) a store with a missing or wrongly sized chunk (``bigknn verify`` without reading the
+    contents): a merge would stop at it halfway, or, on a finished store, call it complete ("nothing to do")."""
+    report = verify(store, contents=False)
+    if report["damaged"]:
+        first = report["damaged"][0]
+        raise BadInput(store.path, f"the store is damaged ({first['file']}: {first['problem']}; "
+                                   f"{len(report['damaged'])} problem(s) in all); run {report['repair'][0]} first")
 
 
 def _check(store: Store, workers: int, host_mem: int | None) -> None:
