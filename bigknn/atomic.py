@@ -30,13 +30,20 @@ def atomic_path(path: str | os.PathLike, size: int | None = None) -> Iterator[Pa
     tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
     try:
         with disk_full_named(path, size):
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+            except OSError as e:
+                if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                # the hidden temporary name means nothing to the user: name the file asked for
+                raise BadInput(path, f"cannot be written ({e.strerror})") from None
             try:
                 if size:
                     allocate(fd, size)
             finally:
                 os.close(fd)
-        yield tmp
+        with disk_full_named(path, size):  # the caller's writes: a full disk names the file asked for
+            yield tmp
         with disk_full_named(path, size):
             _fsync(tmp, os.O_RDONLY)
             os.replace(tmp, path)
