@@ -42,10 +42,17 @@ class WriterLock:
 
     def __enter__(self) -> "WriterLock":
         store = self.path.parent
-        store.mkdir(parents=True, exist_ok=True)
-        dir_fd = os.open(store, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            store.mkdir(parents=True, exist_ok=True)
+            dir_fd = os.open(store, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as e:
+            raise BadInput(store, f"cannot be opened for writing ({e.strerror})") from None
         try:
             file_fd = self._open_lock_file(dir_fd)
+        except PermissionError as e:
+            os.close(dir_fd)
+            raise BadInput(self.path, f"cannot be written ({e.strerror}): a writer needs write access to the "
+                                      "store") from None
         except BaseException:
             os.close(dir_fd)
             raise

@@ -76,7 +76,10 @@ class Store:
             raise BadInput(path, "not a bigknn store (no manifest.json)")
         lease = Lease.take(path) if pin else None
         try:
-            text = (path / MANIFEST).read_text()
+            try:
+                text = (path / MANIFEST).read_text()
+            except (OSError, UnicodeDecodeError) as e:
+                raise BadInput(path / MANIFEST, f"cannot be read ({getattr(e, 'strerror', None) or e})") from None
             try:
                 manifest = Manifest.from_json(text)
             except (ValueError, TypeError, KeyError) as e:
