@@ -59,6 +59,7 @@ class Lease:
         self.path = path
         self.name = name
         self.pid = os.getpid()
+        self._start = start_time(self.pid)
         self._fd: int | None = folder_fd
         self._stop = threading.Event()
         self._refresher = threading.Thread(target=self._refresh, daemon=True, name="lease-refresh")
@@ -111,7 +112,7 @@ class Lease:
 
     def _content(self, graphs: dict[int, int] | None) -> bytes:
         return json.dumps({"pid": self.pid, "host": socket.gethostname(), "boot": boot_id(),
-                           "start": start_time(self.pid),
+                           "start": self._start,
                            "graphs": None if graphs is None else {str(s): v for s, v in graphs.items()}}).encode()
 
     def _refresh(self) -> None:

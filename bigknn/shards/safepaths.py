@@ -60,13 +60,8 @@ def open_dir(store: Path, rel: str | Path = "", create: bool = False) -> int:
     try:
         for part in Path(rel).parts:
             done = done / part
-            if create:
-                try:
-                    os.mkdir(part, 0o777, dir_fd=fd)
-                except FileExistsError:
-                    pass
             try:
-                child = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                child = _open_child(part, fd, create)
             except OSError as e:
                 if _is_link(part, fd):
                     raise link_refusal(done) from None
@@ -79,6 +74,19 @@ def open_dir(store: Path, rel: str | Path = "", create: bool = False) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def _open_child(name: str, dir_fd: int, create: bool) -> int:
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    except FileNotFoundError:
+        if not create:
+            raise
+    try:
+        os.mkdir(name, 0o777, dir_fd=dir_fd)
+    except FileExistsError:
+        pass  # made meanwhile (another reader)
+    return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
 
 
 @contextmanager
