@@ -20,6 +20,7 @@ import fcntl
 import json
 import os
 import re
+import secrets
 import socket
 import stat
 import time
@@ -64,6 +65,7 @@ class WriterLock:
                                            "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}).encode(), 0)
             safepaths.check_store(store)
             _remove_manifest_leftovers(dir_fd)
+            _check_writable(dir_fd, store)
         except BaseException:
             self._release()
             raise
@@ -112,9 +114,11 @@ class WriterLock:
     def _holder(fd: int) -> str:
         try:
             info = json.loads(os.pread(fd, 4096, 0) or b"{}")
-            return f"pid {info.get('pid')} on {info.get('host')} since {info.get('since')}"
         except ValueError:
-            return "holder unknown"
+            info = {}
+        if not isinstance(info, dict) or "pid" not in info:
+            return f"holder unknown: {LOCK_NAME} was removed or replaced while it held the store"
+        return f"pid {info.get('pid')} on {info.get('host')} since {info.get('since')}"
 
 
 def _try_lock(fd: int) -> bool:
@@ -129,6 +133,19 @@ def _try_lock(fd: int) -> bool:
         if e.errno in (errno.ENOLCK, errno.EBADF, errno.EINVAL, errno.EOPNOTSUPP) and stat.S_ISDIR(os.fstat(fd).st_mode):
             return False
         raise
+
+
+def _check_writable(dir_fd: int, store: Path) -> None:
+    """Refuse (exit 2) a store directory this writer cannot add files to (read-only, no permission) before any
+    work, rather than fail at its first array with the name of a temporary file: the probe is named as a
+    manifest temp file, so a kill in between leaves what the next writer removes."""
+    name = f".manifest.json.{os.getpid()}-{secrets.token_hex(4)}.tmp"
+    try:
+        os.close(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                         dir_fd=dir_fd))
+    except OSError as e:
+        raise BadInput(store, f"cannot be written ({e.strerror}): a writer needs write access to the store") from None
+    safepaths.remove_file(dir_fd, name)
 
 
 def _remove_manifest_leftovers(dir_fd: int) -> None:
