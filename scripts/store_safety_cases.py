@@ -55,7 +55,7 @@ class Lab:
 
     @staticmethod
     def env(**more: str) -> dict:
-        e = dict(os.environ, PYTHONPATH=str(ROOT), BIGKNN_CHECKPOINT_S="0", **more)
+        e = {**os.environ, "PYTHONPATH": str(ROOT), "BIGKNN_CHECKPOINT_S": "0", **more}
         e.pop("BIGKNN_DEBUG", None)
         return e
 

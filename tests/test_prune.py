@@ -23,6 +23,7 @@ from bigknn.pipeline.verify import repair, verify
 from bigknn.search.params import NO_LAMBDA, SYM_MIDPOINT, DiversifyRule
 from bigknn.search.store import load_index
 from bigknn.shards import Store
+from bigknn.shards.manifest import SEARCH_SINCE
 
 from conftest import cli_env, read_manifest, tree_hashes
 from test_chunks import flip_byte
@@ -189,9 +190,9 @@ def test_prune_commits_a_search_graph_and_keeps_the_knn_graph(store, method):
     assert {f: h for f, h in _files(path).items() if f != "manifest.json" and f != "zarr.json"} == \
         {f: h for f, h in knn.items() if f != "manifest.json" and f != "zarr.json"}
     m = read_manifest(path)
-    assert m["format"] == 3 and m["search"]["version"] == r.version and m["search"]["method"] == method
+    assert m["format"] >= SEARCH_SINCE and m["search"]["version"] == r.version and m["search"]["method"] == method
     with bigknn.open(path) as g:
-        assert g.info.search == m["search"] and g.info.format == 3
+        assert g.info.search == m["search"] and g.info.format == m["format"]
     st = Store.open(path)
     index, entry = load_index(st, "l2")
     st.close()

@@ -19,6 +19,7 @@ from bigknn.pipeline.ingest import ingest
 from bigknn.pipeline.verify import verify
 from bigknn.progress import Reporter
 from bigknn.shards import Manifest, ShardEntry, Store
+from bigknn.shards.manifest import FORMAT_VERSION, WIDE_IDS_SINCE
 from bigknn.synth import synth
 
 from conftest import tree_hashes
@@ -92,7 +93,7 @@ def test_store_round_trips_ids_past_int32(tmp_path):
     """A store whose second shard starts at 2^31 (the first is never read): its graph is written as int64 and
     read back exactly, whole or by rows; the manifest says int64 and format 5."""
     store = Store.create(tmp_path / "s", _manifest([ShardEntry(0, 0, 2**31), ShardEntry(1, 2**31, 6)]))
-    assert store.manifest.id_dtype == np.int64 and store.manifest.format == 5
+    assert store.manifest.id_dtype == np.int64 and store.manifest.format >= WIDE_IDS_SINCE
     ids = np.array([[2**31 + 1, 5, -1], [HUGE, 2**31, 2**31 + 5]] * 3, np.int64)
     g = KnnGraph(ids, np.tile(np.float32([0.1, 0.2, np.inf]), (6, 1)))
     store.write_vectors(1, synth(6, 4, seed=1))
@@ -109,7 +110,7 @@ def test_store_round_trips_ids_past_int32(tmp_path):
 
 def test_an_int32_store_refuses_ids_it_cannot_hold(tmp_path):
     store = Store.create(tmp_path / "s", _manifest([ShardEntry(0, 0, 6)]))
-    assert store.manifest.id_dtype == np.int32 and store.manifest.format == 2
+    assert store.manifest.id_dtype == np.int32 and store.manifest.format == FORMAT_VERSION
     g = KnnGraph(np.full((6, 3), BIG, np.int64), np.zeros((6, 3), np.float32))
     with pytest.raises(ValueError, match="past the store's int32 ids"):
         store.write_graph(0, 1, g)
@@ -117,6 +118,7 @@ def test_an_int32_store_refuses_ids_it_cannot_hold(tmp_path):
 
 def test_hold_ids_of_widens_once_and_never_narrows():
     m = _manifest([ShardEntry(0, 0, 10)])
+    m.format = 2  # a store of before the wide ids
     m.hold_ids_of(2**31)
     assert (m.ids, m.format) == ("int32", 2)
     m.hold_ids_of(2**31 + 1)
@@ -170,7 +172,7 @@ def test_an_ingest_past_the_limit_switches_to_int64_and_changes_nothing_else(tmp
     monkeypatch.setattr(bigknn.graph, "INT32_ROWS", 600)
     built, wide, wide_ids = _build_and_ingest(tmp_path / "wide", x, 500)
     assert (plain_built.manifest.ids, built.manifest.ids, plain.manifest.ids) == ("int32",) * 3
-    assert (wide.manifest.ids, wide.manifest.format) == ("int64", 5)
+    assert wide.manifest.ids == "int64" and wide.manifest.format >= WIDE_IDS_SINCE
     assert plain_ids.dtype == np.int32 and wide_ids.dtype == np.int64
     np.testing.assert_array_equal(wide_ids, plain_ids)
     for s in wide.manifest.shards:  # every shard took part in a merge with the new rows: rewritten int64
