@@ -188,3 +188,5 @@ class ExportReport(_Report):
     format: str
     include_self: bool
     files: list[str]
+    ids: str = "row"  # "user": the user's ids the store keeps (``--id-column``)
+    edges: int | None = None  # rows of a .parquet edge list
