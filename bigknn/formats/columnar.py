@@ -199,7 +199,8 @@ class _GroupReader:
 
 
 def _vector_column(path: str | os.PathLike, schema: Any, column: str | None) -> str:
-    """``column``, checked to exist and to be a list column; None: the only fixed-size list column."""
+    """``column``, checked to exist and to be a list column; None: the only fixed-size list column, or where
+    there is none the only list column."""
     pa = pyarrow()
     if column is not None:
         if schema.get_field_index(column) < 0:
@@ -207,12 +208,13 @@ def _vector_column(path: str | os.PathLike, schema: Any, column: str | None) -> 
         if not _is_list(pa, schema.field(column).type):
             raise BadInput(path, f"column {column!r} holds {schema.field(column).type}, not lists of numbers")
         return column
-    fixed = [f.name for f in schema if pa.types.is_fixed_size_list(f.type)]
-    if len(fixed) != 1:
-        which = f"{len(fixed)} ({', '.join(fixed)})" if fixed else "none"
-        raise BadInput(path, f"name the vector column with --column: fixed-size list columns: {which}; "
+    found = [f.name for f in schema if pa.types.is_fixed_size_list(f.type)] or \
+        [f.name for f in schema if _is_list(pa, f.type)]
+    if len(found) != 1:
+        which = f"{len(found)} ({', '.join(found)})" if found else "none"
+        raise BadInput(path, f"name the vector column with --column: list columns: {which}; "
                              f"columns: {', '.join(schema.names)}")
-    return fixed[0]
+    return found[0]
 
 
 def _is_list(pa: Any, t: Any) -> bool:
