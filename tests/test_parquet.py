@@ -57,7 +57,7 @@ def built(tmp_path_factory) -> dict:
     ids = [f"doc-{i * 7}" for i in range(ROWS)]
     folder = write_dataset(root / "ds", x, ids)
     write_vectors(root / "x.f16bin", x)
-    opts = dict(k=K, backend="cpu", shard_rows=400, partition="contiguous")
+    opts = dict(k=K, backend="cpu", shard_rows=400, partition="kmeans")  # scattered reads of the parts
     with bigknn.build(folder, store=root / "ds.knn", id_column="doc_id", **opts) as g:
         from_parquet = g.neighbors()
     with bigknn.build(root / "x.f16bin", store=root / "x.knn", **opts) as g:
@@ -174,17 +174,18 @@ def test_user_ids_reach_neighbors_and_both_exports(built, tmp_path):
         with pytest.raises(BadInput, match="strings: export them to .parquet"):
             g.export(tmp_path / "users.npy", ids="user")
     assert report.edges == ROWS * (K + 1)
-    edges = pq.read_table(tmp_path / "rows.parquet").to_pydict()
-    src, dst = np.array(edges["src"]), np.array(edges["dst"])
-    np.testing.assert_array_equal(src, np.repeat(np.arange(ROWS), K))
-    np.testing.assert_array_equal(dst, rows.ravel())
-    np.testing.assert_array_equal(edges["distance"], built["parquet"].distances.ravel())
-    np.testing.assert_array_equal(edges["rank"], np.tile(np.arange(1, K + 1), ROWS))
+    edges = pq.read_table(tmp_path / "rows.parquet").sort_by([("src", "ascending"), ("rank", "ascending")])
+    np.testing.assert_array_equal(edges["src"].to_numpy(), np.repeat(np.arange(ROWS), K))  # a partitioned store:
+    np.testing.assert_array_equal(edges["dst"].to_numpy(), rows.ravel())  # its rows come shard by shard
+    np.testing.assert_array_equal(edges["distance"].to_numpy(), built["parquet"].distances.ravel())
+    np.testing.assert_array_equal(edges["rank"].to_numpy(), np.tile(np.arange(1, K + 1), ROWS))
     users = pq.read_table(tmp_path / "users.parquet").to_pydict()
-    with_self = np.concatenate([np.arange(ROWS)[:, None], rows], axis=1)
-    assert users["src"] == built["ids"][np.repeat(np.arange(ROWS), K + 1)].tolist()
-    assert users["dst"] == built["ids"][with_self.ravel()].tolist()
-    assert users["rank"][:K + 1] == list(range(K + 1))
+    with_self = dict(zip(built["ids"], np.concatenate([np.arange(ROWS)[:, None], rows], axis=1)))
+    got: dict = {}
+    for src, dst, rank in zip(users["src"], users["dst"], users["rank"]):
+        got.setdefault(src, []).append((rank, dst))
+    assert {src: [d for _, d in sorted(lst)] for src, lst in got.items()} == \
+        {src: built["ids"][r].tolist() for src, r in with_self.items()}
 
 
 def test_the_edge_list_reads_in_duckdb(built, tmp_path):
@@ -224,7 +225,8 @@ def test_ingest_of_new_parquet_files_carries_their_ids_and_a_repeat_is_a_no_op(t
     drop.mkdir()
     write_parquet(drop / "c.parquet", x[900:], ids[900:])
     store = tmp_path / "s.knn"
-    run_json("build", tmp_path / "ds", "-o", store, "--k", K, "--backend", "cpu", "--id-column", "doc_id")
+    run_json("build", tmp_path / "ds", "-o", store, "--k", K, "--backend", "cpu", "--id-column", "doc_id",
+             "--shard-rows", 400, "--partition", "contiguous")
     first = run_json("ingest", store, "--watch-dir", drop, "--backend", "cpu")
     assert first["rows_added"] == 300 and first["rows"] == 1200
     again = run_json("ingest", store, "--input", drop / "c.parquet", "--backend", "cpu")

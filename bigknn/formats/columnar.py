@@ -22,6 +22,7 @@ from bigknn.errors import BadInput
 from bigknn.formats.read import FileState, check_rows, file_state
 from bigknn.formats.spec import CHECK_CHUNK_ROWS, HASH_BLOCK_BYTES, NPY_DTYPES, PARQUET_EXTENSIONS
 
+_THREAD = threading.local()  # each thread's one open reader and one decoded group (ColumnarFile._reader, _group)
 INSTALL_HINT = "reading Parquet and Arrow files needs pyarrow: pip install 'bigknn[parquet]'"
 
 
@@ -41,14 +42,12 @@ class ColumnarFile:
     def __init__(self, path: str | os.PathLike, column: str | None = None, id_column: str | None = None):
         self.path = str(path)
         self.parquet = Path(path).suffix.lower() in PARQUET_EXTENSIONS
-        self._local = threading.local()
         st = file_state(path)
         if st is None:
             raise BadInput(path, "no such file")
         self.state: FileState = st
-        meta = self._reader()
+        meta = self._open_reader()  # not kept open: a dataset of many files would hold a descriptor each
         schema, self.group_rows = meta.schema, meta.group_rows
-        self._local.reader = None  # not kept open: a dataset of many files would hold a descriptor each
         meta.close()
         self.column = _vector_column(path, schema, column)
         self.id_column = id_column
@@ -63,6 +62,8 @@ class ColumnarFile:
     @property
     def read_dtype(self) -> np.dtype:
         return np.dtype(np.float32) if self.dtype == np.float64 else self.dtype
+
+    random_access = False  # a scattered row costs decoding its whole row group
 
     def block_rows(self, default: int) -> int:
         """Rows per read block: whole groups, so that two threads do not decode the same group."""
@@ -139,26 +140,36 @@ class ColumnarFile:
             raise BadInput(self.path, f"{change} while it was being read; rerun once it is complete")
 
     def _reader(self) -> "_GroupReader":
-        """This thread's reader of the file (readers are not shared between threads)."""
-        reader = getattr(self._local, "reader", None)
-        if reader is None:
-            f = open(self.path, "rb")  # noqa: SIM115 - kept open with the reader, closed with the thread's state
-            try:
-                self._check_same(f)
-                reader = self._local.reader = _GroupReader(self.path, f, self.parquet)
-            except BaseException:
-                f.close()
-                raise
+        """This thread's reader of this file: a thread keeps one reader, of the file it read last (pyarrow's
+        readers are not shared between threads; one per file would hold a descriptor per part and thread)."""
+        held = getattr(_THREAD, "reader", None)
+        if held is not None and held[0] is self:
+            return held[1]
+        if held is not None:
+            held[1].close()
+        _THREAD.reader = None
+        reader = self._open_reader()
+        _THREAD.reader = (self, reader)
         return reader
 
+    def _open_reader(self) -> "_GroupReader":
+        f = open(self.path, "rb")  # noqa: SIM115 - closed with the reader
+        try:
+            self._check_same(f)
+            return _GroupReader(self.path, f, self.parquet)
+        except BaseException:
+            f.close()
+            raise
+
     def _group(self, g: int) -> np.ndarray:
-        """Group ``g``'s vectors, (rows, dim) in the stored dtype; this thread keeps only the last one decoded."""
-        cached = getattr(self._local, "group", None)
-        if cached is not None and cached[0] == g:
-            return cached[1]
-        self._local.group = None  # let the previous group go before the next is decoded
+        """Group ``g``'s vectors, (rows, dim) in the stored dtype. A thread keeps only the group it decoded
+        last, of any file: memory stays at one row group per reading thread, however many parts."""
+        held = getattr(_THREAD, "group", None)
+        if held is not None and held[0] is self and held[1] == g:
+            return held[2]
+        _THREAD.group = None  # let the previous group go before the next is decoded
         values = _vectors(self, g, self._reader().read(g, self.column))
-        self._local.group = (g, values)
+        _THREAD.group = (self, g, values)
         return values
 
 

@@ -75,6 +75,7 @@ class VectorFile:
     header_bytes: int  # bytes before the first row
     state: FileState
     column = id_column = None  # a flat file holds vectors only (vector sources' fields: bigknn/formats/source.py)
+    random_access = True  # a scattered row costs one page fault
 
     @property
     def read_dtype(self) -> np.dtype:

@@ -34,6 +34,7 @@ class VectorSource(Protocol):
     state: FileState  # a part's own state; a dataset's total size and latest mtime (its fingerprint's fields)
     column: str | None  # the column of the vectors (Parquet/Arrow)
     id_column: str | None  # the column of the user's ids, if the source has one
+    random_access: bool  # whether scattered rows are cheap (a memory map) or cost decoding their row groups
 
     @property
     def read_dtype(self) -> np.dtype: ...
@@ -91,6 +92,7 @@ class PartedSource:
                 raise BadInput(part.path, "has no id column; other parts have one")
         self.path, self.parts = path, parts
         self.dim, self.dtype, self.column, self.id_column = first.dim, first.dtype, first.column, first.id_column
+        self.random_access = all(p.random_access for p in parts)
         self.starts = np.concatenate([[0], np.cumsum([p.rows for p in parts])]).astype(np.int64)
         self.rows = int(self.starts[-1])
         self.state = FileState(size=sum(p.state.size for p in parts),

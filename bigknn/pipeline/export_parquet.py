@@ -2,7 +2,8 @@
 
 One row per edge: ``src``, ``dst`` (input row numbers as int64, or the user's ids with ``ids="user"``),
 ``distance`` (float32, as ``bigknn.metrics.user_distance`` gives it) and ``rank`` (int32: 1 for the nearest
-neighbour, 0 for the row itself with ``include_self``). pyarrow writes the file (a Parquet writer of our own would
+neighbour, 0 for the row itself with ``include_self``). A row's edges are consecutive, nearest first; rows come
+shard by shard (input order in a contiguous store; a partitioned one groups near rows). pyarrow writes the file (a Parquet writer of our own would
 be one more thing to keep compatible with pandas, polars, DuckDB and Spark), one shard's edges at a time in row
 groups of ``ROW_GROUP_EDGES``, to a temporary name renamed into place when complete (``bigknn.atomic``).
 """
