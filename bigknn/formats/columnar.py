@@ -1,8 +1,8 @@
 """Parquet and Arrow IPC (Feather v2) vector files, read through pyarrow one row group (one record batch) at a time.
 
 pyarrow does the decoding (compression, encodings, nested lists): a Parquet reader of our own would be a second,
-less tested copy of it. A file is never read whole: each thread that reads rows keeps its own reader and the one
-decoded group it read last, so memory stays at one row group per reading thread. The vectors are a
+less tested copy of it. A file is never read whole: each thread that reads rows keeps one reader and one decoded
+group, of the file it read last, so memory stays at one row group per reading thread however many files. The vectors are a
 ``fixed_size_list`` column (or a ``list`` column whose rows all have the same length) of float32, float16,
 float64 (read as float32, as in ``.npy``), uint8 or int8; a null row, a null value, or a row of another length is
 refused naming the file and the row.
@@ -53,17 +53,15 @@ class ColumnarFile:
         self.id_column = id_column
         if id_column is not None:
             _check_id_type(path, schema, id_column)
-        self.rows = int(sum(self.group_rows))
-        if self.rows == 0:
-            raise BadInput(path, "holds no rows")
+        self.rows = int(sum(self.group_rows))  # 0: an empty part, which a dataset skips (source.py)
         self.group_starts = np.concatenate([[0], np.cumsum(self.group_rows)]).astype(np.int64)
         self.dim, self.dtype = _shape_of(self, schema.field(self.column).type)
+
+    random_access = False  # a scattered row costs decoding its whole row group
 
     @property
     def read_dtype(self) -> np.dtype:
         return np.dtype(np.float32) if self.dtype == np.float64 else self.dtype
-
-    random_access = False  # a scattered row costs decoding its whole row group
 
     def block_rows(self, default: int) -> int:
         """Rows per read block: whole groups, so that two threads do not decode the same group."""
@@ -118,7 +116,7 @@ class ColumnarFile:
         return self.sha256()
 
     def user_ids(self) -> Iterator[Any]:
-        """The id column, group by group, as pyarrow arrays (int64 or large_string), nulls refused."""
+        """The id column, group by group, as pyarrow arrays (integers or strings), nulls refused."""
         for g in range(len(self.group_rows)):
             ids = self._reader().read(g, self.id_column)
             if ids.null_count:
@@ -206,7 +204,9 @@ class _GroupReader:
                 col = self._ipc.get_batch(g).column(column)
         except (pa.ArrowException, OSError) as e:
             raise BadInput(self.path, f"row group {g} cannot be read ({' '.join(str(e).split())[:200]})") from None
-        return pa.concat_arrays(col.chunks) if isinstance(col, pa.ChunkedArray) else col
+        if isinstance(col, pa.ChunkedArray):
+            return col.chunk(0) if col.num_chunks == 1 else pa.concat_arrays(col.chunks)
+        return col
 
 
 def _vector_column(path: str | os.PathLike, schema: Any, column: str | None) -> str:
@@ -251,6 +251,8 @@ def _shape_of(src: ColumnarFile, t: Any) -> tuple[int, np.dtype]:
         raise BadInput(src.path, f"column {src.column!r} holds lists of {t.value_type}; accepted: {accepted}")
     if pa.types.is_fixed_size_list(t):
         dim = t.list_size
+    elif src.rows == 0:
+        return 0, dtype  # unknown, and no rows to hold any
     else:
         first = src._reader().read(0, src.column).slice(0, 1)
         if first.null_count:

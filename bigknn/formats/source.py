@@ -12,6 +12,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterator, Protocol
 
@@ -22,6 +23,7 @@ from bigknn.formats.read import FileState, VectorFile, open_vectors
 from bigknn.formats.spec import CHECK_CHUNK_ROWS, COLUMNAR_EXTENSIONS, INPUT_EXTENSIONS
 
 GLOB_CHARS = frozenset("*?[")
+TAKE_THREADS = min(8, os.cpu_count() or 1)  # parts decoded at once by a scattered take (one row group each)
 
 
 class VectorSource(Protocol):
@@ -65,14 +67,17 @@ def open_source(spec: str | os.PathLike, column: str | None = None, id_column: s
         if not parts:
             raise BadInput(spec, "matches no files")
         return PartedSource(os.path.abspath(spec), [open_part(p, column, id_column) for p in parts])
-    return open_part(path, column, id_column)
+    source = open_part(path, column, id_column)
+    if source.rows == 0:
+        raise BadInput(path, "holds no rows")
+    return source
 
 
 def open_part(path: Path, column: str | None, id_column: str | None) -> VectorSource:
     """One file as a source: Parquet/Arrow through pyarrow, anything else as a flat file."""
     if path.suffix.lower() in COLUMNAR_EXTENSIONS:
         from bigknn.formats.columnar import ColumnarFile  # imports pyarrow only when such a file is given
-        return ColumnarFile(path, column, id_column)
+        return ColumnarFile(path, column, id_column)  # may have 0 rows: a dataset skips it, open_source refuses
     if column is not None or id_column is not None:
         named = ", ".join(repr(c) for c in (column, id_column) if c is not None)
         raise BadInput(path, f"is a flat file, without columns: column {named} needs Parquet or Arrow files")
@@ -83,13 +88,14 @@ class PartedSource:
     """Many part files as one source: rows numbered across the parts in the order given."""
 
     def __init__(self, path: str, parts: list[VectorSource]):
+        parts = [p for p in parts if p.rows]  # empty parts (Spark writes some) hold nothing to refuse
+        if not parts:
+            raise BadInput(path, "holds no rows (every file is empty)")
         first = parts[0]
         for part in parts[1:]:
             if part.dim != first.dim or part.read_dtype != first.read_dtype:
                 raise BadInput(part.path, f"holds {part.dim}-dim {part.read_dtype.name} rows; {first.path} holds "
                                           f"{first.dim}-dim {first.read_dtype.name} rows (every part must match)")
-            if part.id_column != first.id_column:
-                raise BadInput(part.path, "has no id column; other parts have one")
         self.path, self.parts = path, parts
         self.dim, self.dtype, self.column, self.id_column = first.dim, first.dtype, first.column, first.id_column
         self.random_access = all(p.random_access for p in parts)
@@ -117,12 +123,23 @@ class PartedSource:
             self.parts[i].read_into(lo, out[at:at + hi - lo])
 
     def take(self, rows: np.ndarray) -> np.ndarray:
+        """Scattered rows, part by part; parts that decode row groups to take rows (Parquet, Arrow) are taken
+        from on ``TAKE_THREADS`` threads, so a sample spread over a whole dataset is decoded in parallel."""
         rows = np.asarray(rows, dtype=np.int64)
         out = np.empty((len(rows), self.dim), self.read_dtype)
         which = np.searchsorted(self.starts, rows, side="right") - 1
-        for i in np.unique(which):
+
+        def part(i: int) -> None:
             at = np.flatnonzero(which == i)
             out[at] = self.parts[i].take(rows[at] - self.starts[i])
+
+        touched = np.unique(which).tolist()
+        if self.random_access or len(touched) == 1:
+            for i in touched:
+                part(i)
+        else:
+            with ThreadPoolExecutor(TAKE_THREADS, thread_name_prefix="take") as pool:
+                list(pool.map(part, touched))
         return out
 
     def chunks(self, chunk_rows: int) -> Iterator[tuple[int, np.ndarray]]:
