@@ -110,8 +110,9 @@ class Graph(SearchMethods):
         >>> ids_self.tolist(), dist_self.tolist()
         ([[0, 1], [1, 0], [2, 1], [3, 2]], [[0.0, 1.0], [0.0, 1.0], [0.0, 2.0], [0.0, 4.0]])
         """
+        users = self._user_ids(ids)
         found, distances = whole_graph(self._live(), k, include_self)
-        return Neighbors(self._ids_as(found, ids), distances)
+        return Neighbors(found if users is None else users.take(found), distances)
 
     def to_scipy(self, k: int | None = None, include_self: bool = False) -> Any:
         """The graph as a ``scipy.sparse.csr_matrix`` of shape (rows, rows): row i holds the distances to
@@ -350,12 +351,12 @@ class Graph(SearchMethods):
         m = self._store.manifest
         return f"<bigknn.Graph {m.rows} rows, k={m.k}, {m.metric}, store {self._store.path}>"
 
-    def _ids_as(self, rows: np.ndarray, ids: str) -> np.ndarray:
-        """Row numbers ``rows`` as ``ids`` asks: themselves ("row") or the user's ids ("user")."""
+    def _user_ids(self, ids: str) -> user_ids.UserIds | None:
+        """The user's ids the store keeps when ``ids`` is "user" (refusing a store without), None for "row"."""
         if ids not in ID_KINDS:
             raise ValueError(f"ids must be one of {', '.join(ID_KINDS)}, got {ids!r}")
         store = self._live()
-        return rows if ids == "row" else user_ids.require(store.path, store.manifest.rows).take(rows)
+        return user_ids.require(store.path, store.manifest.rows) if ids == "user" else None
 
     def _live(self) -> Store:
         if self._closed:

@@ -203,8 +203,16 @@ def test_search_speaks_in_user_ids(built, tmp_path):
     with bigknn.build(built["folder"], store=store, id_column="doc_id", k=K, backend="cpu") as g:
         g.prune(degree=K, backend="cpu")
         rows = g.search(built["x"][:20].astype(np.float32), k=3, backend="cpu")
-        users = g.search(built["x"][:20].astype(np.float32), k=3, backend="cpu", ids="user")
+        users = g.search(built["x"][:20].astype(np.float32), k=3, backend="cpu", ids="user",
+                         out=tmp_path / "found.parquet")
     assert users.ids.tolist() == built["ids"][rows.ids].tolist()
+    found = pq.read_table(tmp_path / "found.parquet").to_pydict()
+    assert found["id"] == users.ids.ravel().tolist() and found["rank"][:3] == [1, 2, 3]
+    np.testing.assert_array_equal(found["distance"], users.distances.ravel())
+    np.save(tmp_path / "q.npy", built["x"][:20].astype(np.float32))
+    code, out, err = run_cli("search", store, "--queries", tmp_path / "q.npy", "-o", tmp_path / "f.ibin", "--ids",
+                             "user", "--backend", "cpu")
+    assert_one_line_error(code, out, err, "f.ibin", ".parquet")
 
 
 def test_cli_export_parquet_is_atomic_and_refuses_a_store_without_ids(built, tmp_path):

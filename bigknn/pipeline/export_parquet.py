@@ -23,6 +23,11 @@ from bigknn.shards.user_ids import UserIds
 ROW_GROUP_EDGES = 1 << 20  # edges per row group: a few tens of MB, what Parquet readers handle best
 
 
+def id_type(pa, ids: UserIds | None):
+    """The Arrow type of ids: int64 row numbers or user ids, or strings."""
+    return pa.int64() if ids is None or ids.kind == "int64" else pa.large_string()
+
+
 def export_parquet(store: Store, out: Path, include_self: bool, ids: UserIds | None) -> int:
     """Write the edge list to ``out``; return the number of edges. ``ids``: the user's ids to speak in."""
     pa = pyarrow()
@@ -30,8 +35,7 @@ def export_parquet(store: Store, out: Path, include_self: bool, ids: UserIds | N
     m = store.manifest
     cols = neighbours_per_row(store, None) + include_self
     rank = np.arange(cols, dtype=np.int32) + (not include_self)
-    id_type = pa.int64() if ids is None or ids.kind == "int64" else pa.large_string()
-    schema = pa.schema([("src", id_type), ("dst", id_type), ("distance", pa.float32()), ("rank", pa.int32())],
+    schema = pa.schema([("src", id_type(pa, ids)), ("dst", id_type(pa, ids)), ("distance", pa.float32()), ("rank", pa.int32())],
                        metadata={"bigknn.metric": m.metric, "bigknn.k": str(m.k),
                                  "bigknn.ids": "user" if ids is not None else "row"})
     edges = 0
@@ -49,3 +53,19 @@ def export_parquet(store: Store, out: Path, include_self: bool, ids: UserIds | N
             writer.write_table(table, row_group_size=ROW_GROUP_EDGES)
             edges += len(table)
     return edges
+
+
+def write_found_parquet(out: Path, found: np.ndarray, distances: np.ndarray, ids: UserIds | None) -> None:
+    """A search's results as rows ``query``, ``rank`` (1 = nearest), ``id`` (row number or user id) and
+    ``distance``; slots where fewer than k were found are left out."""
+    pa = pyarrow()
+    import pyarrow.parquet as pq
+    queries, k = found.shape
+    keep = found.ravel() >= 0
+    rows = found.ravel()[keep].astype(np.int64)
+    table = pa.table({"query": np.repeat(np.arange(queries, dtype=np.int64), k)[keep],
+                      "rank": np.tile(np.arange(1, k + 1, dtype=np.int32), queries)[keep],
+                      "id": rows if ids is None else ids.arrow(rows),
+                      "distance": distances.ravel()[keep].astype(np.float32, copy=False)})
+    with atomic_path(out) as tmp:
+        pq.write_table(table, tmp, row_group_size=ROW_GROUP_EDGES)

@@ -62,8 +62,9 @@ class SearchMethods:
         ``batch``: queries searched together (default all); ``procedure``: "small" (independent greedy
         searches, ``budget`` of them per query), "large" (best-first, ``budget`` the search list's length) or
         "auto" (large, at every batch size). ``out``: also write
-        the ids and distances to this .ibin (row numbers). ``ids="user"``: the result's ids are the user's
-        ids the store keeps (built with ``id_column``; -1, or None among strings, where fewer were found).
+        the ids and distances to this ``.ibin``, or ``.parquet`` (query, rank, id, distance). ``ids="user"``: the
+        ids are the user's the store keeps (built with ``id_column``; -1, or None among strings, where fewer
+        were found), and ``out`` must be a ``.parquet``.
 
         Examples
         --------
@@ -78,9 +79,10 @@ class SearchMethods:
         store = self._live()
         q = load_queries(queries, store.manifest)
         index, _ = load_index(store, kernel_metric(store.manifest.metric))
+        users = self._user_ids(ids)
         found, distances, report = run.search(index, store, q, get_backend(backend, gpu_mem), k, budget, batch,
-                                            procedure, seed, None if out is None else Path(out))
-        return SearchResult(self._ids_as(found, ids), distances, report)
+                                              procedure, seed, None if out is None else Path(out), users)
+        return SearchResult(found if users is None else users.take(found), distances, report)
 
     def truth(self, queries: Any, out: PathLike, k: int = 10, backend: str = "auto",
               gpu_mem: int | None = None) -> TruthReport:
