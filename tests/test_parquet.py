@@ -248,6 +248,10 @@ def test_ingest_of_new_parquet_files_carries_their_ids_and_a_repeat_is_a_no_op(t
     write_parquet(tmp_path / "no_ids.parquet", x[:100])
     code, out, err = run_cli("ingest", store, "--input", tmp_path / "no_ids.parquet", "--backend", "cpu")
     assert_one_line_error(code, out, err, "no_ids.parquet", "doc_id")
+    write_parquet(tmp_path / "str_ids.parquet", x[:100], [f"s{i}" for i in range(100)])
+    code, out, err = run_cli("ingest", store, "--input", tmp_path / "str_ids.parquet", "--backend", "cpu")
+    assert_one_line_error(code, out, err, "str_ids.parquet", "string ids", "int64 ids")
+    assert sorted(p.name for p in (store / "user_ids").iterdir()) == ["000000000000.i64", "000000000900.i64"]
     assert json.loads((store / "manifest.json").read_text())["inputs"][-1]["path"].endswith("c.parquet")
 
 

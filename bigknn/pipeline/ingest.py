@@ -313,10 +313,10 @@ def _stage(store: Store, vf: VectorSource, fp: dict, watching: bool, report: dic
 
 def _stage_user_ids(store: Store, vf: VectorSource, offset: int) -> None:
     """Write the new rows' user ids after the store's, refusing ids of another type than the store keeps."""
-    have = user_ids.load(store.path, offset)
+    have = user_ids.stored_kind(store.path, offset)
     kind, _ = user_ids.write_part(store.path, offset, vf.path, vf.user_ids())
-    if have is not None and have.kind != kind:
-        raise BadInput(vf.path, f"holds {kind} ids in {vf.id_column!r}; the store keeps {have.kind} ids")
+    if have is not None and have != kind:
+        raise BadInput(vf.path, f"holds {kind} ids in {vf.id_column!r}; the store keeps {have} ids")
 
 
 def _take_back(store: Store, new_ids: range, offset: int) -> None:

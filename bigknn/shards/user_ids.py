@@ -111,40 +111,45 @@ class UserIds:
 def load(store_path: Path, rows: int) -> UserIds | None:
     """The ids of a store's first ``rows`` rows (its committed ones), or None if it keeps none. Parts beyond
     ``rows`` are uncommitted leftovers and ignored; a gap or a short part is damage, reported."""
-    folder = Path(store_path) / DIR
-    if not folder.is_dir():
+    kind, parts = _parts(store_path, rows)
+    if kind is None:
         return None
-    parts = sorted((int(p.stem), p) for p in folder.iterdir()
-                   if p.stem.isdigit() and p.suffix in (SUFFIX[INT], SUFFIX[STR]))
-    parts = [(first, p) for first, p in parts if first < rows]
-    if not parts:
-        return None
-    kinds = {INT if p.suffix == SUFFIX[INT] else STR for _, p in parts}
-    if len(kinds) > 1:
-        raise BadInput(folder, "holds both integer and string id parts")
-    kind, values, data, at = kinds.pop(), [], [], 0
+    folder, values, data, at = Path(store_path) / DIR, [], [], 0
     for first, p in parts:
         if first != at:
             raise BadInput(folder, f"has no ids for rows {at}..{first - 1} (a part is missing)")
         if kind == INT:
-            part = np.fromfile(p, "<i8")
-            n = len(part)
-        else:
-            offsets = np.fromfile(p.with_suffix(OFFSETS), "<i8")
-            n = len(offsets) - 1
-            base = sum(len(d) for d in data)
-            values.append((offsets[1:] if values else offsets) + base)
-            data.append(np.fromfile(p, np.uint8))
-            part = None
-        if part is not None:
-            values.append(part)
-        at += n
+            values.append(np.fromfile(p, "<i8"))
+            at += len(values[-1])
+            continue
+        offsets = np.fromfile(p.with_suffix(OFFSETS), "<i8")
+        values.append(offsets[1:] + sum(len(d) for d in data) if values else offsets)
+        data.append(np.fromfile(p, np.uint8))
+        at += len(offsets) - 1
     if at < rows:
         raise BadInput(folder, f"holds ids of {at} rows; the store has {rows}")
     if kind == INT:
         return UserIds(INT, np.concatenate(values)[:rows])
     offsets = np.concatenate(values)[:rows + 1]
     return UserIds(STR, offsets, np.concatenate(data)[:int(offsets[-1])])
+
+
+def stored_kind(store_path: Path, rows: int) -> str | None:
+    """The kind of ids (INT or STR) a store keeps for its first ``rows`` rows, None if none; reads no ids."""
+    return _parts(store_path, rows)[0]
+
+
+def _parts(store_path: Path, rows: int) -> tuple[str | None, list[tuple[int, Path]]]:
+    """(kind, [(first row, path)] in row order) of the id parts that start below ``rows``."""
+    folder = Path(store_path) / DIR
+    if not folder.is_dir():
+        return None, []
+    parts = sorted((int(p.stem), p) for p in folder.iterdir()
+                   if p.stem.isdigit() and p.suffix in (SUFFIX[INT], SUFFIX[STR]) and int(p.stem) < rows)
+    kinds = {INT if p.suffix == SUFFIX[INT] else STR for _, p in parts}
+    if len(kinds) > 1:
+        raise BadInput(folder, "holds both integer and string id parts")
+    return (kinds.pop() if kinds else None), parts
 
 
 def require(store_path: Path, rows: int) -> UserIds:
