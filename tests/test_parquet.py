@@ -170,6 +170,7 @@ def test_a_parquet_dataset_builds_the_graph_of_the_same_rows_as_one_flat_file(bu
 def test_user_ids_reach_neighbors_and_both_exports(built, tmp_path):
     rows = built["parquet"].ids
     with bigknn.open(built["store"]) as g:
+        assert g.info.user_ids == "doc_id (string)"
         np.testing.assert_array_equal(g.neighbors(ids="user").ids, built["ids"][rows])
         g.export(tmp_path / "rows.parquet")
         report = g.export(tmp_path / "users.parquet", ids="user", include_self=True)
