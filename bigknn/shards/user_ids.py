@@ -88,8 +88,12 @@ class UserIds:
         """The ids of input rows ``rows`` (any shape): int64, or an object array of ``str``. A row -1 (no
         neighbour found) stays -1, or becomes None among strings."""
         rows = np.asarray(rows, dtype=np.int64)
-        found = self.values[np.maximum(rows, 0)] if self.kind == INT else self._strings()[np.maximum(rows, 0)]
-        return np.where(rows >= 0, found, -1 if self.kind == INT else None)
+        at = np.maximum(rows, 0)
+        if self.kind == INT:
+            return np.where(rows >= 0, self.values[at], -1)
+        # strings: decode each id once, whichever is fewer: the rows asked for, or every row
+        found = self._strings(np.arange(len(self)))[at] if rows.size > len(self) else self._strings(at)
+        return np.where(rows >= 0, found, None)
 
     def arrow(self, rows: np.ndarray) -> Any:
         """The ids of ``rows`` (1-D) as a pyarrow array, strings taken without decoding to Python objects."""
@@ -101,10 +105,12 @@ class UserIds:
                                                  pa.py_buffer(np.ascontiguousarray(self.data)))
         return whole.take(rows)
 
-    def _strings(self) -> np.ndarray:
-        o, raw = self.values, self.data.tobytes()
-        out = np.empty(len(self), object)
-        out[:] = [raw[a:b].decode() for a, b in zip(o[:-1].tolist(), o[1:].tolist())]
+    def _strings(self, rows: np.ndarray) -> np.ndarray:
+        """The string ids of ``rows`` (any shape), decoded, as an object array."""
+        raw = self.data.tobytes()
+        out = np.empty(rows.shape, object)
+        out.ravel()[:] = [raw[a:b].decode() for a, b in zip(self.values[rows.ravel()].tolist(),
+                                                             self.values[rows.ravel() + 1].tolist())]
         return out
 
 
