@@ -36,7 +36,8 @@ from bigknn.pipeline.ingest import drop_folder_files, ingest as run_ingest
 @host_mem_option
 @scheduler_option
 @json_option
-def ingest(store: Path, inputs: tuple[Path, ...], watch_dir: Path | None, column: str | None, wait_s: float, busy_exit: int,
+def ingest(store: Path, inputs: tuple[Path, ...], watch_dir: Path | None, column: str | None, wait_s: float,
+           busy_exit: int,
            backend: str, threads: int | None, gpus: str | None, gpu_mem: str | None, host_mem: str | None,
            scheduler: str | None,
            as_json: bool) -> None:

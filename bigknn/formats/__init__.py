@@ -24,7 +24,8 @@ from bigknn.formats.read import (FileState, VectorFile, check_and_hash, check_ro
                                  open_vectors, read_truth)
 from bigknn.formats.source import PartedSource, VectorSource, open_source
 from bigknn.formats.spec import (BIN_DTYPES, CHECK_CHUNK_ROWS, COLUMNAR_EXTENSIONS, HASH_BLOCK_BYTES,
-                                 INPUT_EXTENSIONS, MAX_SQUARED_NORM, NPY_DTYPES, TRUTH_EXTENSION, VECS_DTYPES, VECTOR_EXTENSIONS)
+                                 INPUT_EXTENSIONS, MAX_SQUARED_NORM, NPY_DTYPES, TRUTH_EXTENSION, VECS_DTYPES,
+                                 VECTOR_EXTENSIONS)
 from bigknn.formats.write import npy_header, npy_writer, truth_writer, vectors_writer, write_truth, write_vectors
 
 __all__ = ["BIN_DTYPES", "CHECK_CHUNK_ROWS", "COLUMNAR_EXTENSIONS", "INPUT_EXTENSIONS", "PartedSource",

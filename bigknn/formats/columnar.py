@@ -2,10 +2,10 @@
 
 pyarrow does the decoding (compression, encodings, nested lists): a Parquet reader of our own would be a second,
 less tested copy of it. A file is never read whole: each thread that reads rows keeps one reader and one decoded
-group, of the file it read last, so memory stays at one row group per reading thread however many files. The vectors are a
-``fixed_size_list`` column (or a ``list`` column whose rows all have the same length) of float32, float16,
-float64 (read as float32, as in ``.npy``), uint8 or int8; a null row, a null value, or a row of another length is
-refused naming the file and the row.
+group, of the file it read last, so memory stays at one row group per reading thread however many files. The
+vectors are a ``fixed_size_list`` column (or a ``list`` column whose rows all have the same length) of float32,
+float16, float64 (read as float32, as in ``.npy``), uint8 or int8; a null row, a null value, or a row of another
+length is refused naming the file and the row.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from typing import Any, Iterator, Protocol
 import numpy as np
 
 from bigknn.errors import BadInput
-from bigknn.formats.read import FileState, VectorFile, open_vectors
+from bigknn.formats.read import FileState, open_vectors
 from bigknn.formats.spec import CHECK_CHUNK_ROWS, COLUMNAR_EXTENSIONS, INPUT_EXTENSIONS
 
 GLOB_CHARS = frozenset("*?[")
@@ -188,6 +188,3 @@ def _combine(hashes: Iterator[str]) -> str:
     for h in hashes:
         digest.update(h.encode())
     return digest.hexdigest()
-
-
-__all__ = ["VectorSource", "VectorFile", "PartedSource", "open_source", "open_part"]

@@ -3,9 +3,10 @@
 One row per edge: ``src``, ``dst`` (input row numbers as int64, or the user's ids with ``ids="user"``),
 ``distance`` (float32, as ``bigknn.metrics.user_distance`` gives it) and ``rank`` (int32: 1 for the nearest
 neighbour, 0 for the row itself with ``include_self``). A row's edges are consecutive, nearest first; rows come
-shard by shard (input order in a contiguous store; a partitioned one groups near rows). pyarrow writes the file (a Parquet writer of our own would
-be one more thing to keep compatible with pandas, polars, DuckDB and Spark), one shard's edges at a time in row
-groups of ``ROW_GROUP_EDGES``, to a temporary name renamed into place when complete (``bigknn.atomic``).
+shard by shard (input order in a contiguous store; a partitioned one groups near rows). pyarrow writes the file
+(a Parquet writer of our own would be one more thing to keep compatible with pandas, polars, DuckDB and Spark),
+one shard's edges at a time in row groups of ``ROW_GROUP_EDGES``, to a temporary name renamed into place when
+complete (``bigknn.atomic``).
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ def export_parquet(store: Store, out: Path, include_self: bool, ids: UserIds | N
     m = store.manifest
     cols = neighbours_per_row(store, None) + include_self
     rank = np.arange(cols, dtype=np.int32) + (not include_self)
-    schema = pa.schema([("src", id_type(pa, ids)), ("dst", id_type(pa, ids)), ("distance", pa.float32()), ("rank", pa.int32())],
+    schema = pa.schema([("src", id_type(pa, ids)), ("dst", id_type(pa, ids)), ("distance", pa.float32()),
+                        ("rank", pa.int32())],
                        metadata={"bigknn.metric": m.metric, "bigknn.k": str(m.k),
                                  "bigknn.ids": "user" if ids is not None else "row"})
     edges = 0
