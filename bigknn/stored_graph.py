@@ -297,12 +297,13 @@ class Graph(SearchMethods):
 
     def ingest(self, data: Any, backend: str = "auto", gpus: Gpus = None, gpu_mem: int | None = None,
                host_mem: int | None = None, wait: float = 0.0, progress: bool = False,
-               threads: int | None = None) -> IngestReport:
+               threads: int | None = None, column: str | None = None) -> IngestReport:
         """Add rows to the graph: every row, old and new, again holds its top-k over the whole set.
 
         New rows get the ids after the last existing one, in order. ``data`` is an array or an input file
         (as for ``build``; the same dimension and dtype as the store's input). Ingesting a file (or an
-        array) the store already holds does nothing. The other parameters are those of ``build``.
+        array) the store already holds does nothing. A store built with ``id_column`` takes the new rows' ids
+        from the column of that name. The other parameters are those of ``build``.
 
         Examples
         --------
@@ -317,7 +318,7 @@ class Graph(SearchMethods):
         path = self._live().path
         with input_file(data, path, new_store=False) as input_path:
             result = run_ingest(path, [input_path], get_backends(backend, gpu_ids(gpus), gpu_mem, threads),
-                                reporter(progress), wait, host_mem)
+                                reporter(progress), wait, host_mem, column=column)
         self._store = Store.open(path)
         return IngestReport(**result)
 

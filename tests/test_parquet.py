@@ -240,8 +240,9 @@ def test_ingest_of_new_parquet_files_carries_their_ids_and_a_repeat_is_a_no_op(t
              "--shard-rows", 400, "--partition", "contiguous")
     first = run_json("ingest", store, "--watch-dir", drop, "--backend", "cpu")
     assert first["rows_added"] == 300 and first["rows"] == 1200
-    again = run_json("ingest", store, "--input", drop / "c.parquet", "--backend", "cpu")
-    assert again["rows_added"] == 0 and again["skipped"] == [str((drop / "c.parquet").resolve())]
+    again = run_json("ingest", store, "--input", drop / "c.parquet", "--input", tmp_path / "ds", "--backend", "cpu")
+    assert again["rows_added"] == 0  # the file ingested, and the dataset built from, are both known
+    assert again["skipped"] == [str((drop / "c.parquet").resolve()), str((tmp_path / "ds").resolve())]
     run_json("export", store, "-o", tmp_path / "g.npy", "--ids", "user")
     with bigknn.open(store) as g:
         rows = g.neighbors().ids
