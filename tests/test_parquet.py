@@ -125,18 +125,18 @@ def bad_rows(tmp_path: Path, case: str) -> tuple[Path, str, str]:
     for i, part in enumerate(np.array_split(x, 3)):
         path = folder / f"p{i}.parquet"
         if i != 1:
-            write_parquet(path, part)
+            write_parquet(path, part, np.arange(200))
             continue
         bad = path
         if case == "nan":
             part[137, 3] = np.nan
-            write_parquet(path, part)
+            write_parquet(path, part, np.arange(200))
         else:
             rows = [list(map(float, r)) for r in part]
             rows[137] = None if case == "null row" else rows[137][:-1] if case == "ragged" else \
                 rows[137][:2] + [None] + rows[137][3:]
-            pq.write_table(pa.table({"emb": pa.array(rows, pa.list_(pa.float32()))}), path,
-                           row_group_size=GROUP_ROWS)
+            pq.write_table(pa.table({"emb": pa.array(rows, pa.list_(pa.float32())), "doc_id": np.arange(200)}),
+                           path, row_group_size=GROUP_ROWS)
     return folder, str(bad), {"nan": "NaN", "null row": "is null", "ragged": "ragged",
                               "null value": "null value"}[case]
 
@@ -144,7 +144,8 @@ def bad_rows(tmp_path: Path, case: str) -> tuple[Path, str, str]:
 @pytest.mark.parametrize("case", ["null row", "null value", "ragged", "nan"])
 def test_a_bad_row_is_refused_naming_its_file_and_row(tmp_path, case):
     folder, bad, problem = bad_rows(tmp_path, case)
-    code, out, err = run_cli("build", folder, "-o", tmp_path / "s.knn", "--k", K, "--backend", "cpu")
+    code, out, err = run_cli("build", folder, "-o", tmp_path / "s.knn", "--k", K, "--backend", "cpu",
+                             "--id-column", "doc_id")
     line = assert_one_line_error(code, out, err, bad, "row 137", problem)
     assert "p0.parquet" not in line
     assert not (tmp_path / "s.knn").exists()
