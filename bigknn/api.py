@@ -43,15 +43,17 @@ def build(data: Any, k: int = DEFAULTS.k, metric: str = "l2", store: PathLike | 
           list_width: int = 0, samples: int = 0, iters: int = DEFAULTS.iters,
           merge_iters: int = DEFAULTS.merge_iters, seed: int = 0, gpu_mem: int | None = None,
           host_mem: int | None = None, wait: float = 0.0, progress: bool = False,
-          partition: str = DEFAULT_METHOD, scheduler: str | None = None) -> Graph:
+          partition: str = DEFAULT_METHOD, scheduler: str | None = None, column: str | None = None,
+          id_column: str | None = None) -> Graph:
     """Build the approximate k-NN graph of ``data``: every row gets its top-k over all rows.
 
     Parameters
     ----------
     data : array_like or path
         Rows to index: a NumPy or CuPy array, anything ``np.asarray`` takes, or an input file (``.fbin``
-        ``.u8bin`` ``.i8bin`` ``.f16bin`` ``.fvecs`` ``.bvecs`` ``.ivecs`` ``.npy``), which is streamed,
-        never loaded whole. An array is written once to a ``.npy`` beside the store (the pipeline streams
+        ``.u8bin`` ``.i8bin`` ``.f16bin`` ``.fvecs`` ``.bvecs`` ``.ivecs`` ``.npy``, Parquet ``.parquet``, Arrow
+        IPC ``.arrow`` / ``.feather``), or a directory or glob of such files (one dataset, sorted paths), which
+        is streamed, never loaded whole. An array is written once to a ``.npy`` beside the store (the pipeline streams
         files, so that it can resume), and that file is deleted after the build.
     k : int
         Neighbours per row, self excluded.
@@ -89,6 +91,11 @@ def build(data: Any, k: int = DEFAULTS.k, metric: str = "l2", store: PathLike | 
         Run the shards' GNND and the merges as tasks on a Dask cluster: its scheduler's address
         ("tcp://host:8786"), or "local:N" for N local worker processes (needs ``bigknn[dask]``). The store
         must be on a path every worker sees. Default: in this process.
+    column : str, optional
+        The vector column of Parquet/Arrow inputs (default: the only fixed-size list column).
+    id_column : str, optional
+        A column of the user's ids (int64 or string) of Parquet/Arrow inputs, kept in the store: then
+        ``neighbors(ids="user")``, ``export(..., ids="user")`` and searches speak in those ids.
 
     Returns
     -------
@@ -125,7 +132,8 @@ def build(data: Any, k: int = DEFAULTS.k, metric: str = "l2", store: PathLike | 
     try:
         with input_file(data, path, new_store=True) as input_path:
             req = BuildRequest(input=input_path, store=path, metric=metric, shard_rows=shard_rows, params=params,
-                               seed=seed, wait_s=wait, host_mem=host_mem, partition=partition)
+                               seed=seed, wait_s=wait, host_mem=host_mem, partition=partition, column=column,
+                               id_column=id_column)
             rep = reporter(progress)
             with use_scheduler(scheduler, backend, gpu_mem, rep):
                 summary = run_build(req, backends, rep)

@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from bigknn.shards import Store
+from bigknn.shards import Store, user_ids
 
 
 class Neighbors(NamedTuple):
@@ -74,6 +74,7 @@ class Info(_Report):
     timings_s: dict[str, float]
     recall_estimate: RecallEstimate | None
     search: dict | None = None
+    user_ids: str | None = None  # "column (int64|string)": the --id-column the store keeps, None without
 
     @classmethod
     def of(cls, store: Store) -> Info:
@@ -83,7 +84,13 @@ class Info(_Report):
                    merges_pending=m.merges_pending, complete=m.complete,
                    partition=m.partition_method, inputs=[i["path"] for i in m.inputs],
                    disk_bytes=store.disk_bytes(), timings_s=m.timings,
-                   recall_estimate=RecallEstimate.from_manifest(m.estimate), search=m.search)
+                   recall_estimate=RecallEstimate.from_manifest(m.estimate), search=m.search,
+                   user_ids=_user_ids(store))
+
+
+def _user_ids(store: Store) -> str | None:
+    kind = user_ids.stored_kind(store.path, store.manifest.rows)
+    return None if kind is None else f"{store.manifest.inputs[0].get('id_column')} ({kind})"
 
 
 @dataclass(frozen=True)
@@ -188,3 +195,5 @@ class ExportReport(_Report):
     format: str
     include_self: bool
     files: list[str]
+    ids: str = "row"  # "user": the user's ids the store keeps (``--id-column``)
+    edges: int | None = None  # rows of a .parquet edge list

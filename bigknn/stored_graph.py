@@ -19,14 +19,14 @@ from bigknn.arrays import host_array, input_file
 from bigknn.backends import get_backend, get_backends
 from bigknn.metrics import kernel_metric, prepare_rows, user_distance
 from bigknn.pipeline.evaluate import RECALL_K, SAMPLE_ROWS, recall_rows
-from bigknn.pipeline.export import export as run_export
+from bigknn.pipeline.export import ID_KINDS, export as run_export
 from bigknn.pipeline.ingest import ingest as run_ingest
 from bigknn.partition.rowmap import RowMap
 from bigknn.pipeline.readout import csr_parts, in_degrees, neighbours_per_row, shard_of, whole_graph
 from bigknn.progress import reporter
 from bigknn.results import BuildReport, ExportReport, InDegrees, Info, IngestReport, Neighbors, RecallReport
 from bigknn.search.methods import SearchMethods
-from bigknn.shards import Store
+from bigknn.shards import Store, user_ids
 
 PathLike = str | os.PathLike
 Gpus = str | Sequence[int] | None
@@ -74,7 +74,7 @@ class Graph(SearchMethods):
         """
         return Info.of(self._live())
 
-    def neighbors(self, k: int | None = None, include_self: bool = False) -> Neighbors:
+    def neighbors(self, k: int | None = None, include_self: bool = False, ids: str = "row") -> Neighbors:
         """Every row's k nearest rows with their distances, nearest first.
 
         Distances are true distances, ascending per row: Euclidean for ``l2``; 1 - cos for ``cosine``;
@@ -88,6 +88,9 @@ class Graph(SearchMethods):
         include_self : bool
             Put each row itself first, at distance 0, before its k neighbours (k + 1 columns), as
             scikit-learn's ``KNeighborsTransformer`` and UMAP's ``precomputed_knn`` do.
+        ids : {"row", "user"}
+            Input row numbers, or the user's ids the store keeps (built with ``id_column``): int64, or an
+            object array of str.
 
         Returns
         -------
@@ -107,7 +110,9 @@ class Graph(SearchMethods):
         >>> ids_self.tolist(), dist_self.tolist()
         ([[0, 1], [1, 0], [2, 1], [3, 2]], [[0.0, 1.0], [0.0, 1.0], [0.0, 2.0], [0.0, 4.0]])
         """
-        return Neighbors(*whole_graph(self._live(), k, include_self))
+        users = self._user_ids(ids)
+        found, distances = whole_graph(self._live(), k, include_self)
+        return Neighbors(found if users is None else users.take(found), distances)
 
     def to_scipy(self, k: int | None = None, include_self: bool = False) -> Any:
         """The graph as a ``scipy.sparse.csr_matrix`` of shape (rows, rows): row i holds the distances to
@@ -271,10 +276,11 @@ class Graph(SearchMethods):
         return InDegrees.of(degrees, k, str(path))
 
     # ---- writing ----------------------------------------------------------------------------------
-    def export(self, path: PathLike, include_self: bool = False) -> ExportReport:
+    def export(self, path: PathLike, include_self: bool = False, ids: str = "row") -> ExportReport:
         """Write the graph to a file whose extension names the format: ``.ibin`` (big-ann-benchmarks ground
-        truth layout), ``.npy`` (ids; distances beside it in ``<name>.dists.npy``) or ``.npz`` (the CSR
-        matrix of ``to_scipy``; ``scipy.sparse.load_npz`` reads it).
+        truth layout), ``.npy`` (ids; distances beside it in ``<name>.dists.npy``), ``.npz`` (the CSR
+        matrix of ``to_scipy``; ``scipy.sparse.load_npz`` reads it) or ``.parquet`` (an edge list: ``src``,
+        ``dst``, ``distance``, ``rank``). ``ids="user"``: the user's ids the store keeps (``id_column``).
 
         Examples
         --------
@@ -287,16 +293,17 @@ class Graph(SearchMethods):
         >>> report.format, scipy.sparse.load_npz(out).nnz
         ('npz', 600)
         """
-        return ExportReport(**run_export(self._live(), Path(path), include_self))
+        return ExportReport(**run_export(self._live(), Path(path), include_self, ids))
 
     def ingest(self, data: Any, backend: str = "auto", gpus: Gpus = None, gpu_mem: int | None = None,
                host_mem: int | None = None, wait: float = 0.0, progress: bool = False,
-               threads: int | None = None) -> IngestReport:
+               threads: int | None = None, column: str | None = None) -> IngestReport:
         """Add rows to the graph: every row, old and new, again holds its top-k over the whole set.
 
         New rows get the ids after the last existing one, in order. ``data`` is an array or an input file
         (as for ``build``; the same dimension and dtype as the store's input). Ingesting a file (or an
-        array) the store already holds does nothing. The other parameters are those of ``build``.
+        array) the store already holds does nothing. A store built with ``id_column`` takes the new rows' ids
+        from the column of that name. The other parameters are those of ``build``.
 
         Examples
         --------
@@ -311,7 +318,7 @@ class Graph(SearchMethods):
         path = self._live().path
         with input_file(data, path, new_store=False) as input_path:
             result = run_ingest(path, [input_path], get_backends(backend, gpu_ids(gpus), gpu_mem, threads),
-                                reporter(progress), wait, host_mem)
+                                reporter(progress), wait, host_mem, column=column)
         self._store = Store.open(path)
         return IngestReport(**result)
 
@@ -344,6 +351,13 @@ class Graph(SearchMethods):
             return "<bigknn.Graph (closed)>"
         m = self._store.manifest
         return f"<bigknn.Graph {m.rows} rows, k={m.k}, {m.metric}, store {self._store.path}>"
+
+    def _user_ids(self, ids: str) -> user_ids.UserIds | None:
+        """The user's ids the store keeps when ``ids`` is "user" (refusing a store without), None for "row"."""
+        if ids not in ID_KINDS:
+            raise ValueError(f"ids must be one of {', '.join(ID_KINDS)}, got {ids!r}")
+        store = self._live()
+        return user_ids.require(store.path, store.manifest.rows) if ids == "user" else None
 
     def _live(self) -> Store:
         if self._closed:

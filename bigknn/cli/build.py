@@ -46,6 +46,11 @@ from bigknn.pipeline.finish import finish
                    "rows together, so only the near shard pairs the recall target needs are merged; contiguous "
                    "ranges merge every pair. Ids are the input's row numbers either way.")
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--column", default=None,
+              help="Parquet/Arrow inputs: the column of vectors (default: the only fixed-size list column).")
+@click.option("--id-column", default=None,
+              help="Parquet/Arrow inputs: a column of your ids (int64 or string), kept in the store so that "
+                   "export --ids user, search --ids user and the API's ids=\"user\" give them back.")
 @backend_option
 @threads_option
 @gpus_option
@@ -55,10 +60,13 @@ from bigknn.pipeline.finish import finish
 @scheduler_option
 @json_option
 def build(input: Path, store: Path, k: int, metric: str, shard_rows: int, recall: float, iters: int, merge_iters: int,
-          samples: int, list_width: int, partition: str, seed: int, backend: str, threads: int | None,
+          samples: int, list_width: int, partition: str, seed: int, column: str | None, id_column: str | None,
+          backend: str, threads: int | None,
           gpus: str | None, gpu_mem: str | None, host_mem: str | None, wait_s: float, scheduler: str | None,
           as_json: bool) -> None:
-    """Build the k-NN graph of INPUT (.fbin .u8bin .i8bin .f16bin .fvecs .bvecs .ivecs .npy) into a store.
+    """Build the k-NN graph of INPUT into a store. INPUT is a file (.fbin .u8bin .i8bin .f16bin .fvecs
+    .bvecs .ivecs .npy, Parquet .parquet, Arrow IPC .arrow/.feather) or a directory or quoted glob of such
+    files, read as one dataset in sorted path order (Parquet and Arrow through pyarrow, a row group at a time).
 
     Rows are split into shards (contiguous ranges, or near rows together with --partition kmeans/rptree),
     each gets a GNND graph, then shard pairs are merged (GGM: every pair, or the near pairs the recall target
@@ -71,13 +79,16 @@ def build(input: Path, store: Path, k: int, metric: str, shard_rows: int, recall
       bigknn build data.fbin -o data.knn --k 32 --shard-rows 25000 --backend cpu --threads 4
       bigknn build emb.npy -o emb.knn --metric cosine --k 16 --json
       bigknn build data.fbin -o data.knn --recall 0.995
+      bigknn build embeddings/ -o emb.knn --column emb --id-column doc_id
+      bigknn build 'parts/*.npy' -o parts.knn
       bigknn build data.fbin -o data.knn --partition kmeans --shard-rows 1000000
       bigknn build deep10m.fbin -o deep.knn --shard-rows 1000000 --gpus all --host-mem 64G
       bigknn build /shared/deep10m.fbin -o /shared/deep.knn --scheduler tcp://head:8786
     """
     graph = api.build(input, k=k, metric=metric, store=store, recall=recall, backend=backend, gpus=gpus,
                       threads=threads, shard_rows=shard_rows, list_width=list_width, samples=samples, iters=iters,
-                      merge_iters=merge_iters, seed=seed, partition=partition, gpu_mem=parse_bytes(gpu_mem),
+                      merge_iters=merge_iters, seed=seed, partition=partition, column=column, id_column=id_column,
+                      gpu_mem=parse_bytes(gpu_mem),
                       host_mem=parse_bytes(host_mem), wait=wait_s, progress=show_progress(as_json), scheduler=scheduler)
     emit(graph.report.to_dict(), as_json, "build")
 

@@ -9,7 +9,7 @@ import click
 from bigknn import api
 from bigknn.cli.common import emit, json_option, plot_option
 from bigknn.errors import BadInput
-from bigknn.pipeline.export import FORMATS, format_of
+from bigknn.pipeline.export import FORMATS, ID_KINDS, format_of
 from bigknn.pipeline.verify import verify
 from bigknn.plot import pyplot
 from bigknn.results import Info
@@ -50,13 +50,17 @@ def info(store: Path, plot: Path | None, as_json: bool) -> None:
 @click.argument("store", type=click.Path(path_type=Path))
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
               help="File to write; its extension names the format: .ibin, .npy (distances go to "
-                   "<name>.dists.npy) or .npz (scipy.sparse CSR matrix).")
+                   "<name>.dists.npy), .npz (scipy.sparse CSR matrix) or .parquet (an edge list: src, dst, "
+                   "distance, rank; needs pyarrow).")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default=None,
               help="Only checked against the extension of --output, which decides.")
 @click.option("--include-self", is_flag=True,
               help="List each row itself first, at distance 0 (k + 1 columns), as UMAP and scikit-learn expect.")
+@click.option("--ids", type=click.Choice(ID_KINDS), default="row", show_default=True,
+              help="row: input row numbers; user: the ids of the store's --id-column (.parquet, or .npy for "
+                   "integer ids).")
 @json_option
-def export(store: Path, output: Path, fmt: str | None, include_self: bool, as_json: bool) -> None:
+def export(store: Path, output: Path, fmt: str | None, include_self: bool, ids: str, as_json: bool) -> None:
     """Write the finished graph: row i holds global row i's neighbour ids (input order, 0-based), nearest
     first, self excluded unless --include-self, and their distances, ascending (l2: Euclidean; cosine:
     1 - cos; ip: 1 - inner product).
@@ -66,8 +70,9 @@ def export(store: Path, output: Path, fmt: str | None, include_self: bool, as_js
       bigknn export data.knn -o graph.ibin
       bigknn export data.knn -o graph.npy                  # also writes graph.dists.npy
       bigknn export data.knn -o graph.npz --include-self   # scipy.sparse.load_npz("graph.npz")
+      bigknn export emb.knn -o edges.parquet --ids user     # pandas.read_parquet("edges.parquet")
     """
     graph = api.open(store)
     if fmt is not None and format_of(output) != fmt:
         raise BadInput(output, f"--format {fmt} writes a .{fmt} file")
-    emit(graph.export(output, include_self).to_dict(), as_json, "export")
+    emit(graph.export(output, include_self, ids).to_dict(), as_json, "export")

@@ -22,6 +22,9 @@ from bigknn.pipeline.ingest import drop_folder_files, ingest as run_ingest
 @click.option("--watch-dir", type=click.Path(path_type=Path), default=None,
               help="Ingest every input file in this drop folder not yet ingested, oldest first; hidden "
                    "files and files still being written are skipped (the next run takes them).")
+@click.option("--column", default=None,
+              help="Parquet/Arrow inputs: the column of vectors (default: the only fixed-size list column). A "
+                   "store built with --id-column takes each input's ids from the column of that name.")
 @click.option("--wait", "wait_s", type=float, default=0.0, show_default=True,
               help="Seconds to wait for another writer before giving up.")
 @click.option("--busy-exit", type=click.IntRange(0, 255), default=75, show_default=True,
@@ -33,7 +36,8 @@ from bigknn.pipeline.ingest import drop_folder_files, ingest as run_ingest
 @host_mem_option
 @scheduler_option
 @json_option
-def ingest(store: Path, inputs: tuple[Path, ...], watch_dir: Path | None, wait_s: float, busy_exit: int,
+def ingest(store: Path, inputs: tuple[Path, ...], watch_dir: Path | None, column: str | None, wait_s: float,
+           busy_exit: int,
            backend: str, threads: int | None, gpus: str | None, gpu_mem: str | None, host_mem: str | None,
            scheduler: str | None,
            as_json: bool) -> None:
@@ -47,6 +51,7 @@ def ingest(store: Path, inputs: tuple[Path, ...], watch_dir: Path | None, wait_s
     \b
     Examples:
       bigknn ingest data.knn --input day1.fbin --input day2.fbin
+      bigknn ingest emb.knn --input 2026-11-28.parquet --column emb
       bigknn ingest data.knn --watch-dir /srv/drop --wait 300 --busy-exit 75 --json
     """
     if bool(inputs) == bool(watch_dir):
@@ -57,7 +62,7 @@ def ingest(store: Path, inputs: tuple[Path, ...], watch_dir: Path | None, wait_s
     try:
         with use_scheduler(scheduler, backend, parse_bytes(gpu_mem), reporter):
             result = run_ingest(store, files, get_backends(backend, gpus, parse_bytes(gpu_mem), threads), reporter,
-                                wait_s, parse_bytes(host_mem), listed)
+                                wait_s, parse_bytes(host_mem), listed, column)
     except StoreBusy as e:
         click.echo(f"bigknn: {e}", err=True)
         sys.exit(busy_exit)

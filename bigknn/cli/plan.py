@@ -10,7 +10,7 @@ import numpy as np
 from bigknn.backends import get_backends
 from bigknn.cli.common import (backend_option, emit, gpu_mem_option, gpus_option, host_mem_option, json_option,
                                parse_bytes, reporter_for)
-from bigknn.formats import open_vectors
+from bigknn.formats import open_source
 from bigknn.params import GnndParams
 from bigknn.human import human_bytes, human_duration
 from bigknn.partition import METHODS as PARTITIONS
@@ -81,7 +81,7 @@ def plan(input: Path | None, rows: int | None, dim: int | None, dtype: str, k: i
     """
     vf = None
     if input is not None:
-        vf = open_vectors(input)
+        vf = open_source(input)
         rows, dim, itemsize = vf.rows, vf.dim, vf.read_dtype.itemsize
     elif rows is None or dim is None:
         raise click.UsageError("give INPUT, or --rows and --dim")

@@ -10,6 +10,7 @@ import click
 from bigknn import api
 from bigknn.cli.common import (backend_option, emit, gpu_mem_option, host_mem_option, json_option, parse_bytes,
                                plot_option, show_progress, wait_option)
+from bigknn.pipeline.export import ID_KINDS
 from bigknn.search.params import ALPHA, METHODS, PROCEDURES
 
 queries_option = click.option("--queries", type=click.Path(dir_okay=False, path_type=Path), required=True,
@@ -69,12 +70,15 @@ def prune(store: Path, method: str, degree: int, alpha: float, backend: str, gpu
 @batch_option
 @procedure_option
 @seed_option
-@output_option
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help=".ibin (ids, then distances; row i: query i) or .parquet (query, rank, id, distance).")
+@click.option("--ids", type=click.Choice(ID_KINDS), default="row", show_default=True,
+              help="row: input row numbers; user: the ids of the store's --id-column (a .parquet output).")
 @backend_option
 @gpu_mem_option
 @json_option
 def search(store: Path, queries: Path, k: int, budget: float | None, batch: int | None, procedure: str, seed: int,
-           output: Path, backend: str, gpu_mem: str | None, as_json: bool) -> None:
+           output: Path, ids: str, backend: str, gpu_mem: str | None, as_json: bool) -> None:
     """Search the pruned graph for the k nearest rows of each query (run `bigknn prune` first).
 
     \b
@@ -82,8 +86,10 @@ def search(store: Path, queries: Path, k: int, budget: float | None, batch: int 
       bigknn search data.knn --queries q.fbin -o found.ibin
       bigknn search data.knn --queries q.fbin --k 10 --budget 128 --procedure large -o found.ibin
       bigknn search data.knn --queries q.fbin --batch 1 --budget 8 --procedure small -o found.ibin --json
+      bigknn search emb.knn --queries q.fbin -o found.parquet --ids user
     """
-    found = api.open(store).search(queries, k, budget, batch, procedure, seed, output, backend, parse_bytes(gpu_mem))
+    found = api.open(store).search(queries, k, budget, batch, procedure, seed, output, backend, parse_bytes(gpu_mem),
+                                   ids)
     emit(found.report.to_dict(), as_json, "search")
 
 

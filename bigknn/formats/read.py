@@ -74,6 +74,8 @@ class VectorFile:
     raw: np.ndarray  # np.memmap of the whole file as uint8
     header_bytes: int  # bytes before the first row
     state: FileState
+    column = id_column = None  # a flat file holds vectors only (vector sources' fields: bigknn/formats/source.py)
+    random_access = True  # a scattered row costs one page fault
 
     @property
     def read_dtype(self) -> np.dtype:
@@ -90,6 +92,24 @@ class VectorFile:
         if not 0 <= start <= stop <= self.rows:
             raise ValueError(f"rows [{start}, {stop}) are outside [0, {self.rows}) of {self.path}")
         return np.array(self.data[start:stop], dtype=self.read_dtype, order="C")
+
+    def read_into(self, start: int, out: np.ndarray) -> None:
+        """Rows [start, start + len(out)) cast into ``out``: one copy straight from the mapping."""
+        out[...] = self.data[start:start + len(out)]
+
+    def block_rows(self, default: int) -> int:
+        """Rows per read block of a parallel pass (any count suits a memory map)."""
+        return default
+
+    def check(self, start: int, block: np.ndarray) -> None:
+        """Refuse bad rows of ``block`` (rows ``start``... of this file), naming the first (``check_rows``)."""
+        check_rows(self.path, start, block)
+
+    def sha256(self) -> str:
+        return file_sha256(self)
+
+    def check_and_hash(self, chunk_rows: int = CHECK_CHUNK_ROWS) -> str:
+        return check_and_hash(self, chunk_rows)
 
     def take(self, rows: np.ndarray) -> np.ndarray:
         """Scattered rows (sorted ascending, for sequential access) as a fresh C-contiguous array. ``take`` of

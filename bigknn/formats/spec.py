@@ -18,6 +18,10 @@ VECS_DTYPES: dict[str, np.dtype] = {
 NPY_DTYPES: tuple[np.dtype, ...] = tuple(np.dtype(t) for t in ("<f4", "<f2", "u1", "i1", "<f8"))
 VECTOR_EXTENSIONS: tuple[str, ...] = (*BIN_DTYPES, *VECS_DTYPES, ".npy")
 TRUTH_EXTENSION = ".ibin"
+PARQUET_EXTENSIONS: tuple[str, ...] = (".parquet", ".pq")  # read through pyarrow (bigknn/formats/columnar.py)
+ARROW_EXTENSIONS: tuple[str, ...] = (".arrow", ".feather", ".ipc")  # Arrow IPC files (Feather v2)
+COLUMNAR_EXTENSIONS: tuple[str, ...] = (*PARQUET_EXTENSIONS, *ARROW_EXTENSIONS)
+INPUT_EXTENSIONS: tuple[str, ...] = (*VECTOR_EXTENSIONS, *COLUMNAR_EXTENSIONS)  # what a dataset's parts may be
 
 HEADER = np.dtype("<u4")
 HEADER_BYTES = 2 * HEADER.itemsize

@@ -15,7 +15,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from bigknn.errors import BadInput
-from bigknn.formats import CHECK_CHUNK_ROWS, VectorFile, check_rows
+from bigknn.formats import CHECK_CHUNK_ROWS, VectorSource, check_rows
 from bigknn.metrics import prepare_rows
 from bigknn.partition.balance import assign_balanced, take_first_choices
 from bigknn.partition.learn import SLACK, Partition, learn
@@ -36,13 +36,13 @@ def shard_count(rows: int, shard_rows: int, min_rows: int) -> int:
     return max(1, min(-(-int(SLACK * rows) // shard_rows), rows // (min_rows + 1)))
 
 
-def learn_from_file(vf: VectorFile, method: str, shards: int, metric: str, seed: int) -> Partition:
+def learn_from_file(vf: VectorSource, method: str, shards: int, metric: str, seed: int) -> Partition:
     size = min(vf.rows, max(SAMPLE_MIN, min(SAMPLE_MAX, SAMPLE_PER_SHARD * shards)))
     rows = np.sort(np.random.default_rng((seed, 5)).choice(vf.rows, size=size, replace=False))
     return learn(method, prepare_rows(_checked_take(vf, rows), metric), shards, seed)
 
 
-def _checked_take(vf: VectorFile, rows: np.ndarray) -> np.ndarray:
+def _checked_take(vf: VectorSource, rows: np.ndarray) -> np.ndarray:
     """Rows ``rows`` (sorted) of the file, a bad one refused by its row number: the sample is learnt on before
     the labelling pass checks every row (a NaN would end k-means++ in a ValueError, exit 1)."""
     x = vf.take(rows)
@@ -50,12 +50,12 @@ def _checked_take(vf: VectorFile, rows: np.ndarray) -> np.ndarray:
         check_rows(vf.path, 0, x)
     except BadInput:
         for row, values in zip(rows, x):
-            check_rows(vf.path, int(row), values[None])
+            vf.check(int(row), values[None])
         raise
     return x
 
 
-def layout(vf: VectorFile, part: Partition, metric: str, shard_rows: int, min_rows: int,
+def layout(vf: VectorSource, part: Partition, metric: str, shard_rows: int, min_rows: int,
            nearest: Nearest = None, progress: Callable[[int], None] | None = None) -> list[np.ndarray]:
     """Each shard's input rows (sorted): at most ``min(shard_rows, SLACK x an equal share)`` and more than
     ``min_rows`` each; a shard left with fewer is dropped and its rows go to their next choice. Bad rows
@@ -89,7 +89,7 @@ def _label(part: Partition, x: np.ndarray, room: np.ndarray, nearest: Nearest) -
     return labels
 
 
-def _checked_chunks(vf: VectorFile, metric: str) -> Iterator[tuple[int, np.ndarray]]:
+def _checked_chunks(vf: VectorSource, metric: str) -> Iterator[tuple[int, np.ndarray]]:
     """(start, rows prepared for ``metric``) of every ``LABEL_CHUNK_ROWS`` chunk, bad rows refused (the first
     in file order named). The next chunk is read and checked by ``READ_THREADS`` threads, ``CHECK_CHUNK_ROWS``
     rows each (page faults of a cold file and NumPy's checks release the GIL), while this one is labelled;
@@ -113,7 +113,7 @@ def _checked_chunks(vf: VectorFile, metric: str) -> Iterator[tuple[int, np.ndarr
             yield start, prepare_rows(block, metric)
 
 
-def _read_checked(vf: VectorFile, start: int, out: np.ndarray) -> None:
+def _read_checked(vf: VectorSource, start: int, out: np.ndarray) -> None:
     """Rows ``start``... of the file into ``out``, bad rows refused."""
-    np.copyto(out, vf.data[start:start + len(out)], casting="same_kind")
-    check_rows(vf.path, start, out)
+    vf.read_into(start, out)
+    vf.check(start, out)

@@ -16,7 +16,7 @@ import numpy as np
 from bigknn.backends import Backend
 from bigknn.cluster import active as active_cluster
 from bigknn.errors import BadInput
-from bigknn.formats import VectorFile, file_sha256, open_vectors
+from bigknn.formats import VectorSource, open_source
 from bigknn.metrics import stored_dtype
 from bigknn.params import GnndParams
 from bigknn.partition.assign import layout, learn_from_file, shard_count
@@ -45,6 +45,8 @@ class BuildRequest:
     wait_s: float = 0.0
     host_mem: int | None = None
     partition: str = DEFAULT_METHOD  # bigknn/partition/: kmeans, rptree or contiguous
+    column: str | None = None  # the vector column of Parquet/Arrow inputs (None: the only fixed-size list)
+    id_column: str | None = None  # the column of the user's ids, kept in the store (bigknn/shards/user_ids.py)
 
 
 def build(req: BuildRequest, backends: list[Backend], reporter: Reporter) -> dict:
@@ -54,7 +56,7 @@ def build(req: BuildRequest, backends: list[Backend], reporter: Reporter) -> dic
     except a bad row found while sharding: then a store this run created is taken back whole (``NewStore``).
     An interruption or a failure keeps the store, so that the same command resumes it."""
     acct = Accounting()
-    vf = open_vectors(req.input)
+    vf = open_source(req.input, req.column, req.id_column)
     resuming = Store.exists(req.store)
     if resuming and not req.shard_rows:  # automatic size: the store's, whatever this machine would pick
         req = replace(req, shard_rows=Store.open(req.store, pin=False).manifest.shard_rows)
@@ -122,7 +124,7 @@ def worker_count(backends: list[Backend]) -> int:
 
 
 # ---- checks ---------------------------------------------------------------------------------------
-def _check_request(req: BuildRequest, vf: VectorFile) -> None:
+def _check_request(req: BuildRequest, vf: VectorSource) -> None:
     k = req.params.k
     if k < 1:
         raise BadInput(req.input, f"k must be at least 1, got {k}")
@@ -134,23 +136,28 @@ def _check_request(req: BuildRequest, vf: VectorFile) -> None:
         raise BadInput(req.input, f"--partition {req.partition} is not one of {', '.join(METHODS)}")
 
 
-def fingerprint(vf: VectorFile, sha256: str | None) -> dict:
-    """Path, size, mtime, sha256, rows and dtype of an input file as it was opened."""
-    return {"path": str(Path(vf.path).resolve()), "size": vf.state.size, "mtime_ns": vf.state.mtime_ns,
-            "sha256": sha256, "rows": vf.rows, "dtype": np.dtype(vf.read_dtype).str, "first_id": 0}
+def fingerprint(vf: VectorSource, sha256: str | None) -> dict:
+    """Path, size, mtime, sha256, rows and dtype of an input as it was opened (a dataset's size is its parts'
+    total, its mtime their latest), and its vector and id columns where it has them."""
+    rec = {"path": str(Path(vf.path).resolve()), "size": vf.state.size, "mtime_ns": vf.state.mtime_ns,
+           "sha256": sha256, "rows": vf.rows, "dtype": np.dtype(vf.read_dtype).str, "first_id": 0}
+    rec.update({key: value for key, value in (("column", vf.column), ("id_column", vf.id_column)) if value})
+    return rec
 
 
-def _check_same_build(m: Manifest, req: BuildRequest, vf: VectorFile, method: str) -> None:
+def _check_same_build(m: Manifest, req: BuildRequest, vf: VectorSource, method: str) -> None:
     want = {"dim": vf.dim, "metric": req.metric, "k": req.params.k, "shard_rows": req.shard_rows,
             "params": req.params.to_dict(), "seed": req.seed, "partition": method}
     have = {"dim": m.dim, "metric": m.metric, "k": m.k, "shard_rows": m.shard_rows, "params": m.params,
             "seed": m.seed, "partition": m.partition_method}
     diff = [f"{key} {have[key]} (asked {want[key]})" for key in want if have[key] != want[key]]
     src = m.inputs[0] if m.inputs else {}
+    if src.get("id_column") != vf.id_column:
+        diff.append(f"id column {src.get('id_column')} (asked {vf.id_column})")
     if src.get("path") != str(Path(vf.path).resolve()) or src.get("size") != vf.state.size:
         diff.insert(0, f"input {src.get('path')}")
     elif src.get("mtime_ns") != vf.state.mtime_ns and (src.get("sha256") is None or
-                                                        file_sha256(vf) != src.get("sha256")):
+                                                        vf.sha256() != src.get("sha256")):
         raise BadInput(vf.path, f"changed since {req.store} was built from it (sha256 differs); "
                                 "build into a new store")
     if diff:
@@ -159,7 +166,7 @@ def _check_same_build(m: Manifest, req: BuildRequest, vf: VectorFile, method: st
 
 
 # ---- steps ----------------------------------------------------------------------------------------
-def _new_manifest(req: BuildRequest, vf: VectorFile, method: str) -> Manifest:
+def _new_manifest(req: BuildRequest, vf: VectorSource, method: str) -> Manifest:
     m = Manifest(dim=vf.dim, dtype=stored_dtype(req.metric, vf.read_dtype).str, metric=req.metric,
                  k=req.params.k, shard_rows=req.shard_rows, params=req.params.to_dict(), seed=req.seed,
                  inputs=[fingerprint(vf, sha256=None)])  # the sharding pass records the sha256

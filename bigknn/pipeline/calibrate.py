@@ -21,7 +21,7 @@ import numpy as np
 
 from bigknn.backends import Backend
 from bigknn.errors import BadInput
-from bigknn.formats import VectorFile
+from bigknn.formats import VectorSource
 from bigknn.graph import ShardPart, shard_graph_to_global
 from bigknn.metrics import kernel_metric, prepare_rows, stored_dtype
 from bigknn.params import GnndParams
@@ -45,7 +45,7 @@ def calibration_steps(sizes: tuple[int, ...]) -> int:
     return STEPS_PER_SIZE * (1 + len(sizes))
 
 
-def sample_rows(vf: VectorFile | None, rows: int, dim: int, dtype: str, metric: str = "l2"
+def sample_rows(vf: VectorSource | None, rows: int, dim: int, dtype: str, metric: str = "l2"
                 ) -> tuple[np.ndarray, str]:
     """``rows`` rows to calibrate on and what they are: the input's first rows as the build stores them
     (bigknn/pipeline/sharding.py), or, without an input, synthetic rows (bigknn/synth.py) of ``dtype``."""

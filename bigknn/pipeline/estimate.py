@@ -14,7 +14,7 @@ import threading
 import numpy as np
 
 from bigknn.backends import Backend
-from bigknn.formats import VectorFile
+from bigknn.formats import VectorSource
 from bigknn.graph import EMPTY, KnnGraph, merge_lists
 from bigknn.metrics import kernel_metric, prepare_rows
 from bigknn.partition.rowmap import RowMap
@@ -37,7 +37,7 @@ class SampleTruth:
         self._lock = threading.Lock()
 
     @classmethod
-    def draw(cls, vf: VectorFile, m: Manifest, seed: int, size: int = ESTIMATE_ROWS) -> "SampleTruth":
+    def draw(cls, vf: VectorSource, m: Manifest, seed: int, size: int = ESTIMATE_ROWS) -> "SampleTruth":
         """A seeded sample of the input's rows, read (their pages asked for at once) and prepared as stored."""
         rows = np.sort(np.random.default_rng((seed, 2)).choice(vf.rows, size=min(size, vf.rows), replace=False))
         raw = vf.take(rows)

@@ -19,7 +19,7 @@ import numpy as np
 
 from bigknn.backends import Backend
 from bigknn.errors import BadInput, StoreBusy
-from bigknn.formats import VECTOR_EXTENSIONS, FileState, VectorFile, check_and_hash, file_state, open_vectors
+from bigknn.formats import INPUT_EXTENSIONS, FileState, VectorSource, file_state, open_source
 from bigknn.ggm import SEED_SHARDS, seeded_merge_fits
 from bigknn.graph import id_dtype
 from bigknn.metrics import prepare_rows
@@ -33,6 +33,7 @@ from bigknn.pipeline.steps import Ledger, cache_shards, check_merge_count, recor
 from bigknn.pipeline.accounting import Accounting
 from bigknn.progress import Reporter
 from bigknn.shards import ShardEntry, Store, WriterLock
+from bigknn.shards import user_ids
 
 
 class IngestLedger(Ledger):
@@ -116,21 +117,24 @@ class IngestLedger(Ledger):
 
 
 def ingest(store_path: Path, inputs: list[Path], backends: list[Backend], reporter: Reporter,
-           wait_s: float = 0.0, host_mem: int | None = None, listed: dict[Path, FileState] | None = None) -> dict:
+           wait_s: float = 0.0, host_mem: int | None = None, listed: dict[Path, FileState] | None = None,
+           column: str | None = None) -> dict:
     """Ingest ``inputs`` in order; returns what was ingested, skipped and the time per phase.
 
     Each file is opened once; its rows are checked and its bytes hashed in one pass over that opening, and
     the same opening is ingested. A file that changes meanwhile is refused (exit 2) before its rows are
     committed. ``listed``: the files of a drop folder as listed (``--watch-dir``); there a file that changed
     since the listing or changes during the run is still being written: it is skipped with a note, and the
-    next run takes it."""
+    next run takes it. ``column``: the vector column of Parquet/Arrow inputs (default: the only fixed-size list
+    column); a store that keeps user ids takes them from each input's column of the name it was built with."""
     t0 = time.perf_counter()
     acct = Accounting()
     store = _finished_store(store_path, wait_s)
     report = {"store": str(store_path), "ingested": [], "skipped": [], "still_being_written": [], "rows_added": 0}
     # every check runs before the lock is taken, so a refused input or request leaves the store untouched
     store.manifest.require_complete(store.path)
-    files = [vf for p in inputs if (vf := _open_input(p, listed, report, reporter)) is not None]
+    id_column = store.manifest.inputs[0].get("id_column") if store.manifest.inputs else None
+    files = [vf for p in inputs if (vf := _open_input(p, listed, report, reporter, column, id_column)) is not None]
     for vf in files:  # headers of every file first: fail fast
         _check_compatible(store, vf)
     unseen = [vf for vf in files if _seen(store, vf) is None]
@@ -139,7 +143,7 @@ def ingest(store_path: Path, inputs: list[Path], backends: list[Backend], report
     checked = []
     t = time.perf_counter()
     for vf in files:
-        fp = _seen(store, vf) or fingerprint(vf, check_and_hash(vf))
+        fp = _seen(store, vf) or fingerprint(vf, vf.check_and_hash())
         if _unchanged(vf, listed is not None, report, reporter):
             checked.append((vf, fp))
     acct.add("read", time.perf_counter() - t, sum(vf.state.size for vf, _ in checked))
@@ -191,20 +195,20 @@ def drop_folder_files(folder: Path) -> dict[Path, FileState]:
         raise BadInput(folder, "no such directory")
     listed = {}
     for p in folder.iterdir():
-        if not p.name.startswith(".") and p.suffix.lower() in VECTOR_EXTENSIONS and p.is_file():
+        if not p.name.startswith(".") and p.suffix.lower() in INPUT_EXTENSIONS and p.is_file():
             with suppress(FileNotFoundError):  # renamed away since the listing
                 listed[p] = FileState.of(p.stat())
     return dict(sorted(listed.items(), key=lambda item: (item[1].mtime_ns, item[0].name)))
 
 
-def _open_input(path: Path, listed: dict[Path, FileState] | None, report: dict,
-                reporter: Reporter) -> VectorFile | None:
-    """The opened file, or None for a drop-folder file that changed since it was listed (still being
+def _open_input(path: Path, listed: dict[Path, FileState] | None, report: dict, reporter: Reporter,
+                column: str | None, id_column: str | None) -> VectorSource | None:
+    """The opened input, or None for a drop-folder file that changed since it was listed (still being
     written: a header that does not match the size yet is no reason to refuse the whole run)."""
     if listed is None:
-        return open_vectors(path)
+        return open_source(path, column, id_column)
     try:
-        vf = open_vectors(path)
+        vf = open_source(path, column, id_column)
     except BadInput:
         change = listed[path].change_to(file_state(path))
         if change is None:
@@ -217,7 +221,7 @@ def _open_input(path: Path, listed: dict[Path, FileState] | None, report: dict,
     return vf
 
 
-def _unchanged(vf: VectorFile, watching: bool, report: dict, reporter: Reporter) -> bool:
+def _unchanged(vf: VectorSource, watching: bool, report: dict, reporter: Reporter) -> bool:
     """Whether the file is still the one opened; a changed one is refused, or skipped in a drop folder."""
     if not watching:
         vf.check_unchanged()
@@ -232,7 +236,7 @@ def _skip_growing(path: Path, change: str, report: dict, reporter: Reporter) -> 
     reporter.note(f"{path}: {change}: still being written; skipped (the next run takes it)")
 
 
-def _check_resources(store: Store, new: list[VectorFile], workers: int, host_mem: int | None,
+def _check_resources(store: Store, new: list[VectorSource], workers: int, host_mem: int | None,
                      reporter: Reporter) -> None:
     """Refuse, before anything is written, an ingest whose shards do not fit ``host_mem`` or whose merges
     cannot finish (the new files' shards against every shard, a pending ingest's included)."""
@@ -252,7 +256,7 @@ def _check_resources(store: Store, new: list[VectorFile], workers: int, host_mem
                       reporter)
 
 
-def _check_compatible(store: Store, vf: VectorFile) -> None:
+def _check_compatible(store: Store, vf: VectorSource) -> None:
     m = store.manifest
     if vf.dim != m.dim:
         raise BadInput(vf.path, f"has dimension {vf.dim}; the store holds dimension {m.dim}")
@@ -262,7 +266,7 @@ def _check_compatible(store: Store, vf: VectorFile) -> None:
                                 f"{np.dtype(want).name}")
 
 
-def _check_id_room(store: Store, new: list[VectorFile]) -> None:
+def _check_id_room(store: Store, new: list[VectorSource]) -> None:
     """A format-1 store (no checksums) cannot take ids past int32: int64 ids make a store format 5, whose
     readers take an array without checksums for damage."""
     m, rows = store.manifest, store.manifest.rows
@@ -273,7 +277,7 @@ def _check_id_room(store: Store, new: list[VectorFile]) -> None:
                                     f"(no checksums) cannot hold: rebuild the store with this bigknn first")
 
 
-def _seen(store: Store, vf: VectorFile) -> dict | None:
+def _seen(store: Store, vf: VectorSource) -> dict | None:
     """The recorded fingerprint of this very file (same path, size and mtime): no need to hash it again."""
     path = str(Path(vf.path).resolve())
     for rec in store.manifest.inputs:
@@ -286,7 +290,7 @@ def _already_ingested(store: Store, fp: dict) -> bool:
     return any(i.get("size") == fp["size"] and i.get("sha256") == fp["sha256"] for i in store.manifest.inputs)
 
 
-def _stage(store: Store, vf: VectorFile, fp: dict, watching: bool, report: dict, reporter: Reporter,
+def _stage(store: Store, vf: VectorSource, fp: dict, watching: bool, report: dict, reporter: Reporter,
            acct: Accounting) -> bool:
     """Write the new rows as new shards and commit them as a pending ingest (invisible to readers). The
     commit comes only if the file is still the one checked and hashed; otherwise the new shards' arrays are
@@ -306,12 +310,14 @@ def _stage(store: Store, vf: VectorFile, fp: dict, watching: bool, report: dict,
             advance(rows)
     new_ids = range(first, first + len(sizes))
     try:
+        if vf.id_column is not None:
+            _stage_user_ids(store, vf, offset)
         unchanged = _unchanged(vf, watching, report, reporter)
     except BadInput:
-        store.remove_uncommitted_shards(new_ids)
+        _take_back(store, new_ids, offset)
         raise
     if not unchanged:
-        store.remove_uncommitted_shards(new_ids)
+        _take_back(store, new_ids, offset)
         return False
     m.pending = {"inputs": [fp], "shards": new, "graphs": {}, "merged": [], "near": _near(store, vf)}
     m.hold_ids_of(offset + vf.rows)  # past 2^31 rows: this ingest writes every graph it touches with int64 ids
@@ -320,7 +326,21 @@ def _stage(store: Store, vf: VectorFile, fp: dict, watching: bool, report: dict,
     return True
 
 
-def _near(store: Store, vf: VectorFile) -> list[int] | None:
+def _stage_user_ids(store: Store, vf: VectorSource, offset: int) -> None:
+    """Write the new rows' user ids after the store's, refusing ids of another type than the store keeps."""
+    have = user_ids.stored_kind(store.path, offset)
+    kind, _ = user_ids.write_part(store.path, offset, vf.path, vf.user_ids())
+    if have is not None and have != kind:
+        raise BadInput(vf.path, f"holds {kind} ids in {vf.id_column!r}; the store keeps {have} ids")
+
+
+def _take_back(store: Store, new_ids: range, offset: int) -> None:
+    """Remove what a refused or skipped input wrote: its uncommitted shards and user ids."""
+    store.remove_uncommitted_shards(new_ids)
+    user_ids.remove_part(store.path, offset)
+
+
+def _near(store: Store, vf: VectorSource) -> list[int] | None:
     """The build shards near a new batch in a partitioned store (bigknn/partition/pairs.py near_shards): a cold
     ingest reads those, not the whole store. None: a contiguous store, whose every shard is merged."""
     m = store.manifest

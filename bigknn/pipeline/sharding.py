@@ -24,10 +24,11 @@ from typing import Iterator
 
 import numpy as np
 
-from bigknn.formats import VectorFile, check_rows, file_sha256
+from bigknn.formats import VectorSource
 from bigknn.metrics import prepare_rows
 from bigknn.pipeline.accounting import Accounting
 from bigknn.shards import ShardEntry, Store
+from bigknn.shards.user_ids import write_part as write_user_ids
 
 WRITES_IN_FLIGHT = 2  # shards being written while the next is read
 READ_THREADS = min(8, os.cpu_count() or 1)  # blocks of a shard read, checked and prepared at once
@@ -42,10 +43,11 @@ def shard_sizes(rows: int, shard_rows: int, k: int) -> list[int]:
     return [base + (i < extra) for i in range(count)]
 
 
-def stream_shards(store: Store, vf: VectorFile, sizes: list[int], acct: Accounting, ready: int = 2,
+def stream_shards(store: Store, vf: VectorSource, sizes: list[int], acct: Accounting, ready: int = 2,
                   layout: list[np.ndarray] | None = None) -> Iterator[tuple[ShardEntry, np.ndarray]]:
     """Write the input's rows as shards ``sizes`` after the store's last row; yield (shard, vectors) as each
-    is written, at most ``ready`` ahead of the consumer. ``layout``: each shard's input rows (a partitioned
+    is written, at most ``ready`` ahead of the consumer; the input's user ids (``--id-column``), if it has
+    them, are written beside (bigknn/shards/user_ids.py). ``layout``: each shard's input rows (a partitioned
     build, bigknn/partition/assign.py, whose labelling checked the rows), stored with it as ``row_ids``;
     None: consecutive rows. Commits the
     shards (and the input's sha256, in ``store.manifest.inputs[-1]``) once all are written; raises BadInput
@@ -57,11 +59,13 @@ def stream_shards(store: Store, vf: VectorFile, sizes: list[int], acct: Accounti
 
     def produce() -> None:
         try:
-            with store.deferred_commits(), ThreadPoolExecutor(1) as hasher, \
+            with store.deferred_commits(), ThreadPoolExecutor(2) as hasher, \
                     ThreadPoolExecutor(WRITES_IN_FLIGHT) as writers, ThreadPoolExecutor(READ_THREADS) as readers:
-                digest = hasher.submit(file_sha256, vf)
+                digest = hasher.submit(vf.sha256)
                 m = store.manifest
                 offset, first, start = m.rows, len(m.shards), 0
+                ids = None if vf.id_column is None else hasher.submit(
+                    write_user_ids, store.path, offset, vf.path, vf.user_ids())
                 t = time.perf_counter()
                 in_flight: deque = deque()  # writes not yet seen to end (their errors are raised here)
                 for i, rows in enumerate(sizes):
@@ -83,6 +87,8 @@ def stream_shards(store: Store, vf: VectorFile, sizes: list[int], acct: Accounti
                 while in_flight:
                     in_flight.popleft().result()
                 sha256 = digest.result()
+                if ids is not None:
+                    ids.result()
                 vf.check_unchanged()  # else the rows and the hash may be of different bytes
                 with store.lock:
                     m.inputs[-1]["sha256"] = sha256
@@ -116,26 +122,32 @@ def stream_shards(store: Store, vf: VectorFile, sizes: list[int], acct: Accounti
             thread.join()
 
 
-def shard_vectors(vf: VectorFile, pool: ThreadPoolExecutor, metric: str, dtype: np.dtype, start: int, rows: int,
+def shard_vectors(vf: VectorSource, pool: ThreadPoolExecutor, metric: str, dtype: np.dtype, start: int, rows: int,
                   layout: np.ndarray | None = None) -> np.ndarray:
     """A shard's vectors as stored: input rows [start, start + rows), checked and prepared for ``metric``, or
     the input rows ``layout`` (a partitioned shard: the labelling pass checked them), read in blocks by
     ``pool``. One thread took 3.9 s for 10M x 96 float32 on the device, about 1 GB/s; the first bad row in
-    file order is the one named."""
+    file order is the one named. A partitioned shard of a source without cheap scattered reads (Parquet) is
+    read in blocks of input ranges, so that each row group is decoded once per shard, not once per block."""
     x = np.empty((rows, vf.dim), dtype)
-    step = max(1, READ_BLOCK_BYTES // (vf.dim * vf.read_dtype.itemsize))
+    step = vf.block_rows(max(1, READ_BLOCK_BYTES // (vf.dim * vf.read_dtype.itemsize)))
+    starts = np.arange(0, rows, step)
+    if layout is not None and not vf.random_access:  # blocks of input ranges: a row group is decoded once
+        starts = np.unique(np.searchsorted(layout, np.arange(0, vf.rows, step)))
+        starts = starts[starts < rows]
+    ends = np.append(starts[1:], rows)
 
-    def block(a: int) -> None:
-        part = x[a:a + step]
+    def block(a: int, b: int) -> None:
+        part = x[a:b]
         if layout is None:
-            part[...] = vf.data[start + a:start + a + len(part)]  # one copy, cast as stored
-            check_rows(vf.path, start + a, part)
+            vf.read_into(start + a, part)  # one copy from a flat file's mapping, cast as stored
+            vf.check(start + a, part)
         else:
-            part[...] = vf.take(layout[a:a + len(part)])
+            part[...] = vf.take(layout[a:b])
         if (prepared := prepare_rows(part, metric)) is not part:
             part[...] = prepared
 
-    for done in [pool.submit(block, a) for a in range(0, rows, step)]:
+    for done in [pool.submit(block, int(a), int(b)) for a, b in zip(starts, ends)]:
         done.result()  # in file order, so that an error names the first bad row
     return x
 

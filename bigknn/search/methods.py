@@ -57,12 +57,14 @@ class SearchMethods:
 
     def search(self, queries: Any, k: int = 10, budget: float | None = None, batch: int | None = None,
                procedure: str = "auto", seed: int = 0, out: PathLike | None = None, backend: str = "auto",
-               gpu_mem: int | None = None) -> SearchResult:
+               gpu_mem: int | None = None, ids: str = "row") -> SearchResult:
         """The k nearest rows of each query (an array or a vector file) found by searching the pruned graph.
         ``batch``: queries searched together (default all); ``procedure``: "small" (independent greedy
         searches, ``budget`` of them per query), "large" (best-first, ``budget`` the search list's length) or
         "auto" (large, at every batch size). ``out``: also write
-        the ids and distances to this .ibin.
+        the ids and distances to this ``.ibin``, or ``.parquet`` (query, rank, id, distance). ``ids="user"``: the
+        ids are the user's the store keeps (built with ``id_column``; -1, or None among strings, where fewer
+        were found), and ``out`` must be a ``.parquet``.
 
         Examples
         --------
@@ -77,9 +79,10 @@ class SearchMethods:
         store = self._live()
         q = load_queries(queries, store.manifest)
         index, _ = load_index(store, kernel_metric(store.manifest.metric))
-        ids, distances, report = run.search(index, store, q, get_backend(backend, gpu_mem), k, budget, batch,
-                                            procedure, seed, None if out is None else Path(out))
-        return SearchResult(ids, distances, report)
+        users = self._user_ids(ids)
+        found, distances, report = run.search(index, store, q, get_backend(backend, gpu_mem), k, budget, batch,
+                                              procedure, seed, None if out is None else Path(out), users)
+        return SearchResult(found if users is None else users.take(found), distances, report)
 
     def truth(self, queries: Any, out: PathLike, k: int = 10, backend: str = "auto",
               gpu_mem: int | None = None) -> TruthReport:

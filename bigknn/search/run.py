@@ -20,16 +20,19 @@ from bigknn.pipeline.evaluate import TIE_RTOL
 from bigknn.search.graph import SearchIndex
 from bigknn.search.params import BUDGETS, PROCEDURES, SearchPlan
 from bigknn.search.results import SearchReport, SearchSweep, SweepPoint, TruthReport
+from bigknn.pipeline.export_parquet import write_found_parquet
 from bigknn.shards import Store
+from bigknn.shards.user_ids import UserIds
 
 DEFAULT_BUDGET = {"small": 16, "large": 64}
+SEARCH_OUTPUTS = (TRUTH_EXTENSION, ".parquet")  # a search's results: .ibin, or a Parquet table (needs pyarrow)
 WARMUP_QUERIES = 64  # searched once before timing: kernels compiled, the index on the device
 
 
-def check_output(out: Path) -> None:
-    """Refuse (exit 2, before any work) an output that is not an .ibin or cannot be written."""
-    if Path(out).suffix.lower() != TRUTH_EXTENSION:
-        raise BadInput(out, f"results are written as {TRUTH_EXTENSION} (ids, then distances)")
+def check_output(out: Path, formats: tuple[str, ...] = (TRUTH_EXTENSION,)) -> None:
+    """Refuse (exit 2, before any work) an output not of ``formats`` or that cannot be written."""
+    if Path(out).suffix.lower() not in formats:
+        raise BadInput(out, f"results are written as {' or '.join(formats)}")
     check_target(Path(out))
 
 
@@ -54,20 +57,25 @@ def make_plan(procedure: str, budget: float | None, k: int, seed: int) -> Search
 
 def search(index: SearchIndex, store: Store, queries: np.ndarray, backend: Backend, k: int,
            budget: float | None, batch: int | None, procedure: str = "auto", seed: int = 0,
-           out: Path | None = None) -> tuple[np.ndarray, np.ndarray, SearchReport]:
-    """Search every query; write ids and distances to ``out`` (.ibin) when given."""
+           out: Path | None = None, users: UserIds | None = None) -> tuple[np.ndarray, np.ndarray, SearchReport]:
+    """Search every query; write ids and distances to ``out`` when given: an ``.ibin`` of row numbers, or a
+    ``.parquet`` (query, rank, id, distance) whose ids are ``users``' where given."""
     batch = len(queries) if batch is None else batch
     if batch < 1:
         raise BadInput(f"--batch {batch}", "must be at least 1")
     if out is not None:
-        check_output(out)
+        check_output(out, SEARCH_OUTPUTS)
+        if users is not None and Path(out).suffix.lower() != ".parquet":
+            raise BadInput(out, "results in user ids are written as .parquet")
     plan = make_plan(procedure_for(procedure), budget, k, seed)
     t0 = time.perf_counter()
     found = backend.graph_search(index, queries, plan, batch)
     dt = time.perf_counter() - t0
     distances = user_distance(found.dists, store.manifest.metric)
     ids = RowMap.of(store).to_input(found.ids)  # the index searches store positions; users see input rows
-    if out is not None:
+    if out is not None and Path(out).suffix.lower() == ".parquet":
+        write_found_parquet(out, ids, distances, users)
+    elif out is not None:
         write_truth(out, ids, distances)
     report = SearchReport(store=str(store.path), queries=len(queries), k=k, procedure=plan.procedure,
                           budget=plan.budget, batch=batch, qps=round(len(queries) / max(dt, 1e-9), 1),

@@ -15,11 +15,12 @@ from pathlib import Path
 from bigknn.errors import BadInput
 from bigknn.shards.lock import LOCK_NAME
 from bigknn.shards.manifest import MANIFEST
+from bigknn.shards.user_ids import DIR as USER_IDS_DIR
 
 ZARR_METADATA = "zarr.json"
 SHARDS_DIR = "shards"
 # every top-level entry a store has: its lock file, the zarr group's metadata, the manifest, the arrays
-STORE_ENTRIES = (LOCK_NAME, ZARR_METADATA, MANIFEST, SHARDS_DIR)
+STORE_ENTRIES = (LOCK_NAME, ZARR_METADATA, MANIFEST, SHARDS_DIR, USER_IDS_DIR)
 
 
 def check_new_store_path(path: Path, own_lock: bool = False) -> None:
