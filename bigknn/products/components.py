@@ -68,6 +68,10 @@ class Components:
         """(rows,) bool: the row a deduplication keeps, one per group (its lowest id), and every single row."""
         return self.labels == np.arange(len(self.labels))
 
+    def write(self, out: str | Path, keep: str | Path | None = None) -> dict:
+        """Write the groups (``write_groups``) and return the summary ``bigknn dedup`` prints."""
+        return write_groups(self, Path(out), None if keep is None else Path(keep))
+
     def summary(self) -> dict:
         per_group = np.bincount(self.labels, minlength=len(self.labels))
         groups = int((per_group >= 2).sum())

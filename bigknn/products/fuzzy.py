@@ -62,6 +62,6 @@ def memberships(dists: np.ndarray, mean_all: float) -> np.ndarray:
     """The directed strength of each list entry (rows, k): exp(-(d - rho) / sigma), 1 where d <= rho."""
     sigma, rho = smooth_knn_dist(dists, mean_all)
     shifted = np.asarray(dists, np.float32) - rho[:, None]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        w = np.exp(-(shifted / sigma[:, None].astype(np.float64)))
+    with np.errstate(divide="ignore", invalid="ignore"):  # sigma 0 and d <= rho take the 1 below
+        w = np.exp(-(np.maximum(shifted, 0) / sigma[:, None].astype(np.float64)))
     return np.where((shifted <= 0) | (sigma[:, None] == 0), 1.0, w).astype(np.float32)
