@@ -5,6 +5,12 @@ the raw rows; and the CLI's outputs."""
 
 from __future__ import annotations
 
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -14,7 +20,7 @@ from sklearn.metrics import adjusted_rand_score
 
 import bigknn
 from bigknn.errors import BadInput
-from tests.conftest import assert_one_line_error, run_cli, run_json
+from conftest import assert_one_line_error, cli_env, run_cli, run_json
 
 SMALL_BUDGET = 4096  # bytes: a few rows a block, so every product takes the on-disk path
 
@@ -380,3 +386,19 @@ def test_cli_help_names_the_products():
     assert code == 0 and "--symmetric union" in out and "--core-distances 10" in out
     code, out, _ = run_cli("dedup", "--help")
     assert code == 0 and "--max-distance 0.05" in out
+
+
+def test_products_example_runs(tmp_path):
+    """The README chapters' example, as a user runs it."""
+    example = Path(__file__).resolve().parents[1] / "examples" / "graph_products.py"
+    proc = subprocess.run([sys.executable, str(example)], cwd=tmp_path, env={**cli_env(), "TMPDIR": str(tmp_path)},
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "groups: 5 rows removed: 68 largest: 40" in out and "rows kept: 2005" in out
+    assert "symmetric: True" in out and "fuzzy weights in (0, 1]: True" in out
+    assert float(re.search(r"ARI against HDBSCAN on the rows: ([\d.]+)", out).group(1)) >= 0.95, out
+    umap_line = "UMAP embedding: (1500, 2)" if importlib.util.find_spec("umap") else "UMAP skipped"
+    leiden_line = "Leiden on the mutual graph, ARI:" if importlib.util.find_spec("leidenalg") else "Leiden skipped"
+    assert umap_line in out and leiden_line in out, out
+    assert list(tmp_path.iterdir()) == []
