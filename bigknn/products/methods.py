@@ -122,7 +122,8 @@ class ProductMethods:
         >>> with bigknn.build(x, k=15, backend="cpu") as g:
         ...     mr = g.mutual_reachability(min_samples=10)
         >>> labels = HDBSCAN(metric="precomputed", min_samples=1, min_cluster_size=20, copy=True).fit_predict(mr)
-        >>> sorted(set(labels[:300]) - {-1}), sorted(set(labels[300:]) - {-1})   # the blobs: two components
-        ([0], [1])
+        >>> clusters = [set(labels[:300].tolist()) - {-1}, set(labels[300:].tolist()) - {-1}]
+        >>> [len(c) for c in clusters], clusters[0] & clusters[1]   # one cluster a blob (two components, joined)
+        ([1, 1], set())
         """
         return reachability.mutual_reachability(self._live(), min_samples, join, host_mem)

@@ -57,7 +57,9 @@ def symmetric_blocks(store: Store, mode: str = "union", weights: str | None = "d
     block = block_rows(m.rows, k, default_budget() if host_mem is None else host_mem)
     with Buckets(m.rows, block, tmp_parent) as buckets:
         for rows, ids, dists in shard_edges(store, k):
-            buckets.add(both_ways(rows, ids, fuzzy.memberships(dists, mean_all) if weights == "umap" else dists))
+            w = fuzzy.memberships(dists, mean_all) if weights == "umap" else dists
+            for s in range(0, len(rows), block):  # a block's rows at a time: their edges fit the budget too
+                buckets.add(both_ways(rows[s:s + block], ids[s:s + block], w[s:s + block]))
         for lo, hi, edges in buckets.blocks():
             rows, cols, w = join_pairs(edges, lo, m.rows, mode, weights)
             if transform is not None:
