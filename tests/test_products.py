@@ -402,3 +402,51 @@ def test_products_example_runs(tmp_path):
     leiden_line = "Leiden on the mutual graph, ARI:" if importlib.util.find_spec("leidenalg") else "Leiden skipped"
     assert umap_line in out and leiden_line in out, out
     assert list(tmp_path.iterdir()) == []
+
+
+def test_umap_runs_on_the_union_graph_as_precomputed(graph):
+    umap = pytest.importorskip("umap")
+    g, x = graph
+    if g.info.k < 6:
+        pytest.skip("k = 1: UMAP needs n_neighbors >= 2 entries a row")
+    embedding = umap.UMAP(metric="precomputed", n_neighbors=6, random_state=0).fit_transform(g.symmetric())
+    assert embedding.shape == (len(x), 2) and np.isfinite(embedding).all()
+
+
+def test_leiden_runs_on_the_mutual_graph(graph):
+    leidenalg = pytest.importorskip("leidenalg")
+    import igraph
+
+    g, x = graph
+    m = sp.triu(g.symmetric("mutual", weights="umap"), k=1).tocoo()
+    partition = leidenalg.find_partition(igraph.Graph(n=len(x), edges=list(zip(m.row, m.col))),
+                                         leidenalg.ModularityVertexPartition, weights=m.data.tolist(), seed=0)
+    assert len(partition.membership) == len(x)
+
+
+@pytest.mark.slow
+def test_dedup_at_100k_rows_equals_the_exact_threshold_components():
+    """The issue's acceptance: planted groups of 2 to 50 among 100K rows; the groups equal the exact
+    components of all pairs within the distance, so every pair within it is found (recall 1) and every
+    pair in a group lies within it (precision 1), checked on a sample of rows."""
+    from sklearn.neighbors import NearestNeighbors
+
+    rng = np.random.default_rng(11)
+    sizes = rng.integers(2, 51, size=400)
+    centres = rng.normal(scale=10, size=(len(sizes), 16))
+    groups = [c + rng.normal(scale=0.002, size=(s, 16)) for c, s in zip(centres, sizes)]
+    x = np.concatenate([rng.normal(scale=10, size=(100_000 - sizes.sum(), 16)), *groups]).astype(np.float32)
+    x = x[rng.permutation(len(x))]
+    max_distance = 0.05
+    with bigknn.build(x, k=10, backend="cpu") as g:
+        labels = g.components(max_distance).labels
+    near = NearestNeighbors(radius=max_distance).fit(x).radius_neighbors_graph(x, mode="connectivity")
+    _, exact = csgraph.connected_components(near, directed=False)
+    lowest = np.full(exact.max() + 1, len(x))
+    np.minimum.at(lowest, exact, np.arange(len(x)))
+    np.testing.assert_array_equal(labels, lowest[exact])
+    sample = rng.choice(len(x), 2000, replace=False)
+    within = pairwise(x[sample]) <= max_distance
+    same = labels[sample][:, None] == labels[sample][None, :]
+    assert (within <= same).all() and (same <= within).all()  # recall 1 and precision 1 on the sample
+    assert (np.bincount(labels) >= 2).sum() == len(sizes)
