@@ -7,7 +7,9 @@ distance, so the graph's k bounds min_samples by k + 1. The graph's edges are th
 max(core_a, core_b, d(a, b)). A kNN graph often falls apart into components, which scikit-learn refuses; they
 are joined as Boruvka's MST does: each round, every component but the largest gets its cheapest
 mutual-reachability edge to another component, found by an exact scan of the store's vectors (so each
-added edge is one the exact MST holds too)."""
+added edge is one the exact MST holds too). That scan costs (rows outside the largest component) x rows
+distances a round, and rounds at most halve the components: cheap for a few small fragments, quadratic for a
+graph that falls apart into many large clusters (a larger k joins those through the lists instead)."""
 
 from __future__ import annotations
 
@@ -75,6 +77,9 @@ def join_components(store: Store, graph: Any, core: np.ndarray, labels: np.ndarr
     a_all, b_all, w_all = [], [], []
     start = count
     while count > 1:
+        outside = int((labels != np.bincount(labels).argmax()).sum())
+        log.info("mutual reachability: %d components; scanning %d rows outside the largest against all %d",
+                 count, outside, len(labels))
         a, b, w = cheapest_links(store, core, labels)
         a_all.append(a), b_all.append(b), w_all.append(w)
         merged = sparse.coo_matrix((np.ones(len(a)), (labels[a], labels[b])), shape=(count, count))
