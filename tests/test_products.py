@@ -450,3 +450,19 @@ def test_dedup_at_100k_rows_equals_the_exact_threshold_components():
     same = labels[sample][:, None] == labels[sample][None, :]
     assert (within <= same).all() and (same <= within).all()  # recall 1 and precision 1 on the sample
     assert (np.bincount(labels) >= 2).sum() == len(sizes)
+
+
+@pytest.mark.parametrize("metric", ["cosine", "l2"])
+def test_products_of_a_partitioned_store_are_those_of_its_lists(tmp_path, metric):
+    """A k-means partitioned store yields shards of scattered input rows: the products still index input rows."""
+    x = with_duplicates(2500, 8, seed=43)  # past one shard, so the partition is learnt
+    with bigknn.build(x, k=5, metric=metric, backend="cpu", shard_rows=900, partition="kmeans") as g:
+        assert g.info.partition == "kmeans"
+        a = dense_lists(g)
+        np.testing.assert_array_equal(as_dense(g.symmetric("mutual", host_mem=SMALL_BUDGET)), reference(a, "mutual"))
+        _, labels = csgraph.connected_components(sp.csr_matrix(np.nan_to_num(a, nan=np.inf) <= 1e-4),
+                                                 directed=False)
+        lowest = np.full(labels.max() + 1, len(x))
+        np.minimum.at(lowest, labels, np.arange(len(x)))
+        np.testing.assert_array_equal(g.components(1e-4).labels, lowest[labels])
+        np.testing.assert_array_equal(g.core_distances(4), g.neighbors()[1][:, 2])
