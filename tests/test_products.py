@@ -371,6 +371,7 @@ def test_cli_export_symmetric_and_core_distances_equal_the_api(stored, tmp_path)
     (["export", "{s}", "-o", "{t}/a.ibin", "--symmetric", "union"], ["a.ibin", ".npz"]),
     (["export", "{s}", "-o", "{t}/a.npy", "--core-distances", "8"], ["min_samples = 8", "k = 6"]),
     (["export", "{s}", "-o", "{t}/a.txt", "--core-distances", "3"], ["a.txt", ".npy"]),
+    (["export", "{s}", "-o", "{t}/a.npy", "--weights", "umap"], ["--weights", "--symmetric"]),
     (["dedup", "{s}", "--max-distance", "0.1", "-o", "{t}/g.json"], ["g.json", ".parquet"]),
     (["dedup", "{s}", "--max-distance", "0.1", "-o", "{t}/g.csv", "--keep", "{t}/k.bin"], ["k.bin"]),
 ])

@@ -61,7 +61,7 @@ def info(store: Path, plot: Path | None, as_json: bool) -> None:
 @core_option
 @edges_mem_option
 @json_option
-def export(store: Path, output: Path, fmt: str | None, include_self: bool, symmetric: str | None, weights: str,
+def export(store: Path, output: Path, fmt: str | None, include_self: bool, symmetric: str | None, weights: str | None,
            core_min_samples: int | None, host_mem: str | None, as_json: bool) -> None:
     """Write the finished graph: row i holds global row i's neighbour ids (input order, 0-based), nearest
     first, self excluded unless --include-self, and their distances, ascending (l2: Euclidean; cosine:

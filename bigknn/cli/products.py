@@ -20,8 +20,9 @@ symmetric_option = click.option(
          "UMAP's and scikit-learn's metric='precomputed' take) or mutual (where both do), to .npz (scipy CSR) or "
          ".parquet (row, col, weight), streamed block by block.")
 weights_option = click.option(
-    "--weights", type=click.Choice(WEIGHTS), default="distance", show_default=True,
-    help="With --symmetric: the graph's distances, UMAP's fuzzy connectivities (umap), or 1 per edge (none).")
+    "--weights", type=click.Choice(WEIGHTS), default=None,
+    help="With --symmetric: the graph's distances (the default), UMAP's fuzzy connectivities (umap), or 1 per "
+         "edge (none).")
 core_option = click.option(
     "--core-distances", "core_min_samples", type=click.IntRange(min=1), default=None, metavar="MIN_SAMPLES",
     help="Write HDBSCAN's core distances (.npy, one float32 a row): each row's distance to its MIN_SAMPLES-th "
@@ -33,9 +34,11 @@ edges_mem_option = click.option(
          "temporary directory next to --output (default: half the machine's RAM).")
 
 
-def export_products(store: Path, output: Path, symmetric: str | None, weights: str, core_min_samples: int | None,
-                    include_self: bool, host_mem: int | None) -> dict | None:
+def export_products(store: Path, output: Path, symmetric: str | None, weights: str | None,
+                    core_min_samples: int | None, include_self: bool, host_mem: int | None) -> dict | None:
     """What ``bigknn export`` writes when --symmetric or --core-distances is given (else None)."""
+    if symmetric is None and (weights is not None or host_mem is not None):
+        raise BadInput(output, "--weights and --host-mem apply to --symmetric")
     if symmetric is None and core_min_samples is None:
         return None
     if symmetric is not None and core_min_samples is not None:
@@ -44,7 +47,7 @@ def export_products(store: Path, output: Path, symmetric: str | None, weights: s
         raise BadInput(output, "--include-self applies to the lists, not to --symmetric or --core-distances")
     graph = api.open(store)
     if symmetric is not None:
-        return graph.export_symmetric(output, symmetric, None if weights == "none" else weights, host_mem=host_mem)
+        return graph.export_symmetric(output, symmetric, weights or "distance", host_mem=host_mem)
     if output.suffix.lower() != ".npy":
         raise BadInput(output, "core distances are written as .npy")
     core = graph.core_distances(core_min_samples)

@@ -81,7 +81,9 @@ def join_components(store: Store, graph: Any, core: np.ndarray, labels: np.ndarr
         log.info("mutual reachability: %d components; scanning %d rows outside the largest against all %d",
                  count, outside, len(labels))
         a, b, w = cheapest_links(store, core, labels)
-        a_all.append(a), b_all.append(b), w_all.append(w)
+        a_all.append(a)
+        b_all.append(b)
+        w_all.append(w)
         merged = sparse.coo_matrix((np.ones(len(a)), (labels[a], labels[b])), shape=(count, count))
         count, relabel = csgraph.connected_components(merged, directed=False)
         labels = relabel[labels]
