@@ -23,6 +23,7 @@ from bigknn.pipeline.export import ID_KINDS, export as run_export
 from bigknn.pipeline.ingest import ingest as run_ingest
 from bigknn.partition.rowmap import RowMap
 from bigknn.pipeline.readout import csr_parts, in_degrees, neighbours_per_row, shard_of, whole_graph
+from bigknn.products.methods import ProductMethods
 from bigknn.progress import reporter
 from bigknn.results import BuildReport, ExportReport, InDegrees, Info, IngestReport, Neighbors, RecallReport
 from bigknn.search.methods import SearchMethods
@@ -32,7 +33,7 @@ PathLike = str | os.PathLike
 Gpus = str | Sequence[int] | None
 
 
-class Graph(SearchMethods):
+class Graph(SearchMethods, ProductMethods):
     """A k-NN graph in a store: its neighbour lists, as arrays, scipy, UMAP or files, and its upkeep.
 
     Made by ``bigknn.build`` or ``bigknn.open``. A graph built without a store lives in a temporary

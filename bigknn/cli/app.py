@@ -11,7 +11,7 @@ import sys
 import click
 
 from bigknn import __version__, envvars
-from bigknn.cli import build, evaluate, info, ingest, plan, search, synth, verify
+from bigknn.cli import build, evaluate, info, ingest, plan, products, search, synth, verify
 from bigknn.errors import BigknnError, Interrupted
 from bigknn.progress import configure_logging, log
 
@@ -51,7 +51,7 @@ def cli() -> None:
     """
 
 
-COMMANDS = (build.build, build.merge, evaluate.eval_group, info.info, info.export, ingest.ingest, plan.plan,
+COMMANDS = (build.build, build.merge, products.dedup, evaluate.eval_group, info.info, info.export, ingest.ingest, plan.plan,
             search.prune, search.search, search.truth, synth.synth, verify.verify)
 
 

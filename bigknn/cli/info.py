@@ -7,7 +7,8 @@ from pathlib import Path
 import click
 
 from bigknn import api
-from bigknn.cli.common import emit, json_option, plot_option
+from bigknn.cli.common import emit, json_option, parse_bytes, plot_option
+from bigknn.cli.products import core_option, edges_mem_option, export_products, symmetric_option, weights_option
 from bigknn.errors import BadInput
 from bigknn.pipeline.export import FORMATS, ID_KINDS, format_of
 from bigknn.pipeline.verify import verify
@@ -59,8 +60,13 @@ def info(store: Path, plot: Path | None, as_json: bool) -> None:
 @click.option("--ids", type=click.Choice(ID_KINDS), default="row", show_default=True,
               help="row: input row numbers; user: the ids of the store's --id-column (.parquet, or .npy for "
                    "integer ids).")
+@symmetric_option
+@weights_option
+@core_option
+@edges_mem_option
 @json_option
-def export(store: Path, output: Path, fmt: str | None, include_self: bool, ids: str, as_json: bool) -> None:
+def export(store: Path, output: Path, fmt: str | None, include_self: bool, ids: str, symmetric: str | None,
+           weights: str | None, core_min_samples: int | None, host_mem: str | None, as_json: bool) -> None:
     """Write the finished graph: row i holds global row i's neighbour ids (input order, 0-based), nearest
     first, self excluded unless --include-self, and their distances, ascending (l2: Euclidean; cosine:
     1 - cos; ip: 1 - inner product).
@@ -71,7 +77,15 @@ def export(store: Path, output: Path, fmt: str | None, include_self: bool, ids: 
       bigknn export data.knn -o graph.npy                  # also writes graph.dists.npy
       bigknn export data.knn -o graph.npz --include-self   # scipy.sparse.load_npz("graph.npz")
       bigknn export emb.knn -o edges.parquet --ids user     # pandas.read_parquet("edges.parquet")
+      bigknn export data.knn -o sym.npz --symmetric union                 # UMAP / sklearn metric="precomputed"
+      bigknn export data.knn -o conn.parquet --symmetric union --weights umap --host-mem 4G
+      bigknn export data.knn -o core.npy --core-distances 10              # HDBSCAN's, min_samples 10
     """
+    products = export_products(store, output, symmetric, weights, core_min_samples, include_self,
+                               parse_bytes(host_mem))
+    if products is not None:
+        emit(products, as_json, "export")
+        return
     graph = api.open(store)
     if fmt is not None and format_of(output) != fmt:
         raise BadInput(output, f"--format {fmt} writes a .{fmt} file")

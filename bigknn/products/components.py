@@ -1,0 +1,161 @@
+"""Near-duplicate groups: the connected components of the graph's edges at or under a distance, by
+union-find streamed over the shards' lists (memory: one int64 per row, plus a shard's lists).
+
+Each union hangs the larger root under the smaller, so a group's root is its lowest row id: that row is the
+group's id and the row it keeps (a deterministic rule that needs no vectors, and the first occurrence in
+input order). Distances are the graph's (``Graph.neighbors``): Euclidean for l2, 1 - cos for cosine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numba
+import numpy as np
+
+from bigknn.atomic import atomic_path
+from bigknn.errors import BadInput, disk_full_named
+from bigknn.pipeline.readout import neighbours_per_row
+from bigknn.products.edges import shard_edges
+from bigknn.shards import Store
+
+GROUP_FORMATS = ("parquet", "csv", "npy")
+KEEP_FORMATS = ("npy", "txt", "ids")  # .txt and .ids: one row id a line
+WRITE_ROWS = 1 << 20  # rows per Parquet row group / text chunk
+GROUP_COLUMNS = (("row", np.int64), ("group", np.int64), ("kept", np.bool_), ("group_size", np.int64))
+
+
+@numba.njit(cache=True)
+def _find(parent: np.ndarray, a: int) -> int:
+    while parent[a] != a:
+        parent[a] = parent[parent[a]]  # path halving
+        a = parent[a]
+    return a
+
+
+@numba.njit(cache=True)
+def _unite(parent: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+    for i in range(len(a)):
+        ra, rb = _find(parent, a[i]), _find(parent, b[i])
+        if ra < rb:
+            parent[rb] = ra
+        elif rb < ra:
+            parent[ra] = rb
+
+
+@numba.njit(cache=True)
+def _roots(parent: np.ndarray) -> np.ndarray:
+    out = np.empty_like(parent)
+    for i in range(len(parent)):
+        out[i] = _find(parent, i)
+    return out
+
+
+@dataclass
+class Components:
+    """Each row's group (the lowest row id in it) among the edges at distance <= ``max_distance``."""
+
+    labels: np.ndarray  # (rows,) int64: the group's lowest row id
+    max_distance: float
+
+    @property
+    def sizes(self) -> np.ndarray:
+        """(rows,) the size of each row's group (1: no near duplicate)."""
+        return np.bincount(self.labels, minlength=len(self.labels))[self.labels]
+
+    @property
+    def kept(self) -> np.ndarray:
+        """(rows,) bool: the row a deduplication keeps, one per group (its lowest id), and every single row."""
+        return self.labels == np.arange(len(self.labels))
+
+    def write(self, out: str | Path, keep: str | Path | None = None) -> dict:
+        """Write the groups (``write_groups``) and return the summary ``bigknn dedup`` prints."""
+        return write_groups(self, Path(out), None if keep is None else Path(keep))
+
+    def summary(self) -> dict:
+        per_group = np.bincount(self.labels, minlength=len(self.labels))
+        groups = int((per_group >= 2).sum())
+        kept = int((per_group >= 1).sum())
+        return {"rows": len(self.labels), "max_distance": self.max_distance, "groups": groups,
+                "rows_in_groups": int(per_group[per_group >= 2].sum()), "largest_group": int(per_group.max(initial=0)),
+                "rows_kept": kept, "rows_removed": len(self.labels) - kept}
+
+
+def components(store: Store, max_distance: float, k: int | None = None) -> Components:
+    """Union-find over every list entry at distance <= ``max_distance``, one shard at a time."""
+    if not np.isfinite(max_distance) or max_distance < 0:
+        raise BadInput(store.path, f"max_distance must be a finite distance >= 0, got {max_distance}")
+    k = neighbours_per_row(store, k)
+    parent = np.arange(store.manifest.rows, dtype=np.int64)
+    for rows, ids, dists in shard_edges(store, k):
+        near = (dists <= max_distance) & (ids >= 0)
+        _unite(parent, np.repeat(rows, k)[near.ravel()], ids[near].astype(np.int64))
+    return Components(_roots(parent), float(max_distance))
+
+
+def write_groups(comp: Components, out: Path, keep: Path | None = None) -> dict:
+    """Write the rows of groups of two or more (row, group, kept, group_size; by group, then row) to ``out``
+    (.parquet, .csv or .npy), and with ``keep`` every kept row's id (.npy, or text: .txt/.ids)."""
+    out = Path(out)
+    fmt = _format(out, GROUP_FORMATS, "groups")
+    keep_fmt = None if keep is None else _format(Path(keep), KEEP_FORMATS, "kept rows")
+    if fmt == "parquet":
+        try:
+            import pyarrow.parquet  # noqa: F401
+        except ImportError:
+            raise BadInput(out, "writing Parquet needs pyarrow: pip install 'bigknn[parquet]', or write .csv "
+                                "or .npy") from None
+    sizes = comp.sizes
+    grouped = np.nonzero(sizes >= 2)[0]
+    grouped = grouped[np.lexsort((grouped, comp.labels[grouped]))]
+    columns = (grouped, comp.labels[grouped], comp.labels[grouped] == grouped, sizes[grouped])
+    with atomic_path(out) as tmp, disk_full_named(out, None):
+        {"parquet": _parquet, "csv": _csv, "npy": _npy}[fmt](tmp, columns)
+    files = [str(out)]
+    if keep is not None:
+        kept = np.nonzero(comp.kept)[0]
+        with atomic_path(keep) as tmp, disk_full_named(keep, None):
+            with open(tmp, "wb") as f:
+                if keep_fmt == "npy":
+                    np.save(f, kept)
+                else:
+                    for start in range(0, len(kept), WRITE_ROWS):
+                        np.savetxt(f, kept[start:start + WRITE_ROWS], fmt="%d")
+        files.append(str(keep))
+    return {**comp.summary(), "files": files}
+
+
+def _format(path: Path, allowed: tuple[str, ...], what: str) -> str:
+    fmt = path.suffix.lower().removeprefix(".")
+    if fmt not in allowed:
+        raise BadInput(path, f"{what} are written as {', '.join('.' + f for f in allowed)}, not "
+                             f"{path.suffix or '(no extension)'!r}")
+    return fmt
+
+
+def _parquet(tmp: Path, columns: tuple[np.ndarray, ...]) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = pa.schema([("row", pa.int64()), ("group", pa.int64()), ("kept", pa.bool_()),
+                        ("group_size", pa.int64())])
+    with pq.ParquetWriter(tmp, schema) as writer:
+        for start in range(0, max(len(columns[0]), 1), WRITE_ROWS):
+            part = {name: c[start:start + WRITE_ROWS] for (name, _), c in zip(GROUP_COLUMNS, columns)}
+            writer.write_table(pa.table(part, schema=schema))
+
+
+def _csv(tmp: Path, columns: tuple[np.ndarray, ...]) -> None:
+    with open(tmp, "wb") as f:
+        f.write((",".join(name for name, _ in GROUP_COLUMNS) + "\n").encode())
+        for start in range(0, len(columns[0]), WRITE_ROWS):
+            part = np.stack([c[start:start + WRITE_ROWS].astype(np.int64) for c in columns], axis=1)
+            np.savetxt(f, part, fmt="%d", delimiter=",")
+
+
+def _npy(tmp: Path, columns: tuple[np.ndarray, ...]) -> None:
+    table = np.empty(len(columns[0]), np.dtype(list(GROUP_COLUMNS)))
+    for (name, _), c in zip(GROUP_COLUMNS, columns):
+        table[name] = c
+    with open(tmp, "wb") as f:
+        np.save(f, table)

@@ -1,0 +1,89 @@
+#!/usr/bin/env python3
+"""Graph products on the CPU (bigknn/products/): time and peak traced memory of the symmetric graph (in
+memory, and written to .npz through disk buckets under a host budget), near-duplicate components, core
+distances and the mutual-reachability graph, on a store of N rows. One JSON object on stdout.
+
+The store is built here (clustered synth rows, CPU backend) unless --store names one. Peak memory is what
+tracemalloc sees (NumPy's allocations), beside the graph's own size (rows x k ids and distances), so the
+streamed steps can be told from ones that hold the graph.
+
+    PYTHONPATH=. python3 scripts/bench_products.py --rows 200000 --dim 32 --k 16 --host-mem 64M
+    PYTHONPATH=. python3 scripts/bench_products.py --store data.knn --max-distance 0.1 --min-samples 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+
+
+def measured(fn):
+    """(result, seconds, peak traced bytes) of ``fn()``."""
+    tracemalloc.start()
+    tracemalloc.reset_peak()
+    t0 = time.perf_counter()
+    result = fn()
+    seconds = time.perf_counter() - t0
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return result, round(seconds, 3), peak
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--store", type=Path, default=None, help="An existing store (default: build one here).")
+    ap.add_argument("--rows", type=int, default=100_000)
+    ap.add_argument("--dim", type=int, default=32)
+    ap.add_argument("--k", type=int, default=16)
+    ap.add_argument("--host-mem", type=str, default="32M", help="Edge budget of the out-of-core .npz export.")
+    ap.add_argument("--max-distance", type=float, default=None,
+                    help="Components' threshold (default: the median first-neighbour distance).")
+    ap.add_argument("--min-samples", type=int, default=10)
+    args = ap.parse_args()
+
+    import bigknn
+    from bigknn.cli.common import parse_bytes
+    from bigknn.synth import synth
+
+    with tempfile.TemporaryDirectory(prefix="bench-products-") as work:
+        work = Path(work)
+        if args.store is None:
+            x = synth(args.rows, args.dim, seed=41)
+            t0 = time.perf_counter()
+            g = bigknn.build(x, k=args.k, backend="cpu", store=work / "bench.knn")
+            build_s = round(time.perf_counter() - t0, 3)
+        else:
+            g, build_s = bigknn.open(args.store), None
+        info = g.info
+        _, first = g.neighbors(k=1)
+        max_distance = float(np.median(first)) if args.max_distance is None else args.max_distance
+        min_samples = min(args.min_samples, info.k + 1)
+        host_mem = parse_bytes(args.host_mem)
+        result = {"rows": info.rows, "dim": info.dim, "k": info.k, "metric": info.metric, "build_s": build_s,
+                  "graph_bytes": info.rows * info.k * 8, "host_mem": host_mem}
+        steps = {
+            "symmetric_union_distance": lambda: g.symmetric("union").nnz,
+            "symmetric_union_umap": lambda: g.symmetric("union", weights="umap").nnz,
+            "symmetric_mutual": lambda: g.symmetric("mutual").nnz,
+            "export_npz_out_of_core": lambda: g.export_symmetric(work / "sym.npz", host_mem=host_mem)["entries"],
+            "components": lambda: g.components(max_distance).summary()["groups"],
+            "core_distances": lambda: float(g.core_distances(min_samples).mean()),
+            "mutual_reachability": lambda: g.mutual_reachability(min_samples).nnz,
+        }
+        for name, fn in steps.items():
+            value, seconds, peak = measured(fn)
+            result[name] = {"s": seconds, "peak_bytes": peak, "result": value}
+        result["components"]["max_distance"] = max_distance
+        result["mutual_reachability"]["min_samples"] = min_samples
+        g.close()
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
