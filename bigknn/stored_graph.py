@@ -25,6 +25,7 @@ from bigknn.partition.rowmap import RowMap
 from bigknn.pipeline.readout import csr_parts, in_degrees, neighbours_per_row, shard_of, whole_graph
 from bigknn.progress import reporter
 from bigknn.results import BuildReport, ExportReport, InDegrees, Info, IngestReport, Neighbors, RecallReport
+from bigknn.search.index import IndexSlot
 from bigknn.search.methods import SearchMethods
 from bigknn.shards import Store
 
@@ -44,6 +45,7 @@ class Graph(SearchMethods):
         self.report = report  #: what the build that made this object did (None after ``bigknn.open``)
         self._cleanup = weakref.finalize(self, shutil.rmtree, temporary, True) if temporary is not None else None
         self._closed = False
+        self._search_slot = IndexSlot()  # the search index ``search`` loaded, kept between its calls
 
     # ---- reading ----------------------------------------------------------------------------------
     @property
@@ -330,6 +332,7 @@ class Graph(SearchMethods):
         (False, <bigknn.Graph (closed)>)
         """
         self._closed = True
+        self._search_slot.close()
         if self._cleanup is not None:
             self._cleanup()
 

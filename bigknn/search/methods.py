@@ -10,22 +10,25 @@ from typing import Any
 
 from bigknn import plot as draw
 from bigknn.backends import get_backend
-from bigknn.metrics import kernel_metric
+from bigknn.formats import write_truth
 from bigknn.pipeline.steps import HOST_MEM_FRACTION, physical_memory
 from bigknn.progress import reporter
 from bigknn.search import run
+from bigknn.search.index import IndexSlot, LoadedIndex
 from bigknn.search.params import ALPHA, PruneParams
 from bigknn.search.prune import prune as run_prune
 from bigknn.search.queries import load_queries
-from bigknn.search.results import PruneReport, SearchResult, SearchSweep, TruthReport
-from bigknn.search.store import load_index
+from bigknn.search.results import PruneReport, SearchReport, SearchResult, SearchSweep, TruthReport
 from bigknn.shards import Store
 
 PathLike = str | os.PathLike
 
 
 class SearchMethods:
-    """Mixed into ``bigknn.Graph``; ``_live()`` gives the open store."""
+    """Mixed into ``bigknn.Graph``; ``_live()`` gives the open store, ``_search_slot`` the loaded index that
+    ``search`` keeps between calls (Graph's ``close()`` frees it)."""
+
+    _search_slot: IndexSlot
 
     def _live(self) -> Store:  # pragma: no cover - Graph's
         raise NotImplementedError
@@ -52,6 +55,7 @@ class SearchMethods:
         host = int(physical_memory() * HOST_MEM_FRACTION) if host_mem is None else host_mem
         summary = run_prune(store.path, PruneParams(method, degree, alpha), get_backend(backend, gpu_mem),
                             reporter(progress), host, wait)
+        self._search_slot.close()  # the index search kept is the old graph's
         self._store = Store.open(store.path)
         return PruneReport(**summary)
 
@@ -64,6 +68,9 @@ class SearchMethods:
         "auto" (large, at every batch size). ``out``: also write
         the ids and distances to this .ibin.
 
+        The first call loads the search graph (``search_index``) and the graph keeps it for the next calls
+        with the same ``backend`` and ``gpu_mem`` until ``close()``; a call may come from any thread.
+
         Examples
         --------
         >>> import numpy as np, bigknn
@@ -75,11 +82,33 @@ class SearchMethods:
         [0, 1, 2, 3, 4]
         """
         store = self._live()
+        if out is not None:
+            run.check_output(Path(out))
         q = load_queries(queries, store.manifest)
-        index, _ = load_index(store, kernel_metric(store.manifest.metric))
-        ids, distances, report = run.search(index, store, q, get_backend(backend, gpu_mem), k, budget, batch,
-                                            procedure, seed, None if out is None else Path(out))
-        return SearchResult(ids, distances, report)
+        found = self._search_slot.get(store, backend, gpu_mem).search_prepared(q, k, budget, batch, procedure, seed)
+        if out is not None:
+            write_truth(out, found.ids, found.distances)
+            found = SearchResult(found.ids, found.distances,
+                                 SearchReport(**{**found.report.to_dict(), "out": str(out)}))
+        return found
+
+    def search_index(self, backend: str = "auto", gpu_mem: int | None = None) -> LoadedIndex:
+        """The search graph loaded for serving: ``index.search(queries, k, budget)`` does only the search
+        (graph, rows, entry points and device copy made here, once). Thread-safe; free it with ``close()``
+        or a ``with`` block (it stays usable after the graph is closed).
+
+        Examples
+        --------
+        >>> import numpy as np, bigknn
+        >>> x = np.random.default_rng(0).normal(size=(2000, 8)).astype(np.float32)
+        >>> with bigknn.build(x, k=16, backend="cpu") as g:
+        ...     _ = g.prune(degree=16, backend="cpu")
+        ...     with g.search_index(backend="cpu") as index:
+        ...         found = index.search(x[:4], k=3, budget=32)
+        >>> found.ids[:, 0].tolist(), found.report.procedure
+        ([0, 1, 2, 3], 'large')
+        """
+        return LoadedIndex(self._live(), get_backend(backend, gpu_mem))
 
     def truth(self, queries: Any, out: PathLike, k: int = 10, backend: str = "auto",
               gpu_mem: int | None = None) -> TruthReport:
@@ -126,9 +155,8 @@ class SearchMethods:
         if plot is not None:
             draw.pyplot(Path(plot))  # refuse before the work
         q = load_queries(queries, store.manifest)
-        index, _ = load_index(store, kernel_metric(store.manifest.metric))
-        result = run.sweep(index, store, q, Path(truth), get_backend(backend, gpu_mem), k, budgets, batch,
-                           procedure, seed)
+        with self.search_index(backend, gpu_mem) as loaded:
+            result = run.sweep(loaded, q, Path(truth), k, budgets, batch, procedure, seed)
         if plot is not None:
             draw.search_curve(Path(plot), result)
             result = SearchSweep(**{**result.__dict__, "plot": str(plot)})
