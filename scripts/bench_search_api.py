@@ -20,7 +20,9 @@ index.search, bigknn Graph.search, cagra-32, cagra-64) and batch (10000, 1) the 
 and >= 0.99, the build times (kNN + prune against CAGRA's build), and a one-query call's time split into the
 backend's search (queries up, entry GEMM, kernel, results back: ``backend_us``, with the GPU's span of it) and
 what the API adds around it (``api_overhead_us``; the only place the script calls bigknn's backend directly).
-Without cuvs the CAGRA records are one note. Kernels are compiled by a warm-up build and prune of
+``bigknn search`` of ``--stream-queries`` queries (a subprocess) is timed against
+``index.search`` of the same batches (``cli_wall_over_index_search``: its whole stream, file I/O included, over
+the in-process searches). Without cuvs the CAGRA records are one note. Kernels are compiled by a warm-up build and prune of
 WARMUP_ROWS rows (and a warm-up CAGRA build) before anything is timed.
 """
 
@@ -29,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import subprocess
 import sys
 import time
 from contextlib import nullcontext
@@ -37,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 import bigknn
-from bigknn.formats import open_vectors, read_truth
+from bigknn.formats import open_vectors, read_truth, write_vectors
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import families  # noqa: E402 - scripts/ on the path first
@@ -67,7 +70,7 @@ def inputs(spec: str, work: Path, rows: int) -> tuple[str, Path, str] | dict:
         if not path.exists():
             try:
                 families.write_family(spec, path, rows, seed=0)
-            except SystemExit as e:  # the text family without its model
+            except (SystemExit, ImportError) as e:  # the text family without its model or torch
                 return {"family": spec, "note": f"not made: {e}"}
         return spec, path, "cosine" if spec == "text" else "l2"
     path, metric = spec.rsplit(":", 1)
@@ -197,9 +200,39 @@ def bench_bigknn(x, q, metric, args, base: dict, out) -> tuple[list[dict], dict,
                     q, qs, xs, truth, metric, bb, out, args.batch1_seconds)
     calls = overhead(index, args.backend, q, args.overhead_calls)
     emit({**base, "method": "bigknn one-query call", **calls}, out)
+    streamed = bench_stream(index, store, q, args, base)
+    emit({**base, "method": "bigknn search (CLI, streamed)", **streamed}, out)
     index.close()
     g.close()
-    return points, {**build, "one_query_call": calls}, truth
+    return points, {**build, "one_query_call": calls, "cli_stream": streamed}, truth
+
+
+def bench_stream(index, store: Path, q: np.ndarray, args, base: dict) -> dict:
+    """``bigknn search`` (a subprocess, --json) of ``--stream-queries`` queries (the held-out ones repeated) in
+    batches of 10K against ``index.search`` of the same batches in this process."""
+    n = args.stream_queries
+    queries = np.tile(q, (-(-n // len(q)), 1))[:n]
+    qfile, found = args.work / f"{base['family']}.stream.fbin", args.work / f"{base['family']}.stream.ibin"
+    qfile.unlink(missing_ok=True)
+    found.unlink(missing_ok=True)
+    write_vectors(qfile, queries)
+    batch = BATCHES[0]
+    t0 = time.perf_counter()
+    for b0 in range(0, n, batch):
+        index.search(queries[b0:b0 + batch], k=K)
+    in_process = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    run = subprocess.run([sys.executable, "-m", "bigknn", "search", str(store), "--queries", str(qfile), "-o",
+                          str(found), "--batch", str(batch), "--k", str(K), "--backend", args.backend, "--json"],
+                         capture_output=True, text=True, check=True)
+    process_s = time.perf_counter() - t0
+    report = json.loads(run.stdout)
+    qfile.unlink()
+    found.unlink()
+    return {"queries": n, "batch": batch, "index_search_s": round(in_process, 3), "cli_search_s": report["search_s"],
+            "cli_stream_wall_s": report["wall_s"], "cli_process_s": round(process_s, 3),
+            "cli_search_over_index_search": round(report["search_s"] / in_process, 3),
+            "cli_wall_over_index_search": round(report["wall_s"] / in_process, 3)}
 
 
 def as_searched(rows: np.ndarray, metric: str) -> np.ndarray:
@@ -282,6 +315,7 @@ def main(argv=None) -> int:
     ap.add_argument("--degree", type=int, default=32, help="search graph degree (the kNN graph has twice it)")
     ap.add_argument("--recall", type=float, default=0.99, help="the kNN build's recall target")
     ap.add_argument("--batch1-seconds", type=float, default=2.0, help="one query a call: seconds per point")
+    ap.add_argument("--stream-queries", type=int, default=1_000_000, help="queries `bigknn search` streams")
     ap.add_argument("--overhead-calls", type=int, default=2_000, help="one-query calls timed for the overhead")
     ap.add_argument("--backend", choices=["cuda", "cpu"], default="cuda", help="cpu: a smoke test of the script")
     ap.add_argument("--out", default=None, help="JSONL file the records are appended to")

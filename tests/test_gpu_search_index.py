@@ -75,10 +75,14 @@ def test_close_gives_the_device_memory_back(cuda_backend, data):
     with bigknn.open(data["store"]) as g:
         index = g.search_index(backend="cuda")
         index.search(data["q"], k=10)
-        held = pool.total_bytes()
+        a = index.arrays
+        index_bytes = a.rows * (a.vectors.shape[1] * 4 + a.ids.shape[1] * 5)  # float32 rows, int32 ids, uint8 factors
+        used, held = pool.used_bytes(), pool.total_bytes()
         backend = index._backend
         index.close()
-        assert backend._search_index.arrays == () and pool.total_bytes() < held
+        del a
+        assert backend._search_index.arrays == ()
+        assert used - pool.used_bytes() >= index_bytes and pool.total_bytes() < held  # let go, and given back
         g.search(data["q"], backend="cuda")
         slot_backend = g._search_slot._loaded._backend
     assert slot_backend._search_index.arrays == ()  # Graph.close() closed the index search kept

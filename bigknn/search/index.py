@@ -159,21 +159,24 @@ class LoadedIndex:
 
 class IndexSlot:
     """The loaded index ``Graph.search`` reuses: the same (backend, gpu_mem) on the same search graph gets
-    the index loaded before; anything else closes it and loads anew."""
+    the index loaded before; anything else closes it and loads anew. Searches hold the slot's lock, so a
+    thread that asks for other options never closes an index under another thread's search."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._key: tuple | None = None
         self._loaded: LoadedIndex | None = None
 
-    def get(self, store: Store, backend: str, gpu_mem: int | None) -> LoadedIndex:
+    def search(self, store: Store, backend: str, gpu_mem: int | None, q: np.ndarray, k: int,
+               budget: float | None, batch: int | None, procedure: str, seed: int) -> SearchResult:
+        """``LoadedIndex.search_prepared`` on the index of these options, loaded first where it is not."""
         key = (backend, gpu_mem, str(store.path), _search_key(store))
         with self._lock:
             if self._loaded is None or self._key != key:
                 self._close_held()
                 self._loaded = LoadedIndex(store, get_backend(backend, gpu_mem))
                 self._key = key
-            return self._loaded
+            return self._loaded.search_prepared(q, k, budget, batch, procedure, seed)
 
     def close(self) -> None:
         with self._lock:

@@ -85,7 +85,7 @@ class SearchMethods:
         if out is not None:
             run.check_output(Path(out))
         q = load_queries(queries, store.manifest)
-        found = self._search_slot.get(store, backend, gpu_mem).search_prepared(q, k, budget, batch, procedure, seed)
+        found = self._search_slot.search(store, backend, gpu_mem, q, k, budget, batch, procedure, seed)
         if out is not None:
             write_truth(out, found.ids, found.distances)
             found = SearchResult(found.ids, found.distances,
