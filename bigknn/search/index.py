@@ -1,8 +1,9 @@
 """A search graph loaded once and searched many times (``Graph.search_index``): what a server holds.
 
 Loading reads the whole search graph and every row's vector, works out what each search starts from (the
-roots every row is reachable from, the entry rows of the default seed) and runs one search of one query, so
-that the backend has its copy (the CUDA backend: on the device) and its kernels ready. After that a call does
+roots every row is reachable from, the entry rows of the default seed) and searches one query as a batch of
+one and as part of a big batch, so that the backend has its copy (the CUDA backend: on the device) and the
+kernels of both ready. After that a call does
 only the search: the queries checked and prepared, the backend's batch search, the ids mapped to input rows.
 
 ``IndexSlot`` is the one loaded index ``Graph.search`` keeps between calls, replaced when the backend or the
@@ -29,6 +30,8 @@ from bigknn.search.results import SearchReport, SearchResult
 from bigknn.search.run import make_plan, procedure_for
 from bigknn.search.store import SearchEntry, load_index
 from bigknn.shards import Store
+
+WARM_BATCHES = (1, 10_000)  # searched once at load: the kernels of one query a call and of big batches ready
 
 
 class LoadedIndex:
@@ -82,8 +85,9 @@ class LoadedIndex:
         index = self._live()
         entry_rows(index, 0)  # the roots too
         if index.rows:
-            self._backend.graph_search(index, np.asarray(index.vectors[:1], np.float32),
-                                       self.plan(min(10, index.rows), None, "auto", 0), 1)
+            one = np.asarray(index.vectors[:1], np.float32)
+            for batch in WARM_BATCHES:
+                self._backend.graph_search(index, one, self.plan(min(10, index.rows), None, "auto", 0), batch)
 
     def plan(self, k: int, budget: float | None, procedure: str, seed: int) -> SearchPlan:
         """The checked plan of a search (BadInput on a knob that cannot work), made once per set of knobs."""
@@ -192,5 +196,7 @@ class IndexSlot:
 def _search_key(store: Store) -> tuple:
     """What names the committed search graph and the rows it indexes: a prune or an ingest changes it."""
     m = store.manifest
-    entry = m.search and SearchEntry.of(m.search)
-    return (m.rows, None if not entry else (entry.version, tuple(entry.graphs)))
+    if m.search is None:
+        return (m.rows, None)
+    entry = SearchEntry.of(m.search)
+    return (m.rows, entry.version, tuple(entry.graphs))
