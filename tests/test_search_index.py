@@ -161,3 +161,15 @@ def test_the_sweep_times_one_loaded_index(data, loads, tmp_path):
         sweep = g.search_sweep(data["q"], tmp_path / "gt.ibin", budgets=[10, 32], backend="cpu")
     assert len(loads) == 1 and [p.budget for p in sweep.points] == [10, 32]
     assert sweep.points[1].recall >= sweep.points[0].recall and sweep.points[1].recall >= 0.9
+
+
+def test_a_query_file_is_checked_before_the_index_loads(data, loads, tmp_path):
+    write_vectors(tmp_path / "q5.fbin", np.zeros((3, 5), np.float32))
+    with bigknn.open(data["store"]) as g:
+        with pytest.raises(BadInput, match="dim 5"):
+            g.search_file(tmp_path / "q5.fbin", tmp_path / "o.ibin", backend="cpu")
+        with pytest.raises(BadInput, match="--k 40"):
+            g.search_file(data["dir"] / "q.fbin", tmp_path / "o.ibin", k=40, backend="cpu")
+        report = g.search_file(data["dir"] / "q.fbin", tmp_path / "o.ibin", budget=32, batch=9, backend="cpu")
+    assert len(loads) == 1 and report.queries == QUERIES
+    np.testing.assert_array_equal(read_truth(tmp_path / "o.ibin")[0], fresh_ids(data, data["q"], budget=32))

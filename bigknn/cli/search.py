@@ -88,8 +88,8 @@ def search(store: Path, queries: Path, k: int, budget: float | None, batch: int 
       bigknn search data.knn --queries q.fbin --k 10 --budget 128 --procedure large -o found.ibin
       bigknn search data.knn --queries q.fbin --batch 1 --budget 8 --procedure small -o found.ibin --json
     """
-    with api.open(store) as g, g.search_index(backend, parse_bytes(gpu_mem)) as index:
-        report = index.search_file(queries, output, k, budget, batch, procedure, seed, show_progress(as_json))
+    report = api.open(store).search_file(queries, output, k, budget, batch, procedure, seed, backend,
+                                         parse_bytes(gpu_mem), show_progress(as_json))
     emit(report.to_dict(), as_json, "search")
 
 

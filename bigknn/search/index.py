@@ -29,6 +29,7 @@ from bigknn.search.queries import load_queries
 from bigknn.search.results import SearchReport, SearchResult
 from bigknn.search.run import make_plan, procedure_for
 from bigknn.search.store import SearchEntry, load_index
+from bigknn.search.stream import search_file
 from bigknn.shards import Store
 
 WARM_BATCHES = (1, 10_000)  # searched once at load: the kernels of one query a call and of big batches ready
@@ -128,8 +129,6 @@ class LoadedIndex:
                     progress: bool = False) -> SearchReport:
         """Search a query file of any size batch by batch and write the results to ``out`` (.ibin) as they
         come (the file appears whole at the end); ``bigknn search``. Returns the report of the whole run."""
-        from bigknn.search.stream import search_file
-
         return search_file(self, Path(queries), Path(out), k, budget, batch, procedure, seed, progress)
 
     def close(self) -> None:

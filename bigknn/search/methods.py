@@ -19,6 +19,7 @@ from bigknn.search.params import ALPHA, PruneParams
 from bigknn.search.prune import prune as run_prune
 from bigknn.search.queries import load_queries
 from bigknn.search.results import PruneReport, SearchReport, SearchResult, SearchSweep, TruthReport
+from bigknn.search.stream import open_request
 from bigknn.shards import Store
 
 PathLike = str | os.PathLike
@@ -91,6 +92,32 @@ class SearchMethods:
             found = SearchResult(found.ids, found.distances,
                                  SearchReport(**{**found.report.to_dict(), "out": str(out)}))
         return found
+
+    def search_file(self, queries: PathLike, out: PathLike, k: int = 10, budget: float | None = None,
+                    batch: int | None = None, procedure: str = "auto", seed: int = 0, backend: str = "auto",
+                    gpu_mem: int | None = None, progress: bool = False) -> SearchReport:
+        """``bigknn search``: a query file of any size streamed in batches of ``batch`` (default 10,000) through
+        one loaded index, the results written to ``out`` (.ibin) as they come; the input is checked before
+        the index loads. Returns the report (QPS of the searches; ``wall_s`` of the whole run).
+
+        Examples
+        --------
+        >>> import os, tempfile
+        >>> import numpy as np, bigknn
+        >>> from bigknn.formats import read_truth, write_vectors
+        >>> x = np.random.default_rng(0).normal(size=(2000, 8)).astype(np.float32)
+        >>> d = tempfile.mkdtemp()
+        >>> write_vectors(os.path.join(d, "q.fbin"), x[:30])
+        >>> with bigknn.build(x, k=16, backend="cpu") as g:
+        ...     _ = g.prune(degree=16, backend="cpu")
+        ...     r = g.search_file(os.path.join(d, "q.fbin"), os.path.join(d, "o.ibin"), k=3, batch=7, backend="cpu")
+        >>> r.queries, read_truth(os.path.join(d, "o.ibin"))[0][:3, 0].tolist()
+        (30, [0, 1, 2])
+        """
+        store = self._live()
+        open_request(Path(queries), Path(out), store.manifest, k, budget, batch, procedure, seed)
+        with self.search_index(backend, gpu_mem) as index:
+            return index.search_file(queries, out, k, budget, batch, procedure, seed, progress)
 
     def search_index(self, backend: str = "auto", gpu_mem: int | None = None) -> LoadedIndex:
         """The search graph loaded for serving: ``index.search(queries, k, budget)`` does only the search

@@ -11,11 +11,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from bigknn.errors import BadInput
-from bigknn.formats import check_rows, open_vectors, truth_writer
+from bigknn.formats import VectorFile, check_rows, open_vectors, truth_writer
 from bigknn.metrics import prepare_rows
 from bigknn.progress import reporter
+from bigknn.search.params import SearchPlan
 from bigknn.search.results import SearchReport
-from bigknn.search.run import check_output
+from bigknn.search.run import check_output, make_plan, procedure_for
+from bigknn.shards.manifest import Manifest
 
 if TYPE_CHECKING:
     from bigknn.search.index import LoadedIndex
@@ -24,13 +26,12 @@ STREAM_BATCH = 10_000  # queries searched together where --batch is not given
 READ_ROWS = 65_536  # rows read from the query file at a time (at least one batch)
 
 
-def search_file(index: LoadedIndex, queries: Path, out: Path, k: int, budget: float | None, batch: int | None,
-                procedure: str, seed: int, progress: bool) -> SearchReport:
-    """Search every row of ``queries`` in batches of ``batch`` (default STREAM_BATCH) and write ids and
-    distances to ``out``; the report's QPS counts the searches only (not the reading and writing)."""
+def open_request(queries: Path, out: Path, m: Manifest, k: int, budget: float | None, batch: int | None,
+                 procedure: str, seed: int) -> tuple[VectorFile, int, SearchPlan]:
+    """(the query file, the batch, the plan), every one checked against the store (BadInput naming the first
+    problem) before any work: ``bigknn search`` calls it before the index loads."""
     check_output(out)
     vf = open_vectors(queries)
-    m = index.manifest
     if vf.dim != m.dim:
         raise BadInput(queries, f"queries have dim {vf.dim}; the store's rows have dim {m.dim}")
     if vf.rows == 0:
@@ -38,7 +39,15 @@ def search_file(index: LoadedIndex, queries: Path, out: Path, k: int, budget: fl
     batch = STREAM_BATCH if batch is None else batch
     if batch < 1:
         raise BadInput(f"--batch {batch}", "must be at least 1")
-    plan = index.plan(k, budget, procedure, seed)  # refused before anything is written
+    return vf, batch, make_plan(procedure_for(procedure), budget, k, seed)
+
+
+def search_file(index: LoadedIndex, queries: Path, out: Path, k: int, budget: float | None, batch: int | None,
+                procedure: str, seed: int, progress: bool) -> SearchReport:
+    """Search every row of ``queries`` in batches of ``batch`` (default STREAM_BATCH) and write ids and
+    distances to ``out``; the report's QPS counts the searches only (not the reading and writing)."""
+    m = index.manifest
+    vf, batch, plan = open_request(queries, out, m, k, budget, batch, procedure, seed)
     read = -(-max(batch, READ_ROWS) // batch) * batch  # whole batches a read
     search_s, t0 = 0.0, time.perf_counter()
     with truth_writer(out, vf.rows, k) as (ids_out, dists_out), \
