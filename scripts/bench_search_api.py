@@ -20,10 +20,10 @@ index.search, bigknn Graph.search, cagra-32, cagra-64) and batch (10000, 1) the 
 and >= 0.99, the build times (kNN + prune against CAGRA's build), and a one-query call's time split into the
 backend's search (queries up, entry GEMM, kernel, results back: ``backend_us``, with the GPU's span of it) and
 what the API adds around it (``api_overhead_us``; the only place the script calls bigknn's backend directly).
-``bigknn search`` of ``--stream-queries`` queries (a subprocess) is timed against
-``index.search`` of the same batches (``cli_wall_over_index_search``: its whole stream, file I/O included, over
-the in-process searches). Without cuvs the CAGRA records are one note. Kernels are compiled by a warm-up build and prune of
-WARMUP_ROWS rows (and a warm-up CAGRA build) before anything is timed.
+``bigknn search`` of ``--stream-queries`` queries (a subprocess) is timed against ``index.search`` of the same
+batches (``cli_wall_over_index_search``: its whole stream, file I/O included, over the in-process searches).
+Without cuvs the CAGRA records are one note. Kernels are compiled by a warm-up build and prune of WARMUP_ROWS
+rows (and a warm-up CAGRA build) before anything is timed.
 """
 
 from __future__ import annotations
