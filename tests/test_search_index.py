@@ -134,9 +134,12 @@ def test_a_query_file_streams_through_in_batches_with_the_results_of_one_search(
     with bigknn.open(data["store"]) as g, g.search_index(backend="cpu") as index:
         whole = index.search(data["q"], k=10, budget=32)
         report = index.search_file(data["dir"] / "q.fbin", tmp_path / "found.ibin", k=10, budget=32, batch=5)
+        via_graph = g.search(data["q"], k=10, budget=32, backend="cpu", out=tmp_path / "graph.ibin")
     ids, dists = read_truth(tmp_path / "found.ibin")
     np.testing.assert_array_equal(ids, whole.ids)
     np.testing.assert_array_equal(dists, whole.distances)
+    np.testing.assert_array_equal(read_truth(tmp_path / "graph.ibin")[0], whole.ids)
+    assert via_graph.report.out == str(tmp_path / "graph.ibin")
     assert report.queries == QUERIES and report.batch == 5 and report.wall_s >= report.search_s > 0
     cli = run_json("search", data["store"], "--queries", data["dir"] / "q.fbin", "-o", tmp_path / "cli.ibin",
                    "--budget", "32", "--batch", "7", "--backend", "cpu")

@@ -5,6 +5,7 @@ mixes them in."""
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -89,8 +90,7 @@ class SearchMethods:
         found = self._search_slot.search(store, backend, gpu_mem, q, k, budget, batch, procedure, seed)
         if out is not None:
             write_truth(out, found.ids, found.distances)
-            found = SearchResult(found.ids, found.distances,
-                                 SearchReport(**{**found.report.to_dict(), "out": str(out)}))
+            found = replace(found, report=replace(found.report, out=str(out)))
         return found
 
     def search_file(self, queries: PathLike, out: PathLike, k: int = 10, budget: float | None = None,
