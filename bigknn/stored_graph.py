@@ -314,6 +314,7 @@ class Graph(SearchMethods):
         with input_file(data, path, new_store=False) as input_path:
             result = run_ingest(path, [input_path], get_backends(backend, gpu_ids(gpus), gpu_mem, threads),
                                 reporter(progress), wait, host_mem)
+        self._search_slot.close()  # the search graph is stale now (search refuses it until the next prune)
         self._store = Store.open(path)
         return IngestReport(**result)
 

@@ -176,3 +176,18 @@ def test_a_query_file_is_checked_before_the_index_loads(data, loads, tmp_path):
         report = g.search_file(data["dir"] / "q.fbin", tmp_path / "o.ibin", budget=32, batch=9, backend="cpu")
     assert len(loads) == 1 and report.queries == QUERIES
     np.testing.assert_array_equal(read_truth(tmp_path / "o.ibin")[0], fresh_ids(data, data["q"], budget=32))
+
+
+def test_an_ingest_frees_the_kept_index_and_search_then_asks_for_a_prune(data, tmp_path):
+    import shutil
+
+    store = tmp_path / "s.knn"
+    shutil.copytree(data["store"], store)
+    with bigknn.open(store) as g:
+        g.search(data["q"], backend="cpu")
+        kept = weakref.ref(g._search_slot._loaded.arrays)
+        g.ingest(data["q"], backend="cpu")
+        gc.collect()
+        assert kept() is None
+        with pytest.raises(BadInput, match="bigknn prune"):
+            g.search(data["q"], backend="cpu")
