@@ -13,12 +13,13 @@ numbacache.ensure()
 
 from bigknn.api import Graph, build, open  # noqa: E402 - after __version__, which the CLI imports
 from bigknn.errors import BadInput, BigknnError, StoreBusy  # noqa: E402
+from bigknn.search.index import LoadedIndex  # noqa: E402
 from bigknn.results import (BuildReport, ExportReport, InDegrees, Info, IngestReport, Neighbors,  # noqa: E402
                             RecallEstimate, RecallReport)
 
 __all__ = ["BadInput", "BigknnError", "BuildReport", "ExportReport", "Graph", "InDegrees", "Info", "IngestReport",
-           "KNNGraphTransformer", "Neighbors", "RecallEstimate", "RecallReport", "StoreBusy", "__version__",
-           "build", "open"]
+           "KNNGraphTransformer", "LoadedIndex", "Neighbors", "RecallEstimate", "RecallReport", "StoreBusy",
+           "__version__", "build", "open"]
 
 
 def __getattr__(name: str) -> type:

@@ -26,6 +26,7 @@ from bigknn.pipeline.readout import csr_parts, in_degrees, neighbours_per_row, s
 from bigknn.products.methods import ProductMethods
 from bigknn.progress import reporter
 from bigknn.results import BuildReport, ExportReport, InDegrees, Info, IngestReport, Neighbors, RecallReport
+from bigknn.search.index import IndexSlot
 from bigknn.search.methods import SearchMethods
 from bigknn.shards import Store, user_ids
 
@@ -45,6 +46,7 @@ class Graph(SearchMethods, ProductMethods):
         self.report = report  #: what the build that made this object did (None after ``bigknn.open``)
         self._cleanup = weakref.finalize(self, shutil.rmtree, temporary, True) if temporary is not None else None
         self._closed = False
+        self._search_slot = IndexSlot()  # the search index ``search`` loaded, kept between its calls
 
     # ---- reading ----------------------------------------------------------------------------------
     @property
@@ -320,6 +322,7 @@ class Graph(SearchMethods, ProductMethods):
         with input_file(data, path, new_store=False) as input_path:
             result = run_ingest(path, [input_path], get_backends(backend, gpu_ids(gpus), gpu_mem, threads),
                                 reporter(progress), wait, host_mem, column=column)
+        self._search_slot.close()  # the search graph is stale now (search refuses it until the next prune)
         self._store = Store.open(path)
         return IngestReport(**result)
 
@@ -338,6 +341,7 @@ class Graph(SearchMethods, ProductMethods):
         (False, <bigknn.Graph (closed)>)
         """
         self._closed = True
+        self._search_slot.close()
         if self._cleanup is not None:
             self._cleanup()
 

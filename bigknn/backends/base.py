@@ -78,3 +78,7 @@ class Backend(Protocol):
         Entry points come from the entry sample nearest each query (bigknn/search/graph.py). Keys ascending,
         EMPTY-padded."""
 
+    def forget_index(self, index: SearchIndex) -> None:
+        """Drop what the backend keeps of ``index`` between searches (its device copy, the memory freed): a
+        loaded index's ``close()``. A no-op on the host."""
+

@@ -12,6 +12,7 @@ from bigknn.cli.common import (backend_option, emit, gpu_mem_option, host_mem_op
                                plot_option, show_progress, wait_option)
 from bigknn.pipeline.export import ID_KINDS
 from bigknn.search.params import ALPHA, METHODS, PROCEDURES
+from bigknn.search.stream import STREAM_BATCH
 
 queries_option = click.option("--queries", type=click.Path(dir_okay=False, path_type=Path), required=True,
                               help="Query vectors (.fbin, .u8bin, .i8bin, .f16bin, .fvecs, .bvecs, .npy), the "
@@ -67,7 +68,9 @@ def prune(store: Path, method: str, degree: int, alpha: float, backend: str, gpu
 @k_option
 @click.option("--budget", type=float, default=None,
               help="small: searches per query (default 16); large: the search list's length (default 64).")
-@batch_option
+@click.option("--batch", type=click.IntRange(min=1), default=None,
+              help=f"Queries searched together (default {STREAM_BATCH:,}); the file is read and its results "
+                   "written batch by batch, so a query file of any size streams through.")
 @procedure_option
 @seed_option
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
@@ -79,7 +82,10 @@ def prune(store: Path, method: str, degree: int, alpha: float, backend: str, gpu
 @json_option
 def search(store: Path, queries: Path, k: int, budget: float | None, batch: int | None, procedure: str, seed: int,
            output: Path, ids: str, backend: str, gpu_mem: str | None, as_json: bool) -> None:
-    """Search the pruned graph for the k nearest rows of each query (run `bigknn prune` first).
+    """Search the pruned graph for the k nearest rows of each query (run `bigknn prune` first). The search graph is
+    loaded once; the queries stream through it in batches, each batch's results written as it finishes (the
+    output appears whole at the end). A .parquet output, or --ids user, is written once all are searched. QPS
+    counts the searches; wall_s the whole run.
 
     \b
     Examples:
@@ -88,9 +94,14 @@ def search(store: Path, queries: Path, k: int, budget: float | None, batch: int 
       bigknn search data.knn --queries q.fbin --batch 1 --budget 8 --procedure small -o found.ibin --json
       bigknn search emb.knn --queries q.fbin -o found.parquet --ids user
     """
-    found = api.open(store).search(queries, k, budget, batch, procedure, seed, output, backend, parse_bytes(gpu_mem),
-                                   ids)
-    emit(found.report.to_dict(), as_json, "search")
+    graph = api.open(store)
+    if ids == "user" or output.suffix.lower() == ".parquet":
+        report = graph.search(queries, k, budget, batch, procedure, seed, output, backend, parse_bytes(gpu_mem),
+                              ids).report
+    else:
+        report = graph.search_file(queries, output, k, budget, batch, procedure, seed, backend, parse_bytes(gpu_mem),
+                                   show_progress(as_json))
+    emit(report.to_dict(), as_json, "search")
 
 
 @click.command()

@@ -13,7 +13,7 @@ is reachable from (search/reach.py) join the sample, so that a cluster the sampl
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
@@ -38,6 +38,7 @@ class SearchIndex:
     ids: np.ndarray  # (n, degree) int32 global row ids, EMPTY-padded at the end
     lambdas: np.ndarray  # (n, degree) uint8 occlusion factors, NO_LAMBDA in empty slots
     metric: str
+    _entries: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # seed -> entry_rows
 
     @property
     def rows(self) -> int:
@@ -82,8 +83,22 @@ def entry_sample(seed: int, rows: int) -> np.ndarray:
 
 def entry_rows(index: SearchIndex, seed: int) -> np.ndarray:
     """The rows each query is compared with for its entry points: the seed's entry sample and the index's
-    roots, ascending."""
-    return np.union1d(entry_sample(seed, index.rows), index.roots)
+    roots, ascending; made once per index and seed (a one-query search must not redo the hashing)."""
+    rows = index._entries.get(seed)
+    if rows is None:
+        rows = index._entries[seed] = np.union1d(entry_sample(seed, index.rows), index.roots)
+    return rows
+
+
+def entry_table(index: SearchIndex, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(entry_rows, their vectors as float32): what the host compares each query with, made once per index
+    and seed."""
+    key = ("table", seed)
+    table = index._entries.get(key)
+    if table is None:
+        ids = entry_rows(index, seed)
+        table = index._entries[key] = (ids, np.asarray(index.vectors[ids], dtype=np.float32))
+    return table
 
 
 def nearest_entries(xp: Any, sample: Any, sample_ids: Any, queries: Any, metric: str) -> Any:

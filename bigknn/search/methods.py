@@ -5,27 +5,34 @@ mixes them in."""
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from bigknn import plot as draw
 from bigknn.backends import get_backend
-from bigknn.metrics import kernel_metric
+from bigknn.errors import BadInput
+from bigknn.formats import write_truth
+from bigknn.pipeline.export_parquet import write_found_parquet
 from bigknn.pipeline.steps import HOST_MEM_FRACTION, physical_memory
 from bigknn.progress import reporter
 from bigknn.search import run
+from bigknn.search.index import IndexSlot, LoadedIndex
 from bigknn.search.params import ALPHA, PruneParams
 from bigknn.search.prune import prune as run_prune
 from bigknn.search.queries import load_queries
-from bigknn.search.results import PruneReport, SearchResult, SearchSweep, TruthReport
-from bigknn.search.store import load_index
+from bigknn.search.results import PruneReport, SearchReport, SearchResult, SearchSweep, TruthReport
+from bigknn.search.stream import open_request
 from bigknn.shards import Store
 
 PathLike = str | os.PathLike
 
 
 class SearchMethods:
-    """Mixed into ``bigknn.Graph``; ``_live()`` gives the open store."""
+    """Mixed into ``bigknn.Graph``; ``_live()`` gives the open store, ``_search_slot`` the loaded index that
+    ``search`` keeps between calls (Graph's ``close()`` frees it)."""
+
+    _search_slot: IndexSlot
 
     def _live(self) -> Store:  # pragma: no cover - Graph's
         raise NotImplementedError
@@ -52,6 +59,7 @@ class SearchMethods:
         host = int(physical_memory() * HOST_MEM_FRACTION) if host_mem is None else host_mem
         summary = run_prune(store.path, PruneParams(method, degree, alpha), get_backend(backend, gpu_mem),
                             reporter(progress), host, wait)
+        self._search_slot.close()  # the index search kept is the old graph's
         self._store = Store.open(store.path)
         return PruneReport(**summary)
 
@@ -66,6 +74,9 @@ class SearchMethods:
         ids are the user's the store keeps (built with ``id_column``; -1, or None among strings, where fewer
         were found), and ``out`` must be a ``.parquet``.
 
+        The first call loads the search graph (``search_index``) and the graph keeps it for the next calls
+        with the same ``backend`` and ``gpu_mem`` until ``close()``; a call may come from any thread.
+
         Examples
         --------
         >>> import numpy as np, bigknn
@@ -77,12 +88,64 @@ class SearchMethods:
         [0, 1, 2, 3, 4]
         """
         store = self._live()
+        if out is not None:
+            run.check_output(Path(out), run.SEARCH_OUTPUTS)
+            if ids == "user" and Path(out).suffix.lower() != ".parquet":
+                raise BadInput(out, "results in user ids are written as .parquet")
         q = load_queries(queries, store.manifest)
-        index, _ = load_index(store, kernel_metric(store.manifest.metric))
         users = self._user_ids(ids)
-        found, distances, report = run.search(index, store, q, get_backend(backend, gpu_mem), k, budget, batch,
-                                              procedure, seed, None if out is None else Path(out), users)
-        return SearchResult(found if users is None else users.take(found), distances, report)
+        found = self._search_slot.search(store, backend, gpu_mem, q, k, budget, batch, procedure, seed)
+        if out is not None:
+            if Path(out).suffix.lower() == ".parquet":
+                write_found_parquet(out, found.ids, found.distances, users)
+            else:
+                write_truth(out, found.ids, found.distances)
+            found = replace(found, report=replace(found.report, out=str(out)))
+        return found if users is None else replace(found, ids=users.take(found.ids))
+
+    def search_file(self, queries: PathLike, out: PathLike, k: int = 10, budget: float | None = None,
+                    batch: int | None = None, procedure: str = "auto", seed: int = 0, backend: str = "auto",
+                    gpu_mem: int | None = None, progress: bool = False) -> SearchReport:
+        """``bigknn search``: a query file of any size streamed in batches of ``batch`` (default 10,000) through
+        one loaded index, the results written to ``out`` (.ibin) as they come; the input is checked before
+        the index loads. Returns the report (QPS of the searches; ``wall_s`` of the whole run).
+
+        Examples
+        --------
+        >>> import os, tempfile
+        >>> import numpy as np, bigknn
+        >>> from bigknn.formats import read_truth, write_vectors
+        >>> x = np.random.default_rng(0).normal(size=(2000, 8)).astype(np.float32)
+        >>> d = tempfile.mkdtemp()
+        >>> write_vectors(os.path.join(d, "q.fbin"), x[:30])
+        >>> with bigknn.build(x, k=16, backend="cpu") as g:
+        ...     _ = g.prune(degree=16, backend="cpu")
+        ...     r = g.search_file(os.path.join(d, "q.fbin"), os.path.join(d, "o.ibin"), k=3, batch=7, backend="cpu")
+        >>> r.queries, read_truth(os.path.join(d, "o.ibin"))[0][:3, 0].tolist()
+        (30, [0, 1, 2])
+        """
+        store = self._live()
+        open_request(Path(queries), Path(out), store.manifest, k, budget, batch, procedure, seed)
+        with self.search_index(backend, gpu_mem) as index:
+            return index.search_file(queries, out, k, budget, batch, procedure, seed, progress)
+
+    def search_index(self, backend: str = "auto", gpu_mem: int | None = None) -> LoadedIndex:
+        """The search graph loaded for serving: ``index.search(queries, k, budget)`` does only the search
+        (graph, rows, entry points and device copy made here, once). Thread-safe; free it with ``close()``
+        or a ``with`` block (it stays usable after the graph is closed).
+
+        Examples
+        --------
+        >>> import numpy as np, bigknn
+        >>> x = np.random.default_rng(0).normal(size=(2000, 8)).astype(np.float32)
+        >>> with bigknn.build(x, k=16, backend="cpu") as g:
+        ...     _ = g.prune(degree=16, backend="cpu")
+        ...     with g.search_index(backend="cpu") as index:
+        ...         found = index.search(x[:4], k=3, budget=32)
+        >>> found.ids[:, 0].tolist(), found.report.procedure
+        ([0, 1, 2, 3], 'large')
+        """
+        return LoadedIndex(self._live(), get_backend(backend, gpu_mem))
 
     def truth(self, queries: Any, out: PathLike, k: int = 10, backend: str = "auto",
               gpu_mem: int | None = None) -> TruthReport:
@@ -129,9 +192,8 @@ class SearchMethods:
         if plot is not None:
             draw.pyplot(Path(plot))  # refuse before the work
         q = load_queries(queries, store.manifest)
-        index, _ = load_index(store, kernel_metric(store.manifest.metric))
-        result = run.sweep(index, store, q, Path(truth), get_backend(backend, gpu_mem), k, budgets, batch,
-                           procedure, seed)
+        with self.search_index(backend, gpu_mem) as loaded:
+            result = run.sweep(loaded, q, Path(truth), k, budgets, batch, procedure, seed)
         if plot is not None:
             draw.search_curve(Path(plot), result)
             result = SearchSweep(**{**result.__dict__, "plot": str(plot)})

@@ -40,7 +40,7 @@ class PruneReport(_Report):
 class SearchReport(_Report):
     """How a search ran: queries, k, procedure (small: TSDG Alg. 1, large: Alg. 2) and its budget (t0 searches
     per query, or the search list's length), the batch size, queries per second over the search calls, the
-    backend, and the output file where one was written."""
+    backend, and the output file where one was written (with the whole run's wall time, a streamed file)."""
 
     store: str
     queries: int
@@ -52,6 +52,7 @@ class SearchReport(_Report):
     search_s: float
     backend: str
     out: str | None = None
+    wall_s: float | None = None  # a streamed query file: the whole run, reading and writing included
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -19,10 +20,11 @@ from bigknn.partition.rowmap import RowMap
 from bigknn.pipeline.evaluate import TIE_RTOL
 from bigknn.search.graph import SearchIndex
 from bigknn.search.params import BUDGETS, PROCEDURES, SearchPlan
-from bigknn.search.results import SearchReport, SearchSweep, SweepPoint, TruthReport
-from bigknn.pipeline.export_parquet import write_found_parquet
+from bigknn.search.results import SearchSweep, SweepPoint, TruthReport
 from bigknn.shards import Store
-from bigknn.shards.user_ids import UserIds
+
+if TYPE_CHECKING:
+    from bigknn.search.index import LoadedIndex
 
 DEFAULT_BUDGET = {"small": 16, "large": 64}
 SEARCH_OUTPUTS = (TRUTH_EXTENSION, ".parquet")  # a search's results: .ibin, or a Parquet table (needs pyarrow)
@@ -53,34 +55,6 @@ def make_plan(procedure: str, budget: float | None, k: int, seed: int) -> Search
         option, problem = str(e).split(": ", 1)
         raise BadInput(option, problem) from None
     return plan
-
-
-def search(index: SearchIndex, store: Store, queries: np.ndarray, backend: Backend, k: int,
-           budget: float | None, batch: int | None, procedure: str = "auto", seed: int = 0,
-           out: Path | None = None, users: UserIds | None = None) -> tuple[np.ndarray, np.ndarray, SearchReport]:
-    """Search every query; write ids and distances to ``out`` when given: an ``.ibin`` of row numbers, or a
-    ``.parquet`` (query, rank, id, distance) whose ids are ``users``' where given."""
-    batch = len(queries) if batch is None else batch
-    if batch < 1:
-        raise BadInput(f"--batch {batch}", "must be at least 1")
-    if out is not None:
-        check_output(out, SEARCH_OUTPUTS)
-        if users is not None and Path(out).suffix.lower() != ".parquet":
-            raise BadInput(out, "results in user ids are written as .parquet")
-    plan = make_plan(procedure_for(procedure), budget, k, seed)
-    t0 = time.perf_counter()
-    found = backend.graph_search(index, queries, plan, batch)
-    dt = time.perf_counter() - t0
-    distances = user_distance(found.dists, store.manifest.metric)
-    ids = RowMap.of(store).to_input(found.ids)  # the index searches store positions; users see input rows
-    if out is not None and Path(out).suffix.lower() == ".parquet":
-        write_found_parquet(out, ids, distances, users)
-    elif out is not None:
-        write_truth(out, ids, distances)
-    report = SearchReport(store=str(store.path), queries=len(queries), k=k, procedure=plan.procedure,
-                          budget=plan.budget, batch=batch, qps=round(len(queries) / max(dt, 1e-9), 1),
-                          search_s=round(dt, 4), backend=backend.name, out=None if out is None else str(out))
-    return ids, distances, report
 
 
 def truth(store: Store, queries: np.ndarray, backend: Backend, k: int, out: Path) -> TruthReport:
@@ -122,25 +96,25 @@ def load_truth(path: Path, queries: int, k: int, rows: int) -> np.ndarray:
     return ids
 
 
-def sweep(index: SearchIndex, store: Store, queries: np.ndarray, truth_path: Path, backend: Backend, k: int,
-          budgets: list[float] | None, batch: int | None, procedure: str = "auto", seed: int = 0) -> SearchSweep:
-    """Recall@k and queries per second of the search at each budget (one warm-up search first)."""
-    rowmap = RowMap.of(store)  # truth and results name input rows; the index holds store positions
-    truth_ids = rowmap.to_position(load_truth(truth_path, len(queries), k, index.rows))
+def sweep(loaded: LoadedIndex, queries: np.ndarray, truth_path: Path, k: int, budgets: list[float] | None,
+          batch: int | None, procedure: str = "auto", seed: int = 0) -> SearchSweep:
+    """Recall@k and queries per second of the search at each budget, timed through the loaded index as a
+    user's searches are (one warm-up search first)."""
+    index = loaded.arrays
+    truth_ids = loaded.rowmap.to_position(load_truth(truth_path, len(queries), k, index.rows))
     batch = len(queries) if batch is None else batch
     if batch < 1:
         raise BadInput(f"--batch {batch}", "must be at least 1")
     proc = procedure_for(procedure)
     budgets = list(BUDGETS[proc]) if not budgets else budgets
     for b in budgets:
-        make_plan(proc, b, k, seed)  # every budget checked before the first search
-    warm = queries[:WARMUP_QUERIES]
-    backend.graph_search(index, warm, make_plan(proc, budgets[0], k, seed), batch)  # the kernels the batch takes
+        loaded.plan(k, b, proc, seed)  # every budget checked before the first search
+    loaded.search_prepared(queries[:WARMUP_QUERIES], k, budgets[0], batch, proc, seed)  # the batch's kernels
     points = []
     for b in budgets:
-        ids, _, rep = search(index, store, queries, backend, k, b, batch, proc, seed)
-        recall = recall_against(index, queries, rowmap.to_position(ids), truth_ids, k)
-        points.append(SweepPoint(budget=rep.budget, recall=round(recall, 5),
-                                 qps=rep.qps, search_s=rep.search_s))
-    return SearchSweep(store=str(store.path), queries=len(queries), k=k, truth=str(truth_path), batch=batch,
-                       procedure=proc, backend=backend.name, points=points)
+        found = loaded.search_prepared(queries, k, b, batch, proc, seed)
+        recall = recall_against(index, queries, loaded.rowmap.to_position(found.ids), truth_ids, k)
+        points.append(SweepPoint(budget=found.report.budget, recall=round(recall, 5), qps=found.report.qps,
+                                 search_s=round(found.report.search_s, 4)))
+    return SearchSweep(store=loaded.store_path, queries=len(queries), k=k, truth=str(truth_path), batch=batch,
+                       procedure=proc, backend=loaded.backend, points=points)

@@ -32,7 +32,7 @@ from __future__ import annotations
 import numpy as np
 
 from bigknn.graph import EMPTY, KnnGraph, merge_lists
-from bigknn.search.graph import SearchIndex, entry_rows, nearest_entries
+from bigknn.search.graph import SearchIndex, entry_table, nearest_entries
 from bigknn.search.params import PARENTS, RERANK, SEARCH_K_MAX, SearchPlan
 
 GATHER_BYTES = 64 << 20  # float32 temporaries of one distance gather
@@ -61,8 +61,8 @@ def _keys(vectors: np.ndarray, metric: str, q: np.ndarray, rows: np.ndarray) -> 
 def search(index: SearchIndex, queries: np.ndarray, plan: SearchPlan) -> KnnGraph:
     """The k nearest rows each query's search found, nearest first (keys ascending, EMPTY-padded)."""
     q = np.ascontiguousarray(queries, dtype=np.float32)
-    sample = entry_rows(index, plan.seed)
-    starts = nearest_entries(np, index.vectors[sample].astype(np.float32), sample, q, index.metric)
+    sample, rows = entry_table(index, plan.seed)
+    starts = nearest_entries(np, rows, sample, q, index.metric)
     if plan.procedure == "small":
         return _small(index, q, starts, plan)
     return _large(index, q, starts, plan)

@@ -34,3 +34,6 @@ class SearchReference:
 
     def graph_search(self, index: SearchIndex, queries: np.ndarray, plan: SearchPlan, batch: int) -> KnnGraph:
         return graph_search.search_batches(index, queries, plan, batch)
+
+    def forget_index(self, index: SearchIndex) -> None:
+        """The host keeps nothing of an index between searches beyond the index itself."""

@@ -144,6 +144,12 @@ class CudaBackend(SearchReference):
         with self.gpu.context():
             return search.graph_search(self.gpu, self._search_index, index, queries, plan, batch)
 
+    def forget_index(self, index: SearchIndex) -> None:
+        if self._search_index.holds(index):
+            with self.gpu.context():
+                self._search_index.drop()
+                memory.free_pools()
+
     def stage(self, arrays: Iterable[np.ndarray]) -> None:
         """Start copying host arrays (the next pair's shards) to this GPU on a stream of their own while the
         current call computes, so the next merge finds them there. Returns at once; arrays already on the

@@ -24,6 +24,10 @@ class KeptCopy:
             weakref.finalize(host, self._forget, key)
         return self.arrays
 
+    def drop(self) -> None:
+        """Let the device arrays go now (their memory returns to CuPy's pool)."""
+        self._key, self.arrays = None, ()
+
     def _forget(self, key: weakref.ref) -> None:
         if self._key is key:
             self._key, self.arrays = None, ()

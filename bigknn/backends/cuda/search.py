@@ -2,9 +2,10 @@
 in small batches: a block of warps per query), step for step the NumPy reference
 (bigknn/backends/cpu/graph_search.py), whose docstring states them. The search graph and its rows go to the device
 once per ``SearchIndex`` (a sweep searches one index many times) and stay while it lives (kept.py); the queries go
-batch by batch, each batch finished before the next starts (what batch-1 QPS means). Each batch is compared with
-the entry sample (a GEMM, then a warp a query keeps its nearest: bigknn/search/graph.py), and each search starts
-from the sample row its number picks.
+batch by batch, each batch finished before the next starts (what batch-1 QPS means). Device arrays come from
+CuPy's pool, which the backend keeps between searches (a loaded index's calls reuse its blocks). Each batch is
+compared with the entry sample (a GEMM, then a warp a query keeps its nearest: bigknn/search/graph.py), and each
+search starts from the sample row its number picks.
 """
 
 from __future__ import annotations
@@ -133,8 +134,8 @@ def graph_search(gpu: Gpu, kept: KeptCopy, index: SearchIndex, queries: np.ndarr
         nq = q.shape[0]
         common = (x, np.int64(n), np.int32(dim), edges, lambdas, np.int32(deg), q, starts, np.int32(starts.shape[1]))
         if plan.procedure == "large":
-            oi = cp.empty((nq, plan.k), cp.int32)
-            ok = cp.empty((nq, plan.k), cp.float32)
+            found = cp.empty((2, nq, plan.k), cp.int32)  # ids, then keys' bits: one copy back (a batch-1 call
+            oi, ok = found[0], found[1].view(cp.float32)  # pays one synchronising copy, not two)
             ow = cp.empty((nq, 2), cp.int32)  # per query: rows whose keys it computed, hops
             kernel((-(-nq // queries_per_block),), (32 * warps,), common + (
                 np.int32(nq), np.int32(plan.k), np.int32(width), np.int32(PARENTS), np.int32(plan.lambda_visit),
@@ -144,8 +145,9 @@ def graph_search(gpu: Gpu, kept: KeptCopy, index: SearchIndex, queries: np.ndarr
             sync_check(cp)
             if gpu.profile:
                 work.append(ow.get())
-            ids_out.append(oi.get())
-            keys_out.append(ok.get())
+            got = found.get()
+            ids_out.append(got[0])
+            keys_out.append(got[1].view(np.float32))
         else:
             t0 = plan.searches
             ns = nq * t0
