@@ -8,7 +8,7 @@ tracemalloc sees (NumPy's allocations), beside the graph's own size (rows x k id
 streamed steps can be told from ones that hold the graph.
 
     PYTHONPATH=. python3 scripts/bench_products.py --rows 200000 --dim 32 --k 16 --host-mem 64M
-    PYTHONPATH=. python3 scripts/bench_products.py --store data.knn --max-distance 0.1 --min-samples 10
+    PYTHONPATH=. python3 scripts/bench_products.py --store data.knn --max-distance 0.1 --steps components,export_npz_out_of_core
 """
 
 from __future__ import annotations
@@ -21,6 +21,9 @@ import tracemalloc
 from pathlib import Path
 
 import numpy as np
+
+STEPS = ("symmetric_union_distance", "symmetric_union_umap", "symmetric_mutual", "export_npz_out_of_core",
+         "components", "core_distances", "mutual_reachability")
 
 
 def measured(fn):
@@ -45,7 +48,14 @@ def main() -> None:
     ap.add_argument("--max-distance", type=float, default=None,
                     help="Components' threshold (default: the median first-neighbour distance).")
     ap.add_argument("--min-samples", type=int, default=10)
+    ap.add_argument("--steps", default=None,
+                    help="Comma-separated steps to run (default all): " + ", ".join(STEPS) + ". The join inside "
+                         "mutual_reachability scans every row outside the largest component against all rows a "
+                         "round: leave it out on large stores of separated clusters.")
     args = ap.parse_args()
+    unknown = set() if args.steps is None else {s.strip() for s in args.steps.split(",")} - set(STEPS)
+    if unknown:
+        ap.error(f"unknown steps {', '.join(sorted(unknown))}; choose from {', '.join(STEPS)}")
 
     import bigknn
     from bigknn.cli.common import parse_bytes
@@ -76,11 +86,12 @@ def main() -> None:
             "core_distances": lambda: float(g.core_distances(min_samples).mean()),
             "mutual_reachability": lambda: g.mutual_reachability(min_samples).nnz,
         }
-        for name, fn in steps.items():
-            value, seconds, peak = measured(fn)
+        chosen = STEPS if args.steps is None else [s.strip() for s in args.steps.split(",")]
+        for name in chosen:
+            value, seconds, peak = measured(steps[name])
             result[name] = {"s": seconds, "peak_bytes": peak, "result": value}
-        result["components"]["max_distance"] = max_distance
-        result["mutual_reachability"]["min_samples"] = min_samples
+        result["components_max_distance"] = max_distance
+        result["min_samples"] = min_samples
         g.close()
     print(json.dumps(result))
 

@@ -19,7 +19,9 @@ from bigknn.pipeline.steps import physical_memory
 from bigknn.shards import Store
 
 EDGE = np.dtype([("row", "<i8"), ("col", "<i8"), ("w", "<f4"), ("fwd", "u1")])  # fwd: 1 from row's own list
-WORK_PER_EDGE = 4 * EDGE.itemsize  # a block's edges, their sort order, the sorted copy and the merged output
+# a block's edges, their sort keys and order, the sorted copy and the joined output: about 5 edges' bytes per
+# edge at the peak tracemalloc measures (scripts/bench_products.py)
+WORK_PER_EDGE = 5 * EDGE.itemsize
 
 
 def default_budget() -> int:
