@@ -62,7 +62,7 @@ def open_dir(store: Path, rel: str | Path = "", create: bool = False) -> int:
             done = done / part
             try:
                 child = _open_child(part, fd, create)
-            except OSError as e:
+            except OSError:
                 if _is_link(part, fd):
                     raise link_refusal(done) from None
                 raise
