@@ -16,16 +16,14 @@ commit named stays for readers that opened it, older ones are deleted after the 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from bigknn.atomic import write_atomic
 from bigknn.errors import BadInput
 from bigknn.search.graph import SearchIndex
-from bigknn.shards import Store, safepaths
+from bigknn.shards import Store, safepaths, upgrade
 from bigknn.shards.manifest import ShardEntry
 
 SEARCH_DIR = "search"
@@ -90,11 +88,7 @@ def drop_work(store: Store, version: int) -> None:
 
 def mark_format(store: Store) -> None:
     """Record the manifest's format in zarr.json's group attributes too (they name the store's format)."""
-    meta_path = store.path / "zarr.json"
-    meta = json.loads(meta_path.read_text())
-    meta.setdefault("attributes", {})["bigknn"] = {**meta["attributes"].get("bigknn", {}),
-                                                   "format": store.manifest.format}
-    write_atomic(meta_path, json.dumps(meta, indent=2))
+    upgrade.mark_format(store.path, store.manifest.format)
 
 
 def current(store: Store) -> SearchEntry:

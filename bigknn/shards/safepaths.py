@@ -16,7 +16,6 @@ The store's own path is the user's choice and may be a link; only what is inside
 
 from __future__ import annotations
 
-import errno
 import os
 import re
 import shutil
@@ -54,7 +53,8 @@ def check_store(store: Path) -> None:
 
 def open_dir(store: Path, rel: str | Path = "", create: bool = False) -> int:
     """A descriptor of the directory ``store/rel``, each part of ``rel`` opened without following a link
-    (created first with ``create``). BadInput names a part that is a link; FileNotFoundError when missing."""
+    (created first with ``create``). BadInput names a part that is a link; FileNotFoundError when missing,
+    NotADirectoryError when a part is a file."""
     fd = os.open(store, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     done = Path(store)
     try:
@@ -62,11 +62,9 @@ def open_dir(store: Path, rel: str | Path = "", create: bool = False) -> int:
             done = done / part
             try:
                 child = _open_child(part, fd, create)
-            except OSError as e:
+            except OSError:
                 if _is_link(part, fd):
                     raise link_refusal(done) from None
-                if e.errno == errno.ENOTDIR:  # a file where bigknn keeps a directory
-                    raise BadInput(done, "is not a directory; the store is damaged (run `bigknn verify`)") from None
                 raise
             os.close(fd)
             fd = child
@@ -116,10 +114,14 @@ def fresh_dir(store: Path, rel: str | Path) -> None:
     """Make way for a new array at ``store/rel``: its parents created (none of them a link), whatever was at
     ``rel`` removed; BadInput when ``rel`` itself is a link (zarr's overwrite would empty its target)."""
     rel = Path(rel)
-    with owned_dir(store, rel.parent, create=True) as parent:
-        if _is_link(rel.name, parent):
-            raise link_refusal(Path(store) / rel)
-        shutil.rmtree(rel.name, ignore_errors=True, dir_fd=parent)
+    try:
+        with owned_dir(store, rel.parent, create=True) as parent:
+            if _is_link(rel.name, parent):
+                raise link_refusal(Path(store) / rel)
+            shutil.rmtree(rel.name, ignore_errors=True, dir_fd=parent)
+    except NotADirectoryError:
+        raise BadInput(Path(store) / rel.parent, "holds a file where bigknn keeps a directory; the store is "
+                                                 "damaged (run `bigknn verify`)") from None
 
 
 def versions(store: Path, rel: str | Path) -> list[int]:

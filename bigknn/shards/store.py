@@ -14,7 +14,6 @@ chunk raises ``Damaged`` naming the shard and the file, never reads as zeros.
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import weakref
@@ -33,8 +32,9 @@ from bigknn.graph import KnnGraph
 from bigknn.shards import checksums, chunks, safepaths
 from bigknn.shards.creation import check_new_store_path
 from bigknn.shards.leases import LEASE_DIR, Lease, pinned
-from bigknn.shards.manifest import MANIFEST, PLACED_SINCE, Manifest
+from bigknn.shards.manifest import MANIFEST, Manifest
 from bigknn.shards.names import graph_dir, graph_name, partition_name, row_ids_name, search_name, vectors_name
+from bigknn.shards.upgrade import upgrade_places
 
 CHUNK_BYTES = 16 << 20  # target size of one row chunk on disk
 REAPER_THREADS = 4  # stale graph versions deleted at once
@@ -115,25 +115,11 @@ class Store:
             if self._deferred:
                 return
             if self.manifest.checksummed and not self.manifest.placed:
-                self._upgrade_places()
+                upgrade_places(self.path, self.manifest)
             write_atomic(self.path / MANIFEST, self.manifest.to_json())
             self._stale_below = {sh.id: self._committed.get(sh.id) for sh in self.manifest.shards}
             self._committed = self._graph_versions()
             self._reap()
-
-    def _upgrade_places(self) -> None:
-        """Make an older checksummed store format 6 (before the commit that says so): every array it holds
-        lists its chunks' checksums for its place; an array with a damaged chunk is left without, to stay
-        damage that ``bigknn verify`` reports."""
-        for root, _, files in os.walk(self.path):
-            if "zarr.json" in files and Path(root) != self.path:
-                chunks.add_table(Path(root), Path(root).relative_to(self.path).as_posix())
-        self.manifest.format = max(self.manifest.format, PLACED_SINCE)
-        meta_path = self.path / "zarr.json"
-        meta = json.loads(meta_path.read_text())
-        meta.setdefault("attributes", {})["bigknn"] = {**meta["attributes"].get("bigknn", {}),
-                                                       "format": self.manifest.format}
-        write_atomic(meta_path, json.dumps(meta))
 
     def close(self) -> None:
         """Let go of the store: a writer deletes what its commits left stale (versions a reader's lease kept
