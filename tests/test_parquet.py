@@ -81,6 +81,16 @@ def test_parquet_columns_read_as_the_array(tmp_path, dtype, kind):
     np.testing.assert_array_equal(src.take(rows), x[rows])
 
 
+def test_a_thread_holds_one_decoded_row_group_of_a_whole_dataset(tmp_path):
+    from bigknn.formats import columnar
+    x = vectors()
+    src = open_source(write_dataset(tmp_path / "ds", x, list(range(ROWS))))
+    np.testing.assert_array_equal(src.read(0, ROWS), x)  # every group of every part, in one thread
+    reader, group = columnar._THREAD.reader, columnar._THREAD.group  # this thread's only ones
+    assert reader[0] is src.parts[-1] and group[0] is src.parts[-1]
+    assert len(group[2]) <= GROUP_ROWS
+
+
 def test_arrow_ipc_and_float64_read_as_float32(tmp_path):
     x = vectors(200, seed=2, dtype=np.float64)
     path = tmp_path / "a.feather"
