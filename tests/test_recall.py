@@ -13,7 +13,8 @@ from bigknn.backends.cpu import CpuBackend
 from bigknn.graph import EMPTY, KnnGraph, ShardPart
 from bigknn.params import GnndParams
 from bigknn import recall
-from bigknn.recall import ESTIMATE_ROWS, EXACT_AFFORD, PROBE_ROWS, MAX_WIDTH, STALL_ITERS, Estimate, Stopper, estimate, interval, make_merge_probe, make_probe
+from bigknn.recall import (ESTIMATE_ROWS, EXACT_AFFORD, PROBE_ROWS, MAX_WIDTH, STALL_ITERS, Estimate, Stopper, estimate,
+                           held_out_estimate, interval, make_merge_probe, make_probe)
 from bigknn.synth import synth
 from conftest import exact_neighbours, recall_at, run_json, write_synth
 
@@ -113,6 +114,23 @@ def test_a_stall_with_only_the_mean_at_the_target_widens():
     assert near.widened == 1 and near.after(_est(0.9925, half=0.002)) == "stop"
     assert near.report()["stop"] == "target met"
     assert [far.after(_est(0.9875 + 0.0005 * i, half=0.002)) for i in range(STALL_ITERS + 1)][-1] == "widen"
+
+
+def test_the_held_out_estimate_counts_the_stopping_rows_as_measured_and_the_rest_by_sample():
+    """The rows a descent stopped on are measured, not sampled: in a small input (3,000 of 4,000 rows in the
+    sample) they weigh a quarter, and an estimate of the held-out rows alone would miss their share; the
+    interval shrinks with the unsampled rest (none left: no width), and covers the truth over seeds."""
+    every = held_out_estimate(np.full(2000, 0.9), np.ones(1000), 3000)
+    assert every.recall == pytest.approx((2000 * 0.9 + 1000) / 3000) and every.low == every.high == every.recall
+    covered = []
+    for seed in range(200):
+        rng = np.random.default_rng(seed)
+        rest = np.floor(10 * rng.beta(30, 1, 3000) + rng.random(3000)) / 10  # tenths, mean ~0.97
+        known = np.ones(1000)  # the stopping rows: the best, by selection
+        sampled = rng.choice(rest, 2000, replace=False)
+        est = held_out_estimate(sampled, known, 4000)
+        covered.append(est.low <= (rest.sum() + known.sum()) / 4000 <= est.high)
+    assert np.mean(covered) >= 0.9, np.mean(covered)
 
 
 def test_the_stop_rule_meets_the_target_with_confidence_over_many_descents():

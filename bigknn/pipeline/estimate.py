@@ -1,13 +1,13 @@
 """The recall estimate a build records: exact top-10 of a fixed sample of rows, found while the data passes.
 
 The sample is drawn before sharding, in two parts: ``PROBE_ROWS`` rows a one-shard build's GNND stops on
-(its probe), and ``ESTIMATE_ROWS`` held-out rows the recorded estimate is measured on. An estimate on the
-rows that stopped the descent is biased upward: the descent ends at the first iteration those rows clear the
-target (held-out text: 0.991 reported, 0.987 true). Each shard's vectors, as GNND takes them (in memory, straight from the
-sharding pass), also give the sample's exact neighbours among that shard's rows, so the truth costs no extra
-pass over the input. After the merges the sample rows' final lists are read from the store and compared
-(bigknn/recall.py): the estimate, its interval and the sample size go into the manifest, the summary and
-``bigknn info``. A resumed build folds in the shards the killed run had not yet seen, from the store.
+(its probe), and ``ESTIMATE_ROWS`` held-out rows that stand for the others in the recorded estimate. An
+estimate on the rows that stopped the descent is biased upward: the descent ends at the first iteration
+those rows clear the target (held-out text: 0.991 reported, 0.987 true). Each shard's vectors, as GNND takes them (in memory,
+straight from the sharding pass), also give the sample's exact neighbours among that shard's rows, so the truth
+costs no extra pass over the input. After the merges the held-out rows' final lists are read from the store and
+compared (bigknn/recall.py): the estimate, its interval and the sample size go into the manifest, the summary
+and ``bigknn info``. A resumed build folds in the shards the killed run had not yet seen, from the store.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from bigknn.formats import VectorFile
 from bigknn.graph import EMPTY, KnnGraph, merge_lists
 from bigknn.metrics import kernel_metric, prepare_rows
 from bigknn.partition.rowmap import RowMap
-from bigknn.recall import ESTIMATE_ROWS, PROBE_ROWS, RECALL_AT, Estimate, Probe, estimate, probe_m, without_self
+from bigknn.recall import (ESTIMATE_ROWS, PROBE_ROWS, RECALL_AT, Estimate, Probe, held_out_estimate, probe_m,
+                           row_recalls, without_self)
 from bigknn.shards import Manifest, Store
 
 
@@ -104,18 +105,19 @@ class SampleTruth:
         return without_self(self.ids, self.keys, positions, self.m)
 
     def measure(self, store: Store) -> Estimate:
-        """Recall@m of the store's committed graph on the sample's held-out rows."""
-        rows = self.positions(store)[self.held_out]
-        truth, keys = without_self(self.ids[self.held_out], self.keys[self.held_out], rows, self.m)
-        kth = keys[:, -1].copy()
+        """Recall@m of the store's committed graph: the held-out rows stand for all rows but the stopping ones,
+        which count as measured (recall.held_out_estimate)."""
+        rows = self.positions(store)
+        truth, keys = self.truth(rows)
         got_ids = np.empty((len(rows), self.m), np.int64)
         got_keys = np.empty((len(rows), self.m), np.float32)
         for s in store.manifest.shards:
             sel = np.nonzero((rows >= s.offset) & (rows < s.offset + s.rows))[0]
             if sel.size:
-                ids, keys = store.read_graph_rows(s.id, rows[sel] - s.offset)
-                got_ids[sel], got_keys[sel] = ids[:, :self.m], keys[:, :self.m]
-        return estimate(got_ids, got_keys, truth, kth)
+                ids, keys_s = store.read_graph_rows(s.id, rows[sel] - s.offset)
+                got_ids[sel], got_keys[sel] = ids[:, :self.m], keys_s[:, :self.m]
+        per_row = row_recalls(got_ids, got_keys, truth, keys[:, -1].copy())
+        return held_out_estimate(per_row[self.held_out], per_row[~self.held_out], store.manifest.rows)
 
 
 def sample_rows(n: int, seed: int) -> np.ndarray:
