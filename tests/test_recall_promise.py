@@ -42,7 +42,7 @@ def _true_recall(x: np.ndarray, ids: np.ndarray) -> float:
     return hits / (len(x) * AT)
 
 
-def _builds(shards: int) -> list[tuple[float, float, float, float]]:
+def _builds(shards: int, backend: str) -> list[tuple[float, float, float, float]]:
     """(target, true recall, interval low, high) of every family x seed x target build in ``shards`` shards."""
     out = []
     families, seeds = PLAN[shards]
@@ -50,7 +50,7 @@ def _builds(shards: int) -> list[tuple[float, float, float, float]]:
         for seed in seeds:
             x = make(ROWS, seed)
             for target in TARGETS:
-                with bigknn.build(x, k=AT, recall=target, backend="cpu", seed=seed,
+                with bigknn.build(x, k=AT, recall=target, backend=backend, seed=seed,
                                   shard_rows=0 if shards == 1 else -(-ROWS // shards)) as g:
                     est = g.info.recall_estimate
                     assert g.info.shards == shards
@@ -58,11 +58,22 @@ def _builds(shards: int) -> list[tuple[float, float, float, float]]:
     return out
 
 
+def _check(shards: int, backend: str) -> None:
+    runs = _builds(shards, backend)
+    met = np.mean([truth >= target for target, truth, _, _ in runs])
+    covered = np.mean([low <= truth <= high for _, truth, low, high in runs])
+    print(f"{backend}, {shards} shard(s): {len(runs)} builds, true recall >= target in {met:.3f}, "
+          f"covered in {covered:.3f}")
+    assert met >= 0.95 and covered >= 0.90, (met, covered, runs)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("shards", [1, 4])
 def test_true_recall_meets_the_target_and_the_interval_covers_it(shards: int) -> None:
-    runs = _builds(shards)
-    met = np.mean([truth >= target for target, truth, _, _ in runs])
-    covered = np.mean([low <= truth <= high for _, truth, low, high in runs])
-    print(f"{shards} shard(s): {len(runs)} builds, true recall >= target in {met:.3f}, covered in {covered:.3f}")
-    assert met >= 0.95 and covered >= 0.90, (met, covered, runs)
+    _check(shards, "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shards", [1, 4])
+def test_the_promise_holds_on_the_gpu(shards: int) -> None:
+    _check(shards, "cuda")
