@@ -411,17 +411,20 @@ def test_tensor_core_cross_match_matches_fma_and_cpu(n, d, k, dtype, metric):
 
 
 def test_gnnd_descends_on_a_probe_it_is_given(cuda_backend):
-    """A build's recall sample inside a shard is the shard's GNND probe (Backend.gnnd's ``probe``): the descent
-    measures those rows (the report's estimate counts them), draws none of its own, and meets its target."""
-    from bigknn.pipeline.estimate import SampleTruth
+    """The stopping part of a build's recall sample inside a shard is the shard's GNND probe (Backend.gnnd's
+    ``probe``): the descent measures those rows (the report's estimate counts them), draws none of its own, and
+    meets its target."""
+    from bigknn.pipeline.estimate import SampleTruth, sample_rows
+    from bigknn.recall import PROBE_ROWS
 
-    x = synth(30011, 48, seed=int(np.random.default_rng().integers(1 << 30)))
-    rows = np.sort(np.random.default_rng().choice(len(x), 2000, replace=False)).astype(np.int64)
-    sample = SampleTruth(rows, x[rows], "l2", 10, positional=True)
+    seed = int(np.random.default_rng().integers(1 << 30))
+    x = synth(30011, 48, seed=seed)
+    rows = sample_rows(len(x), seed)
+    sample = SampleTruth(rows, x[rows], "l2", 10, seed, positional=True)
     probe = sample.probe(0, len(x), sample.add(cuda_backend, 0, 0, x), GnndParams(k=10).width(), 1.0)
-    assert probe is not None and len(probe.rows) == 2000
+    assert probe is not None and len(probe.rows) == PROBE_ROWS
     g = cuda_backend.gnnd(x, "l2", GnndParams(k=10), seed=5, probe=probe)
-    assert g.report["estimate"]["rows"] == 2000 and g.report["stop"].startswith("target met"), g.report
+    assert g.report["estimate"]["rows"] == PROBE_ROWS and g.report["stop"].startswith("target met"), g.report
     _check_graph(x, g, GnndParams(k=10).width(), "l2")
     check = np.random.default_rng().choice(len(x), 300, replace=False)
     assert _recall(g.ids[check], _exact_top(x, check, 10, "l2"), 10) >= 0.985

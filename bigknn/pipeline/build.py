@@ -104,7 +104,11 @@ def build(req: BuildRequest, backends: list[Backend], reporter: Reporter) -> dic
                 incoming = (stream_shards(store, vf, sizes, acct, layout=rows_of), sizes)
             run_build_steps(store, backends, reporter, acct, req.host_mem, incoming, sample)
             if sample is not None:
-                record_estimate(store, backends[0], sample)
+                est = record_estimate(store, backends[0], sample)
+                if est["recall"] < est["target"]:  # the promise broken is said aloud, never only recorded
+                    reporter.note(f"{req.store}: recall@{est['at']} estimate {est['recall']:.4f} [{est['low']:.4f}, "
+                                  f"{est['high']:.4f}] on {est['rows']} held-out rows is below the target "
+                                  f"{est['target']}")
             record_timings(store, acct)
             store.close()
         except BadInput:
