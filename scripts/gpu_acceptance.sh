@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One device call for the GPU acceptance runs; each step logs under $OUT and a table is printed last.
 #   STEPS="t2 t2shards plan t4 t3 kill tests sanitizer t1 cli5m" bash scripts/gpu_acceptance.sh
+# The public API against CAGRA (issue 37): STEPS="searchapi"; the recall promise over seeds (issue 36): STEPS="coverage".
 # On the 2-GPU machine (issues 12 and 14): STEPS="dask10m big50 big100" (inputs by scripts/synth_parallel.sh).
 # Every family against cuVS (issue 10): STEPS="families"; 50M on 1 / 2 / all GPUs (issue 17): STEPS="scale".
 # Needs: PYTHONPATH with bigknn and zarr (see README), a GPU. Data goes to $WORK (default /tmp/bk).
@@ -50,6 +51,21 @@ be.exact_knn(x[:37], 11, "l2", [(0, x[:2000]), (2000, x[2000:])])
 print("memcheck workload done")
 PY
   note "compute-sanitizer memcheck exit=$? $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1)" ;;
+searchapi)
+  # issue 37: bigknn through its public API (index.search, Graph.search, bigknn search) against CAGRA in the same
+  # process; SEARCHAPI_INPUTS: families of scripts/families.py or FILE:METRIC (cuVS on PYTHONPATH for CAGRA)
+  step searchapi
+  for inp in ${SEARCHAPI_INPUTS:-u8}; do
+    python3 scripts/bench_search_api.py "$inp" --rows ${SEARCHAPI_ROWS:-1000000} --work $WORK/api \
+      --out "$OUT/search_api.jsonl" > "$OUT/search_api_$(basename "${inp%%:*}").log" 2>&1
+    note "searchapi $inp: exit $? $(tail -1 "$OUT/search_api.jsonl" | cut -c1-400)"
+  done ;;
+coverage)
+  # issue 36: the recall promise over seeds through bigknn.build (COVERAGE_ARGS: rows, seeds, families, --text)
+  step coverage
+  python3 scripts/bench_coverage.py --backend cuda ${COVERAGE_ARGS:---rows 200000 --seeds 20} \
+    > "$OUT/coverage.jsonl" 2> "$OUT/coverage.log"
+  note "coverage: exit $? $(tail -1 "$OUT/coverage.jsonl" | cut -c1-600)" ;;
 t1)
   step t1
   python3 scripts/bench_gnnd.py --workloads t1 --iters 18 --samples 16 --list-width 48 > "$OUT/t1.jsonl" 2>&1
