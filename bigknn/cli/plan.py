@@ -104,10 +104,10 @@ def plan(input: Path | None, rows: int | None, dim: int | None, dtype: str, k: i
                    "pairs_per_shard": round(pairs_per_shard, 3), "pairs_source": pairs_source,
                    "labelling": "the partition's labelling pass is counted as one more read of the input; its "
                                 "nearest-centroid search runs on the backend and is not timed"}
+    on_gpu = backends[0].memory_budget() is not None  # a device bounds the backend's calls
     if measured is not None:
         rates = rates_from_store(measured)
     else:
-        on_gpu = backends[0].name == "cuda"
         c_rows = calibrate_rows or (min(shard_rows, GPU_CALIBRATION_ROWS) if on_gpu else CPU_CALIBRATION_ROWS)
         c_rows = min(c_rows, rows // 2) if vf is not None else c_rows
         sizes = calibration_sizes(c_rows, params.width())
@@ -119,11 +119,11 @@ def plan(input: Path | None, rows: int | None, dim: int | None, dtype: str, k: i
     if as_json:
         emit(result, as_json, "plan")
     else:
-        show(result, backends[0].name, dtype if vf is None else vf.read_dtype.name)
+        show(result, backends[0].name, on_gpu, dtype if vf is None else vf.read_dtype.name)
 
 
-def show(p: dict, backend: str, dtype: str) -> None:
-    """The plan for people: sizes in GB, time in the largest readable unit."""
+def show(p: dict, backend: str, on_gpu: bool, dtype: str) -> None:
+    """The plan for people: sizes in GB, time in the largest readable unit; ``backend`` names where it ran."""
     est = p["estimate_s"]
     rates = p["rates"]
     assumed = p["assumptions"]
@@ -137,7 +137,7 @@ def show(p: dict, backend: str, dtype: str) -> None:
         f"  host memory  {human_bytes(p['host_bytes_per_worker'])} per worker, {human_bytes(p['host_bytes_total'])} "
         f"in all; the shard cache holds {p['cached_shards']:,} of {p['shards']:,} shards",
         f"  read back    {p['merge_reads']:,} shards for merges: {assumed['merge_reads']}",
-        f"  GPU memory   {human_bytes(p['gpu_bytes_per_worker'])} per worker" if backend == "cuda" else
+        f"  GPU memory   {human_bytes(p['gpu_bytes_per_worker'])} per worker" if on_gpu else
         f"  GPU memory   {human_bytes(p['gpu_bytes_per_worker'])} per worker, if built on a GPU",
         f"  time         ≈ {human_duration(est['total'])} on {backend}: first shards read "
         f"{human_duration(est['start'])}, GNND {human_duration(est['gnnd'])}, merges {human_duration(est['ggm'])}, "
@@ -151,7 +151,7 @@ def show(p: dict, backend: str, dtype: str) -> None:
         + (f", {assumed['pairs_per_shard']} merges per shard ({assumed['pairs_source']})"
            if p["partition"] != "contiguous" else ""),
     ]
-    if backend == "cpu" and est["total"] > SLOW_ON_CPU_S:
+    if not on_gpu and est["total"] > SLOW_ON_CPU_S:
         lines.append(f"  note         {human_duration(est['total'])} on the CPU: a GPU would take a small fraction of "
                      "that; run `bigknn plan` on a GPU machine (or with --store of a store built there) to see")
     click.echo("\n".join(lines))

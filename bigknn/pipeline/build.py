@@ -21,7 +21,6 @@ from bigknn.metrics import stored_dtype
 from bigknn.params import GnndParams
 from bigknn.partition.assign import layout, learn_from_file, shard_count
 from bigknn.partition.learn import DEFAULT_METHOD, METHODS, Partition
-from bigknn.partition.nearest import backend_nearest
 from bigknn.pipeline.estimate import SampleTruth, record_estimate
 from bigknn.pipeline.plan import auto_shard_rows, spread_for_workers
 from bigknn.pipeline.sharding import shard_sizes, stream_shards
@@ -78,7 +77,7 @@ def build(req: BuildRequest, backends: list[Backend], reporter: Reporter) -> dic
                                    req.metric, req.seed)
             with reporter.phase("label", vf.rows, "rows") as advance:
                 rows_of = layout(vf, part, req.metric, req.shard_rows, req.params.width(),
-                                 backend_nearest(backends[0]), advance)
+                                 backends[0].nearest_centroids, advance)
         acct.add("partition", time.perf_counter() - t, vf.rows * vf.dim * vf.dtype.itemsize)
         sizes = [len(r) for r in rows_of]
     cache_shards(manifest, req.store, max(sizes), len(backends), req.host_mem)

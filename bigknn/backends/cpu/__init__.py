@@ -16,6 +16,7 @@ from bigknn.backends.cpu.threads import use_threads
 from bigknn.errors import BadInput
 from bigknn.ggm import exact_merge, finish_merge, merge_stop_frac, start_merge
 from bigknn.graph import EMPTY, LOCAL_ID_DTYPE, KnnGraph, ShardPart, drop_self, merge_lists
+from bigknn.partition.nearest import nearest_numpy
 from bigknn.params import (CPU_AUTO_SAMPLES, CPU_HARD_BELOW, CPU_HARD_SAMPLES, CPU_HARD_WIDTH, EXACT_ROWS,
                            GnndParams)
 from bigknn.recall import Probe, Stopper, make_merge_probe, make_probe
@@ -212,9 +213,23 @@ class CpuBackend(SearchReference):
                   blocks: Iterable[tuple[int, np.ndarray]]) -> KnnGraph:
         return exact_knn(queries, k, metric, blocks, self.compiled)
 
+    def nearest_centroids(self, x: np.ndarray, count: int, centroids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """NumPy's GEMM by blocks (nearest_numpy), not the exact k-NN: much faster against a few centroids."""
+        return nearest_numpy(x, count, centroids)
+
     def memory_budget(self) -> None:
         """No device memory bounds a CPU shard (bigknn/pipeline/plan.py sizes them)."""
         return None
 
     def stage(self, arrays: Iterable[np.ndarray]) -> None:
         """Nothing to copy ahead: the CPU computes on the host arrays themselves."""
+
+
+def available() -> bool:
+    """The CPU backend runs everywhere (the registry's availability check)."""
+    return True
+
+
+def make_backends(gpus: list[int] | str | None, gpu_mem_bytes: int | None, threads: int | None) -> list[CpuBackend]:
+    """A single CPU worker on ``threads`` cores (None: all); ``gpus`` and ``gpu_mem_bytes`` are a device's."""
+    return [CpuBackend(threads=threads)]
