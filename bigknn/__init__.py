@@ -7,14 +7,15 @@
 
 __version__ = "0.1.0"
 
-from bigknn.api import Graph, build, open  # noqa: E402 - after __version__, which the CLI imports
+# after __version__, which the CLI imports
+from bigknn.api import Graph, build, ingest, merge, open, plan, verify  # noqa: E402
 from bigknn.errors import BadInput, BigknnError, StoreBusy  # noqa: E402
 from bigknn.results import (BuildReport, ExportReport, InDegrees, Info, IngestReport, Neighbors,  # noqa: E402
                             RecallEstimate, RecallReport)
 
 __all__ = ["BadInput", "BigknnError", "BuildReport", "ExportReport", "Graph", "InDegrees", "Info", "IngestReport",
            "KNNGraphTransformer", "Neighbors", "RecallEstimate", "RecallReport", "StoreBusy", "__version__",
-           "build", "open"]
+           "build", "ingest", "merge", "open", "plan", "verify"]
 
 
 def __getattr__(name: str) -> type:

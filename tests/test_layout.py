@@ -85,6 +85,20 @@ def test_no_module_outside_the_backends_imports_a_backend_package():
     assert not reached, reached
 
 
+# ``bigknn info``'s cheap check (chunk files present, bigknn/pipeline/verify.py without contents) and export's
+# format table have no API function of their own yet
+CLI_PIPELINE_USES = {"info.py": {"verify", "format_of"}}
+
+
+def test_cli_commands_call_the_api_not_the_pipeline():
+    """The CLI takes constants (defaults, choices) from below the API, never the operations themselves."""
+    for path in (ROOT / "bigknn" / "cli").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("bigknn.pipeline"):
+                called = {a.name for a in node.names if not a.name.isupper()} - CLI_PIPELINE_USES.get(path.name, set())
+                assert not called, f"cli/{path.name} calls {node.module}: {sorted(called)}"
+
+
 def test_the_name_probe_catches_what_it_forbids():
     for line in ('if backend.name == "cpu":', 'on_gpu = backends[0].name == "cuda"', 'if backend != "cpu" and x:'):
         assert NAME_PROBE.search(line), line
@@ -123,6 +137,8 @@ def test_every_file_named_in_docs_and_code_exists():
                *(ROOT / "bigknn").rglob("*.py"), *(ROOT / "examples").glob("*.py"), *(ROOT / "scripts").rglob("*.*")]
     missing = set()
     for src in sources:
+        if src.name == "restructure-plan.md":  # the recipe of a move: it names the paths the move will make
+            continue
         for ref in REFERENCE.findall(src.read_text(errors="replace")):
             if not (ROOT / ref).exists():
                 missing.add(f"{src.relative_to(ROOT)}: {ref}")
