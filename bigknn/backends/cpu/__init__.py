@@ -22,9 +22,8 @@ from bigknn.params import (CPU_AUTO_SAMPLES, CPU_HARD_BELOW, CPU_HARD_SAMPLES, C
 from bigknn.recall import Probe, Stopper, make_merge_probe, make_probe
 
 
-RP_TREES = 20  # RP trees seeding the compiled GNND's lists (rptree.py). 20, not 6 (2 cores, same runs): synth
-# 100K x 96 GNND 6.3-6.8 -> 3.9-4.0 s (4 iterations -> 1, recall 0.992 -> 0.995), text 100K x 384 17.3-18.3 ->
-# 16.5 s (8 -> 7), iid 100K x 64 84.5 -> 79.3 s; 48 lifted text's first estimate past the hard-set bar (21 iterations)
+RP_TREES = 20  # RP trees seeding the compiled GNND's lists (rptree.py): fewer iterations than 6 on every family,
+# while 48 lifted text's first estimate past the hard-set bar (docs/perf-notes.md, "Measurements behind the constants")
 
 
 def as_float(x: np.ndarray) -> np.ndarray:
