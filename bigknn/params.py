@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 MIN_LIST = 48  # NN-Descent converges poorly on short lists: graphs are built at least this wide
 AUTO_SAMPLES = 16  # largest automatic p: 2p = 32 samples per list keep the cross-match in its small tile class
@@ -49,5 +49,12 @@ class GnndParams:
         ``cap``: the largest automatic p (CPU_AUTO_SAMPLES on the CPU)."""
         return self.samples if self.samples > 0 else max(4, min(cap, (width or self.width()) // 3))
 
-    def to_dict(self) -> dict:
+    def to_manifest(self) -> dict:
+        """The manifest's ``params`` object (every field, as JSON numbers)."""
         return asdict(self)
+
+    @classmethod
+    def from_manifest(cls, raw: dict) -> GnndParams:
+        """The manifest's ``params`` object read back; fields an older store did not record take their
+        defaults (shards/schema.py has checked that every key is a field and every value a number)."""
+        return cls(**{f.name: raw[f.name] for f in fields(cls) if f.name in raw})

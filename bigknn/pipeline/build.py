@@ -141,8 +141,8 @@ def fingerprint(vf: VectorFile, sha256: str | None) -> dict:
 
 def _check_same_build(m: Manifest, req: BuildRequest, vf: VectorFile, method: str) -> None:
     want = {"dim": vf.dim, "metric": req.metric, "k": req.params.k, "shard_rows": req.shard_rows,
-            "params": req.params.to_dict(), "seed": req.seed, "partition": method}
-    have = {"dim": m.dim, "metric": m.metric, "k": m.k, "shard_rows": m.shard_rows, "params": m.params,
+            "params": req.params.to_manifest(), "seed": req.seed, "partition": method}
+    have = {"dim": m.dim, "metric": m.metric, "k": m.k, "shard_rows": m.shard_rows, "params": m.params.to_manifest(),
             "seed": m.seed, "partition": m.partition_method}
     diff = [f"{key} {have[key]} (asked {want[key]})" for key in want if have[key] != want[key]]
     src = m.inputs[0] if m.inputs else {}
@@ -160,7 +160,7 @@ def _check_same_build(m: Manifest, req: BuildRequest, vf: VectorFile, method: st
 # ---- steps ----------------------------------------------------------------------------------------
 def _new_manifest(req: BuildRequest, vf: VectorFile, method: str) -> Manifest:
     m = Manifest(dim=vf.dim, dtype=stored_dtype(req.metric, vf.read_dtype).str, metric=req.metric,
-                 k=req.params.k, shard_rows=req.shard_rows, params=req.params.to_dict(), seed=req.seed,
+                 k=req.params.k, shard_rows=req.shard_rows, params=req.params, seed=req.seed,
                  inputs=[fingerprint(vf, sha256=None)])  # the sharding pass records the sha256
     if method != "contiguous":  # the arrays come with the sharding pass's commit (_record_partition)
         m.format, m.partition = PARTITIONED_SINCE, {"method": method, "arrays": [], "shards": 0}
