@@ -11,7 +11,8 @@ from bigknn import numbacache  # noqa: E402 - before anything imports numba
 
 numbacache.ensure()
 
-from bigknn.api import Graph, build, open  # noqa: E402 - after __version__, which the CLI imports
+# after __version__, which the CLI imports
+from bigknn.api import Graph, build, ingest, merge, open, plan, verify  # noqa: E402
 from bigknn.errors import BadInput, BigknnError, StoreBusy  # noqa: E402
 from bigknn.search.index import LoadedIndex  # noqa: E402
 from bigknn.results import (BuildReport, ExportReport, InDegrees, Info, IngestReport, Neighbors,  # noqa: E402
@@ -19,7 +20,7 @@ from bigknn.results import (BuildReport, ExportReport, InDegrees, Info, IngestRe
 
 __all__ = ["BadInput", "BigknnError", "BuildReport", "ExportReport", "Graph", "InDegrees", "Info", "IngestReport",
            "KNNGraphTransformer", "LoadedIndex", "Neighbors", "RecallEstimate", "RecallReport", "StoreBusy",
-           "__version__", "build", "open"]
+           "__version__", "build", "ingest", "merge", "open", "plan", "verify"]
 
 
 def __getattr__(name: str) -> type:

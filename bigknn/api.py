@@ -1,5 +1,5 @@
-"""The Python API: ``bigknn.build`` and ``bigknn.open`` give a ``Graph``. The CLI's build, info, export
-and eval commands call these same functions.
+"""The Python API: ``bigknn.build`` and ``bigknn.open`` give a ``Graph``; ``merge``, ``ingest``, ``verify`` and
+``plan`` (bigknn/api_commands.py) run on a store or size a build. Every CLI command calls these same functions.
 
 Examples
 --------
@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from bigknn.api_commands import ingest, merge, plan, verify
 from bigknn.arrays import input_file
 from bigknn.backends import get_backends
 from bigknn.cluster import use_scheduler
@@ -31,7 +32,7 @@ from bigknn.results import BuildReport
 from bigknn.shards import Store
 from bigknn.stored_graph import Gpus, Graph, PathLike, gpu_ids
 
-__all__ = ["DEFAULTS", "Graph", "build", "open"]
+__all__ = ["DEFAULTS", "Graph", "build", "ingest", "merge", "open", "plan", "verify"]
 
 DEFAULTS = GnndParams()
 TEMP_STORE = "graph.knn"  # the store's name inside the temporary directory of a build without ``store``

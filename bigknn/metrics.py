@@ -1,81 +1,125 @@
-"""Distance metrics and their ordering keys.
+"""Distance metrics: one ``Metric`` object per metric, the one place that says how it is computed, stored and
+reported.
 
 Graphs store the metric's *ordering key*, smaller is closer: squared L2 for ``l2`` and ``-dot`` for ``ip``.
-``cosine`` is ``ip`` on rows normalised when they enter the store, so backends only ever see ``l2`` or ``ip``.
+``cosine`` is ``ip`` on rows normalised when they enter the store, so backends only ever see ``l2`` or ``ip``
+(a Metric's ``kernel``), and the CUDA kernels a compile-time ``METRIC`` (its ``kernel_id``, common.cuh). The
+functions below the class are the call sites' shorthand for ``metric(name).<method>``.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
-METRICS = ("l2", "ip", "cosine")
 HALF_RANGE = 2.0 ** 14  # largest magnitude of rows scaled for half precision (half's largest finite: 65504)
 
 
-def kernel_metric(metric: str) -> str:
+@dataclass(frozen=True)
+class Metric:
+    """``name``: what users ask for. ``kernel``: the metric backends compute (``l2`` or ``ip``). ``kernel_id``:
+    the CUDA kernels' compile-time METRIC (common.cuh: 0 squared L2, 1 -dot). ``normalised``: rows are scaled
+    to unit length when they enter the store (and queries when they are searched)."""
+
+    name: str
+    kernel: str
+    kernel_id: int
+    normalised: bool = False
+
+    @property
+    def dot_keys(self) -> bool:
+        """Whether keys are -dot (else squared L2)."""
+        return self.kernel == "ip"
+
+    def stored_dtype(self, input_dtype: np.dtype) -> np.dtype:
+        """Dtype of the vectors kept in the store: normalised rows need floats."""
+        return np.dtype(np.float32) if self.normalised else np.dtype(input_dtype)
+
+    def prepare(self, x: np.ndarray) -> np.ndarray:
+        """Rows as they are stored: normalised to unit length where the metric says so (zero rows stay zero)."""
+        if not self.normalised:
+            return x
+        xf = np.asarray(x, dtype=np.float32)
+        norms = np.linalg.norm(xf, axis=1, keepdims=True)
+        return xf / np.where(norms > 0, norms, 1.0).astype(np.float32)
+
+    def pairwise_keys(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """Ordering keys between every row of ``a`` and every row of ``b`` (float32, (len(a), len(b)))."""
+        a = np.asarray(a, dtype=np.float32)
+        b = np.asarray(b, dtype=np.float32)
+        dots = a @ b.T
+        if self.dot_keys:
+            return -dots
+        d = np.einsum("ij,ij->i", a, a)[:, None] + np.einsum("ij,ij->i", b, b)[None, :] - 2.0 * dots
+        return np.maximum(d, 0.0, out=d)
+
+    def row_keys(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """Ordering key between row i of ``a`` and row i of ``b`` (exact, for checks and evaluation)."""
+        a = np.asarray(a, dtype=np.float32)
+        b = np.asarray(b, dtype=np.float32)
+        if self.dot_keys:
+            return -np.einsum("...j,...j->...", a, b)
+        diff = a - b
+        return np.einsum("...j,...j->...", diff, diff)
+
+    def distance(self, keys: np.ndarray) -> np.ndarray:
+        """Stored ordering keys -> the distances users get, ascending like the keys.
+
+        ``l2``: Euclidean distance. ``cosine``: 1 - cos, clipped at 0 (float rounding of identical directions
+        must not give the small negatives that scikit-learn refuses in a precomputed graph). ``ip``: 1 - x.y,
+        the inner-product distance of hnswlib: ascending as the inner product descends, the cosine distance on
+        unit-length rows, and negative where x.y > 1, i.e. on rows longer than 1 (normalise them, or use
+        ``cosine``, for tools that need non-negative distances).
+        """
+        keys = np.asarray(keys, dtype=np.float32)
+        if not self.dot_keys:
+            return np.sqrt(np.maximum(keys, 0.0))
+        return np.maximum(1.0 + keys, 0.0) if self.normalised else 1.0 + keys
+
+
+L2 = Metric("l2", "l2", 0)
+IP = Metric("ip", "ip", 1)
+COSINE = Metric("cosine", "ip", 1, normalised=True)
+BY_NAME = {m.name: m for m in (L2, IP, COSINE)}
+METRICS = tuple(BY_NAME)
+
+
+def metric(name: str) -> Metric:
+    """The Metric called ``name``; ValueError naming the choices for any other."""
+    try:
+        return BY_NAME[name]
+    except KeyError:
+        raise ValueError(f"unknown metric {name!r}; choose one of {', '.join(METRICS)}") from None
+
+
+def kernel_metric(name: str) -> str:
     """The metric the backends compute for a user-facing metric."""
-    if metric not in METRICS:
-        raise ValueError(f"unknown metric {metric!r}; choose one of {', '.join(METRICS)}")
-    return "ip" if metric == "cosine" else metric
+    return metric(name).kernel
 
 
-def stored_dtype(metric: str, input_dtype: np.dtype) -> np.dtype:
-    """Dtype of the vectors kept in the store: normalised cosine rows need floats."""
-    return np.dtype(np.float32) if metric == "cosine" else np.dtype(input_dtype)
+def stored_dtype(name: str, input_dtype: np.dtype) -> np.dtype:
+    return metric(name).stored_dtype(input_dtype)
 
 
-def prepare_rows(x: np.ndarray, metric: str) -> np.ndarray:
-    """Rows as they are stored: cosine rows are normalised to unit length (zero rows stay zero)."""
-    if metric != "cosine":
-        return x
-    xf = np.asarray(x, dtype=np.float32)
-    norms = np.linalg.norm(xf, axis=1, keepdims=True)
-    return xf / np.where(norms > 0, norms, 1.0).astype(np.float32)
+def prepare_rows(x: np.ndarray, name: str) -> np.ndarray:
+    return metric(name).prepare(x)
+
+
+def pairwise_keys(a: np.ndarray, b: np.ndarray, name: str) -> np.ndarray:
+    return metric(name).pairwise_keys(a, b)
+
+
+def row_keys(a: np.ndarray, b: np.ndarray, name: str) -> np.ndarray:
+    return metric(name).row_keys(a, b)
+
+
+def user_distance(keys: np.ndarray, name: str) -> np.ndarray:
+    return metric(name).distance(keys)
 
 
 def half_scale(amax: float) -> float:
     """The power of two that brings rows whose largest magnitude is ``amax`` into half's range (HALF_RANGE):
     keys of scaled rows (and queries) are the keys times its square, in the same order."""
     return 2.0 ** math.floor(math.log2(HALF_RANGE / amax)) if amax > 0 else 1.0
-
-
-def pairwise_keys(a: np.ndarray, b: np.ndarray, metric: str) -> np.ndarray:
-    """Ordering keys between every row of ``a`` and every row of ``b`` (float32, shape (len(a), len(b)))."""
-    a = np.asarray(a, dtype=np.float32)
-    b = np.asarray(b, dtype=np.float32)
-    dots = a @ b.T
-    if metric == "ip":
-        return -dots
-    d = np.einsum("ij,ij->i", a, a)[:, None] + np.einsum("ij,ij->i", b, b)[None, :] - 2.0 * dots
-    return np.maximum(d, 0.0, out=d)
-
-
-def row_keys(a: np.ndarray, b: np.ndarray, metric: str) -> np.ndarray:
-    """Ordering key between row i of ``a`` and row i of ``b`` (exact, for checks and evaluation)."""
-    a = np.asarray(a, dtype=np.float32)
-    b = np.asarray(b, dtype=np.float32)
-    if metric == "ip":
-        return -np.einsum("...j,...j->...", a, b)
-    diff = a - b
-    return np.einsum("...j,...j->...", diff, diff)
-
-
-def user_distance(keys: np.ndarray, metric: str) -> np.ndarray:
-    """Stored ordering keys -> the distances users get, ascending like the keys.
-
-    ``l2``: Euclidean distance. ``cosine``: 1 - cos, clipped at 0 (float rounding of identical directions
-    must not give the small negatives that scikit-learn refuses in a precomputed graph). ``ip``: 1 - x.y,
-    the inner-product distance of hnswlib: ascending as the inner product descends, the cosine distance on
-    unit-length rows, and negative where x.y > 1, i.e. on rows longer than 1 (normalise them, or use
-    ``cosine``, for tools that need non-negative distances).
-    """
-    keys = np.asarray(keys, dtype=np.float32)
-    if metric == "l2":
-        return np.sqrt(np.maximum(keys, 0.0))
-    if metric == "cosine":
-        return np.maximum(1.0 + keys, 0.0)
-    if metric == "ip":
-        return 1.0 + keys
-    raise ValueError(f"unknown metric {metric!r}; choose one of {', '.join(METRICS)}")

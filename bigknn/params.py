@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 MIN_LIST = 48  # NN-Descent converges poorly on short lists: graphs are built at least this wide
 AUTO_SAMPLES = 16  # largest automatic p: 2p = 32 samples per list keep the cross-match in its small tile class
 CPU_AUTO_SAMPLES = 12  # the CPU's: a core pays for every key, so fewer per iteration (more iterations) measured
-# faster there. Random start, 100K x 96 synth, k = 32: p = 16 40 s (6 iterations), 8 31 s (9), 6 36 s (12); with
-# the RP-tree start 8 and 12 tie (31-32 s); text 20K x 384 cosine: 8 33.5 s, 12 24.0 s, 16 31.7 s
-CPU_HARD_SAMPLES = 20  # the CPU's p where the first iteration leaves the probe below CPU_HARD_BELOW (text
-CPU_HARD_BELOW = 0.85  # embeddings: 0.36-0.44 at 30K x 384, synth 0.91, from 6 RP trees; from 20 trees text 10K
-# / 30K / 100K 0.75 / 0.66 / 0.57, synth 0.996: text 10K took 12 iterations under a bar of 0.7, 4 under 0.85): text
-# 30K x 384 cosine, lists of 48: p = 12 28.0 s (20 iterations, stalled at 0.981 and widened to 80), 20: 14.0 s (9
-# iterations, no widening); synth keeps 12
-CPU_HARD_WIDTH = 80  # and its lists this wide: text 100K x 384, p = 20, lists of 48: 31.6 s (16 iterations,
-# stalled at 0.989 and widened to 80 at iteration 13); lists of 80 from the start: 23.8 s (8 iterations, 0.993)
+# faster there (docs/perf-notes.md, "Measurements behind the constants")
+CPU_HARD_SAMPLES = 20  # the CPU's p where the first iteration leaves the probe below CPU_HARD_BELOW (a hard set:
+CPU_HARD_BELOW = 0.85  # text embeddings start far below it, clustered synth above it; docs/perf-notes.md)
+CPU_HARD_WIDTH = 80  # and its lists this wide: a hard set stalls below its target at the default width
 EXACT_ROWS = 2048  # shards up to this size get their exact graph: too few rows for NN-Descent to mix well
 
 
@@ -54,5 +49,12 @@ class GnndParams:
         ``cap``: the largest automatic p (CPU_AUTO_SAMPLES on the CPU)."""
         return self.samples if self.samples > 0 else max(4, min(cap, (width or self.width()) // 3))
 
-    def to_dict(self) -> dict:
+    def to_manifest(self) -> dict:
+        """The manifest's ``params`` object (every field, as JSON numbers)."""
         return asdict(self)
+
+    @classmethod
+    def from_manifest(cls, raw: dict) -> GnndParams:
+        """The manifest's ``params`` object read back; fields an older store did not record take their
+        defaults (shards/schema.py has checked that every key is a field and every value a number)."""
+        return cls(**{f.name: raw[f.name] for f in fields(cls) if f.name in raw})

@@ -14,6 +14,7 @@ import zarr
 
 import bigknn.shards.store as store_mod
 from bigknn.errors import Damaged
+from bigknn.params import GnndParams
 from bigknn.graph import KnnGraph
 from bigknn.shards import Manifest, ShardEntry, Store, checksums, chunks
 
@@ -44,7 +45,7 @@ def zarr_chunk_io_refused():
 
 
 def new_store(path, **over) -> Store:
-    return Store.create(path, Manifest(dim=6, dtype="<f4", metric="l2", k=5, shard_rows=1000, params={}, seed=0,
+    return Store.create(path, Manifest(dim=6, dtype="<f4", metric="l2", k=5, shard_rows=1000, params=GnndParams(), seed=0,
                                        inputs=[], **over))
 
 

@@ -65,9 +65,10 @@ def test_plan_of_a_uint8_file_calibrates_on_its_uint8_rows(tmp_path, fake, monke
     path = tmp_path / "x.u8bin"
     x = as_dtype(synth(3000, 16, seed=3), np.uint8)
     write_vectors(path, x)
+    from bigknn import api_commands
     from bigknn.cli import plan as plan_cli
 
-    monkeypatch.setattr(plan_cli, "get_backends", lambda *a: [fake])
+    monkeypatch.setattr(api_commands, "get_backends", lambda *a: [fake])
     res = CliRunner().invoke(plan_cli.plan, [str(path), "--k", "8", "--calibrate-rows", "1000", "--disk-gbps", "1",
                                              "--json"])
     assert res.exit_code == 0, res.output

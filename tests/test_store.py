@@ -18,6 +18,7 @@ import pytest
 import bigknn.atomic as atomic_mod
 import bigknn.shards.manifest as manifest_mod
 from bigknn.errors import BadInput, StoreBusy
+from bigknn.params import GnndParams
 from bigknn.graph import KnnGraph
 from bigknn.shards import Manifest, ShardEntry, Store, WriterLock, leases
 
@@ -28,7 +29,7 @@ ROWS, DIM, K = 300, 8, 6
 
 def make_manifest(**over) -> Manifest:
     m = Manifest(dim=DIM, dtype="<f4", metric="l2", k=K, shard_rows=200,
-                 params={"k": K, "samples": 0, "iters": 12, "min_update_frac": 0.05, "merge_iters": 8}, seed=7,
+                 params=GnndParams(k=K, samples=0, iters=12, min_update_frac=0.05, merge_iters=8), seed=7,
                  inputs=[{"path": "/data/x.fbin", "size": 123, "sha256": "ab" * 32, "rows": ROWS, "first_id": 0}])
     for key, value in over.items():
         setattr(m, key, value)

@@ -84,7 +84,7 @@ def test_ggm_past_int32_gives_the_same_merge_as_at_small_offsets():
 
 
 def _manifest(shards: list[ShardEntry]) -> Manifest:
-    m = Manifest(dim=4, dtype="<f4", metric="l2", k=3, shard_rows=2**31, params={}, seed=0, shards=shards)
+    m = Manifest(dim=4, dtype="<f4", metric="l2", k=3, shard_rows=2**31, params=GnndParams(), seed=0, shards=shards)
     m.hold_ids_of(m.rows)
     return m
 

@@ -17,6 +17,15 @@ from bigknn.search.params import DiversifyRule, PruneParams, SearchPlan
 OnIter = Callable[[int], None]  # called after each descent iteration with the number of list updates it made
 
 
+class MemoryModel(Protocol):
+    """What a device backend's calls need of its memory, asked by the planner (bigknn/pipeline/plan.py) without
+    a device at hand: a plan made here may size a build for a GPU elsewhere (registry.device_memory_model)."""
+
+    def merge_bytes(self, shard_rows: int, dim: int, itemsize: int, params: GnndParams) -> int:
+        """Device bytes of one GGM of two shards of ``shard_rows`` rows of ``dim`` elements of ``itemsize``
+        bytes (the largest call of a build: shard sizes are chosen so that it fits)."""
+
+
 class Backend(Protocol):
     name: str
 
@@ -35,6 +44,11 @@ class Backend(Protocol):
 
     def exact_knn(self, queries: np.ndarray, k: int, metric: str, blocks: Iterable[tuple[int, np.ndarray]]) -> KnnGraph:
         """Exact top-k of each query over all rows of ``blocks`` ((global offset, vectors) pairs, streamed)."""
+
+    def nearest_centroids(self, x: np.ndarray, count: int, centroids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each row's ``count`` nearest ``centroids`` (int64 ids, float32 squared L2), ascending: the
+        partition's labelling and k-means steps (bigknn/partition/nearest.py), on the backend's fastest
+        route for few columns."""
 
     def memory_budget(self) -> int | None:
         """Bytes of device memory one call may plan to use (what shard sizes are chosen from); None where

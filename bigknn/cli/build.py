@@ -8,15 +8,12 @@ import click
 
 from bigknn import api
 from bigknn.api import DEFAULTS
-from bigknn.backends import get_backends
 from bigknn.cli.common import (backend_option, emit, gpu_mem_option, gpus_option, host_mem_option, json_option,
-                               parse_bytes, reporter_for, scheduler_option, show_progress, threads_option,
-                               wait_option)
-from bigknn.cluster import use_scheduler
+                               parse_bytes, scheduler_option, show_progress, threads_option, wait_option)
 from bigknn.metrics import METRICS
+from bigknn.params import AUTO_SAMPLES, CPU_AUTO_SAMPLES, MIN_LIST
 from bigknn.partition import METHODS as PARTITIONS
 from bigknn.partition.learn import DEFAULT_METHOD
-from bigknn.pipeline.finish import finish
 
 
 @click.command()
@@ -38,9 +35,10 @@ from bigknn.pipeline.finish import finish
 @click.option("--merge-iters", type=click.IntRange(min=1), default=DEFAULTS.merge_iters, show_default=True,
               help="Iteration cap of each pairwise merge (GGM).")
 @click.option("--samples", type=click.IntRange(min=0), default=0, show_default=True,
-              help="p: NEW/OLD samples per list per iteration (0: width/4, at least 4).")
+              help=f"p: NEW/OLD samples per list per iteration (0: a third of the list width, 4 to {AUTO_SAMPLES}; "
+                   f"4 to {CPU_AUTO_SAMPLES} on the CPU).")
 @click.option("--list-width", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Entries per list while building (0: max(k, 32)); wider lists reach higher recall@k.")
+              help=f"Entries per list while building (0: max(k, {MIN_LIST})); wider lists reach higher recall@k.")
 @click.option("--partition", type=click.Choice(PARTITIONS), default=DEFAULT_METHOD, show_default=True,
               help="How rows are split into shards: balanced k-means or an RP-tree learnt on a sample keep near "
                    "rows together, so only the near shard pairs the recall target needs are merged; contiguous "
@@ -114,8 +112,6 @@ def merge(store: Path, backend: str, threads: int | None, gpus: str | None, gpu_
       bigknn merge data.knn --wait 600 --json
       bigknn merge /shared/data.knn --scheduler local:2
     """
-    reporter = reporter_for(as_json)
-    with use_scheduler(scheduler, backend, parse_bytes(gpu_mem), reporter):
-        result = finish(store, get_backends(backend, gpus, parse_bytes(gpu_mem), threads), reporter, wait_s,
-                        parse_bytes(host_mem))
-    emit(result, as_json, "merge")
+    report = api.merge(store, backend, gpus, threads=threads, gpu_mem=parse_bytes(gpu_mem),
+                       host_mem=parse_bytes(host_mem), wait=wait_s, progress=show_progress(as_json), scheduler=scheduler)
+    emit(report.to_dict(), as_json, "merge")

@@ -12,6 +12,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from bigknn.backends import BACKENDS
 from bigknn.progress import Reporter, RichReporter, log
 
 
@@ -57,7 +58,7 @@ def parse_bytes(text: str | None) -> int | None:
 json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
 wait_option = click.option("--wait", "wait_s", type=float, default=0.0, show_default=True,
                            help="Seconds to wait for another writer to release the store.")
-backend_option = click.option("--backend", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
+backend_option = click.option("--backend", type=click.Choice(BACKENDS), default="auto",
                               show_default=True, help="auto uses the GPU when CuPy and a device are present.")
 threads_option = click.option("--threads", type=click.IntRange(min=1), default=None,
                               help="CPU threads of the CPU backend's compiled loops (default: all cores).")

@@ -7,12 +7,10 @@ from pathlib import Path
 
 import click
 
-from bigknn.backends import get_backends
+from bigknn import api
 from bigknn.cli.common import (backend_option, emit, gpu_mem_option, gpus_option, host_mem_option, json_option,
-                               parse_bytes, reporter_for, scheduler_option, threads_option)
-from bigknn.cluster import use_scheduler
+                               parse_bytes, scheduler_option, show_progress, threads_option)
 from bigknn.errors import StoreBusy
-from bigknn.pipeline.ingest import drop_folder_files, ingest as run_ingest
 
 
 @click.command()
@@ -56,14 +54,11 @@ def ingest(store: Path, inputs: tuple[Path, ...], watch_dir: Path | None, column
     """
     if bool(inputs) == bool(watch_dir):
         raise click.UsageError("give --input FILE (one or more) or --watch-dir DIR")
-    listed = drop_folder_files(watch_dir) if watch_dir else None
-    files = list(inputs) if inputs else list(listed)
-    reporter = reporter_for(as_json)
     try:
-        with use_scheduler(scheduler, backend, parse_bytes(gpu_mem), reporter):
-            result = run_ingest(store, files, get_backends(backend, gpus, parse_bytes(gpu_mem), threads), reporter,
-                                wait_s, parse_bytes(host_mem), listed, column)
+        report = api.ingest(store, inputs, watch_dir, backend, gpus, threads=threads, gpu_mem=parse_bytes(gpu_mem),
+                            host_mem=parse_bytes(host_mem), wait=wait_s, progress=show_progress(as_json),
+                            scheduler=scheduler, column=column)
     except StoreBusy as e:
         click.echo(f"bigknn: {e}", err=True)
         sys.exit(busy_exit)
-    emit(result, as_json, "ingest")
+    emit(report.to_dict(), as_json, "ingest")

@@ -5,29 +5,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
-import numpy as np
 
-from bigknn.backends import get_backends
+from bigknn import api
 from bigknn.cli.common import (backend_option, emit, gpu_mem_option, gpus_option, host_mem_option, json_option,
-                               parse_bytes, reporter_for)
-from bigknn.formats import open_source
-from bigknn.params import GnndParams
+                               parse_bytes, show_progress)
 from bigknn.human import human_bytes, human_duration
 from bigknn.partition import METHODS as PARTITIONS
 from bigknn.partition.learn import DEFAULT_METHOD
-from bigknn.pipeline.diskrate import measure_disk
-from bigknn.pipeline.calibrate import (EXPONENT_RANGE, calibrate, calibration_sizes, calibration_steps,
-                                       rates_from_store, sample_rows)
-from bigknn.pipeline.plan import (ASSUMED_PAIRS_PER_SHARD, auto_shard_rows, pairs_per_shard_from_store,
-                                  plan as make_plan, spread_for_workers)
-from bigknn.pipeline.steps import physical_memory
-from bigknn.shards import Store
+from bigknn.pipeline.calibrate import EXPONENT_RANGE
+from bigknn.pipeline.plan import ASSUMED_PAIRS_PER_SHARD
 
 DTYPES = ("float32", "float16", "uint8", "int8")
 SLOW_ON_CPU_S = 86400.0  # a CPU estimate above this gets a note that a GPU is the tool for the job
-# rows of the larger calibration shard (its merge takes seconds): the planned shard's up to this on a GPU
-GPU_CALIBRATION_ROWS = 4_000_000
-CPU_CALIBRATION_ROWS = 20_000  # and this on the CPU
 
 
 @click.command()
@@ -79,63 +68,20 @@ def plan(input: Path | None, rows: int | None, dim: int | None, dtype: str, k: i
       bigknn plan big.fbin --host-mem 64G    # the shard cache of a build given --host-mem 64G
       bigknn plan big.fbin -o /data/big.knn  # the disk rate of the file system the store goes to
     """
-    vf = None
-    if input is not None:
-        vf = open_source(input)
-        rows, dim, itemsize = vf.rows, vf.dim, vf.read_dtype.itemsize
-    elif rows is None or dim is None:
+    if input is None and (rows is None or dim is None):
         raise click.UsageError("give INPUT, or --rows and --dim")
-    else:
-        itemsize = np.dtype(dtype).itemsize
-    params = GnndParams(k=k, list_width=list_width)
-    backends = get_backends(backend, gpus, parse_bytes(gpu_mem))
-    if shard_rows is None:
-        shard_rows = auto_shard_rows(backends, dim, itemsize, params, parse_bytes(gpu_mem))
-        if partition == "contiguous":
-            shard_rows = spread_for_workers(rows, shard_rows, len(backends))
-    measured = Store.open(store, pin=False) if store is not None else None
-    pairs_source = "--pairs-per-shard"
-    if pairs_per_shard is None:
-        from_store = pairs_per_shard_from_store(measured) if measured is not None else None
-        pairs_per_shard = ASSUMED_PAIRS_PER_SHARD if from_store is None else from_store
-        pairs_source = f"the plan of {store}" if from_store is not None else "assumed (the clustered synth's)"
-    if disk_gbps is None:
-        disk = measure_disk(probe_dir(output, input))
-    else:
-        disk = {"read_gbps": disk_gbps, "write_gbps": disk_gbps, "source": "--disk-gbps"}
-    gpu_bytes = [b for b in (be.memory_budget() for be in backends) if b is not None] or [parse_bytes(gpu_mem)]
-    assumptions = {"host_ram_bytes": physical_memory(), "gpu_bytes": gpu_bytes[0],
-                   "pairs_per_shard": round(pairs_per_shard, 3), "pairs_source": pairs_source,
-                   "labelling": "the partition's labelling pass is counted as one more read of the input; its "
-                                "nearest-centroid search runs on the backend and is not timed"}
-    if measured is not None:
-        rates = rates_from_store(measured)
-    else:
-        on_gpu = backends[0].name == "cuda"
-        c_rows = calibrate_rows or (min(shard_rows, GPU_CALIBRATION_ROWS) if on_gpu else CPU_CALIBRATION_ROWS)
-        c_rows = min(c_rows, rows // 2) if vf is not None else c_rows
-        sizes = calibration_sizes(c_rows, params.width())
-        x, what = sample_rows(vf, 2 * c_rows, dim, dtype)
-        with reporter_for(as_json).phase("calibrate", calibration_steps(sizes), "steps") as advance:
-            rates = calibrate(backends[0], x, sizes, params, what, advance=advance)
-    result = make_plan(rows, dim, itemsize, params, min(shard_rows, rows), len(backends), rates, disk, partition,
-                       pairs_per_shard, assumptions, parse_bytes(host_mem))
+    result = api.plan(input, rows, dim, dtype, k, list_width, shard_rows, store, calibrate_rows, disk_gbps, partition,
+                      pairs_per_shard, backend, gpus, gpu_mem=parse_bytes(gpu_mem), host_mem=parse_bytes(host_mem),
+                      progress=show_progress(as_json), output=output)
     if as_json:
         emit(result, as_json, "plan")
     else:
-        show(result, backends[0].name, dtype if vf is None else vf.read_dtype.name)
+        show(result)
 
 
-def probe_dir(output: Path | None, input: Path | None) -> Path:
-    """Where the disk probe goes: the nearest existing directory of the store the build will write, else
-    INPUT's directory, else the current one."""
-    if output is not None:
-        return next(p for p in (output.absolute(), *output.absolute().parents) if p.is_dir())
-    return input.parent if input is not None else Path.cwd()
-
-
-def show(p: dict, backend: str, dtype: str) -> None:
+def show(p: dict) -> None:
     """The plan for people: sizes in GB, time in the largest readable unit."""
+    backend, on_gpu, dtype = p["backend"], p["on_device"], p["dtype"]
     est = p["estimate_s"]
     rates = p["rates"]
     assumed = p["assumptions"]
@@ -149,7 +95,7 @@ def show(p: dict, backend: str, dtype: str) -> None:
         f"  host memory  {human_bytes(p['host_bytes_per_worker'])} per worker, {human_bytes(p['host_bytes_total'])} "
         f"in all; the shard cache holds {p['cached_shards']:,} of {p['shards']:,} shards",
         f"  read back    {p['merge_reads']:,} shards for merges: {assumed['merge_reads']}",
-        f"  GPU memory   {human_bytes(p['gpu_bytes_per_worker'])} per worker" if backend == "cuda" else
+        f"  GPU memory   {human_bytes(p['gpu_bytes_per_worker'])} per worker" if on_gpu else
         f"  GPU memory   {human_bytes(p['gpu_bytes_per_worker'])} per worker, if built on a GPU",
         f"  time         ≈ {human_duration(est['total'])} on {backend}: first shards read "
         f"{human_duration(est['start'])}, GNND {human_duration(est['gnnd'])}, merges {human_duration(est['ggm'])}, "
@@ -163,7 +109,7 @@ def show(p: dict, backend: str, dtype: str) -> None:
         + (f", {assumed['pairs_per_shard']} merges per shard ({assumed['pairs_source']})"
            if p["partition"] != "contiguous" else ""),
     ]
-    if backend == "cpu" and est["total"] > SLOW_ON_CPU_S:
+    if not on_gpu and est["total"] > SLOW_ON_CPU_S:
         lines.append(f"  note         {human_duration(est['total'])} on the CPU: a GPU would take a small fraction of "
                      "that; run `bigknn plan` on a GPU machine (or with --store of a store built there) to see")
     click.echo("\n".join(lines))

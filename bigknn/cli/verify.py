@@ -7,9 +7,8 @@ from pathlib import Path
 
 import click
 
+from bigknn import api
 from bigknn.cli.common import emit, json_option, wait_option
-from bigknn.pipeline.verify import repair as run_repair, verify as run_verify
-from bigknn.shards import read_store
 
 
 @click.command()
@@ -31,10 +30,7 @@ def verify(store: Path, mend: bool, wait_s: float, as_json: bool) -> None:
       bigknn verify data.knn --json | jq .damaged
       bigknn verify data.knn --repair && bigknn merge data.knn
     """
-    if mend:
-        result = run_repair(store, wait_s)
-    else:
-        result = read_store(store, run_verify, suspect=lambda r: not r["ok"])
+    result = api.verify(store, repair=mend, wait=wait_s)
     if as_json:
         emit(result, as_json, "verify")
     else:

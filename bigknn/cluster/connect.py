@@ -15,6 +15,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator
 
+from bigknn.backends import takes_device
 from bigknn.errors import BadInput
 from bigknn.progress import Reporter
 
@@ -136,7 +137,7 @@ def _local_cluster(address: str, backend: str) -> Any:
             raise ValueError
     except ValueError:
         raise BadInput(f"--scheduler {address}", "local:N takes a worker count N of 1 or more") from None
-    if backend != "cpu" and _cuda_usable():  # plain worker processes would all take GPU 0
+    if takes_device(backend):  # plain worker processes would all take GPU 0
         try:
             from dask_cuda import LocalCUDACluster
         except ImportError:
@@ -148,10 +149,3 @@ def _local_cluster(address: str, backend: str) -> Any:
 
     return LocalCluster(n_workers=workers, threads_per_worker=TASK_THREADS, processes=True, dashboard_address=":0")
 
-
-def _cuda_usable() -> bool:
-    try:
-        from bigknn.backends.cuda import cuda_available
-    except ImportError:
-        return False
-    return cuda_available()

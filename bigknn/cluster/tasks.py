@@ -34,7 +34,6 @@ from bigknn.backends import Backend, get_backend
 from bigknn.cluster.partcache import PartCache
 from bigknn.graph import KnnGraph, ShardPart, shard_graph_to_global
 from bigknn.metrics import kernel_metric
-from bigknn.params import GnndParams
 from bigknn.shards import Manifest, Store
 
 # held by a task's backend calls: one task computes at a time on a worker's GPU (its memory budget is planned
@@ -206,7 +205,7 @@ def gnnd(spec: StoreSpec, shard: ShardRef, seed: int, sample: np.ndarray | None,
     part, nread = _part(store, shard)
     with COMPUTE_LOCK:
         t = time.perf_counter()
-        g = backend.gnnd(part.vectors, metric, GnndParams(**spec.header.params), seed=seed)
+        g = backend.gnnd(part.vectors, metric, spec.header.params, seed=seed)
         truth = (None if sample is None
                  else backend.exact_knn(sample, sample_k, metric, [(shard.offset, part.vectors)]))
         seconds = time.perf_counter() - t
@@ -236,7 +235,7 @@ def merge(spec: StoreSpec, a: ShardRef, b: ShardRef, vias: list[ShardRef], seed:
     backend.stage([arr for p in (pa, pb) for arr in (p.vectors, p.graph.ids, p.graph.dists)])
     with COMPUTE_LOCK:
         t = time.perf_counter()
-        ga, gb = backend.ggm(pa, pb, kernel_metric(spec.header.metric), GnndParams(**spec.header.params),
+        ga, gb = backend.ggm(pa, pb, kernel_metric(spec.header.metric), spec.header.params,
                              seed=seed, vias=[p for p, _ in via_parts])
         seconds = time.perf_counter() - t
     versions = {a.id: _keep(store, a, ga, pa.vectors), b.id: _keep(store, b, gb, pb.vectors)}

@@ -1,7 +1,8 @@
 """Nearest-centroid searches: each row's ``count`` nearest centroids (ids, squared L2), ascending.
 
 The labelling pass asks one per row of the input (``count`` 1) and ``NEAREST`` for the rows that spill; k-means
-asks one per sample row in each Lloyd step. On a GPU the backend's exact k-NN; on the host NumPy's GEMM.
+asks one per sample row in each Lloyd step. The backend answers (Backend.nearest_centroids: on a GPU its exact
+k-NN); k-means on a sample and the CPU backend use NumPy's GEMM here.
 """
 
 from __future__ import annotations
@@ -39,15 +40,3 @@ def nearest_numpy(x: np.ndarray, count: int, centroids: np.ndarray) -> tuple[np.
         chosen = np.take_along_axis(chosen, order, axis=1) + np.einsum("ij,ij->i", xs, xs)[:, None]
         d2[lo:lo + len(xs)] = np.maximum(chosen, 0.0)
     return ids, d2
-
-
-def backend_nearest(backend) -> Nearest:
-    """``Partition.cost``'s nearest-centroid search on a backend (bigknn/backends/): exact k-NN, squared L2.
-    The CPU backend gets NumPy's (``nearest_numpy``: 12x faster on this shape than its exact k-NN)."""
-    if backend.name == "cpu":
-        return nearest_numpy
-
-    def nearest(x: np.ndarray, count: int, centroids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        g = backend.exact_knn(np.ascontiguousarray(x, np.float32), count, "l2", [(0, centroids)])
-        return g.ids.astype(np.int64), g.dists
-    return nearest

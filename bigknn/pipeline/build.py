@@ -21,7 +21,6 @@ from bigknn.metrics import stored_dtype
 from bigknn.params import GnndParams
 from bigknn.partition.assign import layout, learn_from_file, shard_count
 from bigknn.partition.learn import DEFAULT_METHOD, METHODS, Partition
-from bigknn.partition.nearest import backend_nearest
 from bigknn.pipeline.estimate import SampleTruth, record_estimate
 from bigknn.pipeline.plan import auto_shard_rows, spread_for_workers
 from bigknn.pipeline.sharding import shard_sizes, stream_shards
@@ -80,7 +79,7 @@ def build(req: BuildRequest, backends: list[Backend], reporter: Reporter) -> dic
                                    req.metric, req.seed)
             with reporter.phase("label", vf.rows, "rows") as advance:
                 rows_of = layout(vf, part, req.metric, req.shard_rows, req.params.width(),
-                                 backend_nearest(backends[0]), advance)
+                                 backends[0].nearest_centroids, advance)
         acct.add("partition", time.perf_counter() - t, vf.rows * vf.dim * vf.dtype.itemsize)
         sizes = [len(r) for r in rows_of]
     cache_shards(manifest, req.store, max(sizes), len(backends), req.host_mem)
@@ -151,8 +150,8 @@ def fingerprint(vf: VectorSource, sha256: str | None) -> dict:
 
 def _check_same_build(m: Manifest, req: BuildRequest, vf: VectorSource, method: str) -> None:
     want = {"dim": vf.dim, "metric": req.metric, "k": req.params.k, "shard_rows": req.shard_rows,
-            "params": req.params.to_dict(), "seed": req.seed, "partition": method}
-    have = {"dim": m.dim, "metric": m.metric, "k": m.k, "shard_rows": m.shard_rows, "params": m.params,
+            "params": req.params.to_manifest(), "seed": req.seed, "partition": method}
+    have = {"dim": m.dim, "metric": m.metric, "k": m.k, "shard_rows": m.shard_rows, "params": m.params.to_manifest(),
             "seed": m.seed, "partition": m.partition_method}
     diff = [f"{key} {have[key]} (asked {want[key]})" for key in want if have[key] != want[key]]
     src = m.inputs[0] if m.inputs else {}
@@ -172,7 +171,7 @@ def _check_same_build(m: Manifest, req: BuildRequest, vf: VectorSource, method: 
 # ---- steps ----------------------------------------------------------------------------------------
 def _new_manifest(req: BuildRequest, vf: VectorSource, method: str) -> Manifest:
     m = Manifest(dim=vf.dim, dtype=stored_dtype(req.metric, vf.read_dtype).str, metric=req.metric,
-                 k=req.params.k, shard_rows=req.shard_rows, params=req.params.to_dict(), seed=req.seed,
+                 k=req.params.k, shard_rows=req.shard_rows, params=req.params, seed=req.seed,
                  inputs=[fingerprint(vf, sha256=None)])  # the sharding pass records the sha256
     if method != "contiguous":  # the arrays come with the sharding pass's commit (_record_partition)
         m.format, m.partition = max(m.format, PARTITIONED_SINCE), {"method": method, "arrays": [], "shards": 0}

@@ -140,7 +140,7 @@ def record_estimate(store: Store, backend: Backend, sample: SampleTruth) -> dict
     """Complete the sample's truth, measure the committed graph, and commit the estimate to the manifest."""
     sample.complete(store, backend)
     est = sample.measure(store)
-    target = store.manifest.params.get("recall", 0.0)
+    target = store.manifest.params.recall
     store.manifest.estimate = dict(est.to_dict(), at=RECALL_AT, target=target, graph_rows=store.manifest.rows)
     store.commit()
     return store.manifest.estimate

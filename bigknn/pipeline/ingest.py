@@ -241,7 +241,7 @@ def _check_resources(store: Store, new: list[VectorSource], workers: int, host_m
     """Refuse, before anything is written, an ingest whose shards do not fit ``host_mem`` or whose merges
     cannot finish (the new files' shards against every shard, a pending ingest's included)."""
     m = store.manifest
-    width = GnndParams(**m.params).width()
+    width = m.params.width()
     pending = m.pending["shards"] if m.pending else []
     sizes = [s.rows for s in m.shards] + [s["rows"] for s in pending]
     shards, merges = len(sizes), len(pending) * len(m.shards) + len(pending) * (len(pending) - 1) // 2
@@ -299,7 +299,7 @@ def _stage(store: Store, vf: VectorSource, fp: dict, watching: bool, report: dic
     t = time.perf_counter()
     offset, first = m.rows, len(m.shards)
     fp["first_id"] = offset
-    sizes = shard_sizes(vf.rows, m.shard_rows, GnndParams(**m.params).width())
+    sizes = shard_sizes(vf.rows, m.shard_rows, m.params.width())
     new, start = [], 0
     with reporter.phase("shard", vf.rows, "rows") as advance:
         for i, rows in enumerate(sizes):
@@ -351,7 +351,7 @@ def _near(store: Store, vf: VectorSource) -> list[int] | None:
     for _, block in vf.chunks(LABEL_CHUNK_ROWS):
         primary += np.bincount(part.cost(prepare_rows(block, m.metric)).argmin(axis=1), minlength=part.shards)
     built = [p for p in m.pairs if max(p) < m.partition["shards"]]
-    return near_shards(primary, built, m.params.get("recall") or GnndParams().recall)
+    return near_shards(primary, built, m.params.recall or GnndParams().recall)
 
 
 def resume_pending(store: Store, backends: list[Backend], reporter: Reporter, acct: Accounting,

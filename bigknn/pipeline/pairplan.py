@@ -31,7 +31,7 @@ def plan_pairs(store: Store, backend: Backend, sample: SampleTruth | None, repor
     shard_of = np.searchsorted(starts, np.maximum(truth, 0), side="right") - 1
     mass, within = pair_masses(np.searchsorted(starts, positions, side="right") - 1,
                                np.where(truth >= 0, shard_of, -1), len(m.shards))
-    m.pairs = choose_pairs(mass, within, m.params.get("recall") or GnndParams().recall)
+    m.pairs = choose_pairs(mass, within, m.params.recall or GnndParams().recall)
     store.commit()
     reporter.note(f"{store.path}: {len(m.pairs)} of {len(m.shards) * (len(m.shards) - 1) // 2} shard pairs "
                   "to merge (the near pairs that hold the recall sample's neighbours)")

@@ -34,6 +34,7 @@ from collections import OrderedDict
 
 import numpy as np
 
+from bigknn.backends import device_memory_model
 from bigknn.params import GnndParams
 from bigknn.partition.assign import shard_count
 from bigknn.pipeline.calibrate import rate_at
@@ -186,20 +187,9 @@ def planned_rates(rates: dict, shard_rows: int, gnnd_rate: float, ggm_rate: floa
 
 
 def merge_gpu_bytes(shard_rows: int, dim: int, itemsize: int, params: GnndParams) -> int:
-    """Device bytes of one GGM of two shards of ``shard_rows`` rows, as the CUDA backend plans it: at its full
-    candidate slots (a merge that must halve them converges slower), with room for one widening step when a
-    recall target is set (a merge that cannot widen at a stall ends below its target), and the half-precision
-    copy wide float32 rows descend on."""
-    from bigknn.backends.cuda import CudaBackend
-    from bigknn.backends.cuda.memory import LOG_SLOTS
-    from bigknn.backends.cuda.rows import HALF_MIN_DIM
-    from bigknn.recall import MAX_WIDTH, WIDEN_STEP
-
-    w = params.width()
-    wide = min(MAX_WIDTH, w + WIDEN_STEP) if params.recall > 0 else w
-    n = 2 * shard_rows
-    halves = n * dim * 2 if itemsize == 4 and dim >= HALF_MIN_DIM else 0
-    return CudaBackend.ggm_bytes(n, dim, itemsize, wide, w, params.sample_count(wide), 1 << LOG_SLOTS) + halves
+    """Device bytes of one GGM of two shards of ``shard_rows`` rows, as the device backend plans it (its
+    MemoryModel: bigknn/backends/base.py)."""
+    return device_memory_model().merge_bytes(shard_rows, dim, itemsize, params)
 
 
 def largest_shard_rows(gpu_bytes: int, dim: int, itemsize: int, params: GnndParams) -> int:

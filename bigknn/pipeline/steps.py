@@ -18,7 +18,6 @@ import numpy as np
 from bigknn.backends import Backend
 from bigknn.cluster import active as active_cluster
 from bigknn.errors import BadInput
-from bigknn.params import GnndParams
 from bigknn.pipeline import schedule
 from bigknn.pipeline.estimate import SampleTruth
 from bigknn.pipeline.pairplan import plan_pairs
@@ -150,7 +149,7 @@ def cache_shards(m: Manifest, where: Path, biggest: int, workers: int, host_mem:
     """Shards held in host RAM: as many as ``host_mem`` (default: half the machine's RAM) holds; at least
     two per worker plus two being prefetched. Refuses (exit 2) a ``host_mem`` below two shards per worker;
     the write paths call it before they write anything, so that the refusal leaves the store untouched."""
-    per_shard = biggest * (m.dim * np.dtype(m.dtype).itemsize + GnndParams(**m.params).width() * 8)
+    per_shard = biggest * (m.dim * np.dtype(m.dtype).itemsize + m.params.width() * 8)
     fits = cache_parts(per_shard, workers, host_mem)
     if host_mem is not None and fits < 2 * workers:
         raise BadInput(where, f"--host-mem {host_mem >> 20} MiB holds {fits} shard(s) of {per_shard >> 20} MiB; "

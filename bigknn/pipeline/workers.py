@@ -30,7 +30,6 @@ import numpy as np
 from bigknn.backends import Backend
 from bigknn.graph import ShardPart, shard_graph_to_global
 from bigknn.metrics import kernel_metric
-from bigknn.params import GnndParams
 from bigknn.pipeline.accounting import Accounting
 from bigknn.pipeline.cache import ShardCache
 from bigknn.pipeline.scheduler import Scheduler
@@ -61,7 +60,7 @@ def run_tasks(store: Store, ledger, backends: list[Backend], reporter: Reporter,
     arrives, and the merges. A GNND result goes into the cache with its vectors (its merges need no disk
     read) and is written at once; a shard whose last pair is merged is written at once too (it is final)."""
     m = store.manifest
-    params, metric = GnndParams(**m.params), kernel_metric(m.metric)
+    params, metric = m.params, kernel_metric(m.metric)
     feed_error: list[BaseException] = []
     merged_with: dict[int, list[int]] = {}  # the shards each shard was merged with, in order (seeded merges)
 

@@ -10,6 +10,7 @@ import numpy as np
 
 from bigknn.errors import BadInput
 from bigknn.graph import id_dtype
+from bigknn.params import GnndParams
 from bigknn.shards.schema import check_manifest
 
 FORMAT_VERSION = 6  # of the stores this bigknn creates
@@ -39,7 +40,7 @@ class Manifest:
     metric: str
     k: int
     shard_rows: int
-    params: dict
+    params: GnndParams  # JSON: its to_manifest() object
     seed: int
     format: int = FORMAT_VERSION
     inputs: list[dict] = field(default_factory=list)  # path, size, sha256, rows, first_id
@@ -145,4 +146,5 @@ class Manifest:
             raise ValueError(f"store format {raw.get('format')} is not supported (this bigknn reads formats "
                              f"{', '.join(map(str, READ_FORMATS))}); use the bigknn that wrote it")
         check_manifest(raw)
-        return cls(**dict(raw, shards=[ShardEntry(**s) for s in raw.get("shards", [])]))
+        return cls(**dict(raw, params=GnndParams.from_manifest(raw["params"]),
+                          shards=[ShardEntry(**s) for s in raw.get("shards", [])]))

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from bigknn.formats import write_vectors
+from bigknn.params import GnndParams
 from bigknn.graph import KnnGraph
 from bigknn import shards
 from bigknn.errors import BigknnError
@@ -40,7 +41,7 @@ def graph_of(version: int, rng) -> KnnGraph:
 
 def new_store(path: Path, rng) -> Store:
     """A writer's store: three shards with graph version 1 committed."""
-    store = Store.create(path, Manifest(dim=4, dtype="<f4", metric="l2", k=K, shard_rows=ROWS, params={}, seed=0))
+    store = Store.create(path, Manifest(dim=4, dtype="<f4", metric="l2", k=K, shard_rows=ROWS, params=GnndParams(), seed=0))
     for sid in range(SHARDS):
         store.write_vectors(sid, rng.standard_normal((ROWS, 4)).astype(np.float32))
         store.manifest.shards.append(ShardEntry(sid, sid * ROWS, ROWS))

@@ -99,7 +99,7 @@ def test_plan_counts_rounds_without_listing_pairs():
 
 
 def test_plan_probes_the_stores_file_system_and_fails_naming_it(tmp_path, monkeypatch):
-    from bigknn.cli.plan import probe_dir
+    from bigknn.pipeline.sizing import probe_dir
     assert probe_dir(tmp_path / "new" / "s.knn", None) == tmp_path
     monkeypatch.setattr(diskrate.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(1 << 30, 1 << 30, 1 << 20))
     with pytest.raises(BadInput, match="too little to measure") as info:

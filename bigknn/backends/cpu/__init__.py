@@ -16,14 +16,14 @@ from bigknn.backends.cpu.threads import use_threads
 from bigknn.errors import BadInput
 from bigknn.ggm import exact_merge, finish_merge, merge_stop_frac, start_merge
 from bigknn.graph import EMPTY, LOCAL_ID_DTYPE, KnnGraph, ShardPart, drop_self, merge_lists
+from bigknn.partition.nearest import nearest_numpy
 from bigknn.params import (CPU_AUTO_SAMPLES, CPU_HARD_BELOW, CPU_HARD_SAMPLES, CPU_HARD_WIDTH, EXACT_ROWS,
                            GnndParams)
 from bigknn.recall import Probe, Stopper, make_merge_probe, make_probe
 
 
-RP_TREES = 20  # RP trees seeding the compiled GNND's lists (rptree.py). 20, not 6 (2 cores, same runs): synth
-# 100K x 96 GNND 6.3-6.8 -> 3.9-4.0 s (4 iterations -> 1, recall 0.992 -> 0.995), text 100K x 384 17.3-18.3 ->
-# 16.5 s (8 -> 7), iid 100K x 64 84.5 -> 79.3 s; 48 lifted text's first estimate past the hard-set bar (21 iterations)
+RP_TREES = 20  # RP trees seeding the compiled GNND's lists (rptree.py): fewer iterations than 6 on every family,
+# while 48 lifted text's first estimate past the hard-set bar (docs/perf-notes.md, "Measurements behind the constants")
 
 
 def as_float(x: np.ndarray) -> np.ndarray:
@@ -212,9 +212,23 @@ class CpuBackend(SearchReference):
                   blocks: Iterable[tuple[int, np.ndarray]]) -> KnnGraph:
         return exact_knn(queries, k, metric, blocks, self.compiled)
 
+    def nearest_centroids(self, x: np.ndarray, count: int, centroids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """NumPy's GEMM by blocks (nearest_numpy), not the exact k-NN: much faster against a few centroids."""
+        return nearest_numpy(x, count, centroids)
+
     def memory_budget(self) -> None:
         """No device memory bounds a CPU shard (bigknn/pipeline/plan.py sizes them)."""
         return None
 
     def stage(self, arrays: Iterable[np.ndarray]) -> None:
         """Nothing to copy ahead: the CPU computes on the host arrays themselves."""
+
+
+def available() -> bool:
+    """The CPU backend runs everywhere (the registry's availability check)."""
+    return True
+
+
+def make_backends(gpus: list[int] | str | None, gpu_mem_bytes: int | None, threads: int | None) -> list[CpuBackend]:
+    """A single CPU worker on ``threads`` cores (None: all); ``gpus`` and ``gpu_mem_bytes`` are a device's."""
+    return [CpuBackend(threads=threads)]

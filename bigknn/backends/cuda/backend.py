@@ -122,6 +122,10 @@ class CudaBackend(SearchReference):
     def exact_knn(self, queries: np.ndarray, k: int, metric: str, blocks: Iterable[tuple[int, np.ndarray]]) -> KnnGraph:
         return self._call(exact.exact_knn, queries, k, metric, _int32_blocks(blocks))
 
+    def nearest_centroids(self, x: np.ndarray, count: int, centroids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        g = self.exact_knn(np.ascontiguousarray(x, np.float32), count, "l2", [(0, centroids)])
+        return g.ids.astype(np.int64), g.dists
+
     def diversify_lists(self, cands: np.ndarray, keys: np.ndarray, table: np.ndarray, metric: str,
                         rule: DiversifyRule, width: int) -> tuple[np.ndarray, np.ndarray]:
         return self._call(prune.diversify_lists, self._prune_table, cands, keys, table, metric, rule, width)

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from bigknn import envvars
+from bigknn.metrics import metric as metric_of
 
 SOURCES = ("common.cuh", "gnnd.cu", "cross.cu", "ggm.cu", "exact.cu", "search.cu", "prune.cu")
 CTYPES = {
@@ -71,11 +72,11 @@ def sync_check(cp) -> None:
 
 
 def kernel_metric(metric: str) -> int:
-    if metric == "l2":
-        return 0
-    if metric == "ip":
-        return 1
-    raise ValueError(f"CUDA backend computes metric 'l2' or 'ip', got {metric!r} (cosine arrives as ip)")
+    """The kernels' compile-time METRIC (common.cuh) of a kernel metric: its Metric's ``kernel_id``."""
+    m = metric_of(metric)
+    if m.name != m.kernel:
+        raise ValueError(f"CUDA backend computes metric 'l2' or 'ip', got {metric!r} (cosine arrives as ip)")
+    return m.kernel_id
 
 
 def dtype_of(x) -> np.dtype:

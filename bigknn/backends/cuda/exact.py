@@ -40,7 +40,7 @@ FUSED_MARGIN = 8  # extra list entries (at least; k/4 where larger) kept past k 
 # (recall.Stopper), not a promise
 FUSED_PAIR_S = 1.2e-12  # knn_fused, per query-row pair: the pass test, buffers and lists
 FUSED_PAIR_DIM_S = 5.5e-15  # knn_fused, per pair and dim (padded to 16): the tensor-core products
-TILED_PAIR_DIM_S = 1e-13  # cuBLAS float32 tiles + knn_select (T5: 10K x 10M x 96 in 0.85 s)
+TILED_PAIR_DIM_S = 1e-13  # cuBLAS float32 tiles + knn_select (T5's rate, docs/perf-notes.md)
 EXACT_CALL_S = 2e-3  # allocations, launches, the copies back: what a small call costs whatever its size
 
 

@@ -27,6 +27,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable
 
 from bigknn.backends.cuda.compile import MAX_P, padded_dim
+from bigknn.backends.cuda.rows import HALF_MIN_DIM
+from bigknn.params import GnndParams
+from bigknn.recall import MAX_WIDTH, WIDEN_STEP
 
 if TYPE_CHECKING:
     from bigknn.backends.cuda.gpu import Gpu
@@ -60,6 +63,18 @@ def ggm_bytes(n: int, d: int, itemsize: int, w: int, wo: int, p: int, slots: int
     """Device bytes ggm needs for n = na + nb rows: gnnd's working set, the old lists (wo wide, kept for
     the final merge), the merged output lists (w wide) and the labels."""
     return gnnd_bytes(n, d, itemsize, w, p, slots) + n * (8 * wo + 8 * w + 4)
+
+
+def merge_bytes(shard_rows: int, dim: int, itemsize: int, params: GnndParams) -> int:
+    """The MemoryModel of this backend (bigknn/backends/base.py): device bytes of one GGM of two shards of
+    ``shard_rows`` rows, at its full candidate slots (a merge that must halve them converges slower), with room
+    for one widening step when a recall target is set (a merge that cannot widen at a stall ends below its
+    target), and the half-precision copy wide float32 rows descend on."""
+    w = params.width()
+    wide = min(MAX_WIDTH, w + WIDEN_STEP) if params.recall > 0 else w
+    n = 2 * shard_rows
+    halves = n * dim * 2 if itemsize == 4 and dim >= HALF_MIN_DIM else 0
+    return ggm_bytes(n, dim, itemsize, wide, w, params.sample_count(wide), 1 << LOG_SLOTS) + halves
 
 
 def plan_slots(gpu: Gpu, need: Callable[[int], int], width: int, what: str) -> tuple[int, int]:

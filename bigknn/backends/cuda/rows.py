@@ -9,7 +9,7 @@ from bigknn.backends.cuda.transfer import Transfer
 from bigknn.metrics import half_scale
 
 HALF_MIN_DIM = 96  # float32 rows at least this wide descend on half-precision copies (half_rows). 96, not 128:
-# T2 (10M x 96, 10 shards, H200) 34.2 -> 27.7 s, recall 0.9966 -> 0.9968; T1 96-d 0.388 -> 0.307 s (docs/perf-notes.md)
+# faster at the same recall on T1 and T2 (docs/perf-notes.md, "Measurements behind the constants")
 HALF_BYTES = False  # byte rows (uint8, int8) descend on half copies (exact: halves hold every byte value)
 
 

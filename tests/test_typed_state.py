@@ -1,0 +1,64 @@
+"""Typed state (issue 34): the manifest's build parameters are a GnndParams read and written in one place, in
+the JSON older stores hold; one Metric per metric says its kernel id, keys, distances and normalisation, and
+the CUDA kernels' compile-time METRIC comes from it."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bigknn.backends.cuda.compile import kernel_metric as cuda_metric_id
+from bigknn.metrics import COSINE, IP, L2, METRICS, metric
+from bigknn.params import GnndParams
+from bigknn.shards.manifest import Manifest
+
+ROOT = Path(__file__).resolve().parents[1]
+OLD = {"dim": 4, "dtype": "<f4", "metric": "l2", "k": 5, "shard_rows": 100, "seed": 0, "format": 2,
+       "params": {"k": 5, "samples": 0, "iters": 12, "min_update_frac": 0.05, "merge_iters": 8}}
+
+
+def test_params_read_back_typed_and_written_as_the_same_json():
+    params = GnndParams(k=7, recall=0.95, samples=6, iters=9, min_update_frac=0.1, merge_iters=4, list_width=64)
+    m = Manifest.from_json(json.dumps(dict(OLD, params=params.to_manifest())))
+    assert m.params == params and m.params.width() == 64
+    again = json.loads(m.to_json())
+    assert again["params"] == params.to_manifest() == {"k": 7, "recall": 0.95, "samples": 6, "iters": 9,
+                                                       "min_update_frac": 0.1, "merge_iters": 4, "list_width": 64}
+    assert Manifest.from_json(m.to_json()) == m
+
+
+def test_params_an_older_store_left_out_take_their_defaults():
+    m = Manifest.from_json(json.dumps(OLD))  # written before recall and list_width were recorded
+    assert m.params == GnndParams(k=5, iters=12, merge_iters=8)
+    assert m.params.recall == GnndParams().recall and m.params.width() == GnndParams(k=5).width()
+
+
+def test_every_metric_says_its_kernel_and_its_kernel_id_is_the_kernels():
+    assert METRICS == ("l2", "ip", "cosine") and [metric(n) for n in METRICS] == [L2, IP, COSINE]
+    documented = dict((name, int(i)) for i, name in re.findall(r"METRIC (\d) = (\w+)",
+                                                               (ROOT / "bigknn/backends/cuda/common.cuh").read_text()))
+    assert documented == {"l2": 0, "ip": 1}
+    for m in (L2, IP, COSINE):
+        assert m.kernel_id == documented[m.kernel] == cuda_metric_id(m.kernel)
+    with pytest.raises(ValueError, match="cosine arrives as ip"):
+        cuda_metric_id("cosine")
+    with pytest.raises(ValueError, match="unknown metric 'l1'"):
+        metric("l1")
+
+
+def test_keys_distances_and_normalisation_of_each_metric():
+    a = np.array([[3.0, 4.0], [0.0, 0.0]], np.float32)
+    b = np.array([[0.0, 0.0], [1.0, 0.0]], np.float32)
+    np.testing.assert_allclose(L2.pairwise_keys(a, b), [[25, 20], [0, 1]])
+    np.testing.assert_allclose(IP.pairwise_keys(a, b), [[0, -3], [0, 0]])
+    np.testing.assert_allclose(L2.row_keys(a, b), [25, 1])
+    keys = np.array([4.0, -1.0, -2.0], np.float32)
+    np.testing.assert_allclose(L2.distance(np.array([4.0, 0.0])), [2, 0])
+    np.testing.assert_allclose(IP.distance(keys), [5, 0, -1])
+    np.testing.assert_allclose(COSINE.distance(keys), [5, 0, 0])  # clipped: never below 0
+    np.testing.assert_allclose(COSINE.prepare(a), [[0.6, 0.8], [0, 0]])  # zero rows stay zero
+    assert L2.prepare(a) is a and IP.stored_dtype(np.uint8) == np.uint8 and COSINE.stored_dtype(np.uint8) == np.float32
