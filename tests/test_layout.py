@@ -55,7 +55,9 @@ def test_no_capability_probing_in_the_pipeline():
 
 
 BACKENDS_DIR = ROOT / "bigknn" / "backends"
-NAME_PROBE = re.compile(r"\.name\s*(==|!=|in\b)|\b(backend|name)\s*(==|!=)\s*[\"'](cpu|cuda)[\"']")
+# a backend's name compared (``backend.name == ...``, ``backends[0].name in ...``, ``be.name != ...``) or the
+# --backend choice compared with a backend's name
+NAME_PROBE = re.compile(r"\b(backends?(\[\d+\])?|be)\.name\s*(==|!=|in\b)|\b(backend|name)\s*(==|!=)\s*[\"'](cpu|cuda)[\"']")
 
 
 def _imports(path: Path) -> set[str]:
