@@ -112,7 +112,9 @@ def plan(input: Path | None, rows: int | None, dim: int | None, dtype: str, k: i
         c_rows = min(c_rows, rows // 2) if vf is not None else c_rows
         sizes = calibration_sizes(c_rows, params.width())
         x, what = sample_rows(vf, 2 * c_rows, dim, dtype)
-        with reporter_for(as_json).phase("calibrate", calibration_steps(sizes), "steps") as advance:
+        progress = reporter_for(as_json)
+        backends[0].warm_up(progress.note)  # a first run's compile: said, and outside the calibration
+        with progress.phase("calibrate", calibration_steps(sizes), "steps") as advance:
             rates = calibrate(backends[0], x, sizes, params, what, advance=advance)
     result = make_plan(rows, dim, itemsize, params, min(shard_rows, rows), len(backends), rates, disk, partition,
                        pairs_per_shard, assumptions, parse_bytes(host_mem))
