@@ -13,6 +13,7 @@ import numpy as np
 
 from bigknn.atomic import atomic_path, check_target
 from bigknn.errors import BadInput
+from bigknn.extras import install_hint
 
 
 class MissingExtra(BadInput, ImportError):
@@ -27,7 +28,7 @@ def pyplot(path: Path) -> ModuleType:
     try:
         import matplotlib
     except ImportError:
-        raise MissingExtra(path, "--plot needs matplotlib: pip install 'bigknn[plot]'") from None
+        raise MissingExtra(path, f"--plot needs matplotlib: {install_hint('plot')}") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

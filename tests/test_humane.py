@@ -221,7 +221,7 @@ def test_plot_without_matplotlib_names_the_extra(built, tmp_path):
     for args in (["eval", "recall", built["store"], "--k", K, "--backend", "cpu", "--plot", tmp_path / "r.png"],
                  ["info", built["store"], "--plot", tmp_path / "d.png"]):
         code, out, err = run_env(*args, extra_env=env)
-        assert_one_line_error(code, out, err, "bigknn[plot]")
+        assert_one_line_error(code, out, err, "pip install matplotlib", "'.[plot]'")
     code, out, err = run_cli("info", built["store"], "--plot", tmp_path / "d.nope")
     assert_one_line_error(code, out, err, "d.nope", ".png")
     code, out, err = run_cli("eval", "recall", built["store"], "--plot", tmp_path / "missing" / "r.png", "--k", K,

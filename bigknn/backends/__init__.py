@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from bigknn.backends.base import Backend
 from bigknn.errors import BadInput
+from bigknn.extras import install_hint
 
 BACKENDS = ("auto", "cpu", "cuda")
 
@@ -23,8 +24,8 @@ def get_backends(name: str = "auto", gpus: str | None = None, gpu_mem_bytes: int
         if cuda_available():
             return [CudaBackend(gpu_mem_bytes=gpu_mem_bytes, device=d) for d in _devices(chosen)]
         if name == "cuda":
-            raise BadInput("--backend cuda", "needs CuPy and a CUDA device; none found (install bigknn[gpu-cuda12] "
-                                             "or [gpu-cuda13], or use --backend cpu)")
+            raise BadInput("--backend cuda", "needs CuPy and a CUDA device; none found (CuPy for your CUDA: "
+                                             f"{install_hint('gpu-cuda12')}, or gpu-cuda13; or use --backend cpu)")
     from bigknn.backends.cpu import CpuBackend
 
     return [CpuBackend(threads=threads)]

@@ -12,6 +12,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from bigknn.errors import BadInput
 from bigknn.progress import Reporter, RichReporter, log
 
 
@@ -40,6 +41,14 @@ def emit(result: dict, as_json: bool, title: str) -> None:
     Console().print(table)
 
 
+def in_existing_directory(path: Path, option: str) -> Path:
+    """Refuse (exit 2) an output whose directory does not exist: a typo in -o must not create directories."""
+    parent = Path(path).absolute().parent
+    if not parent.is_dir():
+        raise BadInput(path, f"{option}: the directory {parent} does not exist; create it first")
+    return path
+
+
 def parse_bytes(text: str | None) -> int | None:
     if text is None:
         return None
@@ -48,7 +57,13 @@ def parse_bytes(text: str | None) -> int | None:
     try:
         return int(float(t[:-1]) * units[t[-1]]) if t and t[-1] in units else int(t)
     except ValueError:
-        raise click.BadParameter(f"{text!r} is not a size like 8G or 512M") from None
+        raise click.BadParameter(f"{text!r} is not a size like 8G, 512M or 1000000 (bytes)") from None
+
+
+def size_text(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A size option's check as it is parsed, so that the error names the option (--host-mem 1X)."""
+    parse_bytes(value)
+    return value
 
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
@@ -58,19 +73,19 @@ backend_option = click.option("--backend", type=click.Choice(["auto", "cpu", "cu
                               show_default=True, help="auto uses the GPU when CuPy and a device are present.")
 threads_option = click.option("--threads", type=click.IntRange(min=1), default=None,
                               help="CPU threads of the CPU backend's compiled loops (default: all cores).")
-gpu_mem_option = click.option("--gpu-mem", "gpu_mem", type=str, default=None,
+gpu_mem_option = click.option("--gpu-mem", "gpu_mem", type=str, default=None, callback=size_text,
                               help="Cap on GPU memory to use per GPU, e.g. 8G or 512M (default: what is free).")
 gpus_option = click.option("--gpus", type=str, default=None,
                            help="GPUs to use: 'all' or ids like 0,1 (one worker each; default: GPU 0).")
-host_mem_option = click.option("--host-mem", "host_mem", type=str, default=None,
+host_mem_option = click.option("--host-mem", "host_mem", type=str, default=None, callback=size_text,
                                help="Host RAM for cached shards, e.g. 64G (default: half the machine's RAM).")
 
 scheduler_option = click.option(
     "--scheduler", type=str, default=None, envvar="DASK_SCHEDULER_ADDRESS", show_envvar=True,
     help="Run the GNND and merge tasks on a Dask cluster: its scheduler's address (tcp://host:8786), or "
          "local:N for N local worker processes (GPU workers with dask-cuda). The store must be on a path "
-         "every worker sees. Needs bigknn[dask].")
+         "every worker sees. Needs dask and distributed (the [dask] extra).")
 
 plot_option = click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=None,
                            help="Also draw a picture into this file (.png, .svg, .pdf; needs matplotlib: "
-                                "pip install 'bigknn[plot]').")
+                                "the [plot] extra).")

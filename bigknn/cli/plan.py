@@ -34,9 +34,12 @@ CPU_CALIBRATION_ROWS = 20_000  # and this on the CPU
 @click.argument("input", type=click.Path(path_type=Path), required=False)
 @click.option("--rows", type=click.IntRange(min=2), default=None, help="Rows (instead of INPUT).")
 @click.option("--dim", type=click.IntRange(min=1), default=None, help="Dimension (instead of INPUT).")
-@click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True)
-@click.option("--k", type=click.IntRange(min=1), default=32, show_default=True)
-@click.option("--list-width", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True,
+              help="Dtype of the rows (with --rows and --dim): sizes the store and the calibration rows.")
+@click.option("-k", "--k", type=click.IntRange(min=1), default=32, show_default=True,
+              help="Neighbours per row of the planned build.")
+@click.option("--list-width", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Entries per list while building, as bigknn build --list-width (0: max(k, 32)).")
 @click.option("--shard-rows", type=click.IntRange(min=2), default=None,
               help="Rows per shard (default: the largest whose merge fits --gpu-mem, or 1M on the CPU).")
 @click.option("--store", type=click.Path(path_type=Path), default=None,

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator
 
 from bigknn.errors import BadInput
+from bigknn.extras import install_hint
 from bigknn.progress import Reporter
 
 if TYPE_CHECKING:
@@ -26,7 +27,7 @@ LOCAL_PREFIX = "local:"
 TASK_THREADS = 2
 CONNECT_TIMEOUT_S = 30  # for a scheduler to answer, and for its first worker to join
 WATCH_S = 1.0  # how often a client waiting on a pinned task checks that the task's workers are still there
-INSTALL_HINT = "needs dask and distributed: pip install 'bigknn[dask]' (and dask-cuda for GPU workers)"
+INSTALL_HINT = f"needs dask and distributed: {install_hint('dask')}; GPU workers also need dask-cuda"
 
 
 @dataclass

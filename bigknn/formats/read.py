@@ -80,6 +80,14 @@ class VectorFile:
         """What ``read`` returns: the stored dtype, except float64 which comes back as float32."""
         return np.dtype(np.float32) if self.dtype == np.float64 else self.dtype
 
+    def cast_note(self) -> str | None:
+        """The note a run gives when it reads this file in another dtype (float64 as float32: every backend
+        computes in float32 at most), or None."""
+        if self.read_dtype == self.dtype:
+            return None
+        return (f"{self.path}: {self.dtype.name} values are read, stored and compared as {self.read_dtype.name} "
+                f"(for ingest, a {self.dtype.name} file matches a store of {self.read_dtype.name})")
+
     @property
     def row_bytes(self) -> int:
         """Bytes of the file per row (a *vecs row includes its dim field)."""
@@ -220,10 +228,12 @@ def _open_regular(path: str | os.PathLike) -> Iterator[tuple[BinaryIO, FileState
         raise BadInput(path, "no such file") from None
     except OSError as e:
         raise BadInput(path, f"cannot read ({e.strerror})") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):  # before fdopen, which names the descriptor ("Is a directory: 3")
+        os.close(fd)
+        raise BadInput(path, "is a directory, not a vectors file" if stat.S_ISDIR(st.st_mode) else
+                       "not a regular file")
     with os.fdopen(fd, "rb") as f:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise BadInput(path, "not a regular file")
         if st.st_size == 0:
             raise BadInput(path, "empty file (0 bytes)")
         yield f, FileState.of(st)

@@ -55,6 +55,8 @@ def build(req: BuildRequest, backends: list[Backend], reporter: Reporter) -> dic
     An interruption or a failure keeps the store, so that the same command resumes it."""
     acct = Accounting()
     vf = open_vectors(req.input)
+    if (cast := vf.cast_note()) is not None:
+        reporter.note(cast)
     resuming = Store.exists(req.store)
     if resuming and not req.shard_rows:  # automatic size: the store's, whatever this machine would pick
         req = replace(req, shard_rows=Store.open(req.store, pin=False).manifest.shard_rows)
@@ -127,7 +129,7 @@ def _check_request(req: BuildRequest, vf: VectorFile) -> None:
     if k < 1:
         raise BadInput(req.input, f"k must be at least 1, got {k}")
     if k >= vf.rows:
-        raise BadInput(req.input, f"k = {k} needs more than {k} rows; the file has {vf.rows}")
+        raise BadInput(req.input, f"k = {k} needs more than {k} rows; the input has {vf.rows}")
     if req.shard_rows <= k:
         raise BadInput(req.input, f"--shard-rows {req.shard_rows} must exceed k = {k}")
     if req.partition not in METHODS:

@@ -187,7 +187,10 @@ def _open_input(path: Path, listed: dict[Path, FileState] | None, report: dict,
     """The opened file, or None for a drop-folder file that changed since it was listed (still being
     written: a header that does not match the size yet is no reason to refuse the whole run)."""
     if listed is None:
-        return open_vectors(path)
+        vf = open_vectors(path)
+        if (cast := vf.cast_note()) is not None:
+            reporter.note(cast)
+        return vf
     try:
         vf = open_vectors(path)
     except BadInput:
