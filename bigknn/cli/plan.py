@@ -18,8 +18,8 @@ from bigknn.partition.learn import DEFAULT_METHOD
 from bigknn.pipeline.diskrate import measure_disk
 from bigknn.pipeline.calibrate import (EXPONENT_RANGE, calibrate, calibration_sizes, calibration_steps,
                                        rates_from_store, sample_rows)
-from bigknn.pipeline.plan import (ASSUMED_PAIRS_PER_SHARD, auto_shard_rows, pairs_per_shard_from_store,
-                                  plan as make_plan, spread_for_workers)
+from bigknn.pipeline.plan import (ASSUMED_PAIRS_PER_SHARD, auto_shard_rows, fitting_shard_rows,
+                                  pairs_per_shard_from_store, plan as make_plan, spread_for_workers)
 from bigknn.pipeline.steps import physical_memory
 from bigknn.shards import Store
 
@@ -88,10 +88,13 @@ def plan(input: Path | None, rows: int | None, dim: int | None, dtype: str, k: i
         itemsize = np.dtype(dtype).itemsize
     params = GnndParams(k=k, list_width=list_width)
     backends = get_backends(backend, gpus, parse_bytes(gpu_mem))
+    fits_gpu = auto_shard_rows(backends, dim, itemsize, params, parse_bytes(gpu_mem))
     if shard_rows is None:
-        shard_rows = auto_shard_rows(backends, dim, itemsize, params, parse_bytes(gpu_mem))
+        shard_rows = fits_gpu
         if partition == "contiguous":
             shard_rows = spread_for_workers(rows, shard_rows, len(backends))
+    asked = shard_rows
+    shard_rows, refusal = fitting_shard_rows(rows, shard_rows, params.width(), partition)
     measured = Store.open(store, pin=False) if store is not None else None
     pairs_source = "--pairs-per-shard"
     if pairs_per_shard is None:
@@ -121,6 +124,9 @@ def plan(input: Path | None, rows: int | None, dim: int | None, dtype: str, k: i
             rates = calibrate(backends[0], x, sizes, params, what, advance=advance)
     result = make_plan(rows, dim, itemsize, params, min(shard_rows, rows), len(backends), rates, disk, partition,
                        pairs_per_shard, assumptions, parse_bytes(host_mem))
+    result["build_refuses"] = None if refusal is None else {
+        "shard_rows": asked, "why": refusal, "planned_shard_rows": shard_rows,
+        "over_gpu_fit": shard_rows > fits_gpu and any(b.memory_budget() is not None for b in backends)}
     if as_json:
         emit(result, as_json, "plan")
     else:
@@ -156,6 +162,13 @@ def show(p: dict, backend: str, dtype: str) -> None:
         + (f", {assumed['pairs_per_shard']} merges per shard ({assumed['pairs_source']})"
            if p["partition"] != "contiguous" else ""),
     ]
+    if (refused := p["build_refuses"]) is not None:
+        lines.insert(1, "  refused      bigknn build refuses"
+                        f" --shard-rows {refused['shard_rows']:,} ({refused['why']}); "
+                        f"planned with --shard-rows {refused['planned_shard_rows']:,}: pass it to build")
+        if refused["over_gpu_fit"]:
+            lines.insert(2, "  note         shards that large do not fit a merge in this GPU's memory: no build of this "
+                            "size fits; use more GPU memory (--gpu-mem) or fewer rows")
     if backend == "cpu" and est["total"] > SLOW_ON_CPU_S:
         lines.append(f"  note         {human_duration(est['total'])} on the CPU: a GPU would take a small fraction of "
                      "that; run `bigknn plan` on a GPU machine (or with --store of a store built there) to see")

@@ -25,8 +25,8 @@ from bigknn.partition.nearest import backend_nearest
 from bigknn.pipeline.estimate import SampleTruth, record_estimate
 from bigknn.pipeline.plan import auto_shard_rows, spread_for_workers
 from bigknn.pipeline.sharding import shard_sizes, stream_shards
-from bigknn.pipeline.steps import (cache_shards, check_merge_count, record_timings, run_build_steps,
-                                   smallest_shard_rows)
+from bigknn.pipeline.limits import smallest_shard_rows
+from bigknn.pipeline.steps import cache_shards, check_merge_count, record_timings, run_build_steps
 from bigknn.pipeline.accounting import Accounting
 from bigknn.progress import Reporter
 from bigknn.shards import Manifest, Store, WriterLock
@@ -85,7 +85,8 @@ def build(req: BuildRequest, backends: list[Backend], reporter: Reporter) -> dic
         sizes = [len(r) for r in rows_of]
     cache_shards(manifest, req.store, max(sizes), len(backends), req.host_mem)
     check_merge_count(req.store, len(sizes), len(sizes) * (len(sizes) - 1) // 2,
-                      f"use --shard-rows {smallest_shard_rows(vf.rows):,} or more", reporter)
+                      f"use --shard-rows {smallest_shard_rows(vf.rows, req.params.width(), method):,} or more",
+                      reporter)
     new_store = None if resuming else NewStore(req.store)  # refuses a path that is not new or empty
     with WriterLock(req.store, req.wait_s):
         if Store.exists(req.store):  # again, under the lock: another writer may have created it meanwhile

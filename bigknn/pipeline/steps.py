@@ -7,7 +7,6 @@ records into the manifest's ``pending`` section, which readers ignore until the 
 
 from __future__ import annotations
 
-import math
 import os
 from itertools import chain
 from pathlib import Path
@@ -21,6 +20,7 @@ from bigknn.errors import BadInput
 from bigknn.params import GnndParams
 from bigknn.pipeline import schedule
 from bigknn.pipeline.estimate import SampleTruth
+from bigknn.pipeline.limits import MERGES_PER_SHARD_NOTE, too_many_merges
 from bigknn.pipeline.pairplan import plan_pairs
 from bigknn.pipeline.accounting import Accounting
 from bigknn.pipeline.cache import ShardCache
@@ -32,8 +32,6 @@ from bigknn.progress import Reporter
 from bigknn.shards import Manifest, ShardEntry, Store
 
 HOST_MEM_FRACTION = 0.5  # of the machine's RAM for cached shards when --host-mem is not given
-MAX_MERGES = 10_000  # more pairwise merges than this (142 shards or more) are refused
-MERGES_PER_SHARD_NOTE = 10  # more merges than this per shard (22 shards or more) get a note
 
 
 class Ledger:
@@ -181,18 +179,11 @@ def check_merge_count(where: Path, shards: int, merges: int, advice: str, report
     """Refuse (exit 2, no prompt) a run of more than MAX_MERGES merges, which cannot finish in useful time
     (a tiny --shard-rows: the merges grow with the square of the shard count); note a run whose merges
     exceed MERGES_PER_SHARD_NOTE per shard, where a larger --shard-rows would finish sooner."""
-    if merges > MAX_MERGES:
-        raise BadInput(where, f"{shards:,} shards need {merges:,} merges, more than the {MAX_MERGES:,} that "
-                              f"finish in useful time; {advice}")
+    if (refusal := too_many_merges(shards, merges)) is not None:
+        raise BadInput(where, f"{refusal}; {advice}")
     if merges > MERGES_PER_SHARD_NOTE * shards:
         reporter.note(f"{where}: {shards:,} shards need {merges:,} merges (they grow with the square of the "
                       "shard count); a larger --shard-rows finishes sooner")
-
-
-def smallest_shard_rows(rows: int) -> int:
-    """The smallest --shard-rows whose build stays within MAX_MERGES merges."""
-    max_shards = math.isqrt(2 * MAX_MERGES)  # 141 shards: 9,870 merges
-    return -(-rows // max_shards)
 
 
 def physical_memory() -> int:
