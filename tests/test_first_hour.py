@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 
 import numpy as np
 import pytest
@@ -123,3 +124,18 @@ def test_a_graph_and_a_fitted_transformer_pickle(data, tmp_path):
     copy = pickle.loads(blob)
     np.testing.assert_allclose(copy.transform(x[:50]).toarray(), expected)
     assert copy.fit_transform(x).nnz == ROWS * (K + 1)
+
+
+def test_tables_are_for_people_and_json_keeps_the_machine_units(data, tmp_path):
+    """The build summary's timeline and descents were dicts dumped as text, info said "<f4" and 76809207."""
+    code, out, err = run_cli("build", data[0], "-o", tmp_path / "s.knn", "-k", K, "--shard-rows", ROWS // 2,
+                             "--backend", "cpu", "--partition", "contiguous")
+    assert code == 0, err
+    code, info, err = run_cli("info", tmp_path / "s.knn")
+    assert code == 0, err
+    for text in (out, info):
+        assert "{" not in text and "'" not in text and "None" not in text, text  # no Python reprs
+    assert re.search(r"dtype +│ float32", info) and re.search(r"disk_bytes +│ [\d.]+ [kM]B", info), info
+    assert re.search(r"wall_s +│ [\d.]+ s", out) and re.search(r"search +│ -", out), out
+    as_json = run_json("info", tmp_path / "s.knn")
+    assert as_json["dtype"] == "<f4" and isinstance(as_json["disk_bytes"], int)

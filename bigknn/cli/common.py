@@ -7,12 +7,15 @@ import json
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
+import numpy as np
 from rich.console import Console
 from rich.table import Table
 
 from bigknn.errors import BadInput
+from bigknn.human import human_bytes, human_duration
 from bigknn.progress import Reporter, RichReporter, log
 
 
@@ -27,18 +30,92 @@ def reporter_for(as_json: bool) -> Reporter:
 
 
 def emit(result: dict, as_json: bool, title: str) -> None:
-    """Print a result on stdout: one JSON object for scripts, or a small table for people."""
+    """Print a result on stdout: one JSON object for scripts, or a small table for people (sizes and durations
+    in human units, dtypes by name, nested data as sub-tables; long lists of records are left to --json)."""
     if as_json:
         click.echo(json.dumps(result))
         return
     table = Table(title=title, show_header=False, title_justify="left")
     for key, value in result.items():
-        if isinstance(value, dict):
-            value = ", ".join(f"{k} {v}" for k, v in value.items())
-        elif isinstance(value, list):
-            value = ", ".join(map(str, value))
-        table.add_row(key, str(value))
+        table.add_row(key, cell(key, value))
     Console().print(table)
+
+
+LONG_LIST = 12  # a list of more records than this is counted in the table, listed by --json
+
+
+def cell(key: str, value: Any, unit: str = "") -> Any:
+    """``value`` of ``key`` for a person: a string, or a rich Table of a nested record. ``unit``: the unit
+    its parent's key names (``timings_s``: every number under it is seconds)."""
+    unit = unit_of(key) or unit
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, (int, float)):
+        return number(value, unit)
+    if key == "dtype" and isinstance(value, str):
+        return dtype_name(value)
+    if isinstance(value, dict):
+        if all(not isinstance(v, (dict, list)) or _pair(v) for v in value.values()):
+            return ", ".join(f"{k} {cell(k, v, unit)}" for k, v in value.items())
+        sub = Table(show_header=False, box=None, pad_edge=False)
+        for k, v in value.items():
+            sub.add_row(str(k), cell(k, v, unit))
+        return sub
+    if isinstance(value, list):
+        if not value:
+            return "none"
+        if _pair(value):  # a span: (start, end)
+            return f"{number(value[0], unit)} - {number(value[1], unit)}"
+        if value and all(isinstance(v, dict) for v in value):
+            if len(value) > LONG_LIST:
+                return f"{len(value):,} records (--json lists them)"
+            sub = Table(box=None, pad_edge=False)
+            columns = list(dict.fromkeys(k for v in value for k in v))
+            for c in columns:
+                sub.add_column(c)
+            for v in value:
+                sub.add_row(*(_plain(cell(c, v.get(c), unit)) for c in columns))
+            return sub
+        return ", ".join(_plain(cell(key, v, unit)) for v in value)
+    return str(value)
+
+
+def unit_of(key: str) -> str:
+    """The unit a key's name gives its numbers: bytes, seconds or a fraction."""
+    for suffix, unit in (("_bytes", "bytes"), ("_s", "s"), ("_frac", "frac")):
+        if str(key).endswith(suffix):
+            return unit
+    return ""
+
+
+def number(value: float, unit: str) -> str:
+    if unit == "bytes":
+        return human_bytes(value)
+    if unit == "s":
+        return human_duration(value)
+    if unit == "frac":
+        return f"{100 * value:.0f} %"
+    if isinstance(value, int) or float(value).is_integer() and abs(value) >= 1000:
+        return f"{int(value):,}"
+    return f"{value:.4g}"
+
+
+def dtype_name(text: str) -> str:
+    """"<f4" as people say it: float32."""
+    try:
+        return np.dtype(text).name
+    except TypeError:
+        return text
+
+
+def _pair(value: Any) -> bool:
+    return isinstance(value, list) and len(value) == 2 and all(isinstance(v, (int, float)) for v in value)
+
+
+def _plain(value: Any) -> str:
+    return value if isinstance(value, str) else "(see --json)"
 
 
 def in_existing_directory(path: Path, option: str) -> Path:
