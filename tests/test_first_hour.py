@@ -139,3 +139,43 @@ def test_tables_are_for_people_and_json_keeps_the_machine_units(data, tmp_path):
     assert re.search(r"wall_s +│ [\d.]+ s", out) and re.search(r"search +│ -", out), out
     as_json = run_json("info", tmp_path / "s.knn")
     assert as_json["dtype"] == "<f4" and isinstance(as_json["disk_bytes"], int)
+
+
+def captured_figure(monkeypatch):
+    """The figure the next plot function draws, instead of its file."""
+    from bigknn import plot
+
+    figures = []
+    monkeypatch.setattr(plot, "save", lambda fig, path: figures.append(fig))
+    return figures
+
+
+def test_the_in_degree_histogram_has_a_bar_per_whole_degree_and_shows_rows_in_no_list(monkeypatch, tmp_path):
+    from bigknn.plot import degree_bins, in_degree_histogram
+
+    for top in (3, 199, 200, 1000, 12345):
+        edges = degree_bins(top)
+        assert edges[0] == -0.5 and edges[1] == 0.5, "degree 0 alone in the first bar"
+        widths = np.diff(edges)[1:]
+        assert np.all(widths == widths[0]) and widths[0] >= 1, "bars of equal whole numbers of degrees"
+        assert np.all((edges + 0.5) == np.round(edges + 0.5)) and edges[-1] >= top  # whole degrees, all covered
+        assert len(edges) <= 202
+    figures = captured_figure(monkeypatch)
+    degrees = np.concatenate([np.zeros(7, int), np.ones(5, int), np.full(20, 500)])
+    in_degree_histogram(tmp_path / "d.png", degrees, 5, "t")
+    (ax,) = figures[0].axes
+    first = min(ax.patches, key=lambda p: p.get_x())
+    assert first.get_height() == 7 and first.get_x() == -0.5, "the rows in no list, in a bar of their own"
+    assert sum(p.get_height() for p in ax.patches) == len(degrees)
+
+
+def test_the_recall_plot_draws_the_target_on_axes_from_zero(monkeypatch, tmp_path):
+    from bigknn.plot import recall_histogram
+
+    figures = captured_figure(monkeypatch)
+    per_row = np.array([1.0, 0.9, 1.0, 0.995, 0.98])
+    recall_histogram(tmp_path / "r.png", per_row, np.array([0, 0, 1, 1, 1]), 2, 10, "t", target=0.99)
+    left, right = figures[0].axes
+    assert right.get_ylim()[0] == 0.0 and right.get_ylim()[1] >= 1.0
+    assert any(tuple(line.get_ydata()) == (0.99, 0.99) for line in right.get_lines())
+    assert any(tuple(line.get_xdata()) == (0.99, 0.99) for line in left.get_lines())

@@ -97,7 +97,8 @@ def readers_files(tmp_path_factory) -> Path:
     write_vectors(d / "day1.fbin", synth(100, DIM, seed=6))
     write_vectors(d / "day2.fbin", synth(100, DIM, seed=7))
     runner = CliRunner()
-    for argv in (["build", "data.fbin", "-o", "data.knn", "-k", "32", "--shard-rows", "1000", "--backend", "cpu"], ["prune", "data.knn"],
+    for argv in (["build", "data.fbin", "-o", "data.knn", "-k", "32", "--shard-rows", "1000", "--backend", "cpu"],
+                 ["prune", "data.knn"],
                  ["synth", "q.fbin", "--rows", "1000", "--dim", "96", "--seed", "1"],
                  ["truth", "data.knn", "--queries", "q.fbin", "-o", "gt.ibin"],
                  ["truth", "data.knn", "--queries", "data.fbin", "--k", "11", "-o", "rows_gt.ibin"],

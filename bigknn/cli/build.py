@@ -23,7 +23,8 @@ from bigknn.pipeline.finish import finish
 @click.argument("input", type=click.Path(path_type=Path))
 @click.option("-o", "--output", "store", type=click.Path(path_type=Path), required=True,
               help="Store directory to create (or to resume).")
-@click.option("-k", "--k", type=click.IntRange(min=1), default=DEFAULTS.k, show_default=True, help="Neighbours per row.")
+@click.option("-k", "--k", type=click.IntRange(min=1), default=DEFAULTS.k, show_default=True,
+              help="Neighbours per row.")
 @click.option("--metric", type=click.Choice(METRIC_NAMES), default="l2", show_default=True, help=METRIC_HELP)
 @click.option("--shard-rows", type=click.IntRange(min=0), default=0, show_default=True,
               help="Most rows per shard (shards are balanced). 0: the largest whose merge fits the GPU "

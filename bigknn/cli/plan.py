@@ -167,8 +167,8 @@ def show(p: dict, backend: str, dtype: str) -> None:
                         f" --shard-rows {refused['shard_rows']:,} ({refused['why']}); "
                         f"planned with --shard-rows {refused['planned_shard_rows']:,}: pass it to build")
         if refused["over_gpu_fit"]:
-            lines.insert(2, "  note         shards that large do not fit a merge in this GPU's memory: no build of this "
-                            "size fits; use more GPU memory (--gpu-mem) or fewer rows")
+            lines.insert(2, "  note         shards that large do not fit a merge in this GPU's memory: no build of "
+                            "this size fits; use more GPU memory (--gpu-mem) or fewer rows")
     if backend == "cpu" and est["total"] > SLOW_ON_CPU_S:
         lines.append(f"  note         {human_duration(est['total'])} on the CPU: a GPU would take a small fraction of "
                      "that; run `bigknn plan` on a GPU machine (or with --store of a store built there) to see")
