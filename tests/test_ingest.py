@@ -19,7 +19,7 @@ import pytest
 from bigknn.backends.cpu import CpuBackend
 from bigknn.formats import write_vectors
 from bigknn.graph import EMPTY
-from bigknn.params import GnndParams
+from conftest import assert_one_line_error, error_lines, run_cli, run_json
 from bigknn.pipeline.build import BuildRequest, build
 from bigknn.pipeline.evaluate import recall
 from bigknn.pipeline.ingest import ingest
@@ -157,7 +157,7 @@ def test_bad_input_leaves_store_unchanged(base, store, tmp_path, problem):
     out = subprocess.run(bigknn("ingest", str(store), "--input", str(bad), "--backend", "cpu"),
                          capture_output=True, text=True)
     assert out.returncode == 2
-    lines = out.stderr.strip().splitlines()
+    lines = error_lines(out.stderr)
     assert len(lines) == 1 and str(bad) in lines[0]
     assert tree_digest(store) == before
 

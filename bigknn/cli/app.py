@@ -32,7 +32,7 @@ def logging_options() -> list[click.Option]:
     return [click.Option(["-q", "--quiet"], is_flag=True, expose_value=False, callback=_set_level(logging.WARNING),
                          help="Only warnings and errors on stderr: no progress bars or progress lines."),
             click.Option(["-v", "--verbose"], is_flag=True, expose_value=False, callback=_set_level(logging.DEBUG),
-                         help="Also log each phase's start and end.")]
+                         help="Also log debug lines (each phase's start and end are logged without it).")]
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
