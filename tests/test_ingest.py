@@ -19,13 +19,15 @@ import pytest
 from bigknn.backends.cpu import CpuBackend
 from bigknn.formats import write_vectors
 from bigknn.graph import EMPTY
-from conftest import assert_one_line_error, error_lines, run_cli, run_json
+from bigknn.params import GnndParams
 from bigknn.pipeline.build import BuildRequest, build
 from bigknn.pipeline.evaluate import recall
 from bigknn.pipeline.ingest import ingest
 from bigknn.progress import Reporter
 from bigknn.shards import Store
 from bigknn.synth import synth
+
+from conftest import error_lines
 
 DIM, K, OLD_ROWS, NEW_ROWS, SHARD_ROWS = 24, 10, 6000, 1500, 2000
 SMALL_ROWS = 400  # a batch small beside the store: its merges after the first are seeded (bigknn/ggm.py)
