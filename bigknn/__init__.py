@@ -29,7 +29,9 @@ def __getattr__(name: str) -> type:
         try:
             from bigknn.sklearn import KNNGraphTransformer
         except ImportError as e:
-            raise ImportError("KNNGraphTransformer needs scikit-learn: pip install 'bigknn[sklearn]'") from e
+            from bigknn.extras import install_hint
+
+            raise ImportError(f"KNNGraphTransformer needs scikit-learn: {install_hint('sklearn')}") from e
         return KNNGraphTransformer
     raise AttributeError(f"module 'bigknn' has no attribute {name!r}")
 

@@ -22,7 +22,7 @@ from bigknn.api_commands import ingest, merge, plan, verify
 from bigknn.arrays import input_file
 from bigknn.backends import get_backends
 from bigknn.cluster import use_scheduler
-from bigknn.metrics import METRICS
+from bigknn.metrics import canonical_metric
 from bigknn.params import GnndParams
 from bigknn.partition import METHODS as PARTITIONS
 from bigknn.partition.learn import DEFAULT_METHOD
@@ -58,8 +58,8 @@ def build(data: Any, k: int = DEFAULTS.k, metric: str = "l2", store: PathLike | 
         files, so that it can resume), and that file is deleted after the build.
     k : int
         Neighbours per row, self excluded.
-    metric : {"l2", "ip", "cosine"}
-        See ``Graph.neighbors`` for the distances each gives.
+    metric : {"l2", "ip", "cosine"} or an alias: "euclidean", "sqeuclidean" (l2), "inner_product", "dot" (ip)
+        See ``Graph.neighbors`` for the distances each gives (l2: Euclidean, not squared, whatever the name).
     store : path, optional
         Store directory to build into, kept after the run: an interrupted build of the same file resumes
         there, a finished one is just opened. Without it the graph is built in a temporary directory
@@ -119,8 +119,7 @@ def build(data: Any, k: int = DEFAULTS.k, metric: str = "l2", store: PathLike | 
     True
     >>> g.close()
     """
-    if metric not in METRICS:
-        raise ValueError(f"unknown metric {metric!r}; choose one of {', '.join(METRICS)}")
+    metric = canonical_metric(metric)
     if not 0.0 <= recall < 1.0:
         raise ValueError(f"recall must be in [0, 1), got {recall}")
     if partition not in PARTITIONS:

@@ -84,6 +84,24 @@ IP = Metric("ip", "ip", 1)
 COSINE = Metric("cosine", "ip", 1, normalised=True)
 BY_NAME = {m.name: m for m in (L2, IP, COSINE)}
 METRICS = tuple(BY_NAME)
+# the names pynndescent, scikit-learn, Faiss and cuVS users type, and the metric each is here
+ALIASES = {"euclidean": "l2", "sqeuclidean": "l2", "inner_product": "ip", "dot": "ip"}
+METRIC_NAMES = METRICS + tuple(ALIASES)
+METRIC_HELP = ("l2 (or euclidean, sqeuclidean): nearest by Euclidean distance, and the distances given are "
+               "Euclidean, not squared as Faiss and cuVS give them (square them to compare); ip (or "
+               "inner_product, dot): largest inner product first, distance 1 - x.y; cosine: distance 1 - cos.")
+
+
+def canonical_metric(name: str) -> str:
+    """The metric a user's name stands for: one of METRICS, or one of its ALIASES.
+
+    >>> canonical_metric("euclidean"), canonical_metric("dot"), canonical_metric("cosine")
+    ('l2', 'ip', 'cosine')
+    """
+    metric = ALIASES.get(name, name)
+    if metric not in METRICS:
+        raise ValueError(f"unknown metric {name!r}; choose one of {', '.join(METRIC_NAMES)}")
+    return metric
 
 
 def metric(name: str) -> Metric:

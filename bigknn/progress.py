@@ -61,53 +61,69 @@ def configure_logging(level: int) -> None:
 
 
 class _Count:
-    """Items done in a phase, advanced from any worker thread, and the line that reports them."""
+    """Items done in a phase, advanced from any worker thread, and the line that reports them. ``parts``: the
+    kinds of item a phase mixes and how many of each (a build's shards' GNND and pair merges), counted and
+    reported apart: a rate over both would say nothing."""
 
-    def __init__(self, name: str, total: int, unit: str):
+    def __init__(self, name: str, total: int, unit: str, parts: dict[str, int] | None = None):
         self.name, self.total, self.unit = name, total, unit
+        self.parts = dict(parts or {})
         self.done = 0
+        self.part_done = dict.fromkeys(self.parts, 0)
         self.t0 = time.monotonic()
         self._lock = threading.Lock()
 
-    def advance(self, n: int) -> None:
+    def advance(self, n: int, part: str | None = None) -> None:
         with self._lock:
             self.done += n
+            if part is not None:
+                self.part_done[part] += n
+
+    def todo(self) -> str:
+        """What the phase has to do: "10 shards' GNND and 45 pair merges", "2,400 rows"."""
+        if self.parts:
+            return " and ".join(f"{n:,} {part}" for part, n in self.parts.items() if n)
+        return f"{self.total:,} {self.unit}"
 
     def line(self) -> str:
         elapsed = time.monotonic() - self.t0
         rate = self.done / elapsed if elapsed > 0 else 0.0
-        text = f"{self.name}: {self.done:,}/{self.total:,} {self.unit} ({100 * self.done / max(self.total, 1):.0f} %)"
-        text += f" in {human_duration(elapsed)}, "
-        if rate >= 1 or not self.done:
-            text += f"{rate:,.1f} {self.unit}/s"
-        else:  # slow items (merges of big shards): time per item reads better than 0.0 items/s
-            text += f"{human_duration(elapsed / self.done)} per {self.unit.removesuffix('s')}"
+        share = f"({100 * self.done / max(self.total, 1):.0f} %)"
+        if self.parts:
+            counts = ", ".join(f"{self.part_done[p]:,}/{n:,} {p}" for p, n in self.parts.items() if n)
+            text = f"{self.name}: {counts} {share} in {human_duration(elapsed)}"
+        else:
+            text = f"{self.name}: {self.done:,}/{self.total:,} {self.unit} {share} in {human_duration(elapsed)}, "
+            if rate >= 1 or not self.done:
+                text += f"{rate:,.1f} {self.unit}/s"
+            else:  # slow items (merges of big shards): time per item reads better than 0.0 items/s
+                text += f"{human_duration(elapsed / self.done)} per {self.unit.removesuffix('s')}"
         if 0 < self.done < self.total:
             text += f", about {human_duration((self.total - self.done) / rate)} left"
         return text
 
 
+Advance = Callable[..., None]  # advance(n) or advance(n, part): n more items (of ``part``) done
+
+
 class Reporter:
-    """Progress as log lines (scripts, logs, the API): a phase that runs longer than ``every_s`` logs a line
-    every ``every_s`` seconds and one when it ends; ``--verbose`` (DEBUG) logs every phase's start and end.
-    Notes are warnings. The interface the pipeline calls."""
+    """Progress as log lines (scripts, logs, the API): every phase logs a line when it starts and one when it
+    ends, whatever its length, and a line every ``every_s`` seconds in between. Notes are warnings. The
+    interface the pipeline calls."""
 
     def __init__(self, every_s: float | None = None):
         self.every_s = log_every_s() if every_s is None else every_s
 
     @contextmanager
-    def phase(self, name: str, total: int, unit: str) -> Iterator[Callable[[int], None]]:
-        count = _Count(name, total, unit)
+    def phase(self, name: str, total: int, unit: str, parts: dict[str, int] | None = None) -> Iterator[Advance]:
+        count = _Count(name, total, unit, parts)
         stop = threading.Event()
-        ticks = 0
 
         def tick() -> None:
-            nonlocal ticks
             while self.every_s > 0 and not stop.wait(self.every_s):
-                ticks += 1
                 log.info(count.line())
 
-        log.debug("%s: %s %s to do", name, f"{total:,}", unit)
+        log.info("%s: %s to do", name, count.todo())
         ticker = threading.Thread(target=tick, daemon=True, name=f"progress-{name}")
         ticker.start()
         try:
@@ -115,19 +131,31 @@ class Reporter:
         finally:
             stop.set()
             ticker.join()
-        log.log(logging.INFO if ticks else logging.DEBUG, count.line())  # a summary where lines were logged
+        log.info(count.line())
 
     def note(self, text: str) -> None:
         log.warning(text)
 
+    def info(self, text: str) -> None:
+        """A line for people following the run (shown by the CLI, not by Python's default logging)."""
+        log.info(text)
+
 
 class RateColumn(ProgressColumn):
-    """Items per second in the phase's own unit (rows/s, pairs/s)."""
+    """Items per second in the phase's own unit (rows/s, pairs/s), or seconds per item where slower than one a
+    second (never "0 tasks/s"); where the phase mixes kinds of item, the count of each instead."""
 
     def render(self, task) -> Text:
+        detail = task.fields.get("detail")
+        if detail:
+            return Text(detail, style="cyan")
         speed = task.finished_speed or task.speed
         unit = task.fields.get("unit", "it")
-        return Text(f"{speed:,.0f} {unit}/s" if speed else f"-- {unit}/s", style="cyan")
+        if not speed:
+            return Text(f"-- {unit}/s", style="cyan")
+        if speed < 1:
+            return Text(f"{human_duration(1 / speed)} per {unit.removesuffix('s')}", style="cyan")
+        return Text(f"{speed:,.0f} {unit}/s", style="cyan")
 
 
 class RichReporter(Reporter):
@@ -138,12 +166,22 @@ class RichReporter(Reporter):
         self.console = console or stderr_console()
 
     @contextmanager
-    def phase(self, name: str, total: int, unit: str) -> Iterator[Callable[[int], None]]:
+    def phase(self, name: str, total: int, unit: str, parts: dict[str, int] | None = None) -> Iterator[Advance]:
         columns = (TextColumn("[bold]{task.description:<8}"), BarColumn(), MofNCompleteColumn(),
                    RateColumn(), TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())
+        count = _Count(name, total, unit, parts)
         with Progress(*columns, console=self.console, transient=False) as bar:
-            task = bar.add_task(name, total=total, unit=unit)
-            yield lambda n: bar.advance(task, n)
+            task = bar.add_task(name, total=total, unit=unit, detail=self._detail(count))
+
+            def advance(n: int, part: str | None = None) -> None:
+                count.advance(n, part)
+                bar.update(task, advance=n, detail=self._detail(count))
+
+            yield advance
+
+    @staticmethod
+    def _detail(count: _Count) -> str:
+        return ", ".join(f"{count.part_done[p]:,}/{n:,} {p}" for p, n in count.parts.items() if n)
 
 
 def reporter(progress: bool) -> Reporter:

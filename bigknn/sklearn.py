@@ -2,7 +2,7 @@
 bigknn graph can feed any estimator that takes a precomputed sparse distance graph (``Isomap``, ``TSNE``,
 ``DBSCAN``, ``HDBSCAN``, ``SpectralClustering``, UMAP with ``metric="precomputed"``) in a ``Pipeline``.
 
-Needs scikit-learn (``pip install 'bigknn[sklearn]'``).
+Needs scikit-learn (the ``sklearn`` extra: ``pip install scikit-learn scipy``).
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import os
 import shutil
+import tempfile
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,6 +18,7 @@ import numpy as np
 from bigknn import plot as draw
 from bigknn.arrays import host_array, input_file
 from bigknn.backends import get_backend, get_backends
+from bigknn.extras import install_hint
 from bigknn.metrics import kernel_metric, prepare_rows, user_distance
 from bigknn.pipeline.evaluate import RECALL_K, SAMPLE_ROWS, recall_rows
 from bigknn.pipeline.export import ID_KINDS, export as run_export
@@ -236,9 +238,11 @@ class Graph(SearchMethods, ProductMethods):
             draw.pyplot(Path(plot))  # refuse a missing matplotlib or an unknown extension before the work
         result, sampled, per_row = recall_rows(store, get_backend(backend, gpu_mem), sample, k,
                                                None if truth is None else Path(truth), seed, rows)
-        if plot is not None:
+        if plot is not None:  # the build's target is a recall@10
+            target = (store.manifest.params.get("recall") or None) if result["k"] == RECALL_K else None
             draw.recall_histogram(Path(plot), per_row, shard_of(store, sampled), len(store.manifest.shards),
-                                  result["k"], f"{store.path.name}: recall@{result['k']} of {len(sampled):,} rows")
+                                  result["k"], f"{store.path.name}: recall@{result['k']} of {len(sampled):,} rows",
+                                  target)
             result["plot"] = str(plot)
         return RecallReport(**result)
 
@@ -364,10 +368,50 @@ class Graph(SearchMethods, ProductMethods):
         store = self._live()
         return user_ids.require(store.path, store.manifest.rows) if ids == "user" else None
 
+    def __reduce__(self) -> tuple:
+        """Pickled by its store's path; a graph in a temporary directory (built without ``store``), which
+        the original deletes, with its store's files, as pynndescent pickles its index whole (joblib and
+        scikit-learn's model persistence pickle a fitted ``KNNGraphTransformer``).
+
+        Examples
+        --------
+        >>> import pickle
+        >>> import numpy as np, bigknn
+        >>> with bigknn.build(np.eye(20, dtype=np.float32), k=3, backend="cpu") as g:
+        ...     copy = pickle.loads(pickle.dumps(g))
+        ...     elsewhere = copy.path != g.path
+        >>> copy.neighbors().ids.shape, elsewhere
+        ((20, 3), True)
+        >>> copy.close()
+        """
+        path = self._live().path
+        if self._cleanup is None:
+            return _reopen, (str(path),)
+        files = {str(f.relative_to(path)): f.read_bytes() for f in sorted(path.rglob("*"))
+                 if f.is_file() and not f.is_symlink() and f.relative_to(path).parts[0] not in UNPICKLED}
+        return _unpickle_temporary, (path.name, files)
+
     def _live(self) -> Store:
         if self._closed:
             raise ValueError("the graph is closed")
         return self._store
+
+
+UNPICKLED = (".lock", ".readers")  # a store's files that belong to the processes using it, not to the graph
+
+
+def _reopen(path: str) -> Graph:
+    return Graph(Store.open(Path(path)))
+
+
+def _unpickle_temporary(name: str, files: dict[str, bytes]) -> Graph:
+    """A pickled temporary graph, in a temporary directory of its own (deleted as the original's is)."""
+    temporary = Path(tempfile.mkdtemp(prefix="bigknn-"))
+    for rel, data in files.items():
+        target = temporary / name / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+    return Graph(Store.open(temporary / name), temporary=temporary)
 
 
 def gpu_ids(gpus: Gpus) -> str | None:
@@ -380,4 +424,4 @@ def _optional(module: str, extra: str) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ImportError as e:
-        raise ImportError(f"{module} is needed for this; pip install 'bigknn[{extra}]'") from e
+        raise ImportError(f"{module} is needed for this: {install_hint(extra)}") from e

@@ -6,7 +6,7 @@
 # scikit-learn Pipeline, and hand the graph to UMAP. A few thousand rows, so it runs in seconds on a CPU;
 # the same calls take a billion rows on GPUs (with `store=` a directory on a big disk).
 #
-# Run it: `python examples/quickstart.py` (UMAP runs where umap-learn is installed: `pip install 'bigknn[umap]'`).
+# Run it: `python examples/quickstart.py` (UMAP runs where umap-learn is installed: `pip install umap-learn`).
 
 # %%
 import importlib.util
@@ -55,7 +55,7 @@ if importlib.util.find_spec("umap") is not None:
     emb = umap.UMAP(n_neighbors=15, precomputed_knn=g.umap_knn(15)).fit_transform(x)
     print("UMAP embedding:", emb.shape)
 else:
-    print("UMAP skipped: pip install 'bigknn[umap]'")
+    print("UMAP skipped: pip install umap-learn")
 
 # %%
 g.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -44,16 +45,28 @@ def run_json(*args, cwd: Path | None = None) -> dict:
     return json.loads(out)
 
 
+# the lines a run logs as it goes (every phase's start and end, the kernels' compile), before an error found
+# halfway through its work
+PROGRESS_LINE = re.compile(r"bigknn: ([\w ]+: .*( to do|\(\d+ %\) in .*)|kernels ready in .*|compiling CPU kernels .*)$")
+
+
+def error_lines(err: str) -> list[str]:
+    """stderr's lines less the progress lines: what a failing run says of its failure."""
+    return [line for line in err.strip("\n").split("\n") if line.strip() and not PROGRESS_LINE.match(line)]
+
+
 def assert_one_line_error(code: int, out: str, err: str, *names: str, exit_code: int = 2) -> str:
-    """Exit code 2 (bad input), nothing on stdout, exactly one line on stderr naming every one of ``names``."""
+    """Exit code 2 (bad input), nothing on stdout, exactly one error line on stderr naming every one of ``names``
+    (after the progress lines of the work done before the error was found, if any)."""
     assert code == exit_code, f"exit {code}, stderr: {err!r}"
     lines = err.strip("\n").split("\n")
-    assert len(lines) == 1 and lines[0].strip(), f"stderr is not one line: {err!r}"
+    assert lines[-1].strip() and all(PROGRESS_LINE.match(line) for line in lines[:-1]), \
+        f"stderr is not one error line: {err!r}"
     assert "Traceback" not in err
     for name in names:
-        assert name in lines[0], f"{name!r} not named in {lines[0]!r}"
+        assert name in lines[-1], f"{name!r} not named in {lines[-1]!r}"
     assert out == "", f"unexpected stdout {out!r}"
-    return lines[0]
+    return lines[-1]
 
 
 def wait_until_it_opens(proc: subprocess.Popen, path: Path, timeout: float = 60.0) -> None:

@@ -118,8 +118,9 @@ def test_progress_is_logged_every_n_seconds_off_a_terminal_and_quiet_silences_it
     code, out, err = run_env(*args, extra_env={"BIGKNN_LOG_EVERY_S": "0.02"})
     assert code == 0, err
     assert json.loads(out)["merges_done"] == 6  # stdout stays the one JSON object
-    lines = [line for line in err.splitlines() if re.match(r"bigknn: build: \d+/10 tasks \(\d+ %\)", line)]
-    assert len(lines) >= 2 and lines[-1].startswith("bigknn: build: 10/10 tasks (100 %)"), err
+    lines = [line for line in err.splitlines()
+             if re.match(r"bigknn: build: \d/4 shards' GNND, \d/6 pair merges \(\d+ %\)", line)]
+    assert len(lines) >= 2 and lines[-1].startswith("bigknn: build: 4/4 shards' GNND, 6/6 pair merges (100 %)"), err
     plan = ["plan", "--rows", 10**6, "--dim", 8, "--backend", "cpu", "--calibrate-rows", 1000, "--json"]
     code, out, err = run_env(*plan, extra_env={"BIGKNN_LOG_EVERY_S": "0.001"})
     assert code == 0 and "bigknn: calibrate: 9/9 steps" in err, err
@@ -127,20 +128,37 @@ def test_progress_is_logged_every_n_seconds_off_a_terminal_and_quiet_silences_it
     assert code == 0 and err == "", err
 
 
-def test_reporter_logs_long_phases_only(caplog):
+def test_a_short_build_off_a_terminal_logs_its_start_and_end_naming_its_tasks(built, tmp_path):
+    """A build shorter than the log interval said nothing at all; "tasks" were never explained."""
+    args = ["build", built["data"], "-o", tmp_path / "a.knn", "--k", K, "--shard-rows", SHARD_ROWS // 2,
+            "--backend", "cpu"]
+    code, out, err = run_env(*args, extra_env={"BIGKNN_LOG_EVERY_S": "3600"})
+    assert code == 0, err
+    lines = err.splitlines()
+    assert "bigknn: build: 4 shards' GNND and 6 pair merges to do" in lines, err
+    assert any(line.startswith("bigknn: build: 4/4 shards' GNND, 6/6 pair merges (100 %) in ") for line in lines), err
+    assert "tasks" not in err, err
+
+
+def test_reporter_logs_every_phase_start_and_end(caplog):
     caplog.set_level(logging.DEBUG, logger="bigknn")
     with Reporter(every_s=0.01).phase("merge", 3, "pairs") as advance:
         advance(1)
-        time.sleep(0.1)
+        deadline = time.monotonic() + 60  # until the ticker has logged (a loaded machine schedules it late)
+        while len(caplog.records) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
         advance(2)
     info = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert info[0] == "merge: 3 pairs to do", info
     assert len(info) >= 3 and info[-1].startswith("merge: 3/3 pairs (100 %) in "), info
     assert re.match(r"merge: 1/3 pairs \(33 %\) in [\d.]+ s, ([\d.]+ pairs/s|[\d.]+ s per pair), about [\d.]+ s left$",
-                    info[0]), info
+                    info[1]), info
     caplog.clear()
     with Reporter(every_s=10).phase("gnnd", 1, "shards") as advance:
         advance(1)
-    assert [r.levelno for r in caplog.records] == [logging.DEBUG, logging.DEBUG]  # start and end, for --verbose
+    start, end = caplog.records  # however short the phase
+    assert (start.levelno, start.getMessage()) == (logging.INFO, "gnnd: 1 shards to do")
+    assert end.levelno == logging.INFO and end.getMessage().startswith("gnnd: 1/1 shards (100 %) in "), end
 
 
 def on_a_terminal(args: list, env: dict) -> str:
@@ -203,7 +221,7 @@ def test_plot_without_matplotlib_names_the_extra(built, tmp_path):
     for args in (["eval", "recall", built["store"], "--k", K, "--backend", "cpu", "--plot", tmp_path / "r.png"],
                  ["info", built["store"], "--plot", tmp_path / "d.png"]):
         code, out, err = run_env(*args, extra_env=env)
-        assert_one_line_error(code, out, err, "bigknn[plot]")
+        assert_one_line_error(code, out, err, "pip install matplotlib", "'.[plot]'")
     code, out, err = run_cli("info", built["store"], "--plot", tmp_path / "d.nope")
     assert_one_line_error(code, out, err, "d.nope", ".png")
     code, out, err = run_cli("eval", "recall", built["store"], "--plot", tmp_path / "missing" / "r.png", "--k", K,

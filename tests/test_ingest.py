@@ -27,6 +27,8 @@ from bigknn.progress import Reporter
 from bigknn.shards import Store
 from bigknn.synth import synth
 
+from conftest import error_lines
+
 DIM, K, OLD_ROWS, NEW_ROWS, SHARD_ROWS = 24, 10, 6000, 1500, 2000
 SMALL_ROWS = 400  # a batch small beside the store: its merges after the first are seeded (bigknn/ggm.py)
 
@@ -157,7 +159,7 @@ def test_bad_input_leaves_store_unchanged(base, store, tmp_path, problem):
     out = subprocess.run(bigknn("ingest", str(store), "--input", str(bad), "--backend", "cpu"),
                          capture_output=True, text=True)
     assert out.returncode == 2
-    lines = out.stderr.strip().splitlines()
+    lines = error_lines(out.stderr)
     assert len(lines) == 1 and str(bad) in lines[0]
     assert tree_digest(store) == before
 

@@ -20,7 +20,7 @@ from bigknn.shards import Store
 from bigknn.shards.manifest import PARTITIONED_SINCE
 from bigknn.synth import synth, synth_blocks
 
-from conftest import assert_one_line_error, run_cli, run_json
+from conftest import assert_one_line_error, error_lines, run_cli, run_json
 
 ROWS, DIM, K, SHARD_ROWS = 3000, 16, 5, 400
 
@@ -168,7 +168,7 @@ def test_verify_checks_the_row_ids_of_a_partitioned_store(stores, tmp_path):
 def test_resuming_with_another_partition_is_refused(stores):
     code, out, err = run_cli("build", stores["dir"] / "x.fbin", "-o", stores["dir"] / "kmeans.knn", "--k", K,
                              "--shard-rows", SHARD_ROWS, "--backend", "cpu", "--partition", "rptree")
-    assert code == 2 and "partition kmeans" in err and len(err.strip().splitlines()) == 1
+    assert code == 2 and "partition kmeans" in err and len(error_lines(err)) == 1
 
 
 def test_ingest_into_a_kmeans_store_merges_only_the_shards_near_the_batch(stores, tmp_path):

@@ -51,6 +51,9 @@ class FakeBackend:
     def memory_budget(self):
         return None
 
+    def warm_up(self, say):
+        return 0.0  # nothing to compile: the first call's COLD_S is what calibration must keep out
+
 
 @pytest.fixture
 def fake(monkeypatch) -> FakeBackend:

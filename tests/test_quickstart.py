@@ -25,5 +25,5 @@ def test_quickstart_example_runs(tmp_path):
     if importlib.util.find_spec("umap") is not None:
         assert "UMAP embedding: (3000, 2)" in out, out
     else:
-        assert "UMAP skipped: pip install 'bigknn[umap]'" in out
+        assert "UMAP skipped: pip install umap-learn" in out
     assert list(tmp_path.iterdir()) == []  # the temporary stores (in TMPDIR) are gone after close()

@@ -54,6 +54,11 @@ class Backend(Protocol):
         """Bytes of device memory one call may plan to use (what shard sizes are chosen from); None where
         no device memory bounds a shard (the CPU)."""
 
+    def warm_up(self, say: Callable[[str], None]) -> float:
+        """Compile (or load) the kernels a build calls before its first task, so that no rate, ETA or recorded
+        timing includes the compile; ``say`` is told first where that takes long (a cold cache). Returns the
+        seconds it took (0 where nothing was left to do)."""
+
     def stage(self, arrays: Iterable[np.ndarray]) -> None:
         """Start copying host arrays (the next pair's shards) to the device while the current call computes;
         returns at once. A no-op without a device."""

@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
 import sys
+from typing import NoReturn
 
 import click
 
@@ -30,7 +32,7 @@ def logging_options() -> list[click.Option]:
     return [click.Option(["-q", "--quiet"], is_flag=True, expose_value=False, callback=_set_level(logging.WARNING),
                          help="Only warnings and errors on stderr: no progress bars or progress lines."),
             click.Option(["-v", "--verbose"], is_flag=True, expose_value=False, callback=_set_level(logging.DEBUG),
-                         help="Also log each phase's start and end.")]
+                         help="Also log debug lines (each phase's start and end are logged without it).")]
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -47,6 +49,7 @@ def cli() -> None:
       bigknn build data.fbin -o data.knn --k 32 --shard-rows 25000
       bigknn eval recall data.knn
       bigknn export data.knn -o graph.ibin
+      bigknn synth q.fbin --rows 1000 --dim 96 --seed 1
       bigknn prune data.knn && bigknn search data.knn --queries q.fbin -o found.ibin
     """
 
@@ -78,27 +81,31 @@ def main() -> None:
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
     except click.Abort:
-        click.echo("bigknn: aborted", err=True)
-        sys.exit(1)
+        _fail("aborted", 1, kind=None)
     except click.UsageError as e:
         where = e.ctx.command_path if e.ctx is not None else "bigknn"
-        click.echo(f"bigknn: error: {e.format_message()} (see {where} --help)", err=True)
-        sys.exit(2)
+        _fail(f"{e.format_message()} (see {where} --help)", 2)
     except click.ClickException as e:
-        click.echo(f"bigknn: error: {e.format_message()}", err=True)
-        sys.exit(2)
+        _fail(e.format_message(), 2)
     except BigknnError as e:
-        click.echo(f"bigknn: error: {e}", err=True)
-        sys.exit(e.exit_code)
+        _fail(str(e), e.exit_code)
     except Interrupted as e:
-        click.echo(f"bigknn: interrupted by {signal.Signals(e.signum).name}; rerun the same command (a build, "
-                   "merge or ingest resumes from its last commit)", err=True)
-        sys.exit(128 + e.signum)
+        _fail(f"interrupted by {signal.Signals(e.signum).name}; rerun the same command (a build, merge or ingest "
+              "resumes from its last commit)", 128 + e.signum, kind=None)
     except Exception as e:  # noqa: BLE001 - the CLI's last line of defence: one line, exit 1
         if os.environ.get("BIGKNN_DEBUG"):
             raise
-        click.echo(f"bigknn: failed: {type(e).__name__}: {e} (set BIGKNN_DEBUG=1 for a traceback)", err=True)
-        sys.exit(1)
+        _fail(f"{type(e).__name__}: {e} (set BIGKNN_DEBUG=1 for a traceback)", 1, kind="failed")
+
+
+def _fail(message: str, code: int, kind: str | None = "error") -> NoReturn:
+    """Exit ``code`` with one line on stderr: "bigknn: <kind>: <message>" for people, and under --json one
+    JSON object, ``{"error": message, "exit": code}``, for the scripts that asked for JSON."""
+    if "--json" in sys.argv[1:sys.argv.index("--") if "--" in sys.argv else None]:
+        click.echo(json.dumps({"error": message, "exit": code}), err=True)
+    else:
+        click.echo(f"bigknn: {kind}: {message}" if kind else f"bigknn: {message}", err=True)
+    sys.exit(code)
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -8,9 +8,10 @@ import click
 
 from bigknn import api
 from bigknn.api import DEFAULTS
-from bigknn.cli.common import (backend_option, emit, gpu_mem_option, gpus_option, host_mem_option, json_option,
-                               parse_bytes, scheduler_option, show_progress, threads_option, wait_option)
-from bigknn.metrics import METRICS
+from bigknn.cli.common import (backend_option, emit, gpu_mem_option, gpus_option, host_mem_option,
+                               in_existing_directory, json_option, parse_bytes, scheduler_option,
+                               show_progress, threads_option, wait_option)
+from bigknn.metrics import METRIC_HELP, METRIC_NAMES
 from bigknn.params import AUTO_SAMPLES, CPU_AUTO_SAMPLES, MIN_LIST
 from bigknn.partition import METHODS as PARTITIONS
 from bigknn.partition.learn import DEFAULT_METHOD
@@ -20,8 +21,9 @@ from bigknn.partition.learn import DEFAULT_METHOD
 @click.argument("input", type=click.Path(path_type=Path))
 @click.option("-o", "--output", "store", type=click.Path(path_type=Path), required=True,
               help="Store directory to create (or to resume).")
-@click.option("--k", type=click.IntRange(min=1), default=DEFAULTS.k, show_default=True, help="Neighbours per row.")
-@click.option("--metric", type=click.Choice(METRICS), default="l2", show_default=True)
+@click.option("-k", "--k", type=click.IntRange(min=1), default=DEFAULTS.k, show_default=True,
+              help="Neighbours per row.")
+@click.option("--metric", type=click.Choice(METRIC_NAMES), default="l2", show_default=True, help=METRIC_HELP)
 @click.option("--shard-rows", type=click.IntRange(min=0), default=0, show_default=True,
               help="Most rows per shard (shards are balanced). 0: the largest whose merge fits the GPU "
                    "memory budget (--gpu-mem, or what is free), 1M on the CPU.")
@@ -43,7 +45,9 @@ from bigknn.partition.learn import DEFAULT_METHOD
               help="How rows are split into shards: balanced k-means or an RP-tree learnt on a sample keep near "
                    "rows together, so only the near shard pairs the recall target needs are merged; contiguous "
                    "ranges merge every pair. Ids are the input's row numbers either way.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seed of every random choice (samples, partition, initial lists): the same seed and input give "
+                   "the same graph.")
 @click.option("--column", default=None,
               help="Parquet/Arrow inputs: the column of vectors (default: the only fixed-size list column).")
 @click.option("--id-column", default=None,
@@ -83,6 +87,7 @@ def build(input: Path, store: Path, k: int, metric: str, shard_rows: int, recall
       bigknn build deep10m.fbin -o deep.knn --shard-rows 1000000 --gpus all --host-mem 64G
       bigknn build /shared/deep10m.fbin -o /shared/deep.knn --scheduler tcp://head:8786
     """
+    in_existing_directory(store, "-o")
     graph = api.build(input, k=k, metric=metric, store=store, recall=recall, backend=backend, gpus=gpus,
                       threads=threads, shard_rows=shard_rows, list_width=list_width, samples=samples, iters=iters,
                       merge_iters=merge_iters, seed=seed, partition=partition, column=column, id_column=id_column,

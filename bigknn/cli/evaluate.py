@@ -19,7 +19,10 @@ def eval_group() -> None:
     \b
     Examples:
       bigknn eval recall data.knn
-      bigknn eval recall data.knn --truth gt.ibin --k 10 --json
+      bigknn truth data.knn --queries data.fbin --k 11 -o rows_gt.ibin   # each row's, itself first
+      bigknn eval recall data.knn --truth rows_gt.ibin --k 10 --json
+      bigknn synth q.fbin --rows 1000 --dim 96 --seed 1             # queries like data.fbin's rows
+      bigknn truth data.knn --queries q.fbin -o gt.ibin
       bigknn eval search data.knn --queries q.fbin --truth gt.ibin --plot curve.png
     """
 
@@ -28,7 +31,7 @@ def eval_group() -> None:
 @click.argument("store", type=click.Path(path_type=Path))
 @click.option("--sample", type=click.IntRange(min=1), default=SAMPLE_ROWS, show_default=True,
               help="Rows whose exact neighbours are computed.")
-@click.option("--k", type=click.IntRange(min=1), default=RECALL_K, show_default=True, help="Recall@k.")
+@click.option("-k", "--k", type=click.IntRange(min=1), default=RECALL_K, show_default=True, help="Recall@k.")
 @click.option("--truth", type=click.Path(path_type=Path), default=None,
               help="Ground truth .ibin (row i: exact neighbours of row i) instead of exact search.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the row sample.")
@@ -46,8 +49,9 @@ def recall(store: Path, sample: int, k: int, truth: Path | None, seed: int, row_
     Examples:
       bigknn eval recall data.knn
       bigknn eval recall data.knn --sample 2000 --k 10 --json
-      bigknn eval recall data.knn --truth gt.ibin
-      bigknn eval recall data.knn --rows 10000000:10100000    # only rows added by an ingest
+      bigknn truth data.knn --queries data.fbin --k 11 -o rows_gt.ibin   # each row's, itself first
+      bigknn eval recall data.knn --truth rows_gt.ibin
+      bigknn eval recall data.knn --rows 100000:110000    # only the rows new.fbin added (bigknn synth --help)
       bigknn eval recall data.knn --plot recall.png           # recall per row and per shard, drawn
     """
     result = api.open(store).recall(sample, k, truth, seed, parse_range(row_range), backend, parse_bytes(gpu_mem),

@@ -23,9 +23,12 @@ SLOW_ON_CPU_S = 86400.0  # a CPU estimate above this gets a note that a GPU is t
 @click.argument("input", type=click.Path(path_type=Path), required=False)
 @click.option("--rows", type=click.IntRange(min=2), default=None, help="Rows (instead of INPUT).")
 @click.option("--dim", type=click.IntRange(min=1), default=None, help="Dimension (instead of INPUT).")
-@click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True)
-@click.option("--k", type=click.IntRange(min=1), default=32, show_default=True)
-@click.option("--list-width", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True,
+              help="Dtype of the rows (with --rows and --dim): sizes the store and the calibration rows.")
+@click.option("-k", "--k", type=click.IntRange(min=1), default=32, show_default=True,
+              help="Neighbours per row of the planned build.")
+@click.option("--list-width", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Entries per list while building, as bigknn build --list-width (0: max(k, 32)).")
 @click.option("--shard-rows", type=click.IntRange(min=2), default=None,
               help="Rows per shard (default: the largest whose merge fits --gpu-mem, or 1M on the CPU).")
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
@@ -109,6 +112,13 @@ def show(p: dict) -> None:
         + (f", {assumed['pairs_per_shard']} merges per shard ({assumed['pairs_source']})"
            if p["partition"] != "contiguous" else ""),
     ]
+    if (refused := p["build_refuses"]) is not None:
+        lines.insert(1, "  refused      bigknn build refuses"
+                        f" --shard-rows {refused['shard_rows']:,} ({refused['why']}); "
+                        f"planned with --shard-rows {refused['planned_shard_rows']:,}: pass it to build")
+        if refused["over_gpu_fit"]:
+            lines.insert(2, "  note         shards that large do not fit a merge in this GPU's memory: no build of "
+                            "this size fits; use more GPU memory (--gpu-mem) or fewer rows")
     if not on_gpu and est["total"] > SLOW_ON_CPU_S:
         lines.append(f"  note         {human_duration(est['total'])} on the CPU: a GPU would take a small fraction of "
                      "that; run `bigknn plan` on a GPU machine (or with --store of a store built there) to see")

@@ -17,7 +17,7 @@ from bigknn.search.stream import STREAM_BATCH
 queries_option = click.option("--queries", type=click.Path(dir_okay=False, path_type=Path), required=True,
                               help="Query vectors (.fbin, .u8bin, .i8bin, .f16bin, .fvecs, .bvecs, .npy), the "
                                    "store's dimension.")
-k_option = click.option("--k", type=click.IntRange(min=1), default=10, show_default=True,
+k_option = click.option("-k", "--k", type=click.IntRange(min=1), default=10, show_default=True,
                         help="Neighbours per query.")
 batch_option = click.option("--batch", type=click.IntRange(min=1), default=None,
                             help="Queries searched together (default: all); QPS is measured over batches of it.")
@@ -89,6 +89,8 @@ def search(store: Path, queries: Path, k: int, budget: float | None, batch: int 
 
     \b
     Examples:
+      bigknn prune data.knn                                # once: the search graph
+      bigknn synth q.fbin --rows 1000 --dim 96 --seed 1    # queries like data.fbin's rows
       bigknn search data.knn --queries q.fbin -o found.ibin
       bigknn search data.knn --queries q.fbin --k 10 --budget 128 --procedure large -o found.ibin
       bigknn search data.knn --queries q.fbin --batch 1 --budget 8 --procedure small -o found.ibin --json
@@ -119,6 +121,7 @@ def truth(store: Path, queries: Path, k: int, output: Path, backend: str, gpu_me
 
     \b
     Examples:
+      bigknn synth q.fbin --rows 1000 --dim 96 --seed 1    # queries like data.fbin's rows
       bigknn truth data.knn --queries q.fbin -o gt.ibin
       bigknn truth data.knn --queries q.fbin --k 100 -o gt100.ibin --json
     """
@@ -148,6 +151,8 @@ def eval_search(store: Path, queries: Path, truth_path: Path, k: int, budgets: s
 
     \b
     Examples:
+      bigknn prune data.knn                                # once: the search graph
+      bigknn synth q.fbin --rows 1000 --dim 96 --seed 1    # queries like data.fbin's rows
       bigknn truth data.knn --queries q.fbin -o gt.ibin
       bigknn eval search data.knn --queries q.fbin --truth gt.ibin --plot curve.png
       bigknn eval search data.knn --queries q.fbin --truth gt.ibin --batch 1 --budgets 1,4,16 --json

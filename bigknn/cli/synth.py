@@ -20,9 +20,12 @@ DTYPES = {".fbin": np.float32, ".npy": np.float32, ".f16bin": np.float16, ".u8bi
 @click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--rows", type=click.IntRange(min=1), required=True, help="Number of vectors.")
 @click.option("--dim", type=click.IntRange(min=1), required=True, help="Dimension of each vector.")
-@click.option("--clusters", type=click.IntRange(min=1), default=200, show_default=True)
-@click.option("--intrinsic-dim", type=click.IntRange(min=1), default=12, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--clusters", type=click.IntRange(min=1), default=200, show_default=True,
+              help="Gaussian clusters the rows are drawn from.")
+@click.option("--intrinsic-dim", type=click.IntRange(min=1), default=12, show_default=True,
+              help="Dimension the clusters live in before the random lift to --dim (the data's true dimension).")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seed of the generator: the same seed gives the same rows (another seed: e.g. queries).")
 @click.option("--first-row", type=click.IntRange(min=0), default=0, show_default=True,
               help="Write rows FIRST_ROW.. of a larger set: more rows of the distribution of a file of "
                    "FIRST_ROW rows with the same seed (a batch to ingest into its store).")

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from bigknn.backends import takes_device
 from bigknn.errors import BadInput
+from bigknn.extras import install_hint
 from bigknn.progress import Reporter
 
 if TYPE_CHECKING:
@@ -29,7 +30,7 @@ ADDRESS = re.compile(r"([a-z][a-z0-9+]*://)?[A-Za-z0-9._\-\[\]:]+")  # scheme://
 TASK_THREADS = 2
 CONNECT_TIMEOUT_S = 30  # for a scheduler to answer, and for its first worker to join
 WATCH_S = 1.0  # how often a client waiting on a pinned task checks that the task's workers are still there
-INSTALL_HINT = "needs dask and distributed: pip install 'bigknn[dask]' (and dask-cuda for GPU workers)"
+INSTALL_HINT = f"needs dask and distributed: {install_hint('dask')}; GPU workers also need dask-cuda"
 
 
 @dataclass

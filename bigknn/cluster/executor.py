@@ -40,7 +40,7 @@ from bigknn.cluster.tasks import PendingLost, ShardRef, StoreSpec, TaskResult
 from bigknn.errors import BadInput
 from bigknn.pipeline.accounting import Accounting
 from bigknn.pipeline.estimate import SampleTruth
-from bigknn.pipeline.scheduler import Pair, Scheduler
+from bigknn.pipeline.scheduler import TASK_NAMES, Pair, Scheduler, task_parts
 from bigknn.pipeline.workers import seed_for
 from bigknn.pipeline.writer import Writer
 from bigknn.progress import Reporter
@@ -69,7 +69,8 @@ def run_on_cluster(cluster: Cluster, store: Store, ledger, reporter: Reporter, a
     if not tasks_total:
         return
     run = _Run(cluster, store, ledger, acct, sched, sample)
-    with reporter.phase("build", tasks_total, "tasks") as advance:
+    parts = task_parts(len(todo) + len(new_sizes), len(sched.pending))
+    with reporter.phase("build", tasks_total, "tasks", parts) as advance:
         run.go(slots, source, advance)
 
 
@@ -108,7 +109,7 @@ class _Run:
             self._record(i, j)
         self.lock = threading.Lock()
 
-    def go(self, slots: int, source: Iterable | None, advance: Callable[[int], None]) -> None:
+    def go(self, slots: int, source: Iterable | None, advance: Callable[..., None]) -> None:
         """Feed ``source`` to the scheduler and run ``slots`` client threads until every task is done and its
         graphs are written; rounds again while a lost worker's work came back to the scheduler."""
         errors: list[BaseException] = []
@@ -151,7 +152,7 @@ class _Run:
         finally:
             self.sched.feed_done()
 
-    def _slot(self, advance: Callable[[int], None], errors: list[BaseException]) -> None:
+    def _slot(self, advance: Callable[..., None], errors: list[BaseException]) -> None:
         last: set[int] = set(self.ledger.last_pair() or ())
         try:
             while (task := self.sched.next_task(last, lambda free: self._choose(free, last))) is not None:
@@ -161,7 +162,7 @@ class _Run:
                 else:
                     self._merge(what)
                     last = set(what)
-                advance(1)
+                advance(1, TASK_NAMES[kind])
         except BaseException as e:  # noqa: BLE001 - raised in the caller's thread by go()
             errors.append(e)
             self.sched.stop()

@@ -246,9 +246,10 @@ def _open_regular(path: str | os.PathLike) -> Iterator[tuple[BinaryIO, FileState
     except OSError as e:
         raise BadInput(path, f"cannot read ({e.strerror})") from None
     st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):  # checked before fdopen, which refuses a directory with its own error
+    if not stat.S_ISREG(st.st_mode):  # before fdopen, which names the descriptor ("Is a directory: 3")
         os.close(fd)
-        raise BadInput(path, "is a directory, not a vector file" if stat.S_ISDIR(st.st_mode) else "not a regular file")
+        raise BadInput(path, "is a directory, not a vectors file" if stat.S_ISDIR(st.st_mode) else
+                       "not a regular file")
     with os.fdopen(fd, "rb") as f:
         if st.st_size == 0:
             raise BadInput(path, "empty file (0 bytes)")

@@ -52,6 +52,15 @@ class VectorSource(Protocol):
     def check_unchanged(self) -> None: ...
 
 
+def cast_note(source: VectorSource) -> str | None:
+    """The note a run gives when it reads ``source`` in another dtype (float64 as float32: every backend
+    computes in float32 at most), or None."""
+    if source.read_dtype == source.dtype:
+        return None
+    return (f"{source.path}: {source.dtype.name} values are read, stored and compared as {source.read_dtype.name} "
+            f"(for ingest, a {source.dtype.name} file matches a store of {source.read_dtype.name})")
+
+
 def open_source(spec: str | os.PathLike, column: str | None = None, id_column: str | None = None) -> VectorSource:
     """The source ``spec`` names: a file, a directory of part files, or a glob of them (sorted paths).
     ``column``/``id_column``: the vector and id columns of Parquet/Arrow inputs (refused for flat files)."""

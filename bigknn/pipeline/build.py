@@ -16,7 +16,7 @@ import numpy as np
 from bigknn.backends import Backend
 from bigknn.cluster import active as active_cluster
 from bigknn.errors import BadInput
-from bigknn.formats import VectorSource, open_source
+from bigknn.formats import VectorSource, cast_note, open_source
 from bigknn.metrics import stored_dtype
 from bigknn.params import GnndParams
 from bigknn.partition.assign import layout, learn_from_file, shard_count
@@ -24,8 +24,8 @@ from bigknn.partition.learn import DEFAULT_METHOD, METHODS, Partition
 from bigknn.pipeline.estimate import SampleTruth, record_estimate
 from bigknn.pipeline.plan import auto_shard_rows, spread_for_workers
 from bigknn.pipeline.sharding import shard_sizes, stream_shards
-from bigknn.pipeline.steps import (cache_shards, check_merge_count, record_timings, run_build_steps,
-                                   smallest_shard_rows)
+from bigknn.pipeline.limits import smallest_shard_rows
+from bigknn.pipeline.steps import cache_shards, check_merge_count, record_timings, run_build_steps
 from bigknn.pipeline.accounting import Accounting
 from bigknn.progress import Reporter
 from bigknn.shards import Manifest, Store, WriterLock
@@ -56,6 +56,8 @@ def build(req: BuildRequest, backends: list[Backend], reporter: Reporter) -> dic
     An interruption or a failure keeps the store, so that the same command resumes it."""
     acct = Accounting()
     vf = open_source(req.input, req.column, req.id_column)
+    if (cast := cast_note(vf)) is not None:
+        reporter.note(cast)
     resuming = Store.exists(req.store)
     if resuming and not req.shard_rows:  # automatic size: the store's, whatever this machine would pick
         req = replace(req, shard_rows=Store.open(req.store, pin=False).manifest.shard_rows)
@@ -84,7 +86,8 @@ def build(req: BuildRequest, backends: list[Backend], reporter: Reporter) -> dic
         sizes = [len(r) for r in rows_of]
     cache_shards(manifest, req.store, max(sizes), len(backends), req.host_mem)
     check_merge_count(req.store, len(sizes), len(sizes) * (len(sizes) - 1) // 2,
-                      f"use --shard-rows {smallest_shard_rows(vf.rows):,} or more", reporter)
+                      f"use --shard-rows {smallest_shard_rows(vf.rows, req.params.width(), method):,} or more",
+                      reporter)
     new_store = None if resuming else NewStore(req.store)  # refuses a path that is not new or empty
     with WriterLock(req.store, req.wait_s):
         if Store.exists(req.store):  # again, under the lock: another writer may have created it meanwhile
@@ -132,7 +135,7 @@ def _check_request(req: BuildRequest, vf: VectorSource) -> None:
     if k < 1:
         raise BadInput(req.input, f"k must be at least 1, got {k}")
     if k >= vf.rows:
-        raise BadInput(req.input, f"k = {k} needs more than {k} rows; the file has {vf.rows}")
+        raise BadInput(req.input, f"k = {k} needs more than {k} rows; the input has {vf.rows}")
     if req.shard_rows <= k:
         raise BadInput(req.input, f"--shard-rows {req.shard_rows} must exceed k = {k}")
     if req.partition not in METHODS:

@@ -19,7 +19,7 @@ import numpy as np
 
 from bigknn.backends import Backend
 from bigknn.errors import BadInput, StoreBusy
-from bigknn.formats import INPUT_EXTENSIONS, FileState, VectorSource, file_state, open_source
+from bigknn.formats import INPUT_EXTENSIONS, FileState, VectorSource, cast_note, file_state, open_source
 from bigknn.ggm import SEED_SHARDS, seeded_merge_fits
 from bigknn.graph import id_dtype
 from bigknn.metrics import prepare_rows
@@ -206,7 +206,10 @@ def _open_input(path: Path, listed: dict[Path, FileState] | None, report: dict, 
     """The opened input, or None for a drop-folder file that changed since it was listed (still being
     written: a header that does not match the size yet is no reason to refuse the whole run)."""
     if listed is None:
-        return open_source(path, column, id_column)
+        vf = open_source(path, column, id_column)
+        if (cast := cast_note(vf)) is not None:
+            reporter.note(cast)
+        return vf
     try:
         vf = open_source(path, column, id_column)
     except BadInput:

@@ -36,7 +36,7 @@ import numpy as np
 
 from bigknn.backends import device_memory_model
 from bigknn.params import GnndParams
-from bigknn.partition.assign import shard_count
+from bigknn.pipeline.limits import build_refusal, build_shards, smallest_shard_rows
 from bigknn.pipeline.calibrate import rate_at
 from bigknn.pipeline.schedule import pending_pairs, round_count
 from bigknn.pipeline.scheduler import Pair, Scheduler
@@ -66,11 +66,10 @@ def plan(rows: int, dim: int, itemsize: int, params: GnndParams, shard_rows: int
     ``assumptions``: what else it rests on (host RAM, GPU memory, where pairs-per-shard came from), reported;
     ``host_mem``: the host cache's bytes (``--host-mem``; default half this machine's RAM)."""
     width = params.width()
-    if partition == "contiguous":
-        shards = max(1, math.ceil(rows / shard_rows))
+    shards = build_shards(rows, shard_rows, width, partition)  # as many as the build makes
+    if partition == "contiguous" or shards == 1:
         merges = shards * (shards - 1) // 2
     else:
-        shards = shard_count(rows, shard_rows, width)
         merges = min(shards * (shards - 1) // 2, math.ceil(shards * pairs_per_shard))
     r = math.ceil(rows / shards)
     row_bytes = dim * itemsize
@@ -116,6 +115,15 @@ def plan(rows: int, dim: int, itemsize: int, params: GnndParams, shard_rows: int
         "rates": planned_rates(rates, r, gnnd_rate, ggm_rate),
         "assumptions": {"disk": disk, "merge_reads": misses_how, **(assumptions or {})},
     }
+
+
+def fitting_shard_rows(rows: int, shard_rows: int, width: int, partition: str) -> tuple[int, str | None]:
+    """The --shard-rows to plan with: ``shard_rows``, or where ``bigknn build`` would refuse it, the smallest it
+    takes, with the reason it refuses ``shard_rows`` (a plan never proposes a build that build refuses)."""
+    refusal = build_refusal(rows, shard_rows, width, partition)
+    if refusal is None:
+        return shard_rows, None
+    return max(shard_rows, smallest_shard_rows(rows, width, partition)), refusal
 
 
 def merge_reads(shards: int, merges: int, cached: int, partitioned: bool, workers: int) -> tuple[float, str]:

@@ -9,6 +9,12 @@ from typing import Callable, Iterable
 
 Pair = tuple[int, int]
 RECHECK_S = 0.5  # a worker thread that ``choose`` told to wait asks again this often
+TASK_NAMES = {"gnnd": "shards' GNND", "merge": "pair merges"}  # what progress calls each kind of task
+
+
+def task_parts(gnnd: int, merges: int) -> dict[str, int]:
+    """A run's tasks by kind, as progress reports them (bigknn/progress.py ``parts``)."""
+    return {TASK_NAMES["gnnd"]: gnnd, TASK_NAMES["merge"]: merges}
 
 
 class Scheduler:

@@ -35,10 +35,15 @@ READ_THREADS = min(8, os.cpu_count() or 1)  # blocks of a shard read, checked an
 READ_BLOCK_BYTES = 32 << 20  # input bytes per block
 
 
+def shard_total(rows: int, shard_rows: int, k: int) -> int:
+    """How many shards ``shard_sizes`` makes."""
+    return max(1, min(-(-rows // shard_rows), rows // (k + 1)))
+
+
 def shard_sizes(rows: int, shard_rows: int, k: int) -> list[int]:
     """Balanced contiguous shards of at most ``shard_rows`` rows and more than k rows each (fewer, larger
     shards where that is impossible)."""
-    count = max(1, min(-(-rows // shard_rows), rows // (k + 1)))
+    count = shard_total(rows, shard_rows, k)
     base, extra = divmod(rows, count)
     return [base + (i < extra) for i in range(count)]
 

@@ -14,8 +14,8 @@ from bigknn.formats import open_source
 from bigknn.params import GnndParams
 from bigknn.pipeline.calibrate import calibrate, calibration_sizes, calibration_steps, rates_from_store, sample_rows
 from bigknn.pipeline.diskrate import measure_disk
-from bigknn.pipeline.plan import (ASSUMED_PAIRS_PER_SHARD, auto_shard_rows, pairs_per_shard_from_store, plan,
-                                  spread_for_workers)
+from bigknn.pipeline.plan import (ASSUMED_PAIRS_PER_SHARD, auto_shard_rows, fitting_shard_rows,
+                                  pairs_per_shard_from_store, plan, spread_for_workers)
 from bigknn.pipeline.steps import physical_memory
 from bigknn.progress import Reporter
 from bigknn.shards import Store
@@ -39,10 +39,13 @@ def size_build(input: Path | None, rows: int | None, dim: int | None, dtype: str
         raise ValueError("give an input file, or rows and dim")
     else:
         itemsize = np.dtype(dtype).itemsize
+    fits_gpu = auto_shard_rows(backends, dim, itemsize, params, gpu_mem)
     if shard_rows is None:
-        shard_rows = auto_shard_rows(backends, dim, itemsize, params, gpu_mem)
+        shard_rows = fits_gpu
         if partition == "contiguous":
             shard_rows = spread_for_workers(rows, shard_rows, len(backends))
+    asked = shard_rows
+    shard_rows, refusal = fitting_shard_rows(rows, shard_rows, params.width(), partition)
     measured = Store.open(store, pin=False) if store is not None else None
     pairs_source = "--pairs-per-shard"
     if pairs_per_shard is None:
@@ -66,10 +69,14 @@ def size_build(input: Path | None, rows: int | None, dim: int | None, dtype: str
         c_rows = min(c_rows, rows // 2) if vf is not None else c_rows
         sizes = calibration_sizes(c_rows, params.width())
         x, what = sample_rows(vf, 2 * c_rows, dim, dtype)
+        backends[0].warm_up(reporter.note)  # a first run's compile: said, and outside the calibration
         with reporter.phase("calibrate", calibration_steps(sizes), "steps") as advance:
             rates = calibrate(backends[0], x, sizes, params, what, advance=advance)
     result = plan(rows, dim, itemsize, params, min(shard_rows, rows), len(backends), rates, disk, partition,
                   pairs_per_shard, assumptions, host_mem)
+    result["build_refuses"] = None if refusal is None else {
+        "shard_rows": asked, "why": refusal, "planned_shard_rows": shard_rows,
+        "over_gpu_fit": shard_rows > fits_gpu and on_device}
     return {**result, "backend": backends[0].name, "on_device": on_device, "dtype": dtype}
 
 

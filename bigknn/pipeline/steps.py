@@ -7,7 +7,6 @@ records into the manifest's ``pending`` section, which readers ignore until the 
 
 from __future__ import annotations
 
-import math
 import os
 from itertools import chain
 from pathlib import Path
@@ -20,18 +19,18 @@ from bigknn.cluster import active as active_cluster
 from bigknn.errors import BadInput
 from bigknn.pipeline import schedule
 from bigknn.pipeline.estimate import SampleTruth
+from bigknn.pipeline.limits import MERGES_PER_SHARD_NOTE, too_many_merges
 from bigknn.pipeline.pairplan import plan_pairs
 from bigknn.pipeline.accounting import Accounting
 from bigknn.pipeline.cache import ShardCache
 from bigknn.pipeline.scheduler import Scheduler
 from bigknn.pipeline.workers import run_tasks, shards_from_store
 from bigknn.pipeline.writer import CacheSink, Writer
+from bigknn.human import human_duration
 from bigknn.progress import Reporter
 from bigknn.shards import Manifest, ShardEntry, Store
 
 HOST_MEM_FRACTION = 0.5  # of the machine's RAM for cached shards when --host-mem is not given
-MAX_MERGES = 10_000  # more pairwise merges than this (142 shards or more) are refused
-MERGES_PER_SHARD_NOTE = 10  # more merges than this per shard (22 shards or more) get a note
 
 
 class Ledger:
@@ -104,6 +103,7 @@ def run_pending(store: Store, ledger: Ledger, backends: list[Backend], reporter:
             plan()
             run_on_cluster(cluster, store, Ledger(store), reporter, acct)
         return
+    warm_up(backends, reporter)
     shards = ledger.shards()
     new_sizes = incoming[1] if incoming else []
     todo = [s for s in shards if ledger.version(s.id) is None]
@@ -132,6 +132,15 @@ def run_pending(store: Store, ledger: Ledger, backends: list[Backend], reporter:
     finally:
         writer.close()  # what finished is written and committed, also when a worker failed
         cache.close()
+
+
+def warm_up(backends: list[Backend], reporter: Reporter) -> None:
+    """Compile the backends' kernels before the first task (a first CPU run: minutes), saying so, so that the
+    compile is in no task's time: not in the progress rates and ETAs, nor in the timings `bigknn plan
+    --store` reads."""
+    seconds = sum(b.warm_up(reporter.note) for b in backends)
+    if seconds > 0:
+        reporter.info(f"kernels ready in {human_duration(seconds)}")
 
 
 def run_build_steps(store: Store, backends: list[Backend], reporter: Reporter, acct: Accounting,
@@ -169,18 +178,11 @@ def check_merge_count(where: Path, shards: int, merges: int, advice: str, report
     """Refuse (exit 2, no prompt) a run of more than MAX_MERGES merges, which cannot finish in useful time
     (a tiny --shard-rows: the merges grow with the square of the shard count); note a run whose merges
     exceed MERGES_PER_SHARD_NOTE per shard, where a larger --shard-rows would finish sooner."""
-    if merges > MAX_MERGES:
-        raise BadInput(where, f"{shards:,} shards need {merges:,} merges, more than the {MAX_MERGES:,} that "
-                              f"finish in useful time; {advice}")
+    if (refusal := too_many_merges(shards, merges)) is not None:
+        raise BadInput(where, f"{refusal}; {advice}")
     if merges > MERGES_PER_SHARD_NOTE * shards:
         reporter.note(f"{where}: {shards:,} shards need {merges:,} merges (they grow with the square of the "
                       "shard count); a larger --shard-rows finishes sooner")
-
-
-def smallest_shard_rows(rows: int) -> int:
-    """The smallest --shard-rows whose build stays within MAX_MERGES merges."""
-    max_shards = math.isqrt(2 * MAX_MERGES)  # 141 shards: 9,870 merges
-    return -(-rows // max_shards)
 
 
 def physical_memory() -> int:

@@ -32,7 +32,7 @@ from bigknn.graph import ShardPart, shard_graph_to_global
 from bigknn.metrics import kernel_metric
 from bigknn.pipeline.accounting import Accounting
 from bigknn.pipeline.cache import ShardCache
-from bigknn.pipeline.scheduler import Scheduler
+from bigknn.pipeline.scheduler import TASK_NAMES, Scheduler, task_parts
 from bigknn.pipeline.writer import Writer
 from bigknn.progress import Reporter
 from bigknn.shards import ShardEntry, Store
@@ -124,10 +124,10 @@ def run_tasks(store: Store, ledger, backends: list[Backend], reporter: Reporter,
                 kind, what = task
                 if kind == "gnnd":
                     gnnd(backend, name, *what)
-                    advance(1)
+                    advance(1, TASK_NAMES[kind])
                 else:
                     merge(backend, name, what)
-                    advance(1)
+                    advance(1, TASK_NAMES[kind])
                     last = set(what)
                     cache.wait_for_room(2 * len(backends))
         except BaseException:
@@ -140,7 +140,7 @@ def run_tasks(store: Store, ledger, backends: list[Backend], reporter: Reporter,
     feeding = threading.Thread(target=feeder, daemon=True, name="gnnd-feed") if source is not None else None
     # shards that already have a graph (an ingest's old shards) are read while the first GNND runs
     cache.prefetch(s for p in sched.upcoming(set(), cache.read_ahead()) for s in p if s in sched.ready)
-    with reporter.phase("build", tasks, "tasks") as advance:
+    with reporter.phase("build", tasks, "tasks", task_parts(gnnd_count, len(sched.pending))) as advance:
         if feeding is not None:
             feeding.start()
         try:

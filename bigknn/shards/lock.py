@@ -152,3 +152,32 @@ def _remove_manifest_leftovers(dir_fd: int) -> None:
     for name in safepaths.list_names(dir_fd):
         if _MANIFEST_TMP.fullmatch(name) and safepaths.is_plain_file(dir_fd, name):
             safepaths.remove_file(dir_fd, name)
+
+
+
+def running_writer(store_path: Path) -> int | None:
+    """The pid of the writer now holding ``store_path``'s lock on this host, read without taking the lock
+    (a reader must never make a starting writer fail its non-blocking flock): the pid the lock file names,
+    if that process lives and the kernel lists a lock on the file (/proc/locks, where there is one)."""
+    path = Path(store_path) / LOCK_NAME
+    try:
+        info = json.loads(path.read_bytes() or b"{}")
+        inode = path.stat().st_ino
+    except (OSError, ValueError):
+        return None
+    pid = info.get("pid")
+    if not isinstance(pid, int) or info.get("host") != socket.gethostname():
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass  # alive, another user's
+    try:
+        locks = Path("/proc/locks").read_text()
+    except OSError:
+        return pid
+    return pid if any(line.split()[5].endswith(f":{inode}") for line in locks.splitlines()
+                      if len(line.split()) > 5 and line.split()[1] == "FLOCK") else None
+

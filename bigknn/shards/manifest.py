@@ -12,6 +12,7 @@ from bigknn.errors import BadInput
 from bigknn.graph import id_dtype
 from bigknn.params import GnndParams
 from bigknn.shards.schema import check_manifest
+from bigknn.shards.lock import running_writer
 
 FORMAT_VERSION = 6  # of the stores this bigknn creates
 CHECKSUMS_SINCE = 2  # the first format whose every array checksums every chunk (bigknn/shards/checksums.py)
@@ -128,9 +129,11 @@ class Manifest:
     def require_complete(self, store: Path) -> None:
         """Refuse (exit 2) to read an unfinished graph: its recall or export would silently be wrong."""
         if not self.complete:
-            raise BadInput(store, f"the graph is not finished ({self.shards_built} of {len(self.shards)} shards "
-                                  f"built, {len(self.merged)} of {self.merges_total} merges done); run "
-                                  "`bigknn merge` first")
+            done = (f"{self.shards_built} of {len(self.shards)} shards built, {len(self.merged)} of "
+                    f"{self.merges_total} merges done")
+            if (pid := running_writer(store)) is not None:
+                raise BadInput(store, f"a build is running (pid {pid}); the graph is not finished yet ({done})")
+            raise BadInput(store, f"the graph is not finished ({done}); run `bigknn merge` first")
 
     def pairs_done(self) -> set[tuple[int, int]]:
         return {(a, b) for a, b in self.merged}

@@ -16,6 +16,8 @@ import pytest
 from bigknn.formats import write_vectors
 from bigknn.synth import synth
 
+from conftest import error_lines
+
 ROWS, NEW_ROWS, DIM, K, SHARD_ROWS = 3000, 300, 16, 5, 1000
 
 
@@ -63,7 +65,7 @@ def reader_command(kind: str, store: Path, built: Path, tmp_path: Path) -> list:
 
 def assert_damage_error(code: int, err: str, *names: object) -> str:
     """Exit 1 and one line on stderr naming each of ``names`` (shard, array, file)."""
-    lines = err.strip().splitlines()
+    lines = error_lines(err)
     assert code == 1, f"exit {code}: {err}"
     assert len(lines) == 1 and "Traceback" not in err, err
     for name in names:

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import bigknn
 from bigknn.formats import write_vectors
 from bigknn.synth import synth
 
@@ -85,9 +86,13 @@ def test_refused_build_in_an_empty_directory_leaves_it_there_and_empty(tmp_path)
 
 
 def test_refused_build_removes_the_parent_directories_it_created(tmp_path):
+    """Through the API, which creates a store's missing parents (the CLI refuses -o in a missing directory)."""
     data = late_nan_input(tmp_path / "in.fbin")
+    with pytest.raises(bigknn.BadInput, match="in.fbin"):
+        bigknn.build(data, k=5, store=tmp_path / "a" / "b" / "store", backend="cpu")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.fbin"]
     code, out, err = run_cli("build", data, "-o", tmp_path / "a" / "b" / "store", *BUILD)
-    assert_one_line_error(code, out, err, "in.fbin")
+    assert_one_line_error(code, out, err, str(tmp_path / "a"), "does not exist")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.fbin"]
 
 

@@ -220,6 +220,12 @@ class CpuBackend(SearchReference):
         """No device memory bounds a CPU shard (bigknn/pipeline/plan.py sizes them)."""
         return None
 
+    def warm_up(self, say: Callable[[str], None]) -> float:
+        """numba compiles the loops on a machine's first run (minutes on 2 cores), then loads them (warmup.py)."""
+        from bigknn.backends.cpu.warmup import warm_up
+
+        return warm_up(self, say)
+
     def stage(self, arrays: Iterable[np.ndarray]) -> None:
         """Nothing to copy ahead: the CPU computes on the host arrays themselves."""
 

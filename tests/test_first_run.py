@@ -1,0 +1,54 @@
+"""Issue 42, item 1: a first run says it compiles the CPU kernels before it does, and the compile is in no
+task's time (so not in the rates, ETAs and recorded timings `bigknn plan --store` reads)."""
+
+from __future__ import annotations
+
+import logging
+
+from bigknn.backends.cpu import CpuBackend, warmup
+from bigknn.formats import write_vectors
+from bigknn.params import EXACT_ROWS, GnndParams
+from bigknn.pipeline.build import BuildRequest, build
+from bigknn.progress import Reporter
+from bigknn.synth import synth
+
+
+def test_a_cold_kernel_cache_is_announced_and_compiled_before_the_first_task(tmp_path, monkeypatch, caplog):
+    caplog.set_level(logging.INFO, logger="bigknn")
+    monkeypatch.setattr(warmup, "_warm", False)
+    monkeypatch.setattr(warmup, "cached", lambda: False)  # as on a new machine: nothing compiled yet
+    real_gnnd = CpuBackend.gnnd
+
+    def gnnd(self, x, *args, **kwargs):  # the backend's calls, in order with the log's lines
+        logging.getLogger("bigknn").info("gnnd of %d rows", len(x))
+        return real_gnnd(self, x, *args, **kwargs)
+
+    monkeypatch.setattr(CpuBackend, "gnnd", gnnd)
+    path = tmp_path / "x.fbin"
+    write_vectors(path, synth(3 * EXACT_ROWS, 8, seed=1))
+
+    def run(store: str) -> list[str]:
+        caplog.clear()
+        build(BuildRequest(input=path, store=tmp_path / store, shard_rows=EXACT_ROWS + 100, params=GnndParams(k=5),
+                           partition="contiguous"), [CpuBackend()], Reporter(every_s=0))
+        return list(caplog.messages)
+
+    seen = run("s.knn")
+    compiling = [i for i, e in enumerate(seen) if e.startswith("compiling CPU kernels (once, ")]
+    assert len(compiling) == 1 and str(warmup.cache_dir()) in seen[compiling[0]], seen
+    ready = next(i for i, e in enumerate(seen) if e.startswith("kernels ready in "))
+    start = seen.index("build: 3 shards' GNND and 3 pair merges to do")
+    build_gnnd = [i for i, e in enumerate(seen) if e.startswith("gnnd of ") and i > start]
+    assert compiling[0] < ready < start < build_gnnd[0], seen  # every task after the compile
+    assert len(build_gnnd) == 3
+    assert any(e.startswith("gnnd of ") for e in seen[compiling[0]:ready]), "the warm-up ran GNND"
+
+    seen = run("t.knn")  # a second run in the same process compiles nothing and says nothing of it
+    assert not any("compil" in e or "kernels ready" in e for e in seen), seen
+
+
+def test_the_kernel_cache_check_names_every_kernel_a_build_calls():
+    """cached() looks at the kernels of kernels.py, keypass.py and rptree.py, not only some of them."""
+    names = {d.__name__ for d in warmup.kernels()}
+    assert {"cross_match", "insert", "row_keys", "fill_random"} <= names, names
+    assert "keys_block" not in names  # inlined into the others: never compiled on its own
