@@ -202,7 +202,7 @@ def test_second_writer_exits_cleanly_or_waits(built, tmp_path):
     before = tree_hashes(store)
     with WriterLock(store):
         code, out, err = run_cli("merge", store, "--backend", "cpu")
-        line = assert_one_line_error(code, out, err, str(store), exit_code=1)
+        line = assert_one_line_error(code, out, err, str(store), exit_code=75)  # busy: EX_TEMPFAIL
         assert "another writer" in line and f"pid {os.getpid()}" in line
         during = tree_hashes(store)
         assert {k: v for k, v in during.items() if k != ".lock"} == \
