@@ -82,7 +82,9 @@ def test_close_gives_the_device_memory_back(cuda_backend, data):
         index.close()
         del a
         assert backend._search_index.arrays == ()
-        assert used - pool.used_bytes() >= index_bytes and pool.total_bytes() < held  # let go, and given back
+        # let go: the pool can reuse the index's bytes at once; whether it hands them back to the driver depends on
+        # whether other live arrays share their arena, so only "not grown" is asserted of the pool's total
+        assert used - pool.used_bytes() >= index_bytes and pool.total_bytes() <= held
         g.search(data["q"], backend="cuda")
         slot_backend = g._search_slot._loaded._backend
     assert slot_backend._search_index.arrays == ()  # Graph.close() closed the index search kept
