@@ -13,19 +13,22 @@ Examples
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from bigknn.arrays import input_file
+from bigknn.arrays import host_array, input_file
 from bigknn.backends import get_backends
 from bigknn.cluster import use_scheduler
+from bigknn.memory_graph import InMemoryGraph
 from bigknn.metrics import METRICS
 from bigknn.params import GnndParams
 from bigknn.partition import METHODS as PARTITIONS
 from bigknn.partition.learn import DEFAULT_METHOD
 from bigknn.pipeline.build import BuildRequest, build as run_build
+from bigknn.pipeline.in_memory import build_in_memory, kept_array, one_shard_rows
 from bigknn.progress import reporter
 from bigknn.results import BuildReport
 from bigknn.shards import Store
@@ -51,8 +54,11 @@ def build(data: Any, k: int = DEFAULTS.k, metric: str = "l2", store: PathLike | 
     data : array_like or path
         Rows to index: a NumPy or CuPy array, anything ``np.asarray`` takes, or an input file (``.fbin``
         ``.u8bin`` ``.i8bin`` ``.f16bin`` ``.fvecs`` ``.bvecs`` ``.ivecs`` ``.npy``), which is streamed,
-        never loaded whole. An array is written once to a ``.npy`` beside the store (the pipeline streams
-        files, so that it can resume), and that file is deleted after the build.
+        never loaded whole. An array that fits one shard (the GPU's memory budget; the CPU's shard size),
+        built without ``store``, is built in memory and writes nothing: the graph is an ``InMemoryGraph``
+        (bigknn/memory_graph.py), whose ``save(path)`` makes the store later. Any other array is written
+        once to a ``.npy`` beside the store (the pipeline streams files, so that it can resume), and that
+        file is deleted after the build.
     k : int
         Neighbours per row, self excluded.
     metric : {"l2", "ip", "cosine"}
@@ -120,6 +126,12 @@ def build(data: Any, k: int = DEFAULTS.k, metric: str = "l2", store: PathLike | 
     params = GnndParams(k=k, recall=recall, samples=samples, iters=iters, merge_iters=merge_iters,
                         list_width=list_width)
     backends = get_backends(backend, gpu_ids(gpus), gpu_mem, threads)
+    if store is None and scheduler is None and not isinstance(data, (str, os.PathLike)):
+        x = kept_array(host_array(data))
+        if (size := one_shard_rows(x, params, backends, shard_rows, partition)) is not None:
+            built = build_in_memory(x, metric, params, seed, backends[0], size)
+            return InMemoryGraph(built, BuildReport.from_summary(built.summary))
+        data = x
     temporary = None if store is not None else Path(tempfile.mkdtemp(prefix="bigknn-"))
     path = Path(store) if store is not None else temporary / TEMP_STORE
     try:
