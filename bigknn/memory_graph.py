@@ -1,9 +1,9 @@
 """``InMemoryGraph``: the ``Graph`` that ``bigknn.build(array)`` gives when the array fits one shard and no
 ``store`` was asked for. Its lists live in arrays (bigknn/pipeline/in_memory.py), so reading them costs no disk:
-``neighbors``, ``to_scipy``, ``umap_knn``, ``in_degrees`` and ``info`` answer from the arrays, and ``save(path)``
-writes the store a stored build would have made (``bigknn.open(path)`` reads the same graph).
+``neighbors``, ``to_scipy``, ``umap_knn``, ``in_degrees``, ``export`` and ``info`` answer from the arrays, and
+``save(path)`` writes the store a stored build would have made (``bigknn.open(path)`` reads the same graph).
 
-Every other ``Graph`` method (``recall``, ``export``, ``exact_neighbors``, ``prune``, ``search``, ``ingest``, the
+Every other ``Graph`` method (``recall``, ``exact_neighbors``, ``prune``, ``search``, ``ingest``, the
 plots) runs on a private temporary store that the first such call writes from the arrays (``_live``), deleted at
 ``close()`` as a stored build's temporary store is. After an ``ingest`` the store holds more rows than the
 arrays, so from then on every method reads the store.
@@ -23,8 +23,9 @@ from bigknn.errors import BadInput
 from bigknn.graph import KnnGraph
 from bigknn.metrics import user_distance
 from bigknn.pipeline.in_memory import MemoryBuild
+from bigknn.pipeline.export import format_of, write_graph_file
 from bigknn.pipeline.readout import csr_parts
-from bigknn.results import BuildReport, Info, IngestReport, Neighbors, RecallEstimate
+from bigknn.results import BuildReport, ExportReport, Info, IngestReport, Neighbors, RecallEstimate
 from bigknn.shards import Manifest, ShardEntry, Store, WriterLock
 from bigknn.shards.creation import NewStore
 from bigknn.stored_graph import Graph, PathLike, _optional
@@ -100,6 +101,17 @@ class InMemoryGraph(Graph):
             return super().in_degrees(k)
         ids = mem.ids[:, :self._k(mem, k)]
         return np.bincount(ids[ids >= 0], minlength=mem.rows).astype(np.int64)
+
+    def export(self, path: PathLike, include_self: bool = False) -> ExportReport:
+        """As ``Graph.export`` (``store`` is None in the report)."""
+        mem = self._arrays()
+        if mem is None:
+            return super().export(path, include_self)
+        ids, dists = self.neighbors(include_self=include_self)
+        files = write_graph_file(Path(path), mem.rows, ids.shape[1], ids.dtype,
+                                 lambda: [(slice(0, mem.rows), ids, dists)])
+        return ExportReport(store=None, rows=mem.rows, k=mem.params.k, format=format_of(path),
+                            include_self=include_self, files=files)
 
     def save(self, path: PathLike) -> Path:
         """Write the graph as a new store at ``path`` (a missing path or an empty directory), the store a build

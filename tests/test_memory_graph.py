@@ -7,6 +7,7 @@ import tempfile
 
 import numpy as np
 import pytest
+import scipy.sparse
 
 import bigknn
 from bigknn import arrays
@@ -39,7 +40,7 @@ def graph(x):
     g.close()
 
 
-def test_an_array_that_fits_writes_nothing(x, tmp_path, monkeypatch):
+def test_an_array_that_fits_writes_nothing(x, tmp_path, tmp_path_factory, monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the in-memory build wrote a store or spilled the array")
 
@@ -52,6 +53,13 @@ def test_an_array_that_fits_writes_nothing(x, tmp_path, monkeypatch):
     info = g.info
     assert ids.shape == (ROWS, K) and info.store is None and info.disk_bytes == 0 and info.complete
     assert g.report.written_gb == 0.0 and g.report.store is None
+    out = tmp_path_factory.mktemp("exports")
+    for name in ("g.npy", "g.ibin", "g.npz"):
+        assert g.export(out / name, include_self=name == "g.npz").store is None
+    np.testing.assert_array_equal(np.load(out / "g.npy"), ids)
+    np.testing.assert_array_equal(np.load(out / "g.dists.npy"), dists)
+    np.testing.assert_array_equal(read_truth(out / "g.ibin")[0][:], ids)
+    assert (scipy.sparse.load_npz(out / "g.npz") != g.to_scipy(include_self=True)).nnz == 0
     assert list(tmp_path.iterdir()) == [], "the in-memory build left files behind"
 
 
@@ -104,15 +112,12 @@ def test_save_makes_the_store_open_reads(graph, tmp_path):
         graph.save(tmp_path / "kept.knn")  # never over another store
 
 
-def test_store_methods_run_on_a_private_store(x, tmp_path):
+def test_store_methods_run_on_a_private_store(x):
     with bigknn.build(x, k=K, backend="cpu", seed=3) as g:
         ids, dists = g.neighbors()
         r = g.recall(sample=300, backend="cpu")
         assert r.recall >= 0.95 and g.info.store is None  # the arrays still answer info
-        for name in ("g.npy", "g.ibin", "g.npz"):
-            g.export(tmp_path / name)
-        np.testing.assert_array_equal(np.load(tmp_path / "g.npy"), ids)
-        np.testing.assert_array_equal(read_truth(tmp_path / "g.ibin")[0][:], ids)
+        assert g.exact_neighbors(x[:20], k=1, backend="cpu").ids[:, 0].tolist() == list(range(20))
         g.prune(degree=8, backend="cpu")
         found = g.search(x[:50], k=1, backend="cpu")
         assert (found.ids[:, 0] == np.arange(50)).mean() >= 0.9
