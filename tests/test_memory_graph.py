@@ -147,3 +147,19 @@ def test_bad_rows_are_refused_naming_the_array(tmp_path, monkeypatch):
     with pytest.raises(bigknn.BadInput, match="array: row 123 holds NaN or Inf"):
         bigknn.build(y, k=3, backend="cpu")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("metric", ["l2", "cosine"])
+def test_a_gpu_build_of_an_array_is_in_memory(cuda_backend, metric, tmp_path, monkeypatch):
+    """The CUDA backend's in-memory build writes nothing and matches the store path's recall."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    y = synth(200_000, 48, seed=2)
+    g = bigknn.build(y, k=K, metric=metric, backend="cuda", seed=4)
+    assert isinstance(g, InMemoryGraph) and g.report.backend == "cuda" and list(tmp_path.iterdir()) == []
+    stored = bigknn.build(y, k=K, metric=metric, backend="cuda", seed=4, store=tmp_path / "s.knn")
+    got, want = g.recall(sample=5000, backend="cuda").recall, stored.recall(sample=5000, backend="cuda").recall
+    est = g.info.recall_estimate
+    assert got >= DEFAULTS.recall - 0.005 and abs(got - want) < 0.005 and est.target == DEFAULTS.recall
+    g.close()
+    stored.close()
