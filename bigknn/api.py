@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bigknn.arrays import host_array, input_file
+from bigknn.arrays import host_array, input_file, kept_dtype
 from bigknn.backends import get_backends
 from bigknn.cluster import use_scheduler
 from bigknn.memory_graph import InMemoryGraph
@@ -28,7 +28,7 @@ from bigknn.params import GnndParams
 from bigknn.partition import METHODS as PARTITIONS
 from bigknn.partition.learn import DEFAULT_METHOD
 from bigknn.pipeline.build import BuildRequest, build as run_build
-from bigknn.pipeline.in_memory import build_in_memory, kept_array, one_shard_rows
+from bigknn.pipeline.in_memory import build_in_memory, one_shard_rows
 from bigknn.progress import reporter
 from bigknn.results import BuildReport
 from bigknn.shards import Store
@@ -127,8 +127,9 @@ def build(data: Any, k: int = DEFAULTS.k, metric: str = "l2", store: PathLike | 
                         list_width=list_width)
     backends = get_backends(backend, gpu_ids(gpus), gpu_mem, threads)
     if store is None and scheduler is None and not isinstance(data, (str, os.PathLike)):
-        x = kept_array(host_array(data))
-        if (size := one_shard_rows(x, params, backends, shard_rows, partition)) is not None:
+        x = host_array(data)
+        if (size := one_shard_rows(len(x), x.shape[1], kept_dtype(x.dtype).itemsize, params, backends, shard_rows,
+                                   partition)) is not None:
             built = build_in_memory(x, metric, params, seed, backends[0], size)
             return InMemoryGraph(built, BuildReport.from_summary(built.summary))
         data = x

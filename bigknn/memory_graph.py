@@ -3,10 +3,10 @@
 ``neighbors``, ``to_scipy``, ``umap_knn``, ``in_degrees``, ``export`` and ``info`` answer from the arrays, and
 ``save(path)`` writes the store a stored build would have made (``bigknn.open(path)`` reads the same graph).
 
-Every other ``Graph`` method (``recall``, ``exact_neighbors``, ``prune``, ``search``, ``ingest``, the
-plots) runs on a private temporary store that the first such call writes from the arrays (``_live``), deleted at
-``close()`` as a stored build's temporary store is. After an ``ingest`` the store holds more rows than the
-arrays, so from then on every method reads the store.
+Every other ``Graph`` method and property (``path``, ``recall``, ``exact_neighbors``, ``prune``, ``search``,
+``ingest``, the plots) runs on a private temporary store that the first such call writes from the arrays
+(``_live``), deleted at ``close()`` as a stored build's temporary store is. After an ``ingest`` the store holds
+more rows than the arrays, so from then on every method reads the store.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import shutil
 import tempfile
 import weakref
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -28,7 +29,7 @@ from bigknn.pipeline.readout import csr_parts
 from bigknn.results import BuildReport, ExportReport, Info, IngestReport, Neighbors, RecallEstimate
 from bigknn.shards import Manifest, ShardEntry, Store, WriterLock
 from bigknn.shards.creation import NewStore
-from bigknn.stored_graph import Graph, PathLike, _optional
+from bigknn.stored_graph import Gpus, Graph, PathLike, _optional
 
 PRIVATE_STORE = "graph.knn"  # the private store's name inside its temporary directory
 GRAPH_VERSION = 1  # the one graph version a saved store's only shard holds
@@ -134,7 +135,6 @@ class InMemoryGraph(Graph):
         if mem is None:
             raise ValueError(f"the graph has grown past its arrays (an ingest); its store is {self._live().path}")
         path = Path(path)
-        m = self._manifest(mem)
         new = NewStore(path)  # refuses a path that is not new or empty, before anything is written
         with WriterLock(path):
             store = Store.create(path, self._manifest(mem, finished=False))
@@ -153,9 +153,11 @@ class InMemoryGraph(Graph):
         return path
 
     # ---- answered from a store -----------------------------------------------------------------------
-    def ingest(self, data, *args, **kwargs) -> IngestReport:
+    def ingest(self, data: Any, backend: str = "auto", gpus: Gpus = None, gpu_mem: int | None = None,
+               host_mem: int | None = None, wait: float = 0.0, progress: bool = False,
+               threads: int | None = None) -> IngestReport:
         """As ``Graph.ingest``, into the private store; the arrays are dropped (they no longer hold every row)."""
-        report = super().ingest(data, *args, **kwargs)
+        report = super().ingest(data, backend, gpus, gpu_mem, host_mem, wait, progress, threads)
         self._mem = None
         return report
 

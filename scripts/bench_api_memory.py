@@ -4,8 +4,9 @@
 
 Each build is timed around the public call (array in host memory, graph back as arrays); ``gnnd_s`` is the
 GNND task as the build's report books it (``report.phase_s["gnnd"]``: the recall sample's exact search and
-the backend's GNND call), ``descent_s`` the descent's own iterations (``report.timeline``). ``--store`` also times the same build into a store on disk (the path before in-memory
-builds). Recall@10 is checked exactly afterwards on ``--check`` rows (``Graph.recall``), outside the timing.
+the backend's GNND call), ``descent_s`` the descent's own iterations (``report.timeline``). ``--store`` also
+times the same build into a store on disk (the path before in-memory builds). Recall@10 is checked exactly
+afterwards on ``--check`` rows (``Graph.recall``), outside the timing.
 
     PYTHONPATH=$PWD python3 scripts/bench_api_memory.py --backend cuda --rows 1000000 --dims 96,384
     PYTHONPATH=$PWD python3 scripts/bench_api_memory.py --backend cuda --data /data/text.fbin --metric cosine

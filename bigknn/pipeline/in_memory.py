@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bigknn.arrays import ARRAY, KEPT_DTYPES
+from bigknn.arrays import ARRAY, kept_dtype
 from bigknn.backends import Backend
 from bigknn.errors import BadInput
 from bigknn.formats.read import check_rows
@@ -48,24 +48,20 @@ class MemoryBuild:
         return len(self.vectors)
 
 
-def kept_array(x: np.ndarray) -> np.ndarray:
-    """``x`` in the dtype a build keeps (arrays.KEPT_DTYPES, else float32), C-ordered; no copy where it is."""
-    return np.ascontiguousarray(x, dtype=x.dtype if x.dtype in KEPT_DTYPES else np.float32)
-
-
-def one_shard_rows(x: np.ndarray, params: GnndParams, backends: list[Backend], shard_rows: int,
-                   partition: str = DEFAULT_METHOD) -> int | None:
-    """The shard size a store build of ``x`` would use (the same sizing as pipeline.build), where ``x``
-    makes one shard of it; None where it makes several (the store path then runs, out of core)."""
-    size = shard_rows or auto_shard_rows(backends, x.shape[1], x.dtype.itemsize, params)
+def one_shard_rows(rows: int, dim: int, itemsize: int, params: GnndParams, backends: list[Backend],
+                   shard_rows: int, partition: str = DEFAULT_METHOD) -> int | None:
+    """The shard size a store build of ``rows`` x ``dim`` rows of ``itemsize`` bytes would use (the same sizing
+    as pipeline.build), where the rows make one shard of it; None where they make several (the store path
+    then runs, out of core)."""
+    size = shard_rows or auto_shard_rows(backends, dim, itemsize, params)
     if not shard_rows and partition == "contiguous":
-        size = spread_for_workers(len(x), size, len(backends))
-    return size if len(shard_sizes(len(x), size, params.width())) == 1 else None
+        size = spread_for_workers(rows, size, len(backends))
+    return size if len(shard_sizes(rows, size, params.width())) == 1 else None
 
 
 def build_in_memory(x: np.ndarray, metric: str, params: GnndParams, seed: int, backend: Backend,
                     shard_rows: int) -> MemoryBuild:
-    """The graph of ``x`` (kept_array's dtype) as one shard: checked and prepared as the sharding pass does,
+    """The graph of the host array ``x`` as one shard: kept, checked and prepared as the sharding pass does,
     the recall sample's truth and the descent's probe from it, GNND, and the estimate on the held-out rows."""
     acct = Accounting()
     n, k = len(x), params.k
@@ -73,6 +69,7 @@ def build_in_memory(x: np.ndarray, metric: str, params: GnndParams, seed: int, b
         raise BadInput(ARRAY, f"k must be at least 1, got {k}")
     if k >= n:
         raise BadInput(ARRAY, f"k = {k} needs more than {k} rows; the array has {n}")
+    x = np.ascontiguousarray(x, dtype=kept_dtype(x.dtype))
     check_rows(ARRAY, 0, x)
     vectors = np.ascontiguousarray(prepare_rows(x, metric), dtype=stored_dtype(metric, x.dtype))
     sample, probe = None, None
