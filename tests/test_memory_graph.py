@@ -140,13 +140,17 @@ def test_an_array_past_one_shard_takes_the_store_path(x):
         assert not isinstance(g, InMemoryGraph) and g.info.shards == 3 and g.info.disk_bytes > 0
 
 
-def test_dtypes_are_kept_as_a_store_keeps_them(x, graph):
+def test_dtypes_are_kept_as_a_store_keeps_them(x, graph, tmp_path):
     with bigknn.build(x.astype(np.float64), k=K, backend="cpu", seed=3) as g:
         assert g.info.dtype == "<f4"
         np.testing.assert_array_equal(g.neighbors().ids, graph.neighbors().ids)
-    u8 = np.random.default_rng(1).integers(0, 255, size=(500, 8), dtype=np.uint8)
-    with bigknn.build(u8, k=4, backend="cpu") as g:
-        assert isinstance(g, InMemoryGraph) and g.info.dtype == "|u1"
+    u8 = np.random.default_rng(1).integers(0, 255, size=(1500, 8), dtype=np.uint8)
+    for metric in ("l2", "cosine"):
+        with bigknn.build(u8, k=4, metric=metric, backend="cpu") as g, \
+                bigknn.build(u8, k=4, metric=metric, backend="cpu", store=tmp_path / f"{metric}.knn") as stored:
+            assert isinstance(g, InMemoryGraph) and g.info.dtype == stored.info.dtype
+            np.testing.assert_array_equal(g.neighbors().ids, stored.neighbors().ids)
+            np.testing.assert_array_equal(g.neighbors().distances, stored.neighbors().distances)
 
 
 def test_bad_rows_are_refused_naming_the_array(tmp_path, monkeypatch):

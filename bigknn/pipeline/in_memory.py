@@ -8,6 +8,7 @@ what ``bigknn.build(array)`` spent beyond the kernel; the store is made only whe
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,7 +24,7 @@ from bigknn.partition.learn import DEFAULT_METHOD
 from bigknn.pipeline.accounting import Accounting
 from bigknn.pipeline.estimate import SampleTruth, sample_rows
 from bigknn.pipeline.plan import auto_shard_rows, spread_for_workers
-from bigknn.pipeline.sharding import shard_sizes
+from bigknn.pipeline.sharding import READ_BLOCK_BYTES, READ_THREADS, shard_sizes
 from bigknn.pipeline.workers import seed_for
 from bigknn.recall import RECALL_AT
 
@@ -59,6 +60,28 @@ def one_shard_rows(rows: int, dim: int, itemsize: int, params: GnndParams, backe
     return size if len(shard_sizes(rows, size, params.width())) == 1 else None
 
 
+def stored_rows(x: np.ndarray, metric: str) -> np.ndarray:
+    """``x`` as a store holds it (kept dtype, checked, cosine rows normalised), in blocks on READ_THREADS threads
+    as sharding.shard_vectors prepares a shard (NumPy's loops release the GIL); ``x`` itself where it is
+    already that (C-ordered, its dtype kept and stored as is, a metric other than cosine)."""
+    kept = kept_dtype(x.dtype)
+    dtype = stored_dtype(metric, kept)
+    same = metric != "cosine" and x.dtype == dtype and x.flags.c_contiguous
+    out = x if same else np.empty(x.shape, dtype)
+    step = max(1, READ_BLOCK_BYTES // (x.shape[1] * dtype.itemsize))
+
+    def block(a: int) -> None:
+        part = np.asarray(x[a:a + step], dtype=kept)
+        check_rows(ARRAY, a, part)
+        if not same:
+            out[a:a + step] = prepare_rows(part, metric)
+
+    with ThreadPoolExecutor(READ_THREADS) as pool:
+        for done in [pool.submit(block, a) for a in range(0, len(x), step)]:
+            done.result()  # in row order, so that an error names the first bad row
+    return out
+
+
 def build_in_memory(x: np.ndarray, metric: str, params: GnndParams, seed: int, backend: Backend,
                     shard_rows: int) -> MemoryBuild:
     """The graph of the host array ``x`` as one shard: kept, checked and prepared as the sharding pass does,
@@ -69,9 +92,7 @@ def build_in_memory(x: np.ndarray, metric: str, params: GnndParams, seed: int, b
         raise BadInput(ARRAY, f"k must be at least 1, got {k}")
     if k >= n:
         raise BadInput(ARRAY, f"k = {k} needs more than {k} rows; the array has {n}")
-    x = np.ascontiguousarray(x, dtype=kept_dtype(x.dtype))
-    check_rows(ARRAY, 0, x)
-    vectors = np.ascontiguousarray(prepare_rows(x, metric), dtype=stored_dtype(metric, x.dtype))
+    vectors = stored_rows(x, metric)
     sample, probe = None, None
     t = time.perf_counter()  # the sample's exact search is booked with GNND, as a store build's worker books it
     if params.recall > 0:
