@@ -93,6 +93,7 @@ def build_in_memory(x: np.ndarray, metric: str, params: GnndParams, seed: int, b
     if k >= n:
         raise BadInput(ARRAY, f"k = {k} needs more than {k} rows; the array has {n}")
     vectors = stored_rows(x, metric)
+    acct.add("prepare", time.perf_counter() - acct.t0)
     sample, probe = None, None
     t = time.perf_counter()  # the sample's exact search is booked with GNND, as a store build's worker books it
     if params.recall > 0:
