@@ -13,20 +13,23 @@ Examples
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from bigknn.api_commands import ingest, merge, plan, verify
-from bigknn.arrays import input_file
+from bigknn.arrays import host_array, input_file, kept_dtype
 from bigknn.backends import get_backends
 from bigknn.cluster import use_scheduler
+from bigknn.memory_graph import InMemoryGraph
 from bigknn.metrics import canonical_metric
 from bigknn.params import GnndParams
 from bigknn.partition import METHODS as PARTITIONS
 from bigknn.partition.learn import DEFAULT_METHOD
 from bigknn.pipeline.build import BuildRequest, build as run_build
+from bigknn.pipeline.in_memory import build_in_memory, one_shard_rows
 from bigknn.progress import reporter
 from bigknn.results import BuildReport
 from bigknn.shards import Store
@@ -54,8 +57,11 @@ def build(data: Any, k: int = DEFAULTS.k, metric: str = "l2", store: PathLike | 
         Rows to index: a NumPy or CuPy array, anything ``np.asarray`` takes, or an input file (``.fbin``
         ``.u8bin`` ``.i8bin`` ``.f16bin`` ``.fvecs`` ``.bvecs`` ``.ivecs`` ``.npy``, Parquet ``.parquet``, Arrow
         IPC ``.arrow`` / ``.feather``), or a directory or glob of such files (one dataset, sorted paths), which
-        is streamed, never loaded whole. An array is written once to a ``.npy`` beside the store (the pipeline streams
-        files, so that it can resume), and that file is deleted after the build.
+        is streamed, never loaded whole. An array that fits one shard (the GPU's memory budget; the CPU's shard
+        size), built without ``store``, is built in memory and writes nothing: the graph is an ``InMemoryGraph``
+        (bigknn/memory_graph.py), whose ``save(path)`` makes the store later. Any other array is written once to a
+        ``.npy`` beside the store (the pipeline streams files, so that it can resume), and that file is deleted
+        after the build.
     k : int
         Neighbours per row, self excluded.
     metric : {"l2", "ip", "cosine"} or an alias: "euclidean", "sqeuclidean" (l2), "inner_product", "dot" (ip)
@@ -127,6 +133,13 @@ def build(data: Any, k: int = DEFAULTS.k, metric: str = "l2", store: PathLike | 
     params = GnndParams(k=k, recall=recall, samples=samples, iters=iters, merge_iters=merge_iters,
                         list_width=list_width)
     backends = get_backends(backend, gpu_ids(gpus), gpu_mem, threads)
+    if store is None and scheduler is None and not isinstance(data, (str, os.PathLike)):
+        x = host_array(data)
+        if (size := one_shard_rows(len(x), x.shape[1], kept_dtype(x.dtype).itemsize, params, backends, shard_rows,
+                                   partition)) is not None:
+            built = build_in_memory(x, metric, params, seed, backends[0], size)
+            return InMemoryGraph(built, BuildReport.from_summary(built.summary))
+        data = x
     temporary = None if store is not None else Path(tempfile.mkdtemp(prefix="bigknn-"))
     path = Path(store) if store is not None else temporary / TEMP_STORE
     try:

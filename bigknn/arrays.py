@@ -41,6 +41,11 @@ def host_array(data: object) -> np.ndarray:
     return x
 
 
+def kept_dtype(dtype: np.dtype) -> np.dtype:
+    """The dtype a build keeps an array's rows in: KEPT_DTYPES as they are, every other dtype float32."""
+    return dtype if dtype in KEPT_DTYPES else np.dtype(np.float32)
+
+
 def spill(data: object, path: Path) -> Path:
     """Write ``data`` to the new ``.npy`` file ``path``; return the path. It is scratch that the build reads
     once and deletes with its folder, so it goes to the page cache unsynced (a crash loses only the build, which
@@ -48,7 +53,7 @@ def spill(data: object, path: Path) -> Path:
     unchecked: the sharding pass checks every row it reads and names the array's row. A 740K x 384 float32
     array took ~0.5 s more through the API than its file through the CLI, synced and checked twice (session 31)."""
     x = host_array(data)
-    dtype = x.dtype if x.dtype in KEPT_DTYPES else np.dtype(np.float32)
+    dtype = kept_dtype(x.dtype)
     header = npy_header(dtype, x.shape)
     row_bytes = x.shape[1] * dtype.itemsize
     size = len(header) + x.shape[0] * row_bytes

@@ -108,7 +108,6 @@ class SampleTruth:
         """Recall@m of the store's committed graph: the held-out rows stand for all rows but the stopping ones,
         which count as measured (recall.held_out_estimate)."""
         rows = self.positions(store)
-        truth, keys = self.truth(rows)
         got_ids = np.empty((len(rows), self.m), np.int64)
         got_keys = np.empty((len(rows), self.m), np.float32)
         for s in store.manifest.shards:
@@ -116,8 +115,15 @@ class SampleTruth:
             if sel.size:
                 ids, keys_s = store.read_graph_rows(s.id, rows[sel] - s.offset)
                 got_ids[sel], got_keys[sel] = ids[:, :self.m], keys_s[:, :self.m]
-        per_row = row_recalls(got_ids, got_keys, truth, keys[:, -1].copy())
-        return held_out_estimate(per_row[self.held_out], per_row[~self.held_out], store.manifest.rows)
+        return self.measure_lists(rows, got_ids, got_keys, store.manifest.rows)
+
+    def measure_lists(self, positions: np.ndarray, got_ids: np.ndarray, got_keys: np.ndarray,
+                      population: int) -> Estimate:
+        """Recall@m of the sample's lists ``got`` (rows at store ``positions``, >= m entries each) in a graph of
+        ``population`` rows (``measure``'s terms; an in-memory build passes its lists straight)."""
+        truth, keys = self.truth(positions)
+        per_row = row_recalls(got_ids[:, :self.m], got_keys[:, :self.m], truth, keys[:, -1].copy())
+        return held_out_estimate(per_row[self.held_out], per_row[~self.held_out], population)
 
 
 def sample_rows(n: int, seed: int) -> np.ndarray:
