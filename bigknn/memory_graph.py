@@ -207,7 +207,7 @@ class InMemoryGraph(Graph):
         """The manifest of the finished one-shard store these arrays make; ``finished=False``: as it is
         created, before the shard's vectors and graph are written."""
         m = Manifest(dim=mem.vectors.shape[1], dtype=mem.vectors.dtype.str, metric=mem.metric, k=mem.params.k,
-                     shard_rows=mem.shard_rows, params=mem.params.to_dict(), seed=mem.seed)
+                     shard_rows=mem.shard_rows, params=mem.params, seed=mem.seed)
         m.hold_ids_of(mem.rows)
         if finished:
             m.shards = [ShardEntry(id=0, offset=0, rows=mem.rows, graph=GRAPH_VERSION)]

@@ -239,7 +239,7 @@ class Graph(SearchMethods, ProductMethods):
         result, sampled, per_row = recall_rows(store, get_backend(backend, gpu_mem), sample, k,
                                                None if truth is None else Path(truth), seed, rows)
         if plot is not None:  # the build's target is a recall@10
-            target = (store.manifest.params.get("recall") or None) if result["k"] == RECALL_K else None
+            target = (store.manifest.params.recall or None) if result["k"] == RECALL_K else None
             draw.recall_histogram(Path(plot), per_row, shard_of(store, sampled), len(store.manifest.shards),
                                   result["k"], f"{store.path.name}: recall@{result['k']} of {len(sampled):,} rows",
                                   target)

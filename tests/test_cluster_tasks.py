@@ -243,7 +243,7 @@ def test_local_cpu_workers_run_two_task_threads(monkeypatch):
 def test_local_gpu_workers_run_two_task_threads(monkeypatch):
     calls: list = []
     monkeypatch.setitem(sys.modules, "dask_cuda", types.SimpleNamespace(LocalCUDACluster=_recording(calls)))
-    monkeypatch.setattr(connect, "_cuda_usable", lambda: True)
+    monkeypatch.setattr(connect, "takes_device", lambda backend: True)
     connect._local_cluster("local:2", "cuda")
     assert calls[0]["CUDA_VISIBLE_DEVICES"] == [0, 1] and calls[0]["threads_per_worker"] == 2
 

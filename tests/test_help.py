@@ -23,7 +23,8 @@ from bigknn.synth import synth
 
 ROWS, DIM = 2000, 96  # the examples' queries are made with --dim 96
 # what a reader brings: their data, and the finished, pruned store the quick start made
-USER_FILES = ("data.fbin", "emb.npy", "day1.fbin", "day2.fbin", "big.fbin", "data.knn", "t2.knn")
+USER_FILES = ("data.fbin", "emb.npy", "day1.fbin", "day2.fbin", "big.fbin", "data.knn", "t2.knn",
+              "parts/*.npy", "embeddings/", "2026-11-28.parquet", "emb.knn")  # the last two: a Parquet dataset's
 BIG_FILES = ("deep10m.fbin", "deep1b.fbin")  # the reader's too, read only by examples NOT_HERE
 NOT_HERE = {  # an example's text -> why it cannot run on a test machine
     "--gpus all": "needs GPUs",
@@ -106,7 +107,27 @@ def readers_files(tmp_path_factory) -> Path:
         result = _invoke(runner, argv, d)
         assert result.exit_code == 0, (argv, result.output)
     shutil.copytree(d / "data.knn", d / "t2.knn")
+    (d / "parts").mkdir()
+    for i in range(2):
+        np.save(d / "parts" / f"part-{i}.npy", x[i * ROWS // 2:(i + 1) * ROWS // 2])
+    _parquet(d / "embeddings" / "part-0.parquet", x, 0)
+    _parquet(d / "2026-11-28.parquet", synth(100, DIM, seed=8), ROWS)
+    result = _invoke(runner, ["build", "embeddings", "-o", "emb.knn", "-k", "32", "--column", "emb",
+                              "--id-column", "doc_id", "--backend", "cpu"], d)
+    assert result.exit_code == 0, result.output
+    assert _invoke(runner, ["prune", "emb.knn"], d).exit_code == 0
     return d
+
+
+def _parquet(path: Path, x: np.ndarray, first: int) -> None:
+    """A Parquet file as embedding pipelines write them: a float32 fixed-size list column and string ids."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path.parent.mkdir(exist_ok=True)
+    emb = pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), x.shape[1])
+    ids = pa.array([f"doc-{first + i}" for i in range(len(x))])
+    pq.write_table(pa.table({"doc_id": ids, "emb": emb}), path)
 
 
 def _invoke(runner: CliRunner, argv: list[str], where: Path):

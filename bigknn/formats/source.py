@@ -69,7 +69,7 @@ def open_source(spec: str | os.PathLike, column: str | None = None, id_column: s
         parts = [p for p in sorted(path.iterdir()) if not p.name.startswith(".") and p.is_file()
                  and p.suffix.lower() in INPUT_EXTENSIONS]
         if not parts:
-            raise BadInput(path, f"holds no input files (accepted: {', '.join(INPUT_EXTENSIONS)})")
+            raise BadInput(path, f"is a directory holding no input files (accepted: {', '.join(INPUT_EXTENSIONS)})")
         return PartedSource(str(path), [open_part(p, column, id_column) for p in parts])
     if not path.exists() and GLOB_CHARS & set(str(spec)):
         parts = [Path(p) for p in sorted(glob.glob(str(spec))) if Path(p).is_file()]

@@ -91,7 +91,7 @@ def build_in_memory(x: np.ndarray, metric: str, params: GnndParams, seed: int, b
     if k < 1:
         raise BadInput(ARRAY, f"k must be at least 1, got {k}")
     if k >= n:
-        raise BadInput(ARRAY, f"k = {k} needs more than {k} rows; the array has {n}")
+        raise BadInput(ARRAY, f"k = {k} needs more than {k} rows; the input has {n}")
     vectors = stored_rows(x, metric)
     acct.add("prepare", time.perf_counter() - acct.t0)
     sample, probe = None, None
