@@ -84,9 +84,10 @@ def build(data: Any, k: int = DEFAULTS.k, metric: str = "l2", store: PathLike | 
         CPU threads the CPU backend's compiled loops use (default: all cores).
     shard_rows, list_width, samples, iters, merge_iters, seed
         Experts' overrides, as the CLI's ``bigknn build`` options (0: automatic).
-    partition : {"kmeans", "rptree", "contiguous"}
+    partition : {"auto", "kmeans", "rptree", "contiguous"}
         How rows are split into shards (bigknn/partition/): balanced k-means or an RP-tree learnt on a sample
-        put near rows together, so only near shard pairs are merged; contiguous ranges merge every pair.
+        put near rows together, so only near shard pairs are merged; contiguous ranges merge every pair;
+        "auto" (default) k-means from 12 contiguous shards on, else contiguous.
         Ids are the input's row numbers whatever the partition.
     gpu_mem, host_mem : int, optional
         Bytes of GPU memory per GPU and of host RAM for cached shards (default: what is free; half the RAM).

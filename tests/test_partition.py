@@ -217,13 +217,15 @@ def test_a_batch_spread_over_every_shard_reaches_the_target_on_its_own_rows(stor
 
 def test_a_kmeans_build_merges_from_its_gnnd_cache_without_writing_or_reading_graphs_between(tmp_path, monkeypatch):
     """The plan step runs inside the build's one run: the shards' GNND graphs stay in the cache for the
-    merges, so a build shorter than a checkpoint writes each graph once and reads nothing back from the store
-    (the input twice: the labelling pass and the sharding pass)."""
+    merges, so a build shorter than a checkpoint writes each graph once and reads nothing back from the store.
+    The input is read once where host RAM holds it between the labelling and the sharding pass, twice where
+    the host budget is too small for that; the graph is the same either way."""
     from bigknn.backends.cpu import CpuBackend
     from bigknn.params import GnndParams
+    from bigknn.pipeline import build as build_module
     from bigknn.pipeline.build import BuildRequest, build
     from bigknn.progress import Reporter
-    from bigknn.shards import store as store_module
+    from bigknn.shards import Store, store as store_module
 
     reads = []
     real = store_module.Store.read_graph
@@ -231,10 +233,39 @@ def test_a_kmeans_build_merges_from_its_gnnd_cache_without_writing_or_reading_gr
     monkeypatch.setenv("BIGKNN_CHECKPOINT_S", "3600")
     x = synth(ROWS, DIM, clusters=20, seed=5)
     write_vectors(tmp_path / "x.fbin", x)
-    out = build(BuildRequest(input=tmp_path / "x.fbin", store=tmp_path / "s", shard_rows=SHARD_ROWS,
-                             partition="kmeans", params=GnndParams(k=K, list_width=16)), [CpuBackend()], Reporter())
+    params = GnndParams(k=K, list_width=16)
     input_gb, graphs_gb = x.nbytes / 1e9, ROWS * 16 * 8 / 1e9  # lists of 16: ids and keys, 4 bytes each
-    assert out["shards"] >= 5 and 0 < out["merges_done"] < out["all_pairs"]
-    assert out["read_gb"] == pytest.approx(2 * input_gb, abs=1e-3), out
-    assert out["written_gb"] == pytest.approx(input_gb + graphs_gb, abs=1e-3), out
+    graphs = []
+    for passes in (1, 2):
+        if passes == 2:  # a host budget too small for the input (but not for the cache: no merge reads back)
+            monkeypatch.setattr(build_module, "input_fits_host", lambda nbytes, host_mem: False)
+        out = build(BuildRequest(input=tmp_path / "x.fbin", store=tmp_path / f"s{passes}", shard_rows=SHARD_ROWS,
+                                 partition="kmeans", params=params), [CpuBackend()], Reporter())
+        assert out["shards"] >= 5 and 0 < out["merges_done"] < out["all_pairs"]
+        assert out["read_gb"] == pytest.approx(passes * input_gb, abs=1e-3), out
+        assert out["written_gb"] == pytest.approx(input_gb + graphs_gb, abs=1e-3), out
+        store = Store.open(tmp_path / f"s{passes}", pin=False)
+        graphs.append(np.concatenate([real(store, s.id).ids for s in store.manifest.shards]))
     assert reads == []
+    np.testing.assert_array_equal(graphs[0], graphs[1])
+
+
+def test_auto_partitions_with_kmeans_only_where_near_pairs_can_leave_merges_out():
+    from bigknn.pipeline.plan import AUTO_KMEANS_SHARDS, resolve_partition
+
+    below, at = (AUTO_KMEANS_SHARDS - 1) * 1000, AUTO_KMEANS_SHARDS * 1000
+    assert resolve_partition("auto", below, 1000, K) == "contiguous"
+    assert resolve_partition("auto", at, 1000, K) == "kmeans"
+    for method in ("contiguous", "kmeans", "rptree"):  # a method named is a method run
+        assert resolve_partition(method, at, 1000, K) == resolve_partition(method, below, 1000, K) == method
+
+
+def test_a_default_build_of_many_shards_is_partitioned_and_of_few_is_contiguous(stores, tmp_path):
+    from bigknn.pipeline.plan import AUTO_KMEANS_SHARDS
+
+    for shards, method in ((AUTO_KMEANS_SHARDS, "kmeans"), (3, "contiguous")):
+        store = tmp_path / f"{shards}.knn"
+        run_json("build", stores["dir"] / "x.fbin", "-o", store, "--k", K, "--shard-rows", -(-ROWS // shards),
+                 "--backend", "cpu", "--list-width", 16)
+        m = json.loads((store / "manifest.json").read_text())
+        assert (m["partition"] or {}).get("method", "contiguous") == method

@@ -15,6 +15,7 @@ from bigknn.metrics import METRIC_HELP, METRIC_NAMES
 from bigknn.params import AUTO_SAMPLES, CPU_AUTO_SAMPLES, MIN_LIST
 from bigknn.partition import METHODS as PARTITIONS
 from bigknn.partition.learn import DEFAULT_METHOD
+from bigknn.pipeline.plan import AUTO_KMEANS_SHARDS
 
 
 @click.command()
@@ -44,7 +45,8 @@ from bigknn.partition.learn import DEFAULT_METHOD
 @click.option("--partition", type=click.Choice(PARTITIONS), default=DEFAULT_METHOD, show_default=True,
               help="How rows are split into shards: balanced k-means or an RP-tree learnt on a sample keep near "
                    "rows together, so only the near shard pairs the recall target needs are merged; contiguous "
-                   "ranges merge every pair. Ids are the input's row numbers either way.")
+                   f"ranges merge every pair. auto: k-means from {AUTO_KMEANS_SHARDS} contiguous shards on (fewer "
+                   "save no merges), else contiguous. Ids are the input's row numbers either way.")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Seed of every random choice (samples, partition, initial lists): the same seed and input give "
                    "the same graph.")

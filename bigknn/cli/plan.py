@@ -44,7 +44,7 @@ SLOW_ON_CPU_S = 86400.0  # a CPU estimate above this gets a note that a GPU is t
                    "and read back uncached in INPUT's directory, else the current one).")
 @click.option("--partition", type=click.Choice(PARTITIONS), default=DEFAULT_METHOD, show_default=True,
               help="The build's partition (bigknn build --partition): contiguous merges every shard pair, "
-                   "kmeans/rptree the near pairs only.")
+                   "kmeans/rptree the near pairs only; auto picks as the build does.")
 @click.option("--pairs-per-shard", type=click.FloatRange(min=0.0, min_open=True), default=None,
               help="Merges per shard of a partitioned build (default: --store's committed plan, else "
                    f"{ASSUMED_PAIRS_PER_SHARD}, the clustered synth's; the JSON's assumptions say which).")

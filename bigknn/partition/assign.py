@@ -36,10 +36,11 @@ def shard_count(rows: int, shard_rows: int, min_rows: int) -> int:
     return max(1, min(-(-int(SLACK * rows) // shard_rows), rows // (min_rows + 1)))
 
 
-def learn_from_file(vf: VectorSource, method: str, shards: int, metric: str, seed: int) -> Partition:
+def learn_from_file(vf: VectorSource, method: str, shards: int, metric: str, seed: int,
+                    nearest: Nearest = None) -> Partition:
     size = min(vf.rows, max(SAMPLE_MIN, min(SAMPLE_MAX, SAMPLE_PER_SHARD * shards)))
     rows = np.sort(np.random.default_rng((seed, 5)).choice(vf.rows, size=size, replace=False))
-    return learn(method, prepare_rows(_checked_take(vf, rows), metric), shards, seed)
+    return learn(method, prepare_rows(_checked_take(vf, rows), metric), shards, seed, nearest)
 
 
 def _checked_take(vf: VectorSource, rows: np.ndarray) -> np.ndarray:
@@ -56,16 +57,24 @@ def _checked_take(vf: VectorSource, rows: np.ndarray) -> np.ndarray:
 
 
 def layout(vf: VectorSource, part: Partition, metric: str, shard_rows: int, min_rows: int,
-           nearest: Nearest = None, progress: Callable[[int], None] | None = None) -> list[np.ndarray]:
-    """Each shard's input rows (sorted): at most ``min(shard_rows, SLACK x an equal share)`` and more than
+           nearest: Nearest = None, progress: Callable[[int], None] | None = None,
+           keep: np.ndarray | None = None) -> list[np.ndarray]:
+    """Each shard's input rows (sorted): at most ``min(shard_rows, SLACK x an equal share)`` (never below an equal
+    share, so that every row has room) and more than
     ``min_rows`` each; a shard left with fewer is dropped and its rows go to their next choice. Bad rows
     (NaN, Inf) are refused here, before anything is written. ``nearest``: as ``Partition.cost``;
-    ``progress(rows)``: called as rows are labelled (the first pass only)."""
+    ``progress(rows)``: called as rows are labelled (the first pass only). ``keep``: (rows, dim) in the stored
+    dtype, filled with every row as prepared, so that the sharding pass gathers shards from host RAM instead of
+    reading the file a second time (and a relabelling after a dropped shard reads it from there too)."""
+    chunks, filling = _checked_chunks(vf, metric), keep is not None
     while True:
-        cap = min(shard_rows, int(np.ceil(SLACK * vf.rows / part.shards)))
+        share = -(-vf.rows // part.shards)  # an equal share: the room every row needs, whatever --shard-rows says
+        cap = max(share, min(shard_rows, int(np.ceil(SLACK * vf.rows / part.shards))))
         room = np.full(part.shards, cap, np.int64)
-        labels = np.empty(vf.rows, np.int64)
-        for start, x in _checked_chunks(vf, metric):
+        labels = np.empty(vf.rows, np.int16 if part.shards <= np.iinfo(np.int16).max else np.int64)
+        for start, x in chunks:
+            if filling:
+                keep[start:start + len(x)] = x
             labels[start:start + len(x)] = _label(part, x, room, nearest)
             if progress is not None:
                 progress(len(x))
@@ -76,8 +85,10 @@ def layout(vf: VectorSource, part: Partition, metric: str, shard_rows: int, min_
         log.info("partition: shard %d got %s rows (%s or fewer): dropped, labelling again", small,
                  f"{counts[small]:,}", f"{min_rows:,}")
         part.drop(small)
-        progress = None
-    order = np.argsort(labels, kind="stable")
+        progress, filling = None, False
+        chunks = _checked_chunks(vf, metric) if keep is None else (
+            (lo, keep[lo:lo + LABEL_CHUNK_ROWS]) for lo in range(0, vf.rows, LABEL_CHUNK_ROWS))
+    order = np.argsort(labels, kind="stable")  # 16-bit labels: a linear radix sort, not a comparison sort
     return np.split(order, np.cumsum(counts)[:-1])
 
 

@@ -1,4 +1,4 @@
-"""Two-level balanced k-means learnt on a row sample (NumPy).
+"""Two-level balanced k-means learnt on a row sample (Lloyd's assignments on the backend: the GPU's exact k-NN).
 
 One k-means cell per shard cuts through whatever clusters its boundaries cross (on the clustered synth
 family, 16 cells over 200 clusters leave 7 % of true neighbours in another shard). Instead the sample is cut
@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from bigknn.metrics import pairwise_keys
-from bigknn.partition.nearest import nearest_numpy
+from bigknn.partition.nearest import Nearest, nearest_numpy
 
 
 ITERS = 15  # Lloyd steps of either level
@@ -25,14 +25,17 @@ def fine_count(shards: int) -> int:
     return min(FINE_MAX, FINE_PER_SHARD * shards)
 
 
-def learn_kmeans(sample: np.ndarray, shards: int, seed: int, slack: float) -> tuple[np.ndarray, np.ndarray]:
+def learn_kmeans(sample: np.ndarray, shards: int, seed: int, slack: float,
+                 nearest: Nearest = None) -> tuple[np.ndarray, np.ndarray]:
     """(fine centroids (F, d) float32, the shard of each (F,) int64): shards of at most ``slack`` times an
-    equal share of the sample."""
+    equal share of the sample. ``nearest``: the fine level's assignments (the sample against up to FINE_MAX
+    centroids, ITERS times: the part that grows with the shard count); None: NumPy."""
+    nearest = nearest or nearest_numpy
     rng = np.random.default_rng((seed, 3))
     x = sample.astype(np.float32, copy=False)
-    fine = _lloyd(x, np.ones(len(x)), min(len(x), fine_count(shards)), rng)
-    weight = np.bincount(nearest_numpy(x, 1, fine)[0][:, 0], minlength=len(fine)).astype(np.float64)
-    coarse = _lloyd(fine, weight, shards, rng)
+    fine = _lloyd(x, np.ones(len(x)), min(len(x), fine_count(shards)), rng, nearest)
+    weight = np.bincount(nearest(x, 1, fine)[0][:, 0], minlength=len(fine)).astype(np.float64)
+    coarse = _lloyd(fine, weight, shards, rng, nearest_numpy)
     return fine, _group(pairwise_keys(fine, coarse, "l2"), weight, slack * weight.sum() / shards)
 
 
@@ -49,11 +52,12 @@ def _group(cost: np.ndarray, weight: np.ndarray, cap: float) -> np.ndarray:
     return out
 
 
-def _lloyd(x: np.ndarray, weight: np.ndarray, count: int, rng: np.random.Generator) -> np.ndarray:
-    """Weighted k-means (k-means++ start)."""
+def _lloyd(x: np.ndarray, weight: np.ndarray, count: int, rng: np.random.Generator,
+           nearest: Nearest) -> np.ndarray:
+    """Weighted k-means (k-means++ start), assignments by ``nearest``."""
     centroids = _kmeanspp(x, weight, count, rng)
     for _ in range(ITERS):
-        labels = nearest_numpy(x, 1, centroids)[0][:, 0]
+        labels = nearest(x, 1, centroids)[0][:, 0]
         sums = np.stack([np.bincount(labels, weights=col, minlength=count) for col in (x * weight[:, None]).T],
                         axis=1)  # a bincount per column: np.add.at was most of a Lloyd step
         mass = np.bincount(labels, weights=weight, minlength=count)[:, None]

@@ -19,8 +19,8 @@ from bigknn.partition.kmeans import learn_kmeans
 from bigknn.partition.nearest import Nearest, nearest_numpy
 from bigknn.partition.rptree import RPTree, learn_rptree
 
-METHODS = ("kmeans", "rptree", "contiguous")
-DEFAULT_METHOD = "contiguous"  # until GPU timings (T2) show kmeans faster at the same recall: docs/design.md
+METHODS = ("auto", "kmeans", "rptree", "contiguous")
+DEFAULT_METHOD = "auto"  # k-means where near pairs leave merges out, else contiguous (pipeline/plan.py resolve_partition)
 SLACK = 1.15  # a shard may hold this much more than an equal share (never more than --shard-rows)
 NEAREST = 16  # centroids whose shards a row may go to before it goes to any shard with room
 
@@ -100,10 +100,11 @@ class Partition:
         return cls(method, arrays["centroids"], arrays["shard_of"][:, 0].astype(np.int64), tree)
 
 
-def learn(method: str, sample: np.ndarray, shards: int, seed: int) -> Partition:
-    """Learn ``method``'s partition into ``shards`` shards on ``sample`` (rows prepared as stored)."""
+def learn(method: str, sample: np.ndarray, shards: int, seed: int, nearest: Nearest = None) -> Partition:
+    """Learn ``method``'s partition into ``shards`` shards on ``sample`` (rows prepared as stored);
+    ``nearest``: as ``Partition.cost`` (k-means' assignments)."""
     if method == "kmeans":
-        return Partition(method, *learn_kmeans(sample, shards, seed, SLACK))
+        return Partition(method, *learn_kmeans(sample, shards, seed, SLACK, nearest))
     if method == "rptree":
         tree = learn_rptree(sample, shards, seed)
         leaf = tree.leaves(sample)

@@ -22,10 +22,10 @@ from bigknn.params import GnndParams
 from bigknn.partition.assign import layout, learn_from_file, shard_count
 from bigknn.partition.learn import DEFAULT_METHOD, METHODS, Partition
 from bigknn.pipeline.estimate import SampleTruth, record_estimate
-from bigknn.pipeline.plan import auto_shard_rows, spread_for_workers
+from bigknn.pipeline.plan import auto_shard_rows, automatic_shards, resolve_partition
 from bigknn.pipeline.sharding import shard_sizes, stream_shards
-from bigknn.pipeline.limits import smallest_shard_rows
-from bigknn.pipeline.steps import cache_shards, check_merge_count, record_timings, run_build_steps
+from bigknn.pipeline.limits import build_shards, smallest_shard_rows
+from bigknn.pipeline.steps import cache_shards, check_merge_count, input_fits_host, record_timings, run_build_steps
 from bigknn.pipeline.accounting import Accounting
 from bigknn.progress import Reporter
 from bigknn.shards import Manifest, Store, WriterLock
@@ -43,7 +43,7 @@ class BuildRequest:
     seed: int = 0
     wait_s: float = 0.0
     host_mem: int | None = None
-    partition: str = DEFAULT_METHOD  # bigknn/partition/: kmeans, rptree or contiguous
+    partition: str = DEFAULT_METHOD  # bigknn/partition/: auto, kmeans, rptree or contiguous
     column: str | None = None  # the vector column of Parquet/Arrow inputs (None: the only fixed-size list)
     id_column: str | None = None  # the column of the user's ids, kept in the store (bigknn/shards/user_ids.py)
 
@@ -63,31 +63,36 @@ def build(req: BuildRequest, backends: list[Backend], reporter: Reporter) -> dic
         req = replace(req, shard_rows=Store.open(req.store, pin=False).manifest.shard_rows)
     elif not req.shard_rows:
         fits = auto_shard_rows(backends, vf.dim, vf.read_dtype.itemsize, req.params)
-        spread = spread_for_workers(vf.rows, fits, worker_count(backends)) if req.partition == "contiguous" else fits
-        req = replace(req, shard_rows=spread)
+        rows, method = automatic_shards(vf.rows, fits, worker_count(backends), req.params.width(), req.partition)
+        req = replace(req, shard_rows=rows, partition=method)
     _check_request(req, vf)
+    req = replace(req, partition=resolve_partition(req.partition, vf.rows, req.shard_rows, req.params.width()))
     sizes = shard_sizes(vf.rows, req.shard_rows, req.params.width())
     method = req.partition if len(sizes) > 1 else "contiguous"  # one shard: nothing to partition
     manifest = Store.open(req.store).manifest if resuming else _new_manifest(req, vf, method)
     if resuming:  # refuse another build before the lock is taken: a refusal writes nothing, .lock included
         _check_same_build(manifest, req, vf, method)
-    part, rows_of = None, None
+    planned = len(manifest.shards) or build_shards(vf.rows, req.shard_rows, req.params.width(), method)
+    check_merge_count(req.store, planned, planned * (planned - 1) // 2,  # before any pass over the input
+                      f"use --shard-rows {smallest_shard_rows(vf.rows, req.params.width(), method):,} or more",
+                      reporter)
+    part, rows_of, kept = None, None, None
     if manifest.shards:
         sizes = [s.rows for s in manifest.shards]
     elif method != "contiguous":  # learn the partition and label every row (bad rows refused here)
         t = time.perf_counter()
         with acct.span("partition"):
+            nearest = backends[0].nearest_centroids
             part = learn_from_file(vf, method, shard_count(vf.rows, req.shard_rows, req.params.width()),
-                                   req.metric, req.seed)
+                                   req.metric, req.seed, nearest)
+            dtype = stored_dtype(req.metric, vf.read_dtype)
+            if input_fits_host(vf.rows * vf.dim * dtype.itemsize, req.host_mem):  # one read of the input
+                kept = np.empty((vf.rows, vf.dim), dtype)
             with reporter.phase("label", vf.rows, "rows") as advance:
-                rows_of = layout(vf, part, req.metric, req.shard_rows, req.params.width(),
-                                 backends[0].nearest_centroids, advance)
+                rows_of = layout(vf, part, req.metric, req.shard_rows, req.params.width(), nearest, advance, kept)
         acct.add("partition", time.perf_counter() - t, vf.rows * vf.dim * vf.dtype.itemsize)
         sizes = [len(r) for r in rows_of]
     cache_shards(manifest, req.store, max(sizes), len(backends), req.host_mem)
-    check_merge_count(req.store, len(sizes), len(sizes) * (len(sizes) - 1) // 2,
-                      f"use --shard-rows {smallest_shard_rows(vf.rows, req.params.width(), method):,} or more",
-                      reporter)
     new_store = None if resuming else NewStore(req.store)  # refuses a path that is not new or empty
     with WriterLock(req.store, req.wait_s):
         if Store.exists(req.store):  # again, under the lock: another writer may have created it meanwhile
@@ -103,7 +108,8 @@ def build(req: BuildRequest, backends: list[Backend], reporter: Reporter) -> dic
             if not store.manifest.shards:  # shard, with GNND running on each shard as it is written
                 if part is not None:
                     _record_partition(store, part)
-                incoming = (stream_shards(store, vf, sizes, acct, layout=rows_of), sizes)
+                incoming = (stream_shards(store, vf, sizes, acct, layout=rows_of, kept=kept), sizes)
+                kept = None  # the sharding pass holds the rows while it needs them
             run_build_steps(store, backends, reporter, acct, req.host_mem, incoming, sample)
             if sample is not None:
                 est = record_estimate(store, backends[0], sample)

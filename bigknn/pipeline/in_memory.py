@@ -23,7 +23,7 @@ from bigknn.params import GnndParams
 from bigknn.partition.learn import DEFAULT_METHOD
 from bigknn.pipeline.accounting import Accounting
 from bigknn.pipeline.estimate import SampleTruth, sample_rows
-from bigknn.pipeline.plan import auto_shard_rows, spread_for_workers
+from bigknn.pipeline.plan import auto_shard_rows, automatic_shards
 from bigknn.pipeline.sharding import READ_BLOCK_BYTES, READ_THREADS, shard_sizes
 from bigknn.pipeline.workers import seed_for
 from bigknn.recall import RECALL_AT
@@ -54,9 +54,8 @@ def one_shard_rows(rows: int, dim: int, itemsize: int, params: GnndParams, backe
     """The shard size a store build of ``rows`` x ``dim`` rows of ``itemsize`` bytes would use (the same sizing
     as pipeline.build), where the rows make one shard of it; None where they make several (the store path
     then runs, out of core)."""
-    size = shard_rows or auto_shard_rows(backends, dim, itemsize, params)
-    if not shard_rows and partition == "contiguous":
-        size = spread_for_workers(rows, size, len(backends))
+    size = shard_rows or automatic_shards(rows, auto_shard_rows(backends, dim, itemsize, params), len(backends),
+                                          params.width(), partition)[0]
     return size if len(shard_sizes(rows, size, params.width())) == 1 else None
 
 

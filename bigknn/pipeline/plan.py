@@ -16,7 +16,8 @@ is read (one shard per worker), and the last merge's two graphs are written afte
 
     total = max(start + compute + end, I/O)
 
-The I/O is what the pipeline does: the input read once (twice when partitioned: labelling, then sharding)
+The I/O is what the pipeline does: the input read once (twice when partitioned and too large for host RAM:
+labelling, then sharding)
 and its rows written once; merges read shards back only where the host cache cannot hold them all: as many
 as the build's Scheduler makes an LRU cache of the planned size read, pairs of cached shards first
 (``replayed_reads``: 61 shards through 10 cached, all pairs, read 372 shards, not the 1,827 of merges hitting
@@ -39,8 +40,9 @@ from bigknn.params import GnndParams
 from bigknn.pipeline.limits import build_refusal, build_shards, smallest_shard_rows
 from bigknn.pipeline.calibrate import rate_at
 from bigknn.pipeline.schedule import pending_pairs, round_count
+from bigknn.pipeline.sharding import shard_total
 from bigknn.pipeline.scheduler import Pair, Scheduler
-from bigknn.pipeline.steps import cache_parts
+from bigknn.pipeline.steps import cache_parts, input_fits_host
 from bigknn.pipeline.writer import checkpoint_interval, checkpoint_s
 from bigknn.shards import Store
 
@@ -48,6 +50,7 @@ CPU_SHARD_ROWS = 1_000_000  # shard size on the CPU backend, where no device mem
 # merges per shard of a partitioned build when no store's plan is at hand: the clustered synth (200K x 96, 17
 # shards, recall 0.99) plans 39 pairs (2.3 per shard); data with less locality needs more
 ASSUMED_PAIRS_PER_SHARD = 2.3
+AUTO_KMEANS_SHARDS = 12  # --partition auto: k-means from this many contiguous shards on (resolve_partition)
 SIMULATED_SHARDS = 40  # merge_rounds replays the Scheduler up to this many shards (0.2 s), counts beyond
 SIMULATED_PAIRS = 2_000  # merge_reads replays the Scheduler up to this many merges (61 shards' 1,830: 1-1.5 s)
 NEAR_PAIRS_SEED = 0  # of the near pairs a partitioned plan draws (near_pairs)
@@ -82,7 +85,8 @@ def plan(rows: int, dim: int, itemsize: int, params: GnndParams, shard_rows: int
                   else merges * merge_s / workers)
     gnnd_wall = gnnd_s / min(workers, shards)  # one shard's GNND runs on one worker
     compute_s = gnnd_wall + merge_wall
-    input_passes = 1 if partition == "contiguous" else 2  # a partitioned build labels every row first
+    # a partitioned build labels every row first, then shards them: from RAM where the input fits the host budget
+    input_passes = 1 if partition == "contiguous" or input_fits_host(rows * row_bytes, host_mem) else 2
     cached = cache_parts(shard_bytes, workers, host_mem)
     misses, misses_how = merge_reads(shards, merges, cached, partition != "contiguous", workers)
     # rewrites while merges change graphs: each checkpoint's (the clock starts at the first GNND result; a
@@ -242,6 +246,26 @@ def all_pairs_merge_cost(shards: int, workers: int) -> float:
     """Wall time of an all-pairs merge schedule in merges of the whole input's size: its rounds, each merging
     2 / ``shards`` of the input. One worker: shards - 1, so one GPU wants the fewest shards."""
     return merge_rounds(shards, workers) * 2 / shards if shards > 1 else 0.0
+
+
+def resolve_partition(method: str, rows: int, shard_rows: int, width: int) -> str:
+    """The partition a build of ``rows`` rows at ``shard_rows`` runs for ``method``: itself, or for ``auto``
+    k-means once the contiguous build would make AUTO_KMEANS_SHARDS shards, else contiguous. Fewer shards
+    save no merges by partitioning: pairs.choose_pairs takes every pair once more than ALL_PAIRS_FRACTION of
+    them are needed, which ASSUMED_PAIRS_PER_SHARD near pairs per shard are below that count, and a
+    partitioned build starts no GNND before its labelling pass ends (docs/perf-notes.md: 50M x 96 in 3-4
+    shards on one GPU). From there on near pairs grow with the shards, all pairs with their square."""
+    if method != "auto":
+        return method
+    return "kmeans" if shard_total(rows, shard_rows, width) >= AUTO_KMEANS_SHARDS else "contiguous"
+
+
+def automatic_shards(rows: int, fits: int, workers: int, width: int, method: str) -> tuple[int, str]:
+    """(--shard-rows, partition) of a build whose shard size is automatic: ``fits`` (the largest shard the
+    device takes), spread over ``workers`` for a contiguous build (``spread_for_workers``), the partition
+    resolved at that size (``resolve_partition``)."""
+    method = resolve_partition(method, rows, fits, width)
+    return (spread_for_workers(rows, fits, workers) if method == "contiguous" else fits), method
 
 
 def spread_for_workers(rows: int, shard_rows: int, workers: int) -> int:

@@ -49,12 +49,14 @@ def shard_sizes(rows: int, shard_rows: int, k: int) -> list[int]:
 
 
 def stream_shards(store: Store, vf: VectorSource, sizes: list[int], acct: Accounting, ready: int = 2,
-                  layout: list[np.ndarray] | None = None) -> Iterator[tuple[ShardEntry, np.ndarray]]:
+                  layout: list[np.ndarray] | None = None,
+                  kept: np.ndarray | None = None) -> Iterator[tuple[ShardEntry, np.ndarray]]:
     """Write the input's rows as shards ``sizes`` after the store's last row; yield (shard, vectors) as each
     is written, at most ``ready`` ahead of the consumer; the input's user ids (``--id-column``), if it has
     them, are written beside (bigknn/shards/user_ids.py). ``layout``: each shard's input rows (a partitioned
     build, bigknn/partition/assign.py, whose labelling checked the rows), stored with it as ``row_ids``;
-    None: consecutive rows. Commits the
+    None: consecutive rows. ``kept``: every input row as prepared, held in host RAM by the labelling pass
+    (bigknn/partition/assign.py ``layout``): shards are gathered from it, the file is not read again. Commits the
     shards (and the input's sha256, in ``store.manifest.inputs[-1]``) once all are written; raises BadInput
     on a bad row or a file that changed meanwhile, committing nothing. Closing the generator early stops the
     pass, committing nothing."""
@@ -75,7 +77,7 @@ def stream_shards(store: Store, vf: VectorSource, sizes: list[int], acct: Accoun
                 in_flight: deque = deque()  # writes not yet seen to end (their errors are raised here)
                 for i, rows in enumerate(sizes):
                     x = shard_vectors(vf, readers, m.metric, np.dtype(m.dtype), start, rows,
-                                      None if layout is None else layout[i])
+                                      None if layout is None else layout[i], kept)
                     entry = ShardEntry(id=first + i, offset=offset + start, rows=rows)
                     row_ids = None if layout is None else layout[i]
                     write = writers.submit(_write_shard, store, entry.id, x, row_ids)
@@ -98,7 +100,7 @@ def stream_shards(store: Store, vf: VectorSource, sizes: list[int], acct: Accoun
                 with store.lock:
                     m.inputs[-1]["sha256"] = sha256
                 nbytes = vf.rows * vf.dim * vf.dtype.itemsize
-                acct.add("shard", time.perf_counter() - t, nbytes, nbytes)
+                acct.add("shard", time.perf_counter() - t, 0 if kept is not None else nbytes, nbytes)
             out.put(done)
         except _Stopped:
             pass
@@ -128,22 +130,26 @@ def stream_shards(store: Store, vf: VectorSource, sizes: list[int], acct: Accoun
 
 
 def shard_vectors(vf: VectorSource, pool: ThreadPoolExecutor, metric: str, dtype: np.dtype, start: int, rows: int,
-                  layout: np.ndarray | None = None) -> np.ndarray:
+                  layout: np.ndarray | None = None, kept: np.ndarray | None = None) -> np.ndarray:
     """A shard's vectors as stored: input rows [start, start + rows), checked and prepared for ``metric``, or
     the input rows ``layout`` (a partitioned shard: the labelling pass checked them), read in blocks by
     ``pool``. One thread took 3.9 s for 10M x 96 float32 on the device, about 1 GB/s; the first bad row in
     file order is the one named. A partitioned shard of a source without cheap scattered reads (Parquet) is
-    read in blocks of input ranges, so that each row group is decoded once per shard, not once per block."""
+    read in blocks of input ranges, so that each row group is decoded once per shard, not once per block.
+    ``kept``: the input's rows as prepared, in host RAM (``stream_shards``): the blocks gather from it."""
     x = np.empty((rows, vf.dim), dtype)
     step = vf.block_rows(max(1, READ_BLOCK_BYTES // (vf.dim * vf.read_dtype.itemsize)))
     starts = np.arange(0, rows, step)
-    if layout is not None and not vf.random_access:  # blocks of input ranges: a row group is decoded once
+    if layout is not None and kept is None and not vf.random_access:  # input ranges: a row group decoded once
         starts = np.unique(np.searchsorted(layout, np.arange(0, vf.rows, step)))
         starts = starts[starts < rows]
     ends = np.append(starts[1:], rows)
 
     def block(a: int, b: int) -> None:
         part = x[a:b]
+        if kept is not None:  # checked and prepared by the labelling pass
+            np.take(kept, layout[a:b], axis=0, out=part)
+            return
         if layout is None:
             vf.read_into(start + a, part)  # one copy from a flat file's mapping, cast as stored
             vf.check(start + a, part)

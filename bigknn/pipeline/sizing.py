@@ -14,8 +14,8 @@ from bigknn.formats import open_source
 from bigknn.params import GnndParams
 from bigknn.pipeline.calibrate import calibrate, calibration_sizes, calibration_steps, rates_from_store, sample_rows
 from bigknn.pipeline.diskrate import measure_disk
-from bigknn.pipeline.plan import (ASSUMED_PAIRS_PER_SHARD, auto_shard_rows, fitting_shard_rows,
-                                  pairs_per_shard_from_store, plan, spread_for_workers)
+from bigknn.pipeline.plan import (ASSUMED_PAIRS_PER_SHARD, auto_shard_rows, automatic_shards, fitting_shard_rows,
+                                  pairs_per_shard_from_store, plan, resolve_partition)
 from bigknn.pipeline.steps import physical_memory
 from bigknn.progress import Reporter
 from bigknn.shards import Store
@@ -41,9 +41,8 @@ def size_build(input: Path | None, rows: int | None, dim: int | None, dtype: str
         itemsize = np.dtype(dtype).itemsize
     fits_gpu = auto_shard_rows(backends, dim, itemsize, params, gpu_mem)
     if shard_rows is None:
-        shard_rows = fits_gpu
-        if partition == "contiguous":
-            shard_rows = spread_for_workers(rows, shard_rows, len(backends))
+        shard_rows, partition = automatic_shards(rows, fits_gpu, len(backends), params.width(), partition)
+    partition = resolve_partition(partition, rows, shard_rows, params.width())
     asked = shard_rows
     shard_rows, refusal = fitting_shard_rows(rows, shard_rows, params.width(), partition)
     measured = Store.open(store, pin=False) if store is not None else None

@@ -31,6 +31,7 @@ from bigknn.progress import Reporter
 from bigknn.shards import Manifest, ShardEntry, Store
 
 HOST_MEM_FRACTION = 0.5  # of the machine's RAM for cached shards when --host-mem is not given
+KEPT_INPUT_SHARE = 0.5  # of that budget, the most a partitioned build's input may take in RAM (input_fits_host)
 
 
 class Ledger:
@@ -164,6 +165,15 @@ def cache_shards(m: Manifest, where: Path, biggest: int, workers: int, host_mem:
         raise BadInput(where, f"--host-mem {host_mem >> 20} MiB holds {fits} shard(s) of {per_shard >> 20} MiB; "
                               f"{workers} worker(s) need {2 * workers}: use a smaller --shard-rows")
     return fits
+
+
+def input_fits_host(nbytes: int, host_mem: int | None) -> bool:
+    """Whether a partitioned build holds its whole input (``nbytes`` as stored) in host RAM from the labelling
+    pass to the sharding pass, which then gathers its shards from RAM instead of reading the file again: at
+    most KEPT_INPUT_SHARE of the host budget (``host_mem``, else HOST_MEM_FRACTION of the machine's RAM), the
+    rest left to the shard cache."""
+    budget = host_mem if host_mem is not None else int(physical_memory() * HOST_MEM_FRACTION)
+    return nbytes <= budget * KEPT_INPUT_SHARE
 
 
 def cache_parts(per_shard: int, workers: int, host_mem: int | None = None) -> int:
