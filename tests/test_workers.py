@@ -29,6 +29,7 @@ class RecordingBackend(CpuBackend):
 
     def __init__(self, log: list, running: set):
         self.cpu, self.log, self.running = CpuBackend(), log, running
+        self.compiled = False  # no warm-up calls of its own (they would be recorded); the wrapped backend compiles
 
     def gnnd(self, x, metric, params, seed, probe=None):
         return self.cpu.gnnd(x, metric, params, seed, probe=probe)

@@ -50,6 +50,12 @@ class Backend(Protocol):
         partition's labelling and k-means steps (bigknn/partition/nearest.py), on the backend's fastest
         route for few columns."""
 
+    @property
+    def last_stats(self) -> dict:
+        """Timings and counts of the last gnnd / ggm call (keys ending in ``_s``: seconds of its stages, as the
+        build's timeline reports them); empty where the backend keeps none."""
+        return {}
+
     def memory_budget(self) -> int | None:
         """Bytes of device memory one call may plan to use (what shard sizes are chosen from); None where
         no device memory bounds a shard (the CPU)."""

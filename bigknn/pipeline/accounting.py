@@ -45,17 +45,20 @@ class Accounting:
             d["stops"][reason] = d["stops"].get(reason, 0) + 1
 
     def add_task(self, worker: str, phase: str, start: float, end: float, report: dict | None = None,
-                 nbytes_read: int = 0) -> None:
+                 nbytes_read: int = 0, stages: dict | None = None) -> None:
         """Book a backend call (perf_counter times) and how its descent ended (``report``): the phase's seconds
         and span, the worker's busy time, the descent's counts, and the call's line in the timeline: where a
         worker waited, and how much of a call its iterations took (``descent_s``), which busy_frac alone
-        does not say."""
+        does not say; ``stages``: the backend's seconds per stage of the call (Backend.last_stats: compile,
+        copies, iterations), and the recall sample's exact search (``sample_s``)."""
         self.add(phase, end - start, nbytes_read)
         self.extend_span(phase, start, end)
         self.add_descent(phase, report)
         line = {"worker": worker, "phase": phase, "start": round(start - self.t0, 3), "end": round(end - self.t0, 3)}
         if report is not None:
             line.update(iterations=len(report["trace"]), widened=report["widened"], descent_s=report["spent_s"])
+        line.update({key: round(value, 3) for key, value in (stages or {}).items()
+                     if key.endswith("_s") and isinstance(value, float)})
         with self.lock:
             self.busy[worker] = self.busy.get(worker, 0.0) + end - start
             self.timeline.append(line)

@@ -86,12 +86,14 @@ def run_tasks(store: Store, ledger, backends: list[Backend], reporter: Reporter,
 
     def gnnd(backend: Backend, name: str, shard: ShardEntry, x: np.ndarray) -> None:
         t = time.perf_counter()
-        probe = None
+        probe, sample_s = None, 0.0
         if sample is not None:  # the recall sample's exact neighbours among this shard's rows, while in memory
             truth = sample.add(backend, shard.id, shard.offset, x)
-            probe = sample.probe(shard.offset, len(x), truth, params.width(), time.perf_counter() - t)
+            sample_s = time.perf_counter() - t
+            probe = sample.probe(shard.offset, len(x), truth, params.width(), sample_s)
         g = backend.gnnd(x, metric, params, seed=seed_for(m.seed, 0, shard.id), probe=probe)
-        acct.add_task(name, "gnnd", t, time.perf_counter(), g.report)
+        acct.add_task(name, "gnnd", t, time.perf_counter(), g.report,
+                      stages=dict(backend.last_stats, sample_s=sample_s))
         cache.put(shard.id, ShardPart(shard.offset, x, shard_graph_to_global(g, shard.offset)), dirty=True)
         writer.gnnd_done(shard.id)
         sched.shard_ready(shard.id)
@@ -109,7 +111,7 @@ def run_tasks(store: Store, ledger, backends: list[Backend], reporter: Reporter,
         vias = [cache.get(s) for s in ledger.seed_shards(i, j, merged_with.get(j, []))]
         t = time.perf_counter()
         ga, gb = backend.ggm(a, b, metric, params, seed=seed_for(m.seed, 1, i, j), vias=vias)
-        acct.add_task(name, "ggm", t, time.perf_counter(), ga.report)
+        acct.add_task(name, "ggm", t, time.perf_counter(), ga.report, stages=backend.last_stats)
         record(i, j)
         gen_i = cache.put(i, ShardPart(a.offset, a.vectors, ga), dirty=True)
         gen_j = cache.put(j, ShardPart(b.offset, b.vectors, gb), dirty=True)

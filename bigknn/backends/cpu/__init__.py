@@ -216,6 +216,10 @@ class CpuBackend(SearchReference):
         """NumPy's GEMM by blocks (nearest_numpy), not the exact k-NN: much faster against a few centroids."""
         return nearest_numpy(x, count, centroids)
 
+    @property
+    def last_stats(self) -> dict:
+        return {}
+
     def memory_budget(self) -> None:
         """No device memory bounds a CPU shard (bigknn/pipeline/plan.py sizes them)."""
         return None

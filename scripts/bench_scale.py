@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""Out-of-core builds of one input under several schedules, through the CLI as a user runs them (issue 35):
+each run builds a fresh store after dropping the page cache (where permitted), measures its recall with
+``bigknn eval recall``, and prints one JSON line: wall, recall, bytes read and written, busy share per GPU,
+and where each backend call's time went (the build timeline's stage seconds summed per phase: kernel
+compiles, copies, descent iterations), so that a schedule's cost is seen, not guessed. The store is removed
+after each run (a 50M store is as large as its input).
+
+    python scripts/bench_scale.py --input /tmp/bk/d50m.fbin --store /tmp/bk/s.knn --family synth \\
+        --run contiguous:0 --run kmeans:0 --run auto:0,1 -- --k 32
+    python scripts/bench_scale.py --input tiny.fbin --store /tmp/s.knn --backend cpu --run auto:0 -- --k 5
+
+``--run PARTITION:GPUS`` (repeatable, in order); arguments after ``--`` go to every build.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+STAGES = ("compile_s", "h2d_s", "init_s", "setup_s", "iter_s", "finish_s", "d2h_s", "sample_s", "descent_s")
+
+
+def bigknn(*args: str) -> dict:
+    """Run a bigknn CLI command with --json; its JSON output (the command's error ends the benchmark)."""
+    proc = subprocess.run([sys.executable, "-m", "bigknn", *args, "--json"], capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"bigknn {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout)
+
+
+def drop_page_cache() -> bool:
+    """Empty the page cache so each build reads from disk (needs root; False where not permitted)."""
+    subprocess.run(["sync"], check=False)
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def stage_sums(timeline: list[dict]) -> dict:
+    """Seconds per phase (gnnd, ggm) and stage of the build's backend calls, and the calls' own wall."""
+    out: dict = {}
+    for line in timeline:
+        phase = out.setdefault(line["phase"], {"calls": 0, "wall_s": 0.0})
+        phase["calls"] += 1
+        phase["wall_s"] = round(phase["wall_s"] + line["end"] - line["start"], 3)
+        for key in STAGES:
+            if key in line:
+                phase[key] = round(phase.get(key, 0.0) + line[key], 3)
+    return out
+
+
+def device() -> str:
+    try:
+        names = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                               text=True, check=True).stdout.split("\n")
+        return ", ".join(n for n in names if n) or platform.processor()
+    except (OSError, subprocess.CalledProcessError):
+        return f"cpu ({platform.processor() or platform.machine()})"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--input", required=True)
+    ap.add_argument("--store", required=True, help="the store path each run builds into (removed after each)")
+    ap.add_argument("--run", action="append", required=True, help="PARTITION:GPUS, e.g. auto:0 or kmeans:0,1")
+    ap.add_argument("--family", default="synth")
+    ap.add_argument("--backend", default="cuda")
+    ap.add_argument("--eval-sample", type=int, default=10_000)
+    ap.add_argument("build_args", nargs="*")
+    args = ap.parse_args()
+    store = Path(args.store)
+    for run in args.run:
+        partition, _, gpus = run.partition(":")
+        shutil.rmtree(store, ignore_errors=True)
+        dropped = drop_page_cache()
+        build = [args.input, "-o", str(store), "--partition", partition, "--backend", args.backend, *args.build_args]
+        if args.backend == "cuda":
+            build += ["--gpus", gpus or "0"]
+        out = bigknn("build", *build)
+        ev = bigknn("eval", "recall", str(store), "--backend", args.backend, "--sample", str(args.eval_sample),
+                    "--k", str(min(10, out["k"])))
+        du = sum(f.stat().st_size for f in store.rglob("*") if f.is_file())
+        print(json.dumps({
+            "workload": "out-of-core build", "family": args.family, "input": args.input, "rows": out["rows"],
+            "dim": out["dim"], "k": out["k"], "partition_asked": partition, "partition": out["partition"],
+            "gpus": gpus, "device": device(), "page_cache_dropped": dropped, "build_args": args.build_args,
+            "wall_s": out["wall_s"], "recall@10": ev.get("recall"), "recall_estimate": out.get("recall_estimate"),
+            "shards": out["shards"], "merges": out["merges_done"], "all_pairs": out["all_pairs"],
+            "read_gb": out["read_gb"], "written_gb": out["written_gb"], "store_gb": round(du / 1e9, 3),
+            "busy_frac": out["busy_frac"], "phase_wall_s": out["phase_wall_s"],
+            "stages": stage_sums(out["timeline"]), "timeline": out["timeline"]}), flush=True)
+        shutil.rmtree(store, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
