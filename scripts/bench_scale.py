@@ -10,7 +10,8 @@ after each run (a 50M store is as large as its input).
         --run contiguous:0 --run kmeans:0 --run auto:0,1 -- --k 32
     python scripts/bench_scale.py --input tiny.fbin --store /tmp/s.knn --backend cpu --run auto:0 -- --k 5
 
-``--run PARTITION:GPUS`` (repeatable, in order); arguments after ``--`` go to every build.
+``--run PARTITION:GPUS[:SHARD_ROWS]`` (repeatable, in order; no SHARD_ROWS: automatic); arguments after ``--`` go
+to every build.
 """
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--input", required=True)
     ap.add_argument("--store", required=True, help="the store path each run builds into (removed after each)")
-    ap.add_argument("--run", action="append", required=True, help="PARTITION:GPUS, e.g. auto:0 or kmeans:0,1")
+    ap.add_argument("--run", action="append", required=True,
+                    help="PARTITION:GPUS[:SHARD_ROWS], e.g. auto:0 or kmeans:0,1 or contiguous:0,1:12500000")
     ap.add_argument("--family", default="synth")
     ap.add_argument("--backend", default="cuda")
     ap.add_argument("--eval-sample", type=int, default=10_000)
@@ -78,12 +80,15 @@ def main() -> None:
     args = ap.parse_args()
     store = Path(args.store)
     for run in args.run:
-        partition, _, gpus = run.partition(":")
+        partition, _, rest = run.partition(":")
+        gpus, _, shard_rows = rest.partition(":")
         shutil.rmtree(store, ignore_errors=True)
         dropped = drop_page_cache()
         build = [args.input, "-o", str(store), "--partition", partition, "--backend", args.backend, *args.build_args]
         if args.backend == "cuda":
             build += ["--gpus", gpus or "0"]
+        if shard_rows:
+            build += ["--shard-rows", shard_rows]
         out = bigknn("build", *build)
         ev = bigknn("eval", "recall", str(store), "--backend", args.backend, "--sample", str(args.eval_sample),
                     "--k", str(min(10, out["k"])))
@@ -91,7 +96,7 @@ def main() -> None:
         print(json.dumps({
             "workload": "out-of-core build", "family": args.family, "input": args.input, "rows": out["rows"],
             "dim": out["dim"], "k": out["k"], "partition_asked": partition, "partition": out["partition"],
-            "gpus": gpus, "device": device(), "page_cache_dropped": dropped, "build_args": args.build_args,
+            "gpus": gpus, "shard_rows_asked": int(shard_rows or 0), "device": device(), "page_cache_dropped": dropped, "build_args": args.build_args,
             "wall_s": out["wall_s"], "recall@10": ev.get("recall"), "recall_estimate": out.get("recall_estimate"),
             "shards": out["shards"], "merges": out["merges_done"], "all_pairs": out["all_pairs"],
             "read_gb": out["read_gb"], "written_gb": out["written_gb"], "store_gb": round(du / 1e9, 3),
