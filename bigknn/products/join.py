@@ -120,7 +120,7 @@ def leaves_of(x: np.ndarray, labels: np.ndarray, core: np.ndarray) -> Leaves:
 
 
 class Scan:
-    """One Borůvka round's exact cheapest edge out of each component but the largest, by bounded leaf pairs."""
+    """Each Borůvka round's exact cheapest edge out of each component but the largest, by bounded leaf pairs."""
 
     def __init__(self, x: np.ndarray, core: np.ndarray, metric: str, leaves: Leaves) -> None:
         self.x, self.core, self.metric, self.leaves = x, core, metric, leaves
