@@ -67,7 +67,7 @@ if importlib.util.find_spec("leidenalg") is not None:
     leiden = np.array(leidenalg.find_partition(graph, leidenalg.ModularityVertexPartition, seed=0).membership)
     print("Leiden on the mutual graph, ARI:", round(adjusted_rand_score(truth, leiden), 3))
 else:
-    print("Leiden skipped: pip install leidenalg")
+    print("Leiden skipped: pip install 'bigknn[leiden]'")
 
 # %% [markdown]
 # ## HDBSCAN on the mutual-reachability graph

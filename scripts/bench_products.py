@@ -1,14 +1,19 @@
 #!/usr/bin/env python3
-"""Graph products on the CPU (bigknn/products/): time and peak traced memory of the symmetric graph (in
-memory, and written to .npz through disk buckets under a host budget), near-duplicate components, core
-distances and the mutual-reachability graph, on a store of N rows. One JSON object on stdout.
+"""Graph products (bigknn/products/): time and peak traced memory of the symmetric graph (in memory, and
+written to .npz through disk buckets under a host budget), near-duplicate components and ``bigknn dedup``'s
+whole work (components plus groups.parquet and the kept rows), core distances and the mutual-reachability
+graph, on a store of N rows. One JSON object on stdout, with the build's time: the dedup bar is
+``dedup.s / build_s`` (``dedup_over_build``).
 
-The store is built here (clustered synth rows, CPU backend) unless --store names one. Peak memory is what
+The store is built here (clustered synth rows, --backend) unless --store names one. Peak memory is what
 tracemalloc sees (NumPy's allocations), beside the graph's own size (rows x k ids and distances), so the
-streamed steps can be told from ones that hold the graph.
+streamed steps can be told from ones that hold the graph (--no-trace leaves tracemalloc off: at 50M rows its
+per-allocation cost shows in the times).
 
     PYTHONPATH=. python3 scripts/bench_products.py --rows 200000 --dim 32 --k 16 --host-mem 64M
     PYTHONPATH=. python3 scripts/bench_products.py --store data.knn --max-distance 0.1 --steps components,export_npz_out_of_core
+    PYTHONPATH=. python3 scripts/bench_products.py --rows 50000000 --dim 96 --k 32 --backend cuda --steps dedup \
+        --no-trace --work /tmp/bp
 """
 
 from __future__ import annotations
@@ -23,18 +28,22 @@ from pathlib import Path
 import numpy as np
 
 STEPS = ("symmetric_union_distance", "symmetric_union_umap", "symmetric_mutual", "export_npz_out_of_core",
-         "components", "core_distances", "mutual_reachability")
+         "components", "dedup", "core_distances", "mutual_reachability")
+WARM_ROWS = 20_000  # an untimed build first on a GPU backend
 
 
-def measured(fn):
-    """(result, seconds, peak traced bytes) of ``fn()``."""
-    tracemalloc.start()
-    tracemalloc.reset_peak()
+def measured(fn, trace: bool):
+    """(result, seconds, peak traced bytes or None) of ``fn()``."""
+    if trace:
+        tracemalloc.start()
+        tracemalloc.reset_peak()
     t0 = time.perf_counter()
     result = fn()
     seconds = time.perf_counter() - t0
-    peak = tracemalloc.get_traced_memory()[1]
-    tracemalloc.stop()
+    peak = None
+    if trace:
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
     return result, round(seconds, 3), peak
 
 
@@ -48,10 +57,14 @@ def main() -> None:
     ap.add_argument("--max-distance", type=float, default=None,
                     help="Components' threshold (default: the median first-neighbour distance).")
     ap.add_argument("--min-samples", type=int, default=10)
+    ap.add_argument("--backend", default="cpu", choices=("cpu", "cuda", "auto"), help="The build's backend.")
+    ap.add_argument("--work", type=Path, default=None,
+                    help="Folder for the store and outputs (default: the system's temporary directory); removed after.")
+    ap.add_argument("--no-trace", dest="trace", action="store_false", help="Time the steps without tracemalloc.")
     ap.add_argument("--steps", default=None,
-                    help="Comma-separated steps to run (default all): " + ", ".join(STEPS) + ". The join inside "
-                         "mutual_reachability scans every row outside the largest component against all rows a "
-                         "round: leave it out on large stores of separated clusters.")
+                    help="Comma-separated steps to run (default all): " + ", ".join(STEPS) + ". dedup is `bigknn "
+                         "dedup`'s work: components, groups.parquet and the kept rows. mutual_reachability holds "
+                         "the union graph and the vectors in memory.")
     args = ap.parse_args()
     unknown = set() if args.steps is None else {s.strip() for s in args.steps.split(",")} - set(STEPS)
     if unknown:
@@ -61,35 +74,45 @@ def main() -> None:
     from bigknn.cli.common import parse_bytes
     from bigknn.synth import synth
 
-    with tempfile.TemporaryDirectory(prefix="bench-products-") as work:
+    if args.work is not None:
+        args.work.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="bench-products-", dir=args.work) as work:
         work = Path(work)
         if args.store is None:
-            x = synth(args.rows, args.dim, seed=41)
             t0 = time.perf_counter()
-            g = bigknn.build(x, k=args.k, backend="cpu", store=work / "bench.knn")
+            x = synth(args.rows, args.dim, seed=41)
+            synth_s = round(time.perf_counter() - t0, 3)
+            if args.backend != "cpu":  # the device's kernels compiled and loaded before the timed build
+                bigknn.build(x[:WARM_ROWS], k=args.k, backend=args.backend, store=work / "warm.knn").close()
+            t0 = time.perf_counter()
+            g = bigknn.build(x, k=args.k, backend=args.backend, store=work / "bench.knn")
             build_s = round(time.perf_counter() - t0, 3)
+            del x
         else:
-            g, build_s = bigknn.open(args.store), None
+            g, build_s, synth_s = bigknn.open(args.store), None, None
         info = g.info
         _, first = g.neighbors(k=1)
         max_distance = float(np.median(first)) if args.max_distance is None else args.max_distance
         min_samples = min(args.min_samples, info.k + 1)
         host_mem = parse_bytes(args.host_mem)
-        result = {"rows": info.rows, "dim": info.dim, "k": info.k, "metric": info.metric, "build_s": build_s,
-                  "graph_bytes": info.rows * info.k * 8, "host_mem": host_mem}
+        result = {"rows": info.rows, "dim": info.dim, "k": info.k, "metric": info.metric, "backend": args.backend,
+                  "synth_s": synth_s, "build_s": build_s, "graph_bytes": info.rows * info.k * 8, "host_mem": host_mem}
         steps = {
             "symmetric_union_distance": lambda: g.symmetric("union").nnz,
             "symmetric_union_umap": lambda: g.symmetric("union", weights="umap").nnz,
             "symmetric_mutual": lambda: g.symmetric("mutual").nnz,
             "export_npz_out_of_core": lambda: g.export_symmetric(work / "sym.npz", host_mem=host_mem)["entries"],
             "components": lambda: g.components(max_distance).summary()["groups"],
+            "dedup": lambda: g.components(max_distance).write(work / "groups.parquet", work / "keep.npy")["groups"],
             "core_distances": lambda: float(g.core_distances(min_samples).mean()),
             "mutual_reachability": lambda: g.mutual_reachability(min_samples).nnz,
         }
         chosen = STEPS if args.steps is None else [s.strip() for s in args.steps.split(",")]
         for name in chosen:
-            value, seconds, peak = measured(steps[name])
+            value, seconds, peak = measured(steps[name], args.trace)
             result[name] = {"s": seconds, "peak_bytes": peak, "result": value}
+        if build_s and "dedup" in result:
+            result["dedup_over_build"] = round(result["dedup"]["s"] / build_s, 4)
         result["components_max_distance"] = max_distance
         result["min_samples"] = min_samples
         g.close()

@@ -110,8 +110,9 @@ class ProductMethods:
         """HDBSCAN's mutual-reachability graph as a symmetric ``scipy.sparse.csr_matrix``: the union graph's
         edges weighted max(core_a, core_b, d). Pass it to ``sklearn.cluster.HDBSCAN(metric="precomputed",
         min_samples=1)`` (min_samples 1 leaves these weights as they are). A graph of several components is
-        joined by the exact cheapest cross-component edges (Boruvka; a scan of the vectors of all but the
-        largest component), or with ``join=False`` refused in one line.
+        joined by the exact cheapest cross-component edges (Borůvka; a scan of the vectors, held in memory
+        meanwhile, that measures only the balls of rows whose bound can beat each component's best edge), or
+        with ``join=False`` refused in one line.
 
         Examples
         --------
