@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import shutil
 import stat
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import BinaryIO, Iterator
 
-from bigknn.errors import BadInput
+from bigknn.errors import BadInput, disk_full_named
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 VERSION = re.compile(r"[0-9]{1,18}")  # graph and search version directories, shard directories
@@ -122,6 +123,26 @@ def fresh_dir(store: Path, rel: str | Path) -> None:
     except NotADirectoryError:
         raise BadInput(Path(store) / rel.parent, "holds a file where bigknn keeps a directory; the store is "
                                                  "damaged (run `bigknn verify`)") from None
+
+
+@contextmanager
+def new_file(store: Path, rel_dir: str | Path, name: str) -> Iterator[BinaryIO]:
+    """A file ``store/rel_dir/name`` written whole or not at all, through descriptors only: the directory is
+    opened (created) without following a link, the file written under a temporary name created there with
+    ``O_EXCL | O_NOFOLLOW``, fsynced and renamed over ``name`` (a link at ``name`` is replaced, never followed)."""
+    with owned_dir(store, rel_dir, create=True) as dir_fd, disk_full_named(Path(store) / rel_dir / name, None):
+        tmp = f".{name}.{os.getpid()}-{secrets.token_hex(4)}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=dir_fd)
+        try:
+            with open(fd, "wb") as f:
+                yield f
+                f.flush()
+                os.fsync(f.fileno())
+            os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            os.fsync(dir_fd)
+        except BaseException:
+            remove_file(dir_fd, tmp)
+            raise
 
 
 def versions(store: Path, rel: str | Path) -> list[int]:
