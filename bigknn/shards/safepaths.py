@@ -4,8 +4,9 @@ Anyone who can write a store's directory can plant a symbolic link where bigknn 
 ``.readers``, ``shards/0/graph``, ``search``): a writer that followed it would truncate, fill or delete files
 outside the store with its own rights (root's, under the cron job). So:
 
-* a writer refuses a store that holds any symbolic link (``check_store``, when it takes the lock): bigknn
-  never makes one, so one is planted or a mistake; the one-line error (exit 2) names it;
+* a writer refuses a store that holds a symbolic link (``check_store``, when it takes the lock; arrays' chunk
+  trees are not walked, its docstring says why that is safe): bigknn never makes one, so one is planted or a
+  mistake; the one-line error (exit 2) names it;
 * every deletion and every rename opens the directories on its way with ``O_NOFOLLOW`` relative to the
   store's own descriptor (``owned_dir``), so a link planted after that check is not followed either;
 * deletions match only names bigknn creates (``is_version``, the lease and temp-file patterns of their
@@ -41,15 +42,36 @@ def link_refusal(path: Path) -> BadInput:
                           "renames or deletes through one (remove it, or put what it points to in its place)")
 
 
+CHUNK_TREE = "c"  # an array's chunk files, c/<i>/0, beside its zarr.json (bigknn/shards/chunks.py)
+
+
 def check_store(store: Path) -> None:
-    """Refuse (exit 2) a store that holds a symbolic link anywhere inside it (run by every writer once it
-    holds the lock: no other writer adds one meanwhile)."""
-    store = Path(store)
-    for root, dirs, files in os.walk(store):  # os.walk lists links to directories but never enters them
-        for name in dirs + files:
-            path = Path(root) / name
-            if path.is_symlink():
-                raise link_refusal(path)
+    """Refuse (exit 2) a store that holds a symbolic link where a writer could follow one (run by every writer
+    once it holds the lock: no other writer adds one meanwhile).
+
+    One walk of the store's directories that reads each one's entries and their types (``scandir``: no ``stat``
+    per file on file systems that report types) and does not enter arrays' chunk trees, so its cost follows the
+    store's arrays, not its chunks. No write, rename or deletion follows a link all the same: files are opened
+    with ``O_NOFOLLOW``, or created with ``O_EXCL`` and renamed into place (a link at the name is refused or
+    replaced, never followed); every array is written into a directory made fresh just before (``fresh_dir``:
+    the old tree removed through descriptors, links in it removed themselves), so nothing is ever written into
+    an existing chunk tree; and deletions open every directory without following a link (``remove_tree``). A
+    link inside a chunk tree is only ever read through, where its chunk's checksum for its place calls it damage.
+    """
+    folders = [Path(store)]
+    while folders:
+        folder = folders.pop()
+        try:
+            with os.scandir(folder) as it:
+                entries = list(it)
+        except OSError:
+            continue  # gone meanwhile (a reader's lease directory), or unreadable: nothing is written there
+        is_array = any(e.name == "zarr.json" for e in entries) and folder != Path(store)
+        for entry in entries:
+            if entry.is_symlink():
+                raise link_refusal(Path(entry.path))
+            if entry.is_dir(follow_symlinks=False) and not (is_array and entry.name == CHUNK_TREE):
+                folders.append(Path(entry.path))
 
 
 def open_dir(store: Path, rel: str | Path = "", create: bool = False) -> int:
