@@ -400,10 +400,10 @@ class Store:
 def read_store(path: Path, read: Callable[[Store], T], suspect: Callable[[T], bool] | None = None,
                check_identity: bool = True) -> T:
     """``read(store)`` on the store at ``path``, opened as a reader (``Store.open``, its ``check_identity``) and
-    closed after. With its lease, nothing it reads goes away. Without one (no write access to STORE/.readers) a writer's commit may delete a graph
-    version under it: a read that raised ``Damaged``, or whose result is ``suspect`` (a report of damage), is
-    done again on the new state if the manifest moved on meanwhile; under an unchanged manifest, or with the
-    lease, the damage is real and stands."""
+    closed after. With its lease, nothing it reads goes away. Without one (no write access to STORE/.readers) a
+    writer's commit may delete a graph version under it: a read that raised ``Damaged``, or whose result is
+    ``suspect`` (a report of damage), is done again on the new state if the manifest moved on meanwhile; under an
+    unchanged manifest, or with the lease, the damage is real and stands."""
     attempt = 1
     while True:
         with Store.open(path, check_identity=check_identity) as store:
