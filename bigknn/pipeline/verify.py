@@ -3,12 +3,12 @@ what is damaged.
 
 Checked: the manifest's dim, dtype, metric and k against what the store was built for (an edit of them is
 repaired by hand: bigknn/shards/identity.py); the shards' ids, offsets and rows; every merged pair names two
-shards with a graph, once; every array the manifest refers to (each shard's vectors, its committed graph
-version, an interrupted ingest's new shards and staged versions) exists with the shape and dtype the manifest
-implies, and every chunk of it is present, whole and matches its checksum; graph ids lie within the rows; so does the search graph the manifest names, if
-it was pruned from the graph as it is (a stale one is refused by search and replaced by the next prune). Older
-graph versions kept for readers are not the store's state and are not checked. The user ids' parts are checked
-too, each against its checksum for its place (bigknn/shards/user_ids.py).
+shards with a graph, once; every array the manifest refers to (each shard's vectors, its committed graph version,
+an interrupted ingest's new shards and staged versions) exists with the shape and dtype the manifest implies, and
+every chunk of it is present, whole and matches its checksum; graph ids lie within the rows; so does the search
+graph the manifest names, if it was pruned from the graph as it is (a stale one is refused by search and replaced
+by the next prune). Older graph versions kept for readers are not the store's state and are not checked. The user
+ids' parts are checked too, each against its checksum for its place (bigknn/shards/user_ids.py).
 
 Repairs (``--repair``, under the writer lock; then ``bigknn merge`` recomputes what was dropped): a damaged
 graph version of a shard whose vectors are intact is dropped with the shard's merged pairs, so the merge runs
