@@ -29,8 +29,8 @@ DIR = "user_ids"
 INT, STR = "int64", "string"
 SUFFIX = {INT: ".i64", STR: ".utf8"}
 OFFSETS = ".offsets"
-# ends every sealed part, after its 4-byte checksum. An unsealed part cannot end so: 0xff is never in UTF-8, and
-# as the last 4 bytes of an int64 file it is the high half of a value of about 7.6e18 (no offset; an id unlikely)
+# ends every sealed part, after its 4-byte checksum. No unsealed part ends so in practice: 0xff is never in UTF-8;
+# as the last 4 bytes of an int64 file it is the high half of a value near 7.6e18 (no offset; an unlikely id)
 MAGIC = b"\xffBKi"
 TRAILER = checksums.SIZE + len(MAGIC)
 
