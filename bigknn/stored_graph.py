@@ -1,5 +1,6 @@
 """``Graph``: a k-NN graph in a store, as ``bigknn.build`` and ``bigknn.open`` give it: its neighbour lists
-as arrays, scipy, UMAP or files, its quality (recall, in-degrees, pictures) and its upkeep (ingest)."""
+as arrays, scipy, UMAP or files, its quality (recall, in-degrees, pictures: bigknn/graph_quality.py) and its
+upkeep (ingest)."""
 
 from __future__ import annotations
 
@@ -15,19 +16,18 @@ from typing import Any
 
 import numpy as np
 
-from bigknn import plot as draw
 from bigknn.arrays import host_array, input_file
 from bigknn.backends import get_backend, get_backends
 from bigknn.extras import install_hint
+from bigknn.graph_quality import QualityMethods
 from bigknn.metrics import kernel_metric, prepare_rows, user_distance
-from bigknn.pipeline.evaluate import RECALL_K, SAMPLE_ROWS, recall_rows
 from bigknn.pipeline.export import ID_KINDS, export as run_export
 from bigknn.pipeline.ingest import ingest as run_ingest
 from bigknn.partition.rowmap import RowMap
-from bigknn.pipeline.readout import csr_parts, in_degrees, neighbours_per_row, shard_of, whole_graph
+from bigknn.pipeline.readout import csr_parts, neighbours_per_row, whole_graph
 from bigknn.products.methods import ProductMethods
 from bigknn.progress import reporter
-from bigknn.results import BuildReport, ExportReport, InDegrees, Info, IngestReport, Neighbors, RecallReport
+from bigknn.results import BuildReport, ExportReport, Info, IngestReport, Neighbors
 from bigknn.search.index import IndexSlot
 from bigknn.search.methods import SearchMethods
 from bigknn.shards import Store, user_ids
@@ -36,7 +36,7 @@ PathLike = str | os.PathLike
 Gpus = str | Sequence[int] | None
 
 
-class Graph(SearchMethods, ProductMethods):
+class Graph(SearchMethods, ProductMethods, QualityMethods):
     """A k-NN graph in a store: its neighbour lists, as arrays, scipy, UMAP or files, and its upkeep.
 
     Made by ``bigknn.build`` or ``bigknn.open``. A graph built without a store lives in a temporary
@@ -198,89 +198,6 @@ class Graph(SearchMethods, ProductMethods):
         blocks = ((s.offset, store.read_vectors(s.id)) for s in m.shards)
         found = get_backend(backend, gpu_mem).exact_knn(q, k, kernel_metric(m.metric), blocks)
         return Neighbors(RowMap.of(store).to_input(found.ids), user_distance(found.dists, m.metric))
-
-    def recall(self, sample: int = SAMPLE_ROWS, k: int = RECALL_K, truth: PathLike | None = None, seed: int = 0,
-               rows: tuple[int, int] | None = None, backend: str = "auto", gpu_mem: int | None = None,
-               plot: PathLike | None = None) -> RecallReport:
-        """Measure recall@k on sampled rows against their exact neighbours (self excluded, ties counted).
-
-        Parameters
-        ----------
-        sample : int
-            Rows whose exact neighbours are computed (a scan of the store each).
-        k : int
-            Recall@k, at most the graph's k.
-        truth : path, optional
-            Ground truth ``.ibin`` (row i: exact neighbours of row i) instead of the exact scan.
-        seed : int
-            Seed of the row sample.
-        rows : (int, int), optional
-            Sample only global rows [lo, hi), e.g. the rows an ingest added.
-        backend, gpu_mem
-            As for ``build``.
-        plot : path, optional
-            Also draw the recall of each sampled row (a histogram) and each shard's mean into this image
-            file (.png, .svg, .pdf; needs matplotlib: ``bigknn[plot]``).
-
-        Examples
-        --------
-        >>> import os, tempfile
-        >>> import numpy as np, bigknn
-        >>> x = np.random.default_rng(0).normal(size=(1000, 8)).astype(np.float32)
-        >>> picture = os.path.join(tempfile.mkdtemp(), "recall.png")
-        >>> with bigknn.build(x, k=10, backend="cpu") as g:
-        ...     r = g.recall(sample=200, backend="cpu", plot=picture)
-        >>> r.sample, r.k, r.recall >= 0.99, os.path.getsize(r.plot) > 0
-        (200, 10, True, True)
-        """
-        store = self._live()
-        if plot is not None:
-            draw.pyplot(Path(plot))  # refuse a missing matplotlib or an unknown extension before the work
-        result, sampled, per_row = recall_rows(store, get_backend(backend, gpu_mem), sample, k,
-                                               None if truth is None else Path(truth), seed, rows)
-        if plot is not None:  # the build's target is a recall@10
-            target = (store.manifest.params.recall or None) if result["k"] == RECALL_K else None
-            draw.recall_histogram(Path(plot), per_row, shard_of(store, sampled), len(store.manifest.shards),
-                                  result["k"], f"{store.path.name}: recall@{result['k']} of {len(sampled):,} rows",
-                                  target)
-            result["plot"] = str(plot)
-        return RecallReport(**result)
-
-    def in_degrees(self, k: int | None = None) -> np.ndarray:
-        """How many neighbour lists (their first ``k`` entries; default all) each row appears in: (rows,)
-        int64, mean k. Rows in many lists are hubs, rows in none are never found as anyone's neighbour.
-
-        Examples
-        --------
-        >>> import numpy as np, bigknn
-        >>> x = np.array([[0.0], [1], [3], [7]], dtype=np.float32)
-        >>> with bigknn.build(x, k=1, backend="cpu") as g:
-        ...     g.in_degrees().tolist()        # 0->1, 1->0, 2->1, 3->2
-        [1, 2, 1, 0]
-        """
-        return in_degrees(self._live(), k)
-
-    def plot_in_degrees(self, path: PathLike, k: int | None = None) -> InDegrees:
-        """Draw the in-degree distribution (``in_degrees``) into an image file (.png, .svg, .pdf; needs
-        matplotlib: ``bigknn[plot]``) and return its summary; ``bigknn info --plot`` calls this.
-
-        Examples
-        --------
-        >>> import os, tempfile
-        >>> import numpy as np, bigknn
-        >>> x = np.random.default_rng(0).normal(size=(1000, 8)).astype(np.float32)
-        >>> picture = os.path.join(tempfile.mkdtemp(), "degrees.png")
-        >>> with bigknn.build(x, k=10, backend="cpu") as g:
-        ...     d = g.plot_in_degrees(picture)
-        >>> d.mean, d.max > 10, os.path.getsize(d.plot) > 0
-        (10.0, True, True)
-        """
-        store = self._live()
-        draw.pyplot(Path(path))
-        k = neighbours_per_row(store, k)
-        degrees = in_degrees(store, k)
-        draw.in_degree_histogram(Path(path), degrees, k, f"{store.path.name}: in-degrees of {len(degrees):,} rows")
-        return InDegrees.of(degrees, k, str(path))
 
     # ---- writing ----------------------------------------------------------------------------------
     def export(self, path: PathLike, include_self: bool = False, ids: str = "row") -> ExportReport:

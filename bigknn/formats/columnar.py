@@ -20,6 +20,7 @@ import numpy as np
 
 from bigknn.errors import BadInput
 from bigknn.formats.read import FileState, check_rows, file_state
+from bigknn.formats.source import read_rows
 from bigknn.formats.spec import CHECK_CHUNK_ROWS, HASH_BLOCK_BYTES, NPY_DTYPES, PARQUET_EXTENSIONS
 
 _THREAD = threading.local()  # each thread's one open reader and one decoded group (ColumnarFile._reader, _group)
@@ -68,11 +69,7 @@ class ColumnarFile:
         return max(default, int(max(self.group_rows)))
 
     def read(self, start: int, stop: int) -> np.ndarray:
-        if not 0 <= start <= stop <= self.rows:
-            raise ValueError(f"rows [{start}, {stop}) are outside [0, {self.rows}) of {self.path}")
-        out = np.empty((stop - start, self.dim), self.read_dtype)
-        self.read_into(start, out)
-        return out
+        return read_rows(self, start, stop)
 
     def read_into(self, start: int, out: np.ndarray) -> None:
         """Rows [start, start + len(out)) cast into ``out``, group by group."""

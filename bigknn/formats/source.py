@@ -52,6 +52,16 @@ class VectorSource(Protocol):
     def check_unchanged(self) -> None: ...
 
 
+def read_rows(source: VectorSource, start: int, stop: int) -> np.ndarray:
+    """Rows [start, stop) of ``source`` as a new array of its read dtype: ``read`` of every source that fills
+    rows through ``read_into``."""
+    if not 0 <= start <= stop <= source.rows:
+        raise ValueError(f"rows [{start}, {stop}) are outside [0, {source.rows}) of {source.path}")
+    out = np.empty((stop - start, source.dim), source.read_dtype)
+    source.read_into(start, out)
+    return out
+
+
 def cast_note(source: VectorSource) -> str | None:
     """The note a run gives when it reads ``source`` in another dtype (float64 as float32: every backend
     computes in float32 at most), or None."""
@@ -121,11 +131,7 @@ class PartedSource:
         return max(p.block_rows(default) for p in self.parts)
 
     def read(self, start: int, stop: int) -> np.ndarray:
-        if not 0 <= start <= stop <= self.rows:
-            raise ValueError(f"rows [{start}, {stop}) are outside [0, {self.rows}) of {self.path}")
-        out = np.empty((stop - start, self.dim), self.read_dtype)
-        self.read_into(start, out)
-        return out
+        return read_rows(self, start, stop)
 
     def read_into(self, start: int, out: np.ndarray) -> None:
         for i, lo, hi, at in self._spans(start, len(out)):

@@ -24,7 +24,7 @@ from bigknn.partition.learn import DEFAULT_METHOD, METHODS, Partition
 from bigknn.pipeline.estimate import SampleTruth, record_estimate
 from bigknn.pipeline.plan import auto_shard_rows, automatic_shards, resolve_partition
 from bigknn.pipeline.sharding import shard_sizes, stream_shards
-from bigknn.pipeline.limits import build_shards, smallest_shard_rows
+from bigknn.pipeline.limits import build_shards, k_refusal, smallest_shard_rows
 from bigknn.pipeline.steps import cache_shards, check_merge_count, input_fits_host, record_timings, run_build_steps
 from bigknn.pipeline.accounting import Accounting
 from bigknn.progress import Reporter
@@ -138,10 +138,8 @@ def worker_count(backends: list[Backend]) -> int:
 # ---- checks ---------------------------------------------------------------------------------------
 def _check_request(req: BuildRequest, vf: VectorSource) -> None:
     k = req.params.k
-    if k < 1:
-        raise BadInput(req.input, f"k must be at least 1, got {k}")
-    if k >= vf.rows:
-        raise BadInput(req.input, f"k = {k} needs more than {k} rows; the input has {vf.rows}")
+    if (why := k_refusal(k, vf.rows)) is not None:
+        raise BadInput(req.input, why)
     if req.shard_rows <= k:
         raise BadInput(req.input, f"--shard-rows {req.shard_rows} must exceed k = {k}")
     if req.partition not in METHODS:

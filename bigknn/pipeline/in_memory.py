@@ -23,6 +23,7 @@ from bigknn.params import GnndParams
 from bigknn.partition.learn import DEFAULT_METHOD
 from bigknn.pipeline.accounting import Accounting
 from bigknn.pipeline.estimate import SampleTruth, sample_rows
+from bigknn.pipeline.limits import k_refusal
 from bigknn.pipeline.plan import auto_shard_rows, automatic_shards
 from bigknn.pipeline.sharding import READ_BLOCK_BYTES, READ_THREADS, shard_sizes
 from bigknn.pipeline.workers import seed_for
@@ -87,10 +88,8 @@ def build_in_memory(x: np.ndarray, metric: str, params: GnndParams, seed: int, b
     the recall sample's truth and the descent's probe from it, GNND, and the estimate on the held-out rows."""
     acct = Accounting()
     n, k = len(x), params.k
-    if k < 1:
-        raise BadInput(ARRAY, f"k must be at least 1, got {k}")
-    if k >= n:
-        raise BadInput(ARRAY, f"k = {k} needs more than {k} rows; the input has {n}")
+    if (why := k_refusal(k, n)) is not None:
+        raise BadInput(ARRAY, why)
     vectors = stored_rows(x, metric)
     acct.add("prepare", time.perf_counter() - acct.t0)
     sample, probe = None, None

@@ -1,6 +1,6 @@
 """The one place of the limits a build refuses beyond, so that ``bigknn plan`` and ``bigknn build`` agree: the
-shards a build of ``rows`` rows makes at a ``--shard-rows``, the most merges a run takes on, and the smallest
-``--shard-rows`` within them."""
+shards a build of ``rows`` rows makes at a ``--shard-rows``, the most merges a run takes on, the smallest
+``--shard-rows`` within them, and the k a number of rows can have (a store's build and an in-memory one)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,15 @@ from bigknn.pipeline.sharding import shard_total
 MAX_MERGES = 10_000  # more pairwise merges than this (142 shards or more) are refused
 MAX_SHARDS = math.isqrt(2 * MAX_MERGES)  # 141 shards: 9,870 pairs
 MERGES_PER_SHARD_NOTE = 10  # more merges than this per shard (22 shards or more) get a note
+
+
+def k_refusal(k: int, rows: int) -> str | None:
+    """Why ``k`` neighbours cannot be found among ``rows`` rows, or None: each row needs k others."""
+    if k < 1:
+        return f"k must be at least 1, got {k}"
+    if k >= rows:
+        return f"k = {k} needs more than {k} rows; the input has {rows}"
+    return None
 
 
 def build_shards(rows: int, shard_rows: int, width: int, partition: str) -> int:

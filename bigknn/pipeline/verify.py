@@ -1,12 +1,14 @@
 """``bigknn verify`` (fsck): every chunk against its checksum, the manifest against the arrays, and what repairs
 what is damaged.
 
-Checked: the shards' ids, offsets and rows; every merged pair names two shards with a graph, once; every array
-the manifest refers to (each shard's vectors, its committed graph version, an interrupted ingest's new shards
-and staged versions) exists with the shape and dtype the manifest implies, and every chunk of it is present,
-whole and matches its checksum; graph ids lie within the rows; so does the search graph the manifest names, if
-it was pruned from the graph as it is (a stale one is refused by search and replaced by the next prune). Older
-graph versions kept for readers are not the store's state and are not checked.
+Checked: the manifest's dim, dtype, metric and k against what the store was built for (an edit of them is
+repaired by hand: bigknn/shards/identity.py); the shards' ids, offsets and rows; every merged pair names two
+shards with a graph, once; every array the manifest refers to (each shard's vectors, its committed graph version,
+an interrupted ingest's new shards and staged versions) exists with the shape and dtype the manifest implies, and
+every chunk of it is present, whole and matches its checksum; graph ids lie within the rows; so does the search
+graph the manifest names, if it was pruned from the graph as it is (a stale one is refused by search and replaced
+by the next prune). Older graph versions kept for readers are not the store's state and are not checked. The user
+ids' parts are checked too, each against its checksum for its place (bigknn/shards/user_ids.py).
 
 Repairs (``--repair``, under the writer lock; then ``bigknn merge`` recomputes what was dropped): a damaged
 graph version of a shard whose vectors are intact is dropped with the shard's merged pairs, so the merge runs
@@ -18,6 +20,7 @@ committed shard, or shards that do not add up, cannot be repaired in place: rebu
 
 from __future__ import annotations
 
+import json
 import shlex
 import time
 from dataclasses import dataclass
@@ -28,7 +31,7 @@ import numpy as np
 from bigknn.errors import BigknnError, Damaged
 from bigknn.graph import EMPTY, LOCAL_ID_DTYPE
 from bigknn.search.store import SEARCH_ID_DTYPE
-from bigknn.shards import Store, WriterLock, checksums
+from bigknn.shards import Store, WriterLock, checksums, identity, user_ids
 from bigknn.shards.manifest import MANIFEST
 from bigknn.shards.names import graph_name, row_ids_name, search_name, vectors_name
 
@@ -39,6 +42,8 @@ PAIRS = "pairs"  # drop invalid merged pairs; merge redoes the missing ones
 STAGED = "staged"  # drop a staged graph of the interrupted ingest and its pairs; merge redoes them
 PENDING = "pending"  # drop the interrupted ingest; ingest its file again
 SEARCH = "search"  # drop the search graph; prune again
+EDITED = "edited"  # put back a manifest field the store was built with (bigknn/shards/identity.py); by hand
+UNREPAIRABLE = (REBUILD, EDITED)  # what --repair cannot mend
 
 
 @dataclass
@@ -46,8 +51,9 @@ class Problem:
     what: str  # e.g. "shard 3 graph version 7 ids"
     file: str
     problem: str
-    repair: str  # one of REBUILD, GRAPH, PAIRS, STAGED, PENDING, SEARCH
+    repair: str  # one of REBUILD, GRAPH, PAIRS, STAGED, PENDING, SEARCH, EDITED
     shard: int | None = None
+    put_back: str = ""  # EDITED: the manifest's field as the store was built with it, as JSON
 
 
 def verify(store: Store, contents: bool = True) -> dict:
@@ -61,12 +67,12 @@ def repair(store_path: Path, wait_s: float = 0.0) -> dict:
     """Verify under the writer lock, then drop from the manifest what is damaged, so that ``bigknn merge``
     recomputes it. Raises when the damage needs a rebuild."""
     t0 = time.perf_counter()
-    Store.open(store_path, pin=False)  # refuse a missing or foreign directory before the lock file is created
+    Store.open(store_path, pin=False, check_identity=False)  # refuse a missing or foreign directory first
     with WriterLock(store_path, wait_s):
-        store = Store.open(store_path, pin=False)
+        store = Store.open(store_path, pin=False, check_identity=False)
         checker = _check(store, contents=True)
         report = _report(store, checker, t0)
-        if any(p.repair == REBUILD for p in checker.problems):
+        if any(p.repair in UNREPAIRABLE for p in checker.problems):
             raise BigknnError(f"{store_path}: --repair cannot mend this damage; {report['repair'][0]}")
         report["repaired"] = _mend(store, checker.problems)
         if report["repaired"]:
@@ -88,10 +94,13 @@ def _advice(store: Store, problems: list[Problem]) -> list[str]:
     """The commands that repair ``problems``, in order."""
     if not problems:
         return []
+    if edited := [p for p in problems if p.repair == EDITED]:
+        return [f"edit {shlex.quote(edited[0].file)}: put back what the store was built with: "
+                + ", ".join(p.put_back for p in edited)]
     if any(p.repair == REBUILD for p in problems):
         inputs = ", ".join(i.get("path", "?") for i in store.manifest.inputs) or "the input files"
         return [f"rebuild a new store from {inputs} (bigknn build, then bigknn ingest of any later files): "
-                "damaged vectors or shard bounds cannot be recomputed in place"]
+                "damaged vectors, user ids or shard bounds cannot be recomputed in place"]
     at = shlex.quote(str(store.path))  # advice is pasted into a shell: a name with spaces or $(...) stays one word
     steps = [f"bigknn verify {at} --repair", f"bigknn merge {at}"]
     if any(p.repair == SEARCH for p in problems):
@@ -154,8 +163,12 @@ class _Checker:
 
     def run(self) -> None:
         m = self.store.manifest
-        if not self._shards_add_up():
-            return  # arrays cannot be matched to rows that do not add up
+        edited = identity.mismatches(self.store.path, m)
+        for field, want, problem in edited:
+            self.problems.append(Problem(f"manifest {field}", str(self.store.path / MANIFEST), problem, EDITED,
+                                         put_back=f'"{field}": {json.dumps(want)}'))
+        if edited or not self._shards_add_up():
+            return  # arrays cannot be checked against a manifest that does not describe them
         if len(_valid_pairs(self.store)) != len(m.merged):
             self._add("merged pairs", self.store.path / MANIFEST, "invalid or repeated merged pairs "
                       "(a pair of a shard without a graph, out of range, or listed twice)", PAIRS)
@@ -186,6 +199,9 @@ class _Checker:
                             (SEARCH_ID_DTYPE,), SEARCH, s.id, m.rows)
                 self._array(search_name(search["version"], f"shards/{s.id}/lambdas"), f"{where} lambdas", shape,
                             (np.dtype(np.uint8),), SEARCH, s.id)
+        if self.contents:
+            for damage in user_ids.check(self.store.path, m.rows):
+                self._add("user ids", damage.file, damage.problem, REBUILD)
 
     def _shards_add_up(self) -> bool:
         m = self.store.manifest

@@ -4,8 +4,9 @@ Anyone who can write a store's directory can plant a symbolic link where bigknn 
 ``.readers``, ``shards/0/graph``, ``search``): a writer that followed it would truncate, fill or delete files
 outside the store with its own rights (root's, under the cron job). So:
 
-* a writer refuses a store that holds any symbolic link (``check_store``, when it takes the lock): bigknn
-  never makes one, so one is planted or a mistake; the one-line error (exit 2) names it;
+* a writer refuses a store that holds a symbolic link (``check_store``, when it takes the lock; arrays' chunk
+  trees are not walked, its docstring says why that is safe): bigknn never makes one, so one is planted or a
+  mistake; the one-line error (exit 2) names it;
 * every deletion and every rename opens the directories on its way with ``O_NOFOLLOW`` relative to the
   store's own descriptor (``owned_dir``), so a link planted after that check is not followed either;
 * deletions match only names bigknn creates (``is_version``, the lease and temp-file patterns of their
@@ -18,13 +19,14 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import shutil
 import stat
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import BinaryIO, Iterator
 
-from bigknn.errors import BadInput
+from bigknn.errors import BadInput, disk_full_named
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 VERSION = re.compile(r"[0-9]{1,18}")  # graph and search version directories, shard directories
@@ -40,15 +42,36 @@ def link_refusal(path: Path) -> BadInput:
                           "renames or deletes through one (remove it, or put what it points to in its place)")
 
 
+CHUNK_TREE = "c"  # an array's chunk files, c/<i>/0, beside its zarr.json (bigknn/shards/chunks.py)
+
+
 def check_store(store: Path) -> None:
-    """Refuse (exit 2) a store that holds a symbolic link anywhere inside it (run by every writer once it
-    holds the lock: no other writer adds one meanwhile)."""
-    store = Path(store)
-    for root, dirs, files in os.walk(store):  # os.walk lists links to directories but never enters them
-        for name in dirs + files:
-            path = Path(root) / name
-            if path.is_symlink():
-                raise link_refusal(path)
+    """Refuse (exit 2) a store that holds a symbolic link where a writer could follow one (run by every writer
+    once it holds the lock: no other writer adds one meanwhile).
+
+    One walk of the store's directories that reads each one's entries and their types (``scandir``: no ``stat``
+    per file on file systems that report types) and does not enter arrays' chunk trees, so its cost follows the
+    store's arrays, not its chunks. No write, rename or deletion follows a link all the same: files are opened
+    with ``O_NOFOLLOW``, or created with ``O_EXCL`` and renamed into place (a link at the name is refused or
+    replaced, never followed); every array is written into a directory made fresh just before (``fresh_dir``:
+    the old tree removed through descriptors, links in it removed themselves), so nothing is ever written into
+    an existing chunk tree; and deletions open every directory without following a link (``remove_tree``). A
+    link inside a chunk tree is only ever read through, where its chunk's checksum for its place calls it damage.
+    """
+    folders = [Path(store)]
+    while folders:
+        folder = folders.pop()
+        try:
+            with os.scandir(folder) as it:
+                entries = list(it)
+        except OSError:
+            continue  # gone meanwhile (a reader's lease directory), or unreadable: nothing is written there
+        is_array = any(e.name == "zarr.json" for e in entries) and folder != Path(store)
+        for entry in entries:
+            if entry.is_symlink():
+                raise link_refusal(Path(entry.path))
+            if entry.is_dir(follow_symlinks=False) and not (is_array and entry.name == CHUNK_TREE):
+                folders.append(Path(entry.path))
 
 
 def open_dir(store: Path, rel: str | Path = "", create: bool = False) -> int:
@@ -122,6 +145,26 @@ def fresh_dir(store: Path, rel: str | Path) -> None:
     except NotADirectoryError:
         raise BadInput(Path(store) / rel.parent, "holds a file where bigknn keeps a directory; the store is "
                                                  "damaged (run `bigknn verify`)") from None
+
+
+@contextmanager
+def new_file(store: Path, rel_dir: str | Path, name: str) -> Iterator[BinaryIO]:
+    """A file ``store/rel_dir/name`` written whole or not at all, through descriptors only: the directory is
+    opened (created) without following a link, the file written under a temporary name created there with
+    ``O_EXCL | O_NOFOLLOW``, fsynced and renamed over ``name`` (a link at ``name`` is replaced, never followed)."""
+    with owned_dir(store, rel_dir, create=True) as dir_fd, disk_full_named(Path(store) / rel_dir / name, None):
+        tmp = f".{name}.{os.getpid()}-{secrets.token_hex(4)}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=dir_fd)
+        try:
+            with open(fd, "wb") as f:
+                yield f
+                f.flush()
+                os.fsync(f.fileno())
+            os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            os.fsync(dir_fd)
+        except BaseException:
+            remove_file(dir_fd, tmp)
+            raise
 
 
 def versions(store: Path, rel: str | Path) -> list[int]:

@@ -29,7 +29,7 @@ from numpy.typing import DTypeLike
 from bigknn.atomic import write_atomic
 from bigknn.errors import BadInput, BigknnError, Damaged, disk_full_named
 from bigknn.graph import KnnGraph
-from bigknn.shards import checksums, chunks, safepaths
+from bigknn.shards import checksums, chunks, identity, safepaths, user_ids
 from bigknn.shards.creation import check_new_store_path
 from bigknn.shards.leases import LEASE_DIR, Lease, pinned
 from bigknn.shards.manifest import MANIFEST, Manifest
@@ -57,6 +57,7 @@ class Store:
         self._lease: Lease | None = None
         self._manifest_text: str | None = None  # as read by open()
         self._vectors_writing: dict[int, Future] = {}  # shard -> its rows' write, handed on before it ended
+        self._identity_recorded = False  # in zarr.json (bigknn/shards/identity.py); checked by the first commit
 
     # ---- opening and committing -------------------------------------------------------------
     @staticmethod
@@ -64,11 +65,12 @@ class Store:
         return (Path(path) / MANIFEST).is_file()
 
     @classmethod
-    def open(cls, path: Path, pin: bool = True) -> "Store":
+    def open(cls, path: Path, pin: bool = True, check_identity: bool = True) -> "Store":
         """Open a store. ``pin``: the graph versions this manifest names stay on disk until ``close()`` (or
         the process ends), whatever writers commit meanwhile; the reader's lease is taken before the manifest is
         read. A writer holding the lock, and a caller that reads only the manifest, pass ``pin=False``: that
-        open writes nothing."""
+        open writes nothing. A manifest whose dim, dtype, metric or k differs from what the store was built for
+        is refused (bigknn/shards/identity.py), but for ``check_identity=False`` (``bigknn verify`` reports it)."""
         path = Path(path)
         if not path.exists():
             raise BadInput(path, "no such store")
@@ -84,7 +86,8 @@ class Store:
                 manifest = Manifest.from_json(text)
             except (ValueError, TypeError, KeyError) as e:
                 raise BadInput(path / MANIFEST, f"unreadable manifest: {e}") from None
-            _check_width(path, manifest)
+            if check_identity:
+                identity.refuse_edits(path, manifest)
         except BaseException:
             if lease is not None:
                 lease.release()
@@ -103,7 +106,7 @@ class Store:
         path = Path(path)
         check_new_store_path(path, own_lock=True)
         group = zarr.open_group(str(path), mode="a")
-        group.attrs["bigknn"] = {"format": manifest.format}
+        group.attrs["bigknn"] = {"format": manifest.format, identity.KEY: identity.of(manifest)}
         store = cls(path, manifest)
         store.commit()
         return store
@@ -116,10 +119,20 @@ class Store:
                 return
             if self.manifest.checksummed and not self.manifest.placed:
                 upgrade_places(self.path, self.manifest)
+            if not self._identity_recorded:
+                self._record_identity()
             write_atomic(self.path / MANIFEST, self.manifest.to_json())
             self._stale_below = {sh.id: self._committed.get(sh.id) for sh in self.manifest.shards}
             self._committed = self._graph_versions()
             self._reap()
+
+    def _record_identity(self) -> None:
+        """Record what the store is built for, once, in a store written before it was (its user-id parts are
+        sealed first: the record says they all carry checksums)."""
+        if identity.recorded(self.path) is None:
+            user_ids.seal(self.path)
+            identity.record(self.path, self.manifest)
+        self._identity_recorded = True
 
     def close(self) -> None:
         """Let go of the store: a writer deletes what its commits left stale (versions a reader's lease kept
@@ -384,30 +397,16 @@ class Store:
         return total
 
 
-def _check_width(path: Path, manifest: Manifest) -> None:
-    """Refuse a manifest whose ``dim`` is not the width of the vectors it describes (an edited manifest would
-    have every distance computed on the wrong rows). A missing or unreadable array is left to the reads and to
-    ``bigknn verify``, which name it."""
-    if not manifest.shards:
-        return
-    try:
-        shape = chunks.metadata(path / vectors_name(0)).get("shape")
-    except Damaged:
-        return
-    if isinstance(shape, list) and len(shape) == 2 and shape[1] != manifest.dim:
-        raise BadInput(path / MANIFEST, f"dim is {manifest.dim} but shard 0's vectors have {shape[1]} columns "
-                                        f"({path / vectors_name(0) / 'zarr.json'})")
-
-
-def read_store(path: Path, read: Callable[[Store], T], suspect: Callable[[T], bool] | None = None) -> T:
-    """``read(store)`` on the store at ``path``, opened as a reader and closed after. With its lease, nothing
-    it reads goes away. Without one (no write access to STORE/.readers) a writer's commit may delete a graph
-    version under it: a read that raised ``Damaged``, or whose result is ``suspect`` (a report of damage), is
-    done again on the new state if the manifest moved on meanwhile; under an unchanged manifest, or with the
-    lease, the damage is real and stands."""
+def read_store(path: Path, read: Callable[[Store], T], suspect: Callable[[T], bool] | None = None,
+               check_identity: bool = True) -> T:
+    """``read(store)`` on the store at ``path``, opened as a reader (``Store.open``, its ``check_identity``) and
+    closed after. With its lease, nothing it reads goes away. Without one (no write access to STORE/.readers) a
+    writer's commit may delete a graph version under it: a read that raised ``Damaged``, or whose result is
+    ``suspect`` (a report of damage), is done again on the new state if the manifest moved on meanwhile; under an
+    unchanged manifest, or with the lease, the damage is real and stands."""
     attempt = 1
     while True:
-        with Store.open(path) as store:
+        with Store.open(path, check_identity=check_identity) as store:
             try:
                 result = read(store)
                 if (attempt >= READ_ATTEMPTS or suspect is None or not suspect(result) or store.pinned

@@ -3,27 +3,54 @@
 Graph ids are input row numbers; a store built with an id column also holds that column, one part per input
 (the build's, then each ingest's), named by the first row it covers: ``user_ids/<first row>.i64`` (int64) or
 ``user_ids/<first row>.utf8`` with ``<first row>.offsets`` (int64, rows + 1 of them: Arrow's large_string
-layout, so pyarrow reads it without a copy and NumPy without pyarrow). The parts are plain files, not zarr
-arrays, and the manifest is untouched: a store without them opens as before, and a part past the manifest's
-rows (written by a run that did not commit) is never read. Parts are written whole or not at all.
+layout). The parts are plain files, not zarr arrays, and the manifest is untouched: a store without them opens
+as before, and a part past the manifest's rows (written by a run that did not commit) is never read. Parts are
+written whole or not at all, through the store's descriptors (bigknn/shards/safepaths.py), never through a link.
+
+Like every chunk, each part file is bound to its place: it ends in the crc32c of its name in the store followed
+by its bytes, then ``MAGIC``. A part edited, or another part's file put in its place, is damage. Parts written
+before parts were sealed have no trailer; they are read as they are until the store's first writer seals them,
+which it does before recording the store's identity (bigknn/shards/identity.py): in a store with that record an
+unsealed part is damage.
 """
 
 from __future__ import annotations
 
 import itertools
-import os
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, BinaryIO, Iterator
 
 import numpy as np
 
-from bigknn.atomic import atomic_path
-from bigknn.errors import BadInput
+from bigknn.errors import BadInput, Damaged
+from bigknn.shards import checksums, identity, safepaths
 
 DIR = "user_ids"
 INT, STR = "int64", "string"
 SUFFIX = {INT: ".i64", STR: ".utf8"}
 OFFSETS = ".offsets"
+# ends every sealed part, after its 4-byte checksum. No unsealed part ends so in practice: 0xff is never in UTF-8;
+# as the last 4 bytes of an int64 file it is the high half of a value near 7.6e18 (no offset; an unlikely id)
+MAGIC = b"\xffBKi"
+TRAILER = checksums.SIZE + len(MAGIC)
+
+
+class _Sealed:
+    """A part file being written: its checksum, begun over its place, extended over every byte written."""
+
+    def __init__(self, f: BinaryIO, name: str):
+        self.f, self.crc = f, checksums.extend(0, _place(name).encode())
+
+    def write(self, data: bytes | memoryview) -> None:
+        self.crc = checksums.extend(self.crc, np.frombuffer(data, np.uint8))
+        self.f.write(data)
+
+    def seal(self) -> None:
+        self.f.write(checksums.encode(self.crc) + MAGIC)
+
+
+def _place(name: str) -> str:
+    return f"{DIR}/{name}"
 
 
 def write_part(store_path: Path, first_row: int, path: str, blocks: Iterator[Any]) -> tuple[str, int]:
@@ -33,20 +60,24 @@ def write_part(store_path: Path, first_row: int, path: str, blocks: Iterator[Any
     blocks = iter(blocks)
     head = next(blocks)
     kind = INT if pa.types.is_integer(head.type) else STR
-    folder = Path(store_path) / DIR
-    folder.mkdir(exist_ok=True)
-    stem = folder / f"{first_row:012d}"
+    stem = f"{first_row:012d}"
     if kind == INT:
-        with atomic_path(stem.with_suffix(SUFFIX[INT])) as tmp, open(tmp, "wb") as f:
-            rows = sum(_write_ints(f, path, block) for block in itertools.chain([head], blocks))
+        name = stem + SUFFIX[INT]
+        with safepaths.new_file(store_path, DIR, name) as f:
+            out = _Sealed(f, name)
+            rows = sum(_write_ints(out, path, block) for block in itertools.chain([head], blocks))
+            out.seal()
         return kind, rows
-    with atomic_path(stem.with_suffix(SUFFIX[STR])) as text, atomic_path(stem.with_suffix(OFFSETS)) as offs, \
-            open(text, "wb") as ft, open(offs, "wb") as fo:
+    text_name, offsets_name = stem + SUFFIX[STR], stem + OFFSETS
+    with safepaths.new_file(store_path, DIR, text_name) as ft, safepaths.new_file(store_path, DIR, offsets_name) as fo:
+        text, offsets = _Sealed(ft, text_name), _Sealed(fo, offsets_name)
         rows, end = 0, 0
-        fo.write(np.zeros(1, "<i8").tobytes())
+        offsets.write(np.zeros(1, "<i8").tobytes())
         for block in itertools.chain([head], blocks):
-            end = _write_strings(ft, fo, path, block, end)
+            end = _write_strings(text, offsets, path, block, end)
             rows += len(block)
+        text.seal()
+        offsets.seal()
     return kind, rows
 
 
@@ -116,28 +147,98 @@ class UserIds:
 
 def load(store_path: Path, rows: int) -> UserIds | None:
     """The ids of a store's first ``rows`` rows (its committed ones), or None if it keeps none. Parts beyond
-    ``rows`` are uncommitted leftovers and ignored; a gap or a short part is damage, reported."""
+    ``rows`` are uncommitted leftovers and ignored; a gap, a short part or one that fails its checksum is damage,
+    raised (``Damaged``, naming the file)."""
     kind, parts = _parts(store_path, rows)
     if kind is None:
         return None
+    sealed = identity.recorded(store_path) is not None
     folder, values, data, at = Path(store_path) / DIR, [], [], 0
     for first, p in parts:
         if first != at:
-            raise BadInput(folder, f"has no ids for rows {at}..{first - 1} (a part is missing)")
+            raise Damaged(folder, f"has no ids for rows {at}..{first - 1} (a part is missing)")
         if kind == INT:
-            values.append(np.fromfile(p, "<i8"))
+            values.append(_ints(p, sealed))
             at += len(values[-1])
             continue
-        offsets = np.fromfile(p.with_suffix(OFFSETS), "<i8")
+        offsets = _ints(p.with_suffix(OFFSETS), sealed)
         values.append(offsets[1:] + sum(len(d) for d in data) if values else offsets)
-        data.append(np.fromfile(p, np.uint8))
+        data.append(_payload(p, sealed))
         at += len(offsets) - 1
     if at < rows:
-        raise BadInput(folder, f"holds ids of {at} rows; the store has {rows}")
+        raise Damaged(folder, f"holds ids of {at} rows; the store has {rows}")
     if kind == INT:
         return UserIds(INT, np.concatenate(values)[:rows])
     offsets = np.concatenate(values)[:rows + 1]
     return UserIds(STR, offsets, np.concatenate(data)[:int(offsets[-1])])
+
+
+def check(store_path: Path, rows: int) -> list[Damaged]:
+    """What ``load`` would find damaged in the ids of the store's first ``rows`` rows, for ``bigknn verify``:
+    every part file that fails its checksum, then a gap or a short part (the first)."""
+    try:
+        _, parts = _parts(store_path, rows)
+    except BadInput as e:
+        return [Damaged(e.path, e.problem)]
+    sealed = identity.recorded(store_path) is not None
+    found = []
+    for _, p in parts:
+        for f in (p, p.with_suffix(OFFSETS)) if p.suffix == SUFFIX[STR] else (p,):
+            try:
+                _payload(f, sealed)
+            except Damaged as e:
+                found.append(e)
+    if not found:
+        try:
+            load(store_path, rows)
+        except Damaged as e:
+            found.append(e)
+    return found
+
+
+def _ints(path: Path, sealed: bool) -> np.ndarray:
+    data = _payload(path, sealed)
+    if data.size % 8:
+        raise Damaged(path, f"holds {data.size} bytes of ids, not a whole number of int64")
+    return data.view("<i8")
+
+
+def _payload(path: Path, sealed: bool) -> np.ndarray:
+    """A part file's bytes, checked against its trailer's checksum for its place (``sealed``: the store's parts
+    must all have one)."""
+    try:
+        raw = np.fromfile(path, np.uint8)
+    except FileNotFoundError:
+        raise Damaged(path, "user id part missing") from None
+    except OSError as e:
+        raise Damaged(path, f"user id part unreadable ({e.strerror or e})") from None
+    if raw.size < TRAILER or raw[-len(MAGIC):].tobytes() != MAGIC:
+        if sealed:
+            raise Damaged(path, "user id part has no checksum (every part of this store is written with one)")
+        return raw  # written before parts were sealed
+    body = raw[:-TRAILER]
+    crc = checksums.extend(checksums.extend(0, _place(path.name).encode()), body)
+    if crc != checksums.decode(raw[-TRAILER:-len(MAGIC)].tobytes()):
+        raise Damaged(path, f"user id part fails its checksum for {_place(path.name)} (edited, or another "
+                            "part's bytes)")
+    return body
+
+
+def seal(store_path: Path) -> None:
+    """Give every part of the store written before parts were sealed its trailer (each rewritten whole)."""
+    folder = Path(store_path) / DIR
+    if not folder.is_dir():
+        return
+    for p in sorted(folder.iterdir()):
+        if not (p.stem.isdigit() and p.suffix in (SUFFIX[INT], SUFFIX[STR], OFFSETS)):
+            continue
+        raw = p.read_bytes()
+        if raw.endswith(MAGIC):
+            continue
+        with safepaths.new_file(store_path, DIR, p.name) as f:
+            out = _Sealed(f, p.name)
+            out.write(raw)
+            out.seal()
 
 
 def stored_kind(store_path: Path, rows: int) -> str | None:
@@ -168,8 +269,10 @@ def require(store_path: Path, rows: int) -> UserIds:
 
 def remove_part(store_path: Path, first_row: int) -> None:
     """Remove the (uncommitted) part starting at ``first_row``, if any."""
-    stem = Path(store_path) / DIR / f"{first_row:012d}"
-    for suffix in (SUFFIX[INT], SUFFIX[STR], OFFSETS):
-        with_suffix = stem.with_suffix(suffix)
-        if with_suffix.exists():
-            os.remove(with_suffix)
+    stem = f"{first_row:012d}"
+    try:
+        with safepaths.owned_dir(store_path, DIR) as fd:
+            for suffix in (SUFFIX[INT], SUFFIX[STR], OFFSETS):
+                safepaths.remove_file(fd, stem + suffix)
+    except (FileNotFoundError, NotADirectoryError):
+        return

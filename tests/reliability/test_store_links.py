@@ -191,3 +191,27 @@ def test_a_writers_array_write_refuses_a_link_in_its_place(store, tmp_path):
     with pytest.raises(BadInput, match="symbolic link"):
         writer.write_vectors(9, np.zeros((4, DIM), np.float32))
     assert tree_digest(out_dir) == before
+
+
+@pytest.mark.parametrize("rel", ["shards/1", "shards/0/graph/1", "user_ids", ".readers", "shards/2/vectors"])
+def test_the_lock_time_check_refuses_a_linked_directory_anywhere_a_writer_writes(store, tmp_path, rel):
+    out_dir = outside_dir(tmp_path)
+    place = store / rel
+    if place.exists():
+        shutil.rmtree(place)
+    place.parent.mkdir(parents=True, exist_ok=True)
+    place.symlink_to(out_dir, target_is_directory=True)
+    with pytest.raises(BadInput, match="symbolic link") as refused:
+        safepaths.check_store(store)
+    assert refused.value.path == str(place)
+
+
+def test_the_lock_time_check_reads_directories_but_not_chunk_trees(store, monkeypatch):
+    """Its cost follows the arrays, not the chunks: every array directory is listed, no chunk tree."""
+    arrays = {str(p.parent) for p in store.rglob("zarr.json")} - {str(store)}
+    listed: list[str] = []
+    real_scandir = os.scandir
+    monkeypatch.setattr(safepaths.os, "scandir", lambda p: listed.append(str(p)) or real_scandir(p))
+    safepaths.check_store(store)
+    assert arrays <= set(listed)
+    assert not [p for p in listed if "/c/" in p + "/"]
