@@ -62,7 +62,7 @@ def build(req: BuildRequest, backends: list[Backend], reporter: Reporter) -> dic
     if resuming and not req.shard_rows:  # automatic size: the store's, whatever this machine would pick
         req = replace(req, shard_rows=Store.open(req.store, pin=False).manifest.shard_rows)
     elif not req.shard_rows:
-        fits = auto_shard_rows(backends, vf.dim, vf.read_dtype.itemsize, req.params, rows=vf.rows)
+        fits = auto_shard_rows(backends, vf.dim, vf.read_dtype.itemsize, req.params)
         rows, method = automatic_shards(vf.rows, fits, worker_count(backends), req.params.width(), req.partition)
         req = replace(req, shard_rows=rows, partition=method)
     _check_request(req, vf)
