@@ -102,7 +102,7 @@ def build(req: BuildRequest, backends: list[Backend], reporter: Reporter) -> dic
                 req.params.recall > 0 and store.manifest.estimate is None) else None
             if not store.manifest.shards:  # shard, with GNND running on each shard as it is written
                 if part is not None:
-                    _record_partition(store, part)
+                    acct.add_written(_record_partition(store, part))
                 incoming = (stream_shards(store, vf, sizes, acct, layout=rows_of), sizes)
             run_build_steps(store, backends, reporter, acct, req.host_mem, incoming, sample)
             if sample is not None:
@@ -112,6 +112,7 @@ def build(req: BuildRequest, backends: list[Backend], reporter: Reporter) -> dic
                                   f"{est['high']:.4f}] on {est['rows']} held-out rows is below the target "
                                   f"{est['target']}")
             record_timings(store, acct)
+            acct.add_written(store.meta_bytes)
             store.close()
         except BadInput:
             if new_store is not None:  # a row refused while sharding: no store is left behind
@@ -182,12 +183,13 @@ def _new_manifest(req: BuildRequest, vf: VectorSource, method: str) -> Manifest:
     return m
 
 
-def _record_partition(store: Store, part: Partition) -> None:
-    """Write the learnt partition's arrays; the sharding pass's commit makes them (and the shards) visible."""
+def _record_partition(store: Store, part: Partition) -> int:
+    """Write the learnt partition's arrays (returns their bytes); the sharding pass's commit makes them (and
+    the shards) visible."""
     arrays = part.arrays()
-    for name, data in arrays.items():
-        store.write_partition(name, data)
+    nbytes = sum(store.write_partition(name, data) for name, data in arrays.items())
     store.manifest.partition = {"method": part.method, "arrays": sorted(arrays), "shards": part.shards}
+    return nbytes
 
 
 def summary(store: Store, acct: Accounting, wall: float, resumed: bool, backends: list[Backend]) -> dict:
@@ -199,6 +201,7 @@ def summary(store: Store, acct: Accounting, wall: float, resumed: bool, backends
             "backend": backends[0].name, "workers": len(backends), "resumed": resumed, "wall_s": round(wall, 3),
             "phase_s": {p: round(s, 3) for p, s in acct.seconds.items()}, "phase_wall_s": acct.spans,
             "read_gb": round(acct.bytes_read / 1e9, 3), "written_gb": round(acct.bytes_written / 1e9, 3),
+            "written_bytes": acct.bytes_written,
             "busy_frac": {w: round(s / wall, 3) for w, s in acct.busy.items()} if wall > 0 else {},
             "timeline": sorted(acct.timeline, key=lambda t: (t["worker"], t["start"])),
             "descents": acct.descents, "recall_estimate": m.estimate}

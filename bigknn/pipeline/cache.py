@@ -8,7 +8,7 @@ import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 
-from bigknn.graph import KnnGraph, ShardPart
+from bigknn.graph import KnnGraph, ShardPart, widened
 from bigknn.pipeline.accounting import Accounting
 from bigknn.shards import Store
 
@@ -55,8 +55,8 @@ class ShardCache:
         try:
             t = time.perf_counter()
             shard = self.ledger.shards()[sid]
-            part = ShardPart(shard.offset, self.store.read_vectors(sid),
-                             self.store.read_graph(sid, self.ledger.version(sid)))
+            graph = widened(self.store.read_graph(sid, self.ledger.version(sid)), self.store.manifest.params.width())
+            part = ShardPart(shard.offset, self.store.read_vectors(sid), graph)
             self.acct.add("read", time.perf_counter() - t,
                           part.vectors.nbytes + part.graph.ids.nbytes + part.graph.dists.nbytes)
             self.acct.extend_span("read", t, time.perf_counter())

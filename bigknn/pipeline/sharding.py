@@ -73,6 +73,7 @@ def stream_shards(store: Store, vf: VectorSource, sizes: list[int], acct: Accoun
                     write_user_ids, store.path, offset, vf.path, vf.user_ids())
                 t = time.perf_counter()
                 in_flight: deque = deque()  # writes not yet seen to end (their errors are raised here)
+                written = 0  # bytes on disk
                 for i, rows in enumerate(sizes):
                     x = shard_vectors(vf, readers, m.metric, np.dtype(m.dtype), start, rows,
                                       None if layout is None else layout[i])
@@ -86,19 +87,18 @@ def stream_shards(store: Store, vf: VectorSource, sizes: list[int], acct: Accoun
                     put((entry, x))
                     start += rows
                     while len(in_flight) >= WRITES_IN_FLIGHT or (in_flight and in_flight[0].done()):
-                        in_flight.popleft().result()
+                        written += in_flight.popleft().result()
                     if stop.is_set():
                         raise _Stopped
                 while in_flight:
-                    in_flight.popleft().result()
+                    written += in_flight.popleft().result()
                 sha256 = digest.result()
                 if ids is not None:
                     ids.result()
                 vf.check_unchanged()  # else the rows and the hash may be of different bytes
                 with store.lock:
                     m.inputs[-1]["sha256"] = sha256
-                nbytes = vf.rows * vf.dim * vf.dtype.itemsize
-                acct.add("shard", time.perf_counter() - t, nbytes, nbytes)
+                acct.add("shard", time.perf_counter() - t, vf.rows * vf.dim * vf.dtype.itemsize, written)
             out.put(done)
         except _Stopped:
             pass
@@ -157,10 +157,9 @@ def shard_vectors(vf: VectorSource, pool: ThreadPoolExecutor, metric: str, dtype
     return x
 
 
-def _write_shard(store: Store, sid: int, x: np.ndarray, row_ids: np.ndarray | None) -> None:
-    store.write_vectors(sid, x)
-    if row_ids is not None:
-        store.write_row_ids(sid, row_ids)
+def _write_shard(store: Store, sid: int, x: np.ndarray, row_ids: np.ndarray | None) -> int:
+    """Write a shard's vectors (and row ids); the bytes written."""
+    return store.write_vectors(sid, x) + (0 if row_ids is None else store.write_row_ids(sid, row_ids))
 
 
 class _Stopped(Exception):
