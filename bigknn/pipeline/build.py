@@ -17,6 +17,7 @@ from bigknn.backends import Backend
 from bigknn.cluster import active as active_cluster
 from bigknn.errors import BadInput
 from bigknn.formats import VectorSource, cast_note, open_source
+from bigknn.metrics import metric as metric_of
 from bigknn.metrics import stored_dtype
 from bigknn.params import GnndParams
 from bigknn.partition.assign import layout, learn_from_file, shard_count
@@ -29,7 +30,8 @@ from bigknn.pipeline.steps import cache_shards, check_merge_count, record_timing
 from bigknn.pipeline.accounting import Accounting
 from bigknn.progress import Reporter
 from bigknn.shards import Manifest, Store, WriterLock
-from bigknn.shards.manifest import PARTITIONED_SINCE
+from bigknn.shards.manifest import PARTITIONED_SINCE, REFERENCED_SINCE
+from bigknn.shards.referenced import MODES, refusal
 from bigknn.shards.creation import NewStore
 
 
@@ -46,6 +48,7 @@ class BuildRequest:
     partition: str = DEFAULT_METHOD  # bigknn/partition/: kmeans, rptree or contiguous
     column: str | None = None  # the vector column of Parquet/Arrow inputs (None: the only fixed-size list)
     id_column: str | None = None  # the column of the user's ids, kept in the store (bigknn/shards/user_ids.py)
+    vectors: str = "copy"  # or "reference": shards read the input file's rows (bigknn/shards/referenced.py)
 
 
 def build(req: BuildRequest, backends: list[Backend], reporter: Reporter) -> dict:
@@ -71,6 +74,8 @@ def build(req: BuildRequest, backends: list[Backend], reporter: Reporter) -> dic
     manifest = Store.open(req.store).manifest if resuming else _new_manifest(req, vf, method)
     if resuming:  # refuse another build before the lock is taken: a refusal writes nothing, .lock included
         _check_same_build(manifest, req, vf, method)
+    elif req.vectors == "reference":
+        _check_referable(req, vf, method)
     part, rows_of = None, None
     if manifest.shards:
         sizes = [s.rows for s in manifest.shards]
@@ -103,7 +108,8 @@ def build(req: BuildRequest, backends: list[Backend], reporter: Reporter) -> dic
             if not store.manifest.shards:  # shard, with GNND running on each shard as it is written
                 if part is not None:
                     acct.add_written(_record_partition(store, part))
-                incoming = (stream_shards(store, vf, sizes, acct, layout=rows_of), sizes)
+                incoming = (stream_shards(store, vf, sizes, acct, layout=rows_of,
+                                          reference=store.manifest.inputs[0].get("vectors") == "reference"), sizes)
             run_build_steps(store, backends, reporter, acct, req.host_mem, incoming, sample)
             if sample is not None:
                 est = record_estimate(store, backends[0], sample)
@@ -143,6 +149,17 @@ def _check_request(req: BuildRequest, vf: VectorSource) -> None:
         raise BadInput(req.input, f"--partition {req.partition} is not one of {', '.join(METHODS)}")
 
 
+def _check_referable(req: BuildRequest, vf: VectorSource, method: str) -> None:
+    """Refuse (exit 2, before anything is written) --vectors reference where the shards cannot read their rows
+    as one byte range each of the input as it is."""
+    if req.vectors not in MODES:
+        raise BadInput(req.input, f"--vectors {req.vectors} is not one of {', '.join(MODES)}")
+    flat = getattr(vf, "data", None) is not None and vf.data.flags.c_contiguous  # a Fortran .npy is not
+    why = refusal(Path(vf.path).suffix.lower(), metric_of(req.metric).normalised, method, flat)
+    if why is not None:
+        raise BadInput(req.input, why)
+
+
 def fingerprint(vf: VectorSource, sha256: str | None) -> dict:
     """Path, size, mtime, sha256, rows and dtype of an input as it was opened (a dataset's size is its parts'
     total, its mtime their latest), and its vector and id columns where it has them."""
@@ -157,8 +174,9 @@ def _check_same_build(m: Manifest, req: BuildRequest, vf: VectorSource, method: 
             "params": req.params.to_manifest(), "seed": req.seed, "partition": method}
     have = {"dim": m.dim, "metric": m.metric, "k": m.k, "shard_rows": m.shard_rows, "params": m.params.to_manifest(),
             "seed": m.seed, "partition": m.partition_method}
-    diff = [f"{key} {have[key]} (asked {want[key]})" for key in want if have[key] != want[key]]
     src = m.inputs[0] if m.inputs else {}
+    want["vectors"], have["vectors"] = req.vectors, src.get("vectors", "copy")
+    diff = [f"{key} {have[key]} (asked {want[key]})" for key in want if have[key] != want[key]]
     if src.get("id_column") != vf.id_column:
         diff.append(f"id column {src.get('id_column')} (asked {vf.id_column})")
     if src.get("path") != str(Path(vf.path).resolve()) or src.get("size") != vf.state.size:
@@ -177,6 +195,8 @@ def _new_manifest(req: BuildRequest, vf: VectorSource, method: str) -> Manifest:
     m = Manifest(dim=vf.dim, dtype=stored_dtype(req.metric, vf.read_dtype).str, metric=req.metric,
                  k=req.params.k, shard_rows=req.shard_rows, params=req.params, seed=req.seed,
                  inputs=[fingerprint(vf, sha256=None)])  # the sharding pass records the sha256
+    if req.vectors == "reference":
+        m.format, m.inputs[0]["vectors"] = max(m.format, REFERENCED_SINCE), "reference"
     if method != "contiguous":  # the arrays come with the sharding pass's commit (_record_partition)
         m.format, m.partition = max(m.format, PARTITIONED_SINCE), {"method": method, "arrays": [], "shards": 0}
     m.hold_ids_of(vf.rows)

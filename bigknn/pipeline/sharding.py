@@ -49,12 +49,14 @@ def shard_sizes(rows: int, shard_rows: int, k: int) -> list[int]:
 
 
 def stream_shards(store: Store, vf: VectorSource, sizes: list[int], acct: Accounting, ready: int = 2,
-                  layout: list[np.ndarray] | None = None) -> Iterator[tuple[ShardEntry, np.ndarray]]:
+                  layout: list[np.ndarray] | None = None,
+                  reference: bool = False) -> Iterator[tuple[ShardEntry, np.ndarray]]:
     """Write the input's rows as shards ``sizes`` after the store's last row; yield (shard, vectors) as each
     is written, at most ``ready`` ahead of the consumer; the input's user ids (``--id-column``), if it has
     them, are written beside (bigknn/shards/user_ids.py). ``layout``: each shard's input rows (a partitioned
     build, bigknn/partition/assign.py, whose labelling checked the rows), stored with it as ``row_ids``;
-    None: consecutive rows. Commits the
+    None: consecutive rows. ``reference``: the shards record their byte range of the flat file ``vf``
+    (bigknn/shards/referenced.py) and no vectors are written. Commits the
     shards (and the input's sha256, in ``store.manifest.inputs[-1]``) once all are written; raises BadInput
     on a bad row or a file that changed meanwhile, committing nothing. Closing the generator early stops the
     pass, committing nothing."""
@@ -77,11 +79,14 @@ def stream_shards(store: Store, vf: VectorSource, sizes: list[int], acct: Accoun
                 for i, rows in enumerate(sizes):
                     x = shard_vectors(vf, readers, m.metric, np.dtype(m.dtype), start, rows,
                                       None if layout is None else layout[i])
-                    entry = ShardEntry(id=first + i, offset=offset + start, rows=rows)
+                    source = {"input": len(m.inputs) - 1,
+                              "byte_offset": vf.header_bytes + start * vf.row_bytes} if reference else None
+                    entry = ShardEntry(id=first + i, offset=offset + start, rows=rows, source=source)
                     row_ids = None if layout is None else layout[i]
-                    write = writers.submit(_write_shard, store, entry.id, x, row_ids)
-                    store.vectors_being_written(entry.id, write)
-                    in_flight.append(write)
+                    if source is None:
+                        write = writers.submit(_write_shard, store, entry.id, x, row_ids)
+                        store.vectors_being_written(entry.id, write)
+                        in_flight.append(write)
                     with store.lock:
                         m.shards.append(entry)
                     put((entry, x))

@@ -33,6 +33,7 @@ from bigknn.shards.arrays import ArrayDir
 from bigknn.shards.creation import check_new_store_path
 from bigknn.shards.leases import LEASE_DIR, Lease, pinned
 from bigknn.shards.manifest import MANIFEST, Manifest
+from bigknn.shards.referenced import References
 from bigknn.shards.names import graph_dir, graph_name, partition_name, row_ids_name, search_name, vectors_name
 from bigknn.shards.upgrade import upgrade_places
 
@@ -57,6 +58,7 @@ class Store(ArrayDir):
         self._lease: Lease | None = None
         self._manifest_text: str | None = None  # as read by open()
         self._vectors_writing: dict[int, Future] = {}  # shard -> its rows' write, handed on before it ended
+        self._references: References | None = None  # the inputs of shards whose vectors are referenced
         self.meta_bytes = 0  # the manifest and group metadata this object wrote (arrays: their writes return it)
 
     # ---- opening and committing -------------------------------------------------------------
@@ -162,6 +164,7 @@ class Store(ArrayDir):
     def reload(self) -> None:
         self.manifest = Manifest.from_json((self.path / MANIFEST).read_text())
         self._committed = self._graph_versions()
+        self._references = None
 
     @property
     def pinned(self) -> bool:
@@ -211,8 +214,22 @@ class Store(ArrayDir):
             write.result()
 
     def read_vectors(self, shard_id: int, start: int = 0, stop: int | None = None) -> np.ndarray:
+        if (source := self._source(shard_id)) is not None:
+            rows = self.manifest.shards[shard_id].rows
+            return self.references().rows(source, start, rows if stop is None else min(stop, rows))
         self.vectors_written(shard_id)
         return self._read_array(vectors_name(shard_id), f"shard {shard_id} vectors", start, stop)
+
+    def _source(self, shard_id: int) -> dict | None:
+        """Where a committed shard's referenced vectors are (None: the store holds a copy)."""
+        shards = self.manifest.shards
+        return shards[shard_id].source if shard_id < len(shards) else None
+
+    def references(self) -> References:
+        """The inputs this store's referenced shards read from (bigknn/shards/referenced.py)."""
+        if self._references is None:
+            self._references = References(self.path, self.manifest.inputs, self.manifest.dim)
+        return self._references
 
     def write_row_ids(self, shard_id: int, rows: np.ndarray) -> int:
         """A partitioned shard's input row numbers, one per stored row (bigknn/partition/rowmap.py)."""
@@ -242,7 +259,9 @@ class Store(ArrayDir):
         out = np.empty((global_ids.size, self.manifest.dim), dtype=np.dtype(self.manifest.dtype))
         for shard in self.manifest.shards:
             sel = np.nonzero((global_ids >= shard.offset) & (global_ids < shard.offset + shard.rows))[0]
-            if sel.size:
+            if sel.size and shard.source is not None:
+                out[sel] = self.references().take(shard.source, global_ids[sel] - shard.offset)
+            elif sel.size:
                 self.vectors_written(shard.id)
                 out[sel] = self._read_array_rows(vectors_name(shard.id), f"shard {shard.id} vectors",
                                                  global_ids[sel] - shard.offset)
@@ -310,7 +329,7 @@ def _check_width(path: Path, manifest: Manifest) -> None:
     """Refuse a manifest whose ``dim`` is not the width of the vectors it describes (an edited manifest would
     have every distance computed on the wrong rows). A missing or unreadable array is left to the reads and to
     ``bigknn verify``, which name it."""
-    if not manifest.shards:
+    if not manifest.shards or manifest.shards[0].source is not None:  # a referenced input: its reader checks
         return
     try:
         shape = chunks.metadata(path / vectors_name(0)).get("shape")
