@@ -12,8 +12,8 @@ the final graph + CHECKPOINT_SHARE):
   ten times as long as the last one wrote; one whose writes, at the rate measured so far, would pass that
   share of the time since the run began waits) AND within CHECKPOINT_SHARE of the bytes the run must write
   (``allowance``; writes under pressure count against it too). A checkpoint that does not fit waits for the
-  next interval. A crash loses the work since the last commit: a build short enough for its whole cache
-  to fit the allowance loses at most the run.
+  next interval. Where none fits (a short build whose cached graphs outweigh its allowance, or a long one
+  past it), a crash redoes the merges since the last commit: set BIGKNN_CHECKPOINT_S to bound that.
 * ``BIGKNN_CHECKPOINT_S`` set is an expert's (or a test's) choice: checkpoints at that interval, the time
   share kept, no byte allowance; 0 writes and commits every result at once.
 
@@ -31,8 +31,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterable, Protocol
 
 from bigknn import envvars
-from bigknn.pipeline.accounting import Accounting
 from bigknn.graph import final_columns
+from bigknn.pipeline.accounting import Accounting
 from bigknn.pipeline.cache import IO_THREADS, ShardCache
 from bigknn.shards import Store
 
