@@ -28,6 +28,7 @@ from bigknn.formats import VectorSource
 from bigknn.metrics import prepare_rows
 from bigknn.pipeline.accounting import Accounting
 from bigknn.shards import ShardEntry, Store
+from bigknn.shards.user_ids import part_bytes as user_id_bytes
 from bigknn.shards.user_ids import write_part as write_user_ids
 
 WRITES_IN_FLIGHT = 2  # shards being written while the next is read
@@ -100,6 +101,7 @@ def stream_shards(store: Store, vf: VectorSource, sizes: list[int], acct: Accoun
                 sha256 = digest.result()
                 if ids is not None:
                     ids.result()
+                    written += user_id_bytes(store.path, offset)
                 vf.check_unchanged()  # else the rows and the hash may be of different bytes
                 with store.lock:
                     m.inputs[-1]["sha256"] = sha256
