@@ -74,6 +74,27 @@ def test_readers_and_verify_work_on_a_referenced_store(built):
     assert code == 0 and (d / "g.ibin").stat().st_size > 0
 
 
+def test_prune_search_and_ingest_on_a_referenced_store(built, tmp_path):
+    """Every reader of rows works on a referenced store; an ingest adds copied shards beside referenced ones."""
+    import shutil
+
+    store = tmp_path / "ref.knn"
+    shutil.copytree(built["dir"] / "ref.knn", store)
+    assert run_json("prune", store, "--backend", "cpu", "--degree", 8)["rows"] == ROWS
+    queries = tmp_path / "q.fbin"
+    write_vectors(queries, synth(ROWS + 50, DIM, seed=8)[ROWS:])
+    code, _, err = run_cli("search", store, "--queries", queries, "-o", tmp_path / "hits.ibin", "--backend", "cpu",
+                           "--k", 5)
+    assert code == 0, err
+    more = tmp_path / "more.fbin"
+    write_vectors(more, synth(ROWS + 1500, DIM, seed=8)[ROWS:])
+    run_json("ingest", store, "--input", more, "--backend", "cpu")
+    m = Store.open(store).manifest
+    assert [s.source is None for s in m.shards] == [False] * 4 + [True]
+    assert run_json("eval", "recall", store, "--backend", "cpu", "--sample", 500)["recall"] >= 0.95
+    assert run_json("verify", store)["ok"] is True
+
+
 def test_a_changed_or_moved_input_is_refused(tmp_path):
     data = tmp_path / "x.fbin"
     write_vectors(data, synth(ROWS, DIM, seed=8))
