@@ -33,6 +33,7 @@ from bigknn.pipeline.in_memory import build_in_memory, one_shard_rows
 from bigknn.progress import reporter
 from bigknn.results import BuildReport
 from bigknn.shards import Store
+from bigknn.shards.referenced import MODES as VECTOR_MODES
 from bigknn.stored_graph import Gpus, Graph, PathLike, gpu_ids
 
 __all__ = ["DEFAULTS", "Graph", "build", "ingest", "merge", "open", "plan", "verify"]
@@ -48,7 +49,7 @@ def build(data: Any, k: int = DEFAULTS.k, metric: str = "l2", store: PathLike | 
           merge_iters: int = DEFAULTS.merge_iters, seed: int = 0, gpu_mem: int | None = None,
           host_mem: int | None = None, wait: float = 0.0, progress: bool = False,
           partition: str = DEFAULT_METHOD, scheduler: str | None = None, column: str | None = None,
-          id_column: str | None = None) -> Graph:
+          id_column: str | None = None, vectors: str = "copy") -> Graph:
     """Build the approximate k-NN graph of ``data``: every row gets its top-k over all rows.
 
     Parameters
@@ -104,6 +105,11 @@ def build(data: Any, k: int = DEFAULTS.k, metric: str = "l2", store: PathLike | 
     id_column : str, optional
         A column of the user's ids (int64 or string) of Parquet/Arrow inputs, kept in the store: then
         ``neighbors(ids="user")``, ``export(..., ids="user")`` and searches speak in those ids.
+    vectors : {"copy", "reference"}
+        "copy" (default): the store holds a checksummed copy of the rows. "reference": the store reads them
+        from ``data``, a flat file (``.fbin`` ``.u8bin`` ``.i8bin`` ``.f16bin`` ``.npy``), which must then stay
+        where and as it is (a changed or moved file is refused); no disk for a second copy. Not with metric
+        cosine or a partitioned build (bigknn/shards/referenced.py).
 
     Returns
     -------
@@ -131,6 +137,10 @@ def build(data: Any, k: int = DEFAULTS.k, metric: str = "l2", store: PathLike | 
         raise ValueError(f"recall must be in [0, 1), got {recall}")
     if partition not in PARTITIONS:
         raise ValueError(f"unknown partition {partition!r}; choose one of {', '.join(PARTITIONS)}")
+    if vectors not in VECTOR_MODES:
+        raise ValueError(f"unknown vectors {vectors!r}; choose one of {', '.join(VECTOR_MODES)}")
+    if vectors == "reference" and not isinstance(data, (str, os.PathLike)):
+        raise ValueError("vectors='reference' needs data as a file path (an array has no file to reference)")
     params = GnndParams(k=k, recall=recall, samples=samples, iters=iters, merge_iters=merge_iters,
                         list_width=list_width)
     backends = get_backends(backend, gpu_ids(gpus), gpu_mem, threads)
@@ -147,7 +157,7 @@ def build(data: Any, k: int = DEFAULTS.k, metric: str = "l2", store: PathLike | 
         with input_file(data, path, new_store=True) as input_path:
             req = BuildRequest(input=input_path, store=path, metric=metric, shard_rows=shard_rows, params=params,
                                seed=seed, wait_s=wait, host_mem=host_mem, partition=partition, column=column,
-                               id_column=id_column)
+                               id_column=id_column, vectors=vectors)
             rep = reporter(progress)
             with use_scheduler(scheduler, backend, gpu_mem, rep):
                 summary = run_build(req, backends, rep)

@@ -51,6 +51,23 @@ class ShardPart:
     graph: KnnGraph
 
 
+def final_columns(g: KnnGraph, k: int) -> KnnGraph:
+    """A shard's final graph as stored: the first ``k`` of its lists' entries (merges keep the build's wider
+    lists in memory; every reader takes k)."""
+    if g.k <= k:
+        return g
+    return KnnGraph(np.ascontiguousarray(g.ids[:, :k]), np.ascontiguousarray(g.dists[:, :k]))
+
+
+def widened(g: KnnGraph, width: int) -> KnnGraph:
+    """``g`` with lists ``width`` entries wide for a merge, EMPTY / +inf padded (a final graph stored k wide,
+    ``final_columns``); a graph that wide already is returned as it is."""
+    if g.k >= width:
+        return g
+    pad = ((0, 0), (0, width - g.k))
+    return KnnGraph(np.pad(g.ids, pad, constant_values=EMPTY), np.pad(g.dists, pad, constant_values=np.inf))
+
+
 def shard_graph_to_global(g: KnnGraph, offset: int) -> KnnGraph:
     """A shard's GNND graph (ids local to the shard) with store-wide ids: ``offset`` added in place where the
     ids stay int32 (int64 temporaries cost ~0.3 s of held GIL per 1M-row shard), into an int64 copy where

@@ -123,6 +123,7 @@ class BuildReport(_Report):
     descents: dict[str, dict]
     recall_estimate: RecallEstimate | None
     search: dict | None = None
+    written_bytes: int = 0  # what written_gb rounds: every byte the run put on disk, the manifest's included
 
     @classmethod
     def from_summary(cls, summary: dict) -> BuildReport:

@@ -303,7 +303,7 @@ def test_a_slow_checkpoint_spaces_out_the_next_one(monkeypatch):
         def dirty(self):
             return [0]
 
-        def write(self, sids):
+        def write(self, sids, final=frozenset()):
             time.sleep(0.1)
             writes.append(time.monotonic())
             return {}, 0

@@ -16,6 +16,7 @@ from bigknn.params import AUTO_SAMPLES, CPU_AUTO_SAMPLES, MIN_LIST
 from bigknn.partition import METHODS as PARTITIONS
 from bigknn.partition.learn import DEFAULT_METHOD
 from bigknn.pipeline.plan import AUTO_KMEANS_SHARDS
+from bigknn.shards.referenced import MODES as VECTOR_MODES
 
 
 @click.command()
@@ -47,6 +48,11 @@ from bigknn.pipeline.plan import AUTO_KMEANS_SHARDS
                    "rows together, so only the near shard pairs the recall target needs are merged; contiguous "
                    f"ranges merge every pair. auto: k-means from {AUTO_KMEANS_SHARDS} contiguous shards on (fewer "
                    "save no merges), else contiguous. Ids are the input's row numbers either way.")
+@click.option("--vectors", type=click.Choice(VECTOR_MODES), default="copy", show_default=True,
+              help="copy: the store holds a checksummed copy of the rows. reference: the store reads them from "
+                   "INPUT, one flat file (.fbin .u8bin .i8bin .f16bin .npy), which must stay where and as it is "
+                   "(a changed or moved file is refused; `bigknn verify` rehashes it): no disk for a second copy. "
+                   "Not with --metric cosine or --partition kmeans/rptree.")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Seed of every random choice (samples, partition, initial lists): the same seed and input give "
                    "the same graph.")
@@ -64,8 +70,8 @@ from bigknn.pipeline.plan import AUTO_KMEANS_SHARDS
 @scheduler_option
 @json_option
 def build(input: Path, store: Path, k: int, metric: str, shard_rows: int, recall: float, iters: int, merge_iters: int,
-          samples: int, list_width: int, partition: str, seed: int, column: str | None, id_column: str | None,
-          backend: str, threads: int | None,
+          samples: int, list_width: int, partition: str, vectors: str, seed: int, column: str | None,
+          id_column: str | None, backend: str, threads: int | None,
           gpus: str | None, gpu_mem: str | None, host_mem: str | None, wait_s: float, scheduler: str | None,
           as_json: bool) -> None:
     """Build the k-NN graph of INPUT into a store. INPUT is a file (.fbin .u8bin .i8bin .f16bin .fvecs
@@ -86,6 +92,7 @@ def build(input: Path, store: Path, k: int, metric: str, shard_rows: int, recall
       bigknn build embeddings/ -o emb.knn --column emb --id-column doc_id
       bigknn build 'parts/*.npy' -o parts.knn
       bigknn build data.fbin -o data.knn --partition kmeans --shard-rows 1000000
+      bigknn build data.fbin -o data.knn --vectors reference      # no copy of data.fbin in the store
       bigknn build deep10m.fbin -o deep.knn --shard-rows 1000000 --gpus all --host-mem 64G
       bigknn build /shared/deep10m.fbin -o /shared/deep.knn --scheduler tcp://head:8786
     """
@@ -93,7 +100,7 @@ def build(input: Path, store: Path, k: int, metric: str, shard_rows: int, recall
     graph = api.build(input, k=k, metric=metric, store=store, recall=recall, backend=backend, gpus=gpus,
                       threads=threads, shard_rows=shard_rows, list_width=list_width, samples=samples, iters=iters,
                       merge_iters=merge_iters, seed=seed, partition=partition, column=column, id_column=id_column,
-                      gpu_mem=parse_bytes(gpu_mem),
+                      vectors=vectors, gpu_mem=parse_bytes(gpu_mem),
                       host_mem=parse_bytes(host_mem), wait=wait_s, progress=show_progress(as_json), scheduler=scheduler)
     emit(graph.report.to_dict(), as_json, "build")
 

@@ -37,8 +37,12 @@ class ClusterSink:
     def dirty(self) -> list[int]:
         return sorted(sid for held in self.holdings.pending().values() for sid in held)
 
-    def write(self, sids: Iterable[int]) -> tuple[Written, int]:
-        # on the holder only (connect.pinned_result): a flush elsewhere would find the versions missing
+    def size(self, sids: Iterable[int]) -> int:
+        """Not known here: a Dask run's Writer has no allowance (its checkpoints follow the interval)."""
+        return 0
+
+    def write(self, sids: Iterable[int], final: frozenset[int] = frozenset()) -> tuple[Written, int]:
+        # at the build's width, ``final`` or not: the workers write what they hold; on the holder only (connect.pinned_result): a flush elsewhere would find the versions missing
         held = self.holdings.pending(set(sids))
         futures = {worker: self.client.submit(tasks.flush, self.spec, versions, pure=False,
                                               key=f"flush-{uuid.uuid4().hex[:8]}", workers=[worker],

@@ -32,7 +32,7 @@ import numpy as np
 
 from bigknn.backends import Backend, get_backend
 from bigknn.cluster.partcache import PartCache
-from bigknn.graph import KnnGraph, ShardPart, shard_graph_to_global
+from bigknn.graph import KnnGraph, ShardPart, shard_graph_to_global, widened
 from bigknn.metrics import kernel_metric
 from bigknn.shards import Manifest, Store
 
@@ -164,7 +164,8 @@ def _part(store: Store, ref: ShardRef) -> tuple[ShardPart, int]:
     if ref.pending and _CACHE.state(key)[0] != "written":
         raise PendingLost([ref.id])
     vectors, nread = _vectors(store, ref.id)
-    graph = store.read_graph(ref.id, ref.version) if ref.version is not None else None
+    graph = widened(store.read_graph(ref.id, ref.version), store.manifest.params.width()) if (
+        ref.version is not None) else None
     part = ShardPart(ref.offset, vectors, graph)
     _CACHE.put(key, part)
     return part, nread + (graph.ids.nbytes + graph.dists.nbytes if graph is not None else 0)

@@ -32,6 +32,11 @@ class Accounting:
             self.bytes_read += nbytes_read
             self.bytes_written += nbytes_written
 
+    def add_written(self, nbytes: int) -> None:
+        """Bytes written outside any timed phase (the manifest's commits)."""
+        with self.lock:
+            self.bytes_written += nbytes
+
     def add_descent(self, phase: str, report: dict | None) -> None:
         """Count a descent's iterations, widenings and how it ended (bigknn/recall.py Stopper.report)."""
         if report is None:

@@ -17,6 +17,7 @@ from bigknn.backends import Backend
 from bigknn.cluster import active as active_cluster
 from bigknn.errors import BadInput
 from bigknn.formats import VectorSource, cast_note, open_source
+from bigknn.metrics import metric as metric_of
 from bigknn.metrics import stored_dtype
 from bigknn.params import GnndParams
 from bigknn.partition.assign import layout, learn_from_file, shard_count
@@ -29,7 +30,8 @@ from bigknn.pipeline.steps import cache_shards, check_merge_count, input_fits_ho
 from bigknn.pipeline.accounting import Accounting
 from bigknn.progress import Reporter
 from bigknn.shards import Manifest, Store, WriterLock
-from bigknn.shards.manifest import PARTITIONED_SINCE
+from bigknn.shards.manifest import PARTITIONED_SINCE, REFERENCED_SINCE
+from bigknn.shards.referenced import MODES, refusal
 from bigknn.shards.creation import NewStore
 
 
@@ -46,6 +48,7 @@ class BuildRequest:
     partition: str = DEFAULT_METHOD  # bigknn/partition/: auto, kmeans, rptree or contiguous
     column: str | None = None  # the vector column of Parquet/Arrow inputs (None: the only fixed-size list)
     id_column: str | None = None  # the column of the user's ids, kept in the store (bigknn/shards/user_ids.py)
+    vectors: str = "copy"  # or "reference": shards read the input file's rows (bigknn/shards/referenced.py)
 
 
 def build(req: BuildRequest, backends: list[Backend], reporter: Reporter) -> dict:
@@ -72,6 +75,8 @@ def build(req: BuildRequest, backends: list[Backend], reporter: Reporter) -> dic
     manifest = Store.open(req.store).manifest if resuming else _new_manifest(req, vf, method)
     if resuming:  # refuse another build before the lock is taken: a refusal writes nothing, .lock included
         _check_same_build(manifest, req, vf, method)
+    elif req.vectors == "reference":
+        _check_referable(req, vf, method)
     planned = len(manifest.shards) or build_shards(vf.rows, req.shard_rows, req.params.width(), method)
     check_merge_count(req.store, planned, planned * (planned - 1) // 2,  # before any pass over the input
                       f"use --shard-rows {smallest_shard_rows(vf.rows, req.params.width(), method):,} or more",
@@ -107,8 +112,9 @@ def build(req: BuildRequest, backends: list[Backend], reporter: Reporter) -> dic
                 req.params.recall > 0 and store.manifest.estimate is None) else None
             if not store.manifest.shards:  # shard, with GNND running on each shard as it is written
                 if part is not None:
-                    _record_partition(store, part)
-                incoming = (stream_shards(store, vf, sizes, acct, layout=rows_of, kept=kept), sizes)
+                    acct.add_written(_record_partition(store, part))
+                incoming = (stream_shards(store, vf, sizes, acct, layout=rows_of, kept=kept,
+                                          reference=store.manifest.inputs[0].get("vectors") == "reference"), sizes)
                 kept = None  # the sharding pass holds the rows while it needs them
             run_build_steps(store, backends, reporter, acct, req.host_mem, incoming, sample)
             if sample is not None:
@@ -118,6 +124,7 @@ def build(req: BuildRequest, backends: list[Backend], reporter: Reporter) -> dic
                                   f"{est['high']:.4f}] on {est['rows']} held-out rows is below the target "
                                   f"{est['target']}")
             record_timings(store, acct)
+            acct.add_written(store.meta_bytes)
             store.close()
         except BadInput:
             if new_store is not None:  # a row refused while sharding: no store is left behind
@@ -146,6 +153,17 @@ def _check_request(req: BuildRequest, vf: VectorSource) -> None:
         raise BadInput(req.input, f"--partition {req.partition} is not one of {', '.join(METHODS)}")
 
 
+def _check_referable(req: BuildRequest, vf: VectorSource, method: str) -> None:
+    """Refuse (exit 2, before anything is written) --vectors reference where the shards cannot read their rows
+    as one byte range each of the input as it is."""
+    if req.vectors not in MODES:
+        raise BadInput(req.input, f"--vectors {req.vectors} is not one of {', '.join(MODES)}")
+    flat = getattr(vf, "data", None) is not None and vf.data.flags.c_contiguous  # a Fortran .npy is not
+    why = refusal(Path(vf.path).suffix.lower(), metric_of(req.metric).normalised, method, flat)
+    if why is not None:
+        raise BadInput(req.input, why)
+
+
 def fingerprint(vf: VectorSource, sha256: str | None) -> dict:
     """Path, size, mtime, sha256, rows and dtype of an input as it was opened (a dataset's size is its parts'
     total, its mtime their latest), and its vector and id columns where it has them."""
@@ -160,8 +178,9 @@ def _check_same_build(m: Manifest, req: BuildRequest, vf: VectorSource, method: 
             "params": req.params.to_manifest(), "seed": req.seed, "partition": method}
     have = {"dim": m.dim, "metric": m.metric, "k": m.k, "shard_rows": m.shard_rows, "params": m.params.to_manifest(),
             "seed": m.seed, "partition": m.partition_method}
-    diff = [f"{key} {have[key]} (asked {want[key]})" for key in want if have[key] != want[key]]
     src = m.inputs[0] if m.inputs else {}
+    want["vectors"], have["vectors"] = req.vectors, src.get("vectors", "copy")
+    diff = [f"{key} {have[key]} (asked {want[key]})" for key in want if have[key] != want[key]]
     if src.get("id_column") != vf.id_column:
         diff.append(f"id column {src.get('id_column')} (asked {vf.id_column})")
     if src.get("path") != str(Path(vf.path).resolve()) or src.get("size") != vf.state.size:
@@ -180,18 +199,21 @@ def _new_manifest(req: BuildRequest, vf: VectorSource, method: str) -> Manifest:
     m = Manifest(dim=vf.dim, dtype=stored_dtype(req.metric, vf.read_dtype).str, metric=req.metric,
                  k=req.params.k, shard_rows=req.shard_rows, params=req.params, seed=req.seed,
                  inputs=[fingerprint(vf, sha256=None)])  # the sharding pass records the sha256
+    if req.vectors == "reference":
+        m.format, m.inputs[0]["vectors"] = max(m.format, REFERENCED_SINCE), "reference"
     if method != "contiguous":  # the arrays come with the sharding pass's commit (_record_partition)
         m.format, m.partition = max(m.format, PARTITIONED_SINCE), {"method": method, "arrays": [], "shards": 0}
     m.hold_ids_of(vf.rows)
     return m
 
 
-def _record_partition(store: Store, part: Partition) -> None:
-    """Write the learnt partition's arrays; the sharding pass's commit makes them (and the shards) visible."""
+def _record_partition(store: Store, part: Partition) -> int:
+    """Write the learnt partition's arrays (returns their bytes); the sharding pass's commit makes them (and
+    the shards) visible."""
     arrays = part.arrays()
-    for name, data in arrays.items():
-        store.write_partition(name, data)
+    nbytes = sum(store.write_partition(name, data) for name, data in arrays.items())
     store.manifest.partition = {"method": part.method, "arrays": sorted(arrays), "shards": part.shards}
+    return nbytes
 
 
 def summary(store: Store, acct: Accounting, wall: float, resumed: bool, backends: list[Backend]) -> dict:
@@ -203,6 +225,7 @@ def summary(store: Store, acct: Accounting, wall: float, resumed: bool, backends
             "backend": backends[0].name, "workers": len(backends), "resumed": resumed, "wall_s": round(wall, 3),
             "phase_s": {p: round(s, 3) for p, s in acct.seconds.items()}, "phase_wall_s": acct.spans,
             "read_gb": round(acct.bytes_read / 1e9, 3), "written_gb": round(acct.bytes_written / 1e9, 3),
+            "written_bytes": acct.bytes_written,
             "busy_frac": {w: round(s / wall, 3) for w, s in acct.busy.items()} if wall > 0 else {},
             "timeline": sorted(acct.timeline, key=lambda t: (t["worker"], t["start"])),
             "descents": acct.descents, "recall_estimate": m.estimate}

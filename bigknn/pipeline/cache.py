@@ -8,7 +8,7 @@ import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 
-from bigknn.graph import KnnGraph, ShardPart
+from bigknn.graph import KnnGraph, ShardPart, widened
 from bigknn.pipeline.accounting import Accounting
 from bigknn.shards import Store
 
@@ -55,10 +55,9 @@ class ShardCache:
         try:
             t = time.perf_counter()
             shard = self.ledger.shards()[sid]
-            part = ShardPart(shard.offset, self.store.read_vectors(sid),
-                             self.store.read_graph(sid, self.ledger.version(sid)))
-            self.acct.add("read", time.perf_counter() - t,
-                          part.vectors.nbytes + part.graph.ids.nbytes + part.graph.dists.nbytes)
+            vectors, graph = self.store.read_vectors(sid), self.store.read_graph(sid, self.ledger.version(sid))
+            self.acct.add("read", time.perf_counter() - t, vectors.nbytes + graph.ids.nbytes + graph.dists.nbytes)
+            part = ShardPart(shard.offset, vectors, widened(graph, self.store.manifest.params.width()))
             self.acct.extend_span("read", t, time.perf_counter())
             self.put(sid, part)
             return part

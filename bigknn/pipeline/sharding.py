@@ -28,6 +28,7 @@ from bigknn.formats import VectorSource
 from bigknn.metrics import prepare_rows
 from bigknn.pipeline.accounting import Accounting
 from bigknn.shards import ShardEntry, Store
+from bigknn.shards.user_ids import part_bytes as user_id_bytes
 from bigknn.shards.user_ids import write_part as write_user_ids
 
 WRITES_IN_FLIGHT = 2  # shards being written while the next is read
@@ -50,13 +51,16 @@ def shard_sizes(rows: int, shard_rows: int, k: int) -> list[int]:
 
 def stream_shards(store: Store, vf: VectorSource, sizes: list[int], acct: Accounting, ready: int = 2,
                   layout: list[np.ndarray] | None = None,
-                  kept: np.ndarray | None = None) -> Iterator[tuple[ShardEntry, np.ndarray]]:
+                  kept: np.ndarray | None = None,
+                  reference: bool = False) -> Iterator[tuple[ShardEntry, np.ndarray]]:
     """Write the input's rows as shards ``sizes`` after the store's last row; yield (shard, vectors) as each
     is written, at most ``ready`` ahead of the consumer; the input's user ids (``--id-column``), if it has
     them, are written beside (bigknn/shards/user_ids.py). ``layout``: each shard's input rows (a partitioned
     build, bigknn/partition/assign.py, whose labelling checked the rows), stored with it as ``row_ids``;
     None: consecutive rows. ``kept``: every input row as prepared, held in host RAM by the labelling pass
-    (bigknn/partition/assign.py ``layout``): shards are gathered from it, the file is not read again. Commits the
+    (bigknn/partition/assign.py ``layout``): shards are gathered from it, the file is not read again.
+    ``reference``: the shards record their byte range of the flat file ``vf`` (bigknn/shards/referenced.py) and
+    no vectors are written. Commits the
     shards (and the input's sha256, in ``store.manifest.inputs[-1]``) once all are written; raises BadInput
     on a bad row or a file that changed meanwhile, committing nothing. Closing the generator early stops the
     pass, committing nothing."""
@@ -75,32 +79,37 @@ def stream_shards(store: Store, vf: VectorSource, sizes: list[int], acct: Accoun
                     write_user_ids, store.path, offset, vf.path, vf.user_ids())
                 t = time.perf_counter()
                 in_flight: deque = deque()  # writes not yet seen to end (their errors are raised here)
+                written = 0  # bytes on disk
                 for i, rows in enumerate(sizes):
                     x = shard_vectors(vf, readers, m.metric, np.dtype(m.dtype), start, rows,
                                       None if layout is None else layout[i], kept)
-                    entry = ShardEntry(id=first + i, offset=offset + start, rows=rows)
+                    source = {"input": len(m.inputs) - 1,
+                              "byte_offset": vf.header_bytes + start * vf.row_bytes} if reference else None
+                    entry = ShardEntry(id=first + i, offset=offset + start, rows=rows, source=source)
                     row_ids = None if layout is None else layout[i]
-                    write = writers.submit(_write_shard, store, entry.id, x, row_ids)
-                    store.vectors_being_written(entry.id, write)
-                    in_flight.append(write)
+                    if source is None:
+                        write = writers.submit(_write_shard, store, entry.id, x, row_ids)
+                        store.vectors_being_written(entry.id, write)
+                        in_flight.append(write)
                     with store.lock:
                         m.shards.append(entry)
                     put((entry, x))
                     start += rows
                     while len(in_flight) >= WRITES_IN_FLIGHT or (in_flight and in_flight[0].done()):
-                        in_flight.popleft().result()
+                        written += in_flight.popleft().result()
                     if stop.is_set():
                         raise _Stopped
                 while in_flight:
-                    in_flight.popleft().result()
+                    written += in_flight.popleft().result()
                 sha256 = digest.result()
                 if ids is not None:
                     ids.result()
+                    written += user_id_bytes(store.path, offset)
                 vf.check_unchanged()  # else the rows and the hash may be of different bytes
                 with store.lock:
                     m.inputs[-1]["sha256"] = sha256
                 nbytes = vf.rows * vf.dim * vf.dtype.itemsize
-                acct.add("shard", time.perf_counter() - t, 0 if kept is not None else nbytes, nbytes)
+                acct.add("shard", time.perf_counter() - t, 0 if kept is not None else nbytes, written)
             out.put(done)
         except _Stopped:
             pass
@@ -163,10 +172,9 @@ def shard_vectors(vf: VectorSource, pool: ThreadPoolExecutor, metric: str, dtype
     return x
 
 
-def _write_shard(store: Store, sid: int, x: np.ndarray, row_ids: np.ndarray | None) -> None:
-    store.write_vectors(sid, x)
-    if row_ids is not None:
-        store.write_row_ids(sid, row_ids)
+def _write_shard(store: Store, sid: int, x: np.ndarray, row_ids: np.ndarray | None) -> int:
+    """Write a shard's vectors (and row ids); the bytes written."""
+    return store.write_vectors(sid, x) + (0 if row_ids is None else store.write_row_ids(sid, row_ids))
 
 
 class _Stopped(Exception):

@@ -25,7 +25,7 @@ from bigknn.pipeline.accounting import Accounting
 from bigknn.pipeline.cache import ShardCache
 from bigknn.pipeline.scheduler import Scheduler
 from bigknn.pipeline.workers import run_tasks, shards_from_store
-from bigknn.pipeline.writer import CacheSink, Writer
+from bigknn.pipeline.writer import CacheSink, Writer, checkpoint_allowance
 from bigknn.human import human_duration
 from bigknn.progress import Reporter
 from bigknn.shards import Manifest, ShardEntry, Store
@@ -114,13 +114,15 @@ def run_pending(store: Store, ledger: Ledger, backends: list[Backend], reporter:
     biggest = max([s.rows for s in shards] + new_sizes)
     cache = ShardCache(store, ledger, cache_shards(store.manifest, store.path, biggest, len(backends), host_mem), acct,
                        len(shards) + len(new_sizes))
-    writer = Writer(store, ledger, acct, CacheSink(store, ledger, cache))
+    writer = Writer(store, ledger, acct, CacheSink(store, ledger, cache),
+                    checkpoint_allowance(must_write(store.manifest, [s.rows for s in shards] + new_sizes)))
     # pairs of cached shards first only where the cache cannot hold them all: elsewhere the schedule's own
     # order, so that a build resumed before its first merge redoes the uninterrupted one bit for bit
     held = cache.holds if cache.tight else (lambda sid: False)
     sched = Scheduler(ledger.todo_pairs(len(shards) + len(new_sizes)),
                       ready=[s.id for s in shards if ledger.version(s.id) is not None],
                       feeding=source is not None, queue_limit=len(backends) + 1, held=held)
+    completed = False
     try:
         run_tasks(store, ledger, backends, reporter, acct, cache, writer, sched, source, len(todo) + len(new_sizes),
                   sample)
@@ -130,9 +132,16 @@ def run_pending(store: Store, ledger: Ledger, backends: list[Backend], reporter:
             sched = Scheduler(ledger.todo_pairs(len(ledger.shards())), ready=have, queue_limit=len(backends) + 1,
                               held=held)
             run_tasks(store, ledger, backends, reporter, acct, cache, writer, sched, None, 0)
+        completed = True
     finally:
-        writer.close()  # what finished is written and committed, also when a worker failed
+        writer.close(final=completed)  # what finished is written and committed, also when a worker failed
         cache.close()
+
+
+def must_write(m: Manifest, sizes: list[int]) -> int:
+    """Bytes a run over shards of ``sizes`` rows must write: their vectors and their final graphs (k wide)."""
+    rows = sum(sizes)
+    return rows * (m.dim * np.dtype(m.dtype).itemsize + m.k * (m.id_dtype.itemsize + 4))
 
 
 def warm_up(backends: list[Backend], reporter: Reporter) -> None:

@@ -28,7 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-from bigknn.errors import BigknnError, Damaged
+from bigknn.errors import BadInput, BigknnError, Damaged
+from bigknn.formats.read import file_sha256
 from bigknn.graph import EMPTY, LOCAL_ID_DTYPE
 from bigknn.search.store import SEARCH_ID_DTYPE
 from bigknn.shards import Store, WriterLock, checksums, identity, user_ids
@@ -175,8 +176,11 @@ class _Checker:
         pending = m.pending or {}
         new = pending.get("shards", [])
         rows_all = m.rows + sum(s["rows"] for s in new)
+        for index in sorted({s.source["input"] for s in m.shards if s.source is not None}):
+            self._referenced(index)
         for s in m.shards:
-            self._vectors(s.id, s.rows, REBUILD)
+            if s.source is None:
+                self._vectors(s.id, s.rows, REBUILD)
             if s.graph is not None:
                 self._graph(s.id, s.graph, s.rows, m.rows, GRAPH)
         built = m.partition["shards"] if m.partition is not None else 0  # shards stored by the partition
@@ -220,6 +224,21 @@ class _Checker:
     def _vectors(self, sid: int, rows: int, repair: str) -> None:
         m = self.store.manifest
         self._array(vectors_name(sid), f"shard {sid} vectors", (rows, m.dim), (np.dtype(m.dtype),), repair, sid)
+
+    def _referenced(self, index: int) -> None:
+        """An input whose rows shards reference (bigknn/shards/referenced.py): where and as its fingerprint
+        says, and with ``contents`` its bytes' sha256 the one the build computed."""
+        rec = self.store.manifest.inputs[index]
+        try:
+            vf = self.store.references().file(index)
+        except BadInput as e:
+            self._add(f"input {index}", e.path, e.problem, REBUILD)
+            return
+        if self.contents:
+            self.nbytes += vf.raw.size
+            if rec.get("sha256") is not None and file_sha256(vf) != rec["sha256"]:
+                self._add(f"input {index}", vf.path, "its sha256 differs from the one the build computed (the "
+                          "file was changed in place)", REBUILD)
 
     def _graph(self, sid: int, version: int, rows: int, id_limit: int, repair: str) -> None:
         where = f"shard {sid} graph version {version}"

@@ -1,12 +1,29 @@
-"""Write-back and commits: one thread writes graphs (GNND and merge results at checkpoints, under memory
-pressure, or when a shard is done) and commits the manifest, so an fsync never holds up a worker.
+"""Write-back and commits: one thread writes graphs and commits the manifest, so an fsync never holds up a worker.
+
+What reaches the disk (the rule T8 of the design holds a default build to: bytes written <= the vectors' copy +
+the final graph + CHECKPOINT_SHARE):
+
+* A shard's graph is written once, when it is final (no merge left for it in the run), and only its k
+  columns: the lists of the build's width (``params.width()``) are what merges need, not readers, and
+  ``ShardCache`` pads a k-wide graph read back for a later merge (an ingest, a resumed run).
+* Otherwise a graph reaches the disk only when host RAM (``--host-mem``) cannot hold it (the cache's
+  pressure), or at a checkpoint that is due: ``checkpoint_s()`` after the oldest result not on disk, and
+  only where its writes keep all checkpoints within CHECKPOINT_SHARE of the run's time (the next one waits
+  ten times as long as the last one wrote; one whose writes, at the rate measured so far, would pass that
+  share of the time since the run began waits) AND within CHECKPOINT_SHARE of the bytes the run must write
+  (``allowance``; writes under pressure count against it too). A checkpoint that does not fit waits for the
+  next interval. Where none fits (a short build whose cached graphs outweigh its allowance, or a long one
+  past it), a crash redoes the merges since the last commit: set BIGKNN_CHECKPOINT_S to bound that.
+* ``BIGKNN_CHECKPOINT_S`` set is an expert's (or a test's) choice: checkpoints at that interval, the time
+  share kept, no byte allowance; 0 writes and commits every result at once.
 
 Where the graphs come from is the sink's business: the in-process shard cache (``CacheSink``), or the
-pending versions Dask workers hold (bigknn/cluster/flush.py). The checkpoint clock, the pairs waiting for
-both their graphs and the commits are the same for both."""
+pending versions Dask workers hold (bigknn/cluster/flush.py, which writes them at the build's width). The
+checkpoint clock, the pairs waiting for both their graphs and the commits are the same for both."""
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
@@ -14,16 +31,17 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterable, Protocol
 
 from bigknn import envvars
+from bigknn.graph import final_columns
 from bigknn.pipeline.accounting import Accounting
 from bigknn.pipeline.cache import IO_THREADS, ShardCache
 from bigknn.shards import Store
 
-# results reach the disk (and the manifest) at least this often: a crash loses at most this much work, and
-# each checkpoint rewrites every graph changed since the last (10 s wrote T2's graphs 6 times: 5x the input)
+# results reach the disk (and the manifest) at most this often, where a checkpoint fits its budget: each
+# rewrites every graph changed since the last (10 s wrote T2's graphs 6 times: 5x the input)
 CHECKPOINT_S = 60.0
-# ... and at most this share of the time between checkpoints goes to their writes: the next one waits ten
-# times as long as the last one wrote (a billion rows' cached graphs, 63 GB, take ~36 s: every 6 min, not
-# every minute, which would keep the disk writing more than half the time; bigknn plan models T7 so)
+# ... and checkpoints take at most this share of the run's time and of the bytes it must write: the next one
+# waits ten times as long as the last one wrote (a billion rows' cached graphs, 63 GB, take ~36 s: every 6 min,
+# not every minute, which would keep the disk writing more than half the time; bigknn plan models T7 so)
 CHECKPOINT_SHARE = 0.1
 
 Written = dict[int, tuple[int, int]]  # shard -> (graph version now on disk, generation it holds)
@@ -33,6 +51,14 @@ def checkpoint_s() -> float:
     """Seconds between write-back checkpoints at least (env BIGKNN_CHECKPOINT_S overrides; 0 commits every
     merge)."""
     return envvars.seconds("BIGKNN_CHECKPOINT_S", CHECKPOINT_S)
+
+
+def checkpoint_allowance(must_write: int) -> int | None:
+    """Bytes a run's checkpoints and evictions may write beside the ``must_write`` bytes of its vectors and
+    final graphs; None (no limit) where BIGKNN_CHECKPOINT_S sets the interval."""
+    if os.environ.get("BIGKNN_CHECKPOINT_S", "").strip():
+        return None
+    return int(CHECKPOINT_SHARE * must_write)
 
 
 def checkpoint_interval(base_s: float, write_s: float) -> float:
@@ -51,8 +77,12 @@ class GraphSink(Protocol):
     def dirty(self) -> list[int]:
         """Shards whose newest graph is not on disk."""
 
-    def write(self, sids: Iterable[int]) -> tuple[Written, int]:
-        """Write the newest graphs of ``sids`` (those not on disk); what was written, and its bytes."""
+    def size(self, sids: Iterable[int]) -> int:
+        """Bytes a checkpoint of ``sids`` would write (asked only by a Writer given an ``allowance``)."""
+
+    def write(self, sids: Iterable[int], final: frozenset[int] = frozenset()) -> tuple[Written, int]:
+        """Write the newest graphs of ``sids`` (those not on disk), those in ``final`` (no merge left) k wide
+        where the sink can; what was written, and its bytes on disk."""
 
     def accept(self, done: Written) -> Written:
         """Of the writes ``done``, those to record (called under the writer's lock, before the ledger
@@ -78,11 +108,21 @@ class CacheSink:
     def dirty(self) -> list[int]:
         return self.cache.dirty()
 
-    def write(self, sids: Iterable[int]) -> tuple[Written, int]:
+    def size(self, sids: Iterable[int]) -> int:
+        """Bytes the cached graphs of ``sids`` not on disk would write at the build's width."""
+        snaps = [snap for sid in sids if (snap := self.cache.snapshot(sid)) is not None]
+        return sum(g.ids.nbytes + g.dists.nbytes for g, _ in snaps)
+
+    def write(self, sids: Iterable[int], final: frozenset[int] = frozenset()) -> tuple[Written, int]:
         snaps = {sid: snap for sid in dict.fromkeys(sids) if (snap := self.cache.snapshot(sid)) is not None}
         versions = {sid: self.store.next_version(sid, self.ledger.version(sid)) for sid in snaps}
-        list(self.pool.map(lambda sid: self.store.write_graph(sid, versions[sid], snaps[sid][0]), snaps))
-        nbytes = sum(g.ids.nbytes + g.dists.nbytes for g, _ in snaps.values())
+        k = self.store.manifest.k
+
+        def write(sid: int) -> int:
+            g = snaps[sid][0]
+            return self.store.write_graph(sid, versions[sid], final_columns(g, k) if sid in final else g)
+
+        nbytes = sum(self.pool.map(write, snaps))
         return {sid: (versions[sid], snaps[sid][1]) for sid in snaps}, nbytes
 
     def accept(self, done: Written) -> Written:
@@ -99,15 +139,21 @@ class CacheSink:
 class Writer:
     """One thread that writes graphs and commits the manifest.
 
-    ``write_now(sid)`` writes a shard's graph at once (a shard with no merge left). ``gnnd_done(sid)``
+    ``write_now(sid)`` writes a shard's final graph at once (a shard with no merge left). ``gnnd_done(sid)``
     and ``merged(pair, gi, gj)`` record results held by the sink (a merge's at generations gi, gj), written
-    at the next checkpoint (at once with an interval of 0), under memory pressure, or at ``close()``, which
-    writes everything still dirty; a merge is committed once both its graphs are written. ``write_sync``
-    writes in the caller's thread (the end of a Dask round, which must know what was lost).
+    at the next checkpoint that fits the budget (the module's docstring; at once with an interval of 0), under
+    memory pressure, or at ``close()``, which writes everything still dirty; a merge is committed once both
+    its graphs are written. ``write_sync`` writes in the caller's thread (the end of a Dask round, which must
+    know what was lost). ``allowance``: bytes checkpoints and evictions may write (None: no limit).
     """
 
-    def __init__(self, store: Store, ledger, acct: Accounting, sink: GraphSink):
+    def __init__(self, store: Store, ledger, acct: Accounting, sink: GraphSink, allowance: int | None = None):
         self.store, self.ledger, self.acct, self.sink = store, ledger, acct, sink
+        self.allowance = allowance
+        self.spent = 0  # bytes written that are not a final graph (checkpoints, evictions)
+        self.checkpoint_s = 0.0  # seconds the checkpoints' writes took
+        self.write_s, self.write_bytes = 0.0, 0  # of every write: the rate a checkpoint's time is guessed at
+        self.final: set[int] = set()  # shards with no merge left in this run
         self.jobs: queue.Queue = queue.Queue()
         self.error: BaseException | None = None
         self.finished: list[tuple[int, int, int, int]] = []  # merged pairs not yet committed, with gens
@@ -120,7 +166,10 @@ class Writer:
         self.thread.start()
 
     def write_now(self, sid: int) -> None:
+        """``sid`` has no merge left: write its graph, final, at once."""
         self._raise()
+        with self._lock:
+            self.final.add(sid)
         self.jobs.put([sid])
 
     def write_sync(self, sids: Iterable[int]) -> None:
@@ -166,8 +215,12 @@ class Writer:
         if first:
             self.jobs.put("tick")
 
-    def close(self) -> None:
-        """Write every dirty shard, commit, stop the thread; raise the first write error."""
+    def close(self, final: bool = False) -> None:
+        """Write every dirty shard (``final``: the run ended with no merge left, so every graph is final),
+        commit, stop the thread; raise the first write error."""
+        if final:
+            with self._lock:
+                self.final.update(self.sink.dirty())
         self.jobs.put(None)
         self.thread.join()
         self.sink.close()
@@ -189,6 +242,8 @@ class Writer:
                 continue
             sids = self.sink.dirty() if job is None or job == "checkpoint" else job
             t = time.monotonic()
+            if job == "checkpoint" and not self._fits(sids):
+                sids = []
             if self.error is None:
                 try:
                     self._write(sids)
@@ -199,12 +254,37 @@ class Writer:
             if job == "checkpoint":  # results made while it wrote wait for the next one
                 with self._lock:
                     self.since = time.monotonic() if self.finished or self.sink.dirty() else None
-                    self.interval = checkpoint_interval(self.base_interval, time.monotonic() - t)
+                    if sids:
+                        self.checkpoint_s += time.monotonic() - t
+                        self.interval = checkpoint_interval(self.base_interval, time.monotonic() - t)
+
+    def _fits(self, sids: list[int]) -> bool:
+        """Whether a checkpoint of ``sids`` keeps the checkpoints within their share of the run's bytes
+        (``allowance``) and of its time (its writes at the rate measured so far). Without an allowance
+        (BIGKNN_CHECKPOINT_S set), the interval alone decides."""
+        if self.allowance is None:
+            return True
+        nbytes = self.sink.size(sids)
+        if self.spent + nbytes > self.allowance:
+            return False
+        guess_s = nbytes * self.write_s / self.write_bytes if self.write_bytes else 0.0
+        return self.checkpoint_s + guess_s <= CHECKPOINT_SHARE * (time.perf_counter() - self.acct.t0)
 
     def _write(self, sids: Iterable[int]) -> None:
         """Write the graphs of ``sids``, record them and the pairs they complete, and commit."""
         t = time.perf_counter()
-        versions, nbytes = self.sink.write(sids)
+        sids = list(sids)
+        with self._lock:
+            final = frozenset(self.final.intersection(sids))
+        versions: Written = {}
+        nbytes = 0
+        for group in (sorted(final), [sid for sid in sids if sid not in final]):
+            if group:
+                done, n = self.sink.write(group, final)
+                versions.update(done)
+                nbytes += n
+                if group[0] not in final:
+                    self.spent += n
         with self.store.lock:
             with self._lock:  # not held during the commit: a worker reporting a merge never waits for an fsync
                 versions = self.sink.accept(versions)
@@ -220,6 +300,8 @@ class Writer:
             if versions or done:
                 self.store.commit()
         self.sink.written(versions)
+        self.write_s += time.perf_counter() - t
+        self.write_bytes += nbytes
         self.acct.add("write", time.perf_counter() - t, nbytes_written=nbytes)
         if versions:
             self.acct.extend_span("write", t, time.perf_counter())

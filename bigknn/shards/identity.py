@@ -66,7 +66,7 @@ def mismatches(path: Path, manifest: Manifest) -> list[Mismatch]:
 
 
 def _width_mismatch(path: Path, manifest: Manifest) -> list[Mismatch]:
-    if not manifest.shards:
+    if not manifest.shards or manifest.shards[0].source is not None:  # a referenced input: its reader checks it
         return []
     try:
         shape = chunks.metadata(path / vectors_name(0)).get("shape")

@@ -22,7 +22,8 @@ WIDE_IDS_SINCE = 5  # graph ids are int64 (``id_dtype``): a store past 2^31 rows
 # every array lists its chunks' checksums for its place (bigknn/shards/checksums.py): a chunk swapped with another
 # array's, or an older write's, is damage. A writer upgrades a format 2-5 store to it (Store.commit)
 PLACED_SINCE = 6
-READ_FORMATS = (1, 2, 3, 4, 5, 6)  # format 1 (no checksums) is still read, and written: new arrays get checksums
+REFERENCED_SINCE = 7  # shards whose vectors are read from the input file (``ShardEntry.source``), not copied
+READ_FORMATS = (1, 2, 3, 4, 5, 6, 7)  # format 1 (no checksums) is still read, and written: new arrays get checksums
 MANIFEST = "manifest.json"
 
 
@@ -32,6 +33,9 @@ class ShardEntry:
     offset: int  # global id of the shard's first row
     rows: int
     graph: int | None = None  # committed graph version, None until GNND has run
+    # vectors referenced, not copied: {"input": index into Manifest.inputs, "byte_offset": of its first row}
+    # (bigknn/shards/referenced.py); None: shards/<id>/vectors holds them
+    source: dict | None = None
 
 
 @dataclass
@@ -139,7 +143,11 @@ class Manifest:
         return {(a, b) for a, b in self.merged}
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1)
+        raw = asdict(self)
+        for shard in raw["shards"]:  # a copied shard's entry stays as older bigknn reads it
+            if shard["source"] is None:
+                del shard["source"]
+        return json.dumps(raw, indent=1)
 
     @classmethod
     def from_json(cls, text: str) -> "Manifest":

@@ -9,12 +9,12 @@ those wait for a later commit, or ``close()``. Deleting runs in a background thr
 files is slow on some file systems (online discard) and need not hold up the work; ``close()`` waits for it.
 
 Every chunk carries a checksum (bigknn/shards/checksums.py), checked on every read: a missing or damaged
-chunk raises ``Damaged`` naming the shard and the file, never reads as zeros.
+chunk raises ``Damaged`` naming the shard and the file, never reads as zeros (the array I/O:
+bigknn/shards/arrays.py). Every write returns the bytes it put on disk, which a run's summary adds up.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -24,15 +24,16 @@ from typing import Callable, Iterable, TypeVar
 
 import numpy as np
 import zarr
-from numpy.typing import DTypeLike
 
 from bigknn.atomic import write_atomic
-from bigknn.errors import BadInput, BigknnError, Damaged, disk_full_named
+from bigknn.errors import BadInput, BigknnError, Damaged
 from bigknn.graph import KnnGraph
-from bigknn.shards import checksums, chunks, identity, safepaths, user_ids
+from bigknn.shards import identity, safepaths, user_ids
+from bigknn.shards.arrays import ArrayDir
 from bigknn.shards.creation import check_new_store_path
 from bigknn.shards.leases import LEASE_DIR, Lease, pinned
 from bigknn.shards.manifest import MANIFEST, Manifest
+from bigknn.shards.referenced import References
 from bigknn.shards.names import graph_dir, graph_name, partition_name, row_ids_name, search_name, vectors_name
 from bigknn.shards.upgrade import upgrade_places
 
@@ -43,7 +44,7 @@ READ_ATTEMPTS = 5  # read_store: tries of a reader whose versions a writer delet
 T = TypeVar("T")
 
 
-class Store:
+class Store(ArrayDir):
     def __init__(self, path: Path, manifest: Manifest):
         self.path = Path(path)
         self.manifest = manifest
@@ -58,6 +59,8 @@ class Store:
         self._manifest_text: str | None = None  # as read by open()
         self._vectors_writing: dict[int, Future] = {}  # shard -> its rows' write, handed on before it ended
         self._identity_recorded = False  # in zarr.json (bigknn/shards/identity.py); checked by the first commit
+        self._references: References | None = None  # the inputs of shards whose vectors are referenced
+        self.meta_bytes = 0  # the manifest and group metadata this object wrote (arrays: their writes return it)
 
     # ---- opening and committing -------------------------------------------------------------
     @staticmethod
@@ -108,6 +111,7 @@ class Store:
         group = zarr.open_group(str(path), mode="a")
         group.attrs["bigknn"] = {"format": manifest.format, identity.KEY: identity.of(manifest)}
         store = cls(path, manifest)
+        store.meta_bytes = (path / "zarr.json").stat().st_size
         store.commit()
         return store
 
@@ -121,7 +125,9 @@ class Store:
                 upgrade_places(self.path, self.manifest)
             if not self._identity_recorded:
                 self._record_identity()
-            write_atomic(self.path / MANIFEST, self.manifest.to_json())
+            text = self.manifest.to_json()
+            write_atomic(self.path / MANIFEST, text)
+            self.meta_bytes += len(text.encode())
             self._stale_below = {sh.id: self._committed.get(sh.id) for sh in self.manifest.shards}
             self._committed = self._graph_versions()
             self._reap()
@@ -171,6 +177,7 @@ class Store:
     def reload(self) -> None:
         self.manifest = Manifest.from_json((self.path / MANIFEST).read_text())
         self._committed = self._graph_versions()
+        self._references = None
 
     @property
     def pinned(self) -> bool:
@@ -203,70 +210,11 @@ class Store:
                     self._reaper = ThreadPoolExecutor(REAPER_THREADS, thread_name_prefix="reaper")
                 self._reaper.submit(safepaths.remove_tree, self.path, graph_dir(sid, version))
 
-    # ---- arrays -------------------------------------------------------------------------------
-    # zarr creates every array's metadata (with a checksum per chunk); the chunk bytes go through ``chunks``
-    # (direct file I/O) where the layout allows it, else through zarr
-    def _write_array(self, name: str, data: np.ndarray, chunk_rows: int, dtype: DTypeLike) -> None:
-        with disk_full_named(self.path / name, data.shape[0] * data.shape[1] * np.dtype(dtype).itemsize):
-            safepaths.fresh_dir(self.path, name)  # zarr's overwrite would follow a link in its way
-            arr = zarr.create_array(store=str(self.path), name=name, shape=data.shape,
-                                    chunks=(chunk_rows, data.shape[1]), dtype=dtype, compressors=checksums.codecs(),
-                                    overwrite=True, config={"write_empty_chunks": True})
-            if not chunks.write_array(self.path / name, data, place=name):
-                arr[:] = data.astype(dtype, copy=False)
-
-    def _required(self) -> dict[str, bool]:
-        """What every array of this store must carry: chunk checksums (format 2), bound to their place (6)."""
-        return {"require_checksums": self.manifest.checksummed, "require_places": self.manifest.placed}
-
-    def _read_array(self, name: str, where: str, start: int = 0, stop: int | None = None) -> np.ndarray:
-        try:
-            out = chunks.read_rows(self.path / name, start, stop, **self._required())
-            if out is None:
-                out = self._zarr_read(name, start, stop)
-        except Damaged as e:
-            raise Damaged(e.file, f"{e.problem} (`bigknn verify {self.path}` lists all damage and what repairs it)",
-                          where) from None
-        return out
-
-    def _zarr_read(self, name: str, start: int, stop: int | None) -> np.ndarray:
-        """The fallback for layouts ``chunks`` does not handle: zarr checks the checksums; missing chunks are
-        found here (zarr would read them as the fill value)."""
-        arr = zarr.open_array(store=str(self.path), path=name, mode="r")
-        checksummed = checksums.present(arr.metadata.to_dict())
-        if self.manifest.checksummed and not checksummed:
-            raise Damaged(self.path / name / "zarr.json", "array has no chunk checksums")
-        if checksummed and arr.nchunks_initialized < arr.nchunks:
-            raise Damaged(self.path / name, f"{arr.nchunks - arr.nchunks_initialized} of its {arr.nchunks} "
-                                            "chunk files missing")
-        try:
-            return arr[start:stop]
-        except ValueError as e:  # zarr's crc32c codec: stored and computed checksums differ
-            raise Damaged(self.path / name, f"a chunk fails its checksum ({e})") from None
-
-    def array_meta(self, name: str) -> dict:
-        """An array's zarr.json; Damaged when it is missing or unreadable."""
-        return chunks.metadata(self.path / name)
-
-    def check_array(self, name: str, contents: bool,
-                    visit: Callable[[np.ndarray], None] | None = None) -> list[Damaged]:
-        """Every missing or damaged chunk of an array (``chunks.check``); for layouts it does not handle, the
-        whole array is read through zarr, which reports the first damage only."""
-        try:
-            found = chunks.check(self.path / name, contents, visit, **self._required())
-            if found is not None:
-                return found
-            data = self._zarr_read(name, 0, None)
-            if visit is not None:
-                visit(data)
-            return []
-        except Damaged as e:
-            return [e]
-
     # ---- vectors ------------------------------------------------------------------------------
-    def write_vectors(self, shard_id: int, x: np.ndarray) -> None:
+    def write_vectors(self, shard_id: int, x: np.ndarray) -> int:
+        """Write a shard's vectors; the bytes written."""
         chunk_rows = max(1, min(x.shape[0], CHUNK_BYTES // max(1, x.shape[1] * x.itemsize)))
-        self._write_array(vectors_name(shard_id), x, chunk_rows, x.dtype)
+        return self._write_array(vectors_name(shard_id), x, chunk_rows, x.dtype)
 
     def vectors_being_written(self, shard_id: int, write: Future) -> None:
         """The sharding pass hands a shard's rows to GNND while ``write`` puts them on disk: reads wait for it."""
@@ -279,20 +227,34 @@ class Store:
             write.result()
 
     def read_vectors(self, shard_id: int, start: int = 0, stop: int | None = None) -> np.ndarray:
+        if (source := self._source(shard_id)) is not None:
+            rows = self.manifest.shards[shard_id].rows
+            return self.references().rows(source, start, rows if stop is None else min(stop, rows))
         self.vectors_written(shard_id)
         return self._read_array(vectors_name(shard_id), f"shard {shard_id} vectors", start, stop)
 
-    def write_row_ids(self, shard_id: int, rows: np.ndarray) -> None:
+    def _source(self, shard_id: int) -> dict | None:
+        """Where a committed shard's referenced vectors are (None: the store holds a copy)."""
+        shards = self.manifest.shards
+        return shards[shard_id].source if shard_id < len(shards) else None
+
+    def references(self) -> References:
+        """The inputs this store's referenced shards read from (bigknn/shards/referenced.py)."""
+        if self._references is None:
+            self._references = References(self.path, self.manifest.inputs, self.manifest.dim)
+        return self._references
+
+    def write_row_ids(self, shard_id: int, rows: np.ndarray) -> int:
         """A partitioned shard's input row numbers, one per stored row (bigknn/partition/rowmap.py)."""
         data = np.asarray(rows, np.int64)[:, None]
-        self._write_array(row_ids_name(shard_id), data, max(1, min(len(data), CHUNK_BYTES // 8)), np.int64)
+        return self._write_array(row_ids_name(shard_id), data, max(1, min(len(data), CHUNK_BYTES // 8)), np.int64)
 
     def read_row_ids(self, shard_id: int) -> np.ndarray:
         return self._read_array(row_ids_name(shard_id), f"shard {shard_id} row ids")[:, 0]
 
-    def write_partition(self, name: str, data: np.ndarray) -> None:
+    def write_partition(self, name: str, data: np.ndarray) -> int:
         """One array of the learnt partition (bigknn/partition/learn.py), under ``partition/``."""
-        self._write_array(partition_name(name), data, max(1, data.shape[0]), data.dtype)
+        return self._write_array(partition_name(name), data, max(1, data.shape[0]), data.dtype)
 
     def read_partition(self, name: str) -> np.ndarray:
         return self._read_array(partition_name(name), f"partition {name}")
@@ -310,7 +272,9 @@ class Store:
         out = np.empty((global_ids.size, self.manifest.dim), dtype=np.dtype(self.manifest.dtype))
         for shard in self.manifest.shards:
             sel = np.nonzero((global_ids >= shard.offset) & (global_ids < shard.offset + shard.rows))[0]
-            if sel.size:
+            if sel.size and shard.source is not None:
+                out[sel] = self.references().take(shard.source, global_ids[sel] - shard.offset)
+            elif sel.size:
                 self.vectors_written(shard.id)
                 out[sel] = self._read_array_rows(vectors_name(shard.id), f"shard {shard.id} vectors",
                                                  global_ids[sel] - shard.offset)
@@ -322,17 +286,17 @@ class Store:
         disk, so copy-on-write never writes into one a reader may hold."""
         return max([current or 0, *safepaths.versions(self.path, graph_dir(shard_id))]) + 1
 
-    def write_graph(self, shard_id: int, version: int, graph: KnnGraph) -> None:
+    def write_graph(self, shard_id: int, version: int, graph: KnnGraph) -> int:
         """Write a graph version (not visible until a manifest commit points at it), ids in the manifest's
-        id dtype; ids it cannot hold are refused, never wrapped."""
+        id dtype; ids it cannot hold are refused, never wrapped. Returns the bytes written."""
         rows, k = graph.ids.shape
         id_dtype = self.manifest.id_dtype
         if graph.ids.dtype.itemsize > id_dtype.itemsize and rows and graph.ids.max() > np.iinfo(id_dtype).max:
             raise ValueError(f"{self.path}: shard {shard_id} holds id {graph.ids.max()}, past the store's "
                              f"{id_dtype} ids")
         chunk_rows = max(1, min(rows, CHUNK_BYTES // (k * id_dtype.itemsize)))
-        for name, data, dtype in (("ids", graph.ids, id_dtype), ("dists", graph.dists, np.float32)):
-            self._write_array(graph_name(shard_id, version, name), data, chunk_rows, dtype)
+        return sum(self._write_array(graph_name(shard_id, version, name), data, chunk_rows, dtype)
+                   for name, data, dtype in (("ids", graph.ids, id_dtype), ("dists", graph.dists, np.float32)))
 
     def read_graph(self, shard_id: int, version: int | None = None) -> KnnGraph:
         if version is None:
@@ -358,22 +322,12 @@ class Store:
                      for name in ("ids", "dists"))
         return self._as_store_ids(ids), keys
 
-    def _read_array_rows(self, name: str, where: str, rows: np.ndarray) -> np.ndarray:
-        try:
-            out = chunks.read_row_set(self.path / name, rows, **self._required())
-        except Damaged as e:
-            raise Damaged(e.file, f"{e.problem} (`bigknn verify {self.path}` lists all damage and what repairs it)",
-                          where) from None
-        if out is None:  # a layout zarr reads: one row at a time
-            out = np.concatenate([self._read_array(name, where, int(r), int(r) + 1) for r in rows])
-        return out
-
     # ---- search graphs (bigknn/search/store.py says what they hold) ------------------------------
-    def write_search(self, version: int, name: str, data: np.ndarray) -> None:
+    def write_search(self, version: int, name: str, data: np.ndarray) -> int:
         """Write ``search/<version>/<name>`` (row-chunked, checksummed); readers see it once a commit names
         the version."""
         chunk_rows = max(1, min(data.shape[0], CHUNK_BYTES // max(1, data.shape[1] * data.itemsize)))
-        self._write_array(search_name(version, name), data, chunk_rows, data.dtype)
+        return self._write_array(search_name(version, name), data, chunk_rows, data.dtype)
 
     def read_search(self, version: int, name: str, start: int = 0, stop: int | None = None) -> np.ndarray:
         return self._read_array(search_name(version, name), f"search graph version {version} {name}", start, stop)
@@ -383,19 +337,6 @@ class Store:
         if below is None:
             return []
         return [v for v in safepaths.versions(self.path, graph_dir(shard_id)) if v < below]
-
-    # ---- accounting ---------------------------------------------------------------------------
-    def disk_bytes(self) -> int:
-        """Bytes of every file under the store (files a writer deletes meanwhile are skipped)."""
-        total = 0
-        for root, _, files in os.walk(self.path):
-            for name in files:
-                try:
-                    total += os.lstat(os.path.join(root, name)).st_size
-                except FileNotFoundError:
-                    pass
-        return total
-
 
 def read_store(path: Path, read: Callable[[Store], T], suspect: Callable[[T], bool] | None = None,
                check_identity: bool = True) -> T:

@@ -81,6 +81,11 @@ def write_part(store_path: Path, first_row: int, path: str, blocks: Iterator[Any
     return kind, rows
 
 
+def part_bytes(store_path: Path, first_row: int) -> int:
+    """Bytes on disk of the id part ``write_part`` wrote for ``first_row`` (what a run's summary counts)."""
+    return sum(p.stat().st_size for p in (Path(store_path) / DIR).glob(f"{first_row:012d}.*"))
+
+
 def _write_ints(f: Any, path: str, block: Any) -> int:
     import pyarrow as pa
     import pyarrow.compute as pc
