@@ -234,7 +234,7 @@ def test_a_kmeans_build_merges_from_its_gnnd_cache_without_writing_or_reading_gr
     x = synth(ROWS, DIM, clusters=20, seed=5)
     write_vectors(tmp_path / "x.fbin", x)
     params = GnndParams(k=K, list_width=16)
-    input_gb, graphs_gb = x.nbytes / 1e9, ROWS * 16 * 8 / 1e9  # lists of 16: ids and keys, 4 bytes each
+    input_gb, graphs_gb = x.nbytes / 1e9, ROWS * K * 8 / 1e9  # final graphs k wide: ids and keys, 4 bytes each
     graphs = []
     for passes in (1, 2):
         if passes == 2:  # a host budget too small for the input (but not for the cache: no merge reads back)
