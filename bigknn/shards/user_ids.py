@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -173,3 +174,17 @@ def remove_part(store_path: Path, first_row: int) -> None:
         with_suffix = stem.with_suffix(suffix)
         if with_suffix.exists():
             os.remove(with_suffix)
+
+
+def copy_parts(src_store: Path, rows: int, dst_store: Path, first_row: int) -> None:
+    """Copy the id parts of ``src_store``'s first ``rows`` rows into ``dst_store``, renamed to start at
+    ``first_row`` (``bigknn merge`` of stores: the other store's rows come after STORE's). Each part is written
+    whole or not at all; one past ``dst_store``'s committed rows is ignored until a commit covers it."""
+    kind, parts = _parts(src_store, rows)
+    folder = Path(dst_store) / DIR
+    folder.mkdir(exist_ok=True)
+    suffixes = (SUFFIX[INT],) if kind == INT else (SUFFIX[STR], OFFSETS)
+    for first, path in parts:
+        for suffix in suffixes:
+            with atomic_path((folder / f"{first_row + first:012d}").with_suffix(suffix)) as tmp:
+                shutil.copyfile(path.with_suffix(suffix), tmp)
