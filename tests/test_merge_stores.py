@@ -218,19 +218,25 @@ def test_a_reader_opened_before_the_merge_keeps_its_version(halves, tmp_path):
 
 
 @pytest.mark.slow
-def test_sigkill_at_random_moments_then_the_same_command_finishes(halves, merged, tmp_path):
-    """Kill a merge at a random moment (seeded), rerun the same command: the store is the merged one, as good
-    as the uninterrupted merge; a reader in between sees the old store or the merged one, never a mix."""
-    want = union_recall(merged["store"])
-    for trial, seed in enumerate((1, 2, 3)):
-        store = copy_of(halves["a"], tmp_path / f"t{trial}.knn")
-        cmd = bigknn("merge", str(store), str(halves["b"]), "--backend", "cpu", "--json")
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(random.Random(seed).uniform(0.5, 6.0))
+def test_sigkill_at_random_moments_then_the_same_command_finishes(halves, tmp_path):
+    """Kill a merge at a random moment of its run (seeded fractions of an uninterrupted run's length: before,
+    during and after the copy and the merges), rerun the same command: the store is the merged one, as good as
+    the uninterrupted merge; a reader in between sees the old store or the merged one, never a mix."""
+    def command(store: Path) -> list[str]:
+        return bigknn("merge", str(store), str(halves["b"]), "--backend", "cpu", "--json")
+
+    whole = copy_of(halves["a"], tmp_path / "whole.knn")
+    t0 = time.perf_counter()
+    assert subprocess.run(command(whole), capture_output=True).returncode == 0
+    length, want = time.perf_counter() - t0, union_recall(whole)
+    for seed in (1, 2, 3, 4):
+        store = copy_of(halves["a"], tmp_path / f"t{seed}.knn")
+        proc = subprocess.Popen(command(store), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(random.Random(seed).uniform(0.1, 0.95) * length)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         assert Store.open(store).manifest.rows in (HALF, 2 * HALF)
-        rerun = subprocess.run(cmd, capture_output=True, text=True)
+        rerun = subprocess.run(command(store), capture_output=True, text=True)
         assert rerun.returncode == 0, rerun.stderr
         assert json.loads(rerun.stdout)["rows"] == 2 * HALF
         check_graph(store, halves["x"])

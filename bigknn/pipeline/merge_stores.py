@@ -18,8 +18,10 @@ fewer than the store's rows; ``bigknn eval recall`` measures the merged graph.
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -31,6 +33,8 @@ from bigknn.pipeline.merge_checks import (STORE_KEY, check_id_room, check_other,
 from bigknn.pipeline.steps import Ledger, cache_shards, check_merge_count, record_timings, run_pending
 from bigknn.progress import Reporter
 from bigknn.shards import ShardEntry, Store, WriterLock, user_ids
+
+COPY_THREADS = 4  # shards copied at once: reading, checking and writing chunks run on several cores
 
 
 class MergeLedger(Ledger):
@@ -187,32 +191,41 @@ def _stage(store: Store, others: list[Store], reporter: Reporter, acct: Accounti
     store.remove_uncommitted_shards(range(first, first + sum(len(o.manifest.shards) for o in others)))
     m.hold_ids_of(offset + sum(o.manifest.rows for o in others))  # before any graph is written with the new ids
     inputs: list[dict] = []
-    new: list[dict] = []
-    graphs: dict[str, int] = {}
+    starts: list[tuple[Store, int]] = []  # (other store, the row id its first row gets)
+    copies: list[tuple[Store, ShardEntry, int, int]] = []  # (other store, its shard, new shard id, row offset)
     merged: list[list[int]] = []
-    nbytes = 0
-    with reporter.phase("copy", sum(o.manifest.rows for o in others), "rows") as advance:
-        for other in others:
-            om = other.manifest
-            sid0, row0 = first + len(new), offset + sum(s["rows"] for s in new)
-            inputs.append({"path": str(other.path.resolve()), "rows": om.rows, "first_id": row0,
-                           STORE_KEY: digest(other)})
-            inputs += [dict(rec, first_id=rec.get("first_id", 0) + row0) for rec in om.inputs]
-            for s in om.shards:
-                sid = sid0 + s.id
-                x = other.read_vectors(s.id)
-                store.write_vectors(sid, x)
-                graphs[str(sid)] = store.next_version(sid, None)
-                store.write_graph(sid, graphs[str(sid)], renumbered(other.read_graph(s.id), row0))
-                new.append(asdict(ShardEntry(id=sid, offset=row0 + s.offset, rows=s.rows)))
-                nbytes += x.nbytes
-                advance(s.rows)
-            merged += [[sid0 + a, sid0 + b] for a, b in om.merged]
-            if user_ids.stored_kind(other.path, om.rows) is not None:
-                user_ids.copy_parts(other.path, om.rows, store.path, row0)
-    m.pending = {"inputs": inputs, "shards": new, "graphs": graphs, "merged": merged}
+    for other in others:
+        om = other.manifest
+        sid0, row0 = first + len(copies), offset + sum(c[1].rows for c in copies)
+        inputs.append({"path": str(other.path.resolve()), "rows": om.rows, "first_id": row0, STORE_KEY: digest(other)})
+        inputs += [dict(rec, first_id=rec.get("first_id", 0) + row0) for rec in om.inputs]
+        starts.append((other, row0))
+        copies += [(other, s, sid0 + s.id, row0) for s in om.shards]
+        merged += [[sid0 + a, sid0 + b] for a, b in om.merged]
+    with reporter.phase("copy", sum(c[1].rows for c in copies), "rows") as advance, \
+            ThreadPoolExecutor(COPY_THREADS, thread_name_prefix="copy") as pool:
+        done = list(pool.map(lambda job: _copy_shard(store, *job, advance), copies))
+    for other, row0 in starts:
+        if user_ids.stored_kind(other.path, other.manifest.rows) is not None:
+            user_ids.copy_parts(other.path, other.manifest.rows, store.path, row0)
+    new = [asdict(ShardEntry(id=sid, offset=row0 + s.offset, rows=s.rows)) for _, s, sid, row0 in copies]
+    m.pending = {"inputs": inputs, "shards": new, "merged": merged,
+                 "graphs": {str(c[2]): version for c, (version, _) in zip(copies, done)}}
     store.commit()
+    nbytes = sum(n for _, n in done)
     acct.add("copy", time.perf_counter() - t, nbytes_read=nbytes, nbytes_written=nbytes)
+
+
+def _copy_shard(store: Store, other: Store, shard: ShardEntry, sid: int, row0: int,
+                advance: Callable[[int], None]) -> tuple[int, int]:
+    """Copy one shard of ``other`` to shard ``sid`` of ``store``, its graph's ids moved by ``row0``; returns the
+    graph version written and the vector bytes copied."""
+    x = other.read_vectors(shard.id)
+    store.write_vectors(sid, x)
+    version = store.next_version(sid, None)
+    store.write_graph(sid, version, renumbered(other.read_graph(shard.id), row0))
+    advance(shard.rows)
+    return version, x.nbytes
 
 
 def renumbered(graph: KnnGraph, by: int) -> KnnGraph:
