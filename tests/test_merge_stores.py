@@ -159,6 +159,16 @@ def test_user_ids_of_both_stores_are_carried(tmp_path):
     assert nbrs[1000, 0].startswith("doc-")
 
 
+def test_a_partitioned_store_takes_a_contiguous_one(halves, tmp_path):
+    """STORE built by k-means shards: the other store's rows come after its rows, every pair across is merged."""
+    store = make_store(tmp_path / "km.knn", halves["x"][:HALF], partition="kmeans")
+    report = merge_stores(store, [halves["b"]], [CpuBackend()], Reporter())
+    m = Store.open(store).manifest
+    assert report["rows"] == 2 * HALF and m.complete and m.partition_method == "kmeans"
+    np.testing.assert_array_equal(Store.open(store).vectors_of(np.arange(HALF, 2 * HALF)), halves["x"][HALF:])
+    assert union_recall(store) >= TARGET
+
+
 @pytest.fixture(scope="module")
 def odd_stores(halves) -> dict:
     """Small stores that differ from ``a`` in one field each, and one left pending."""

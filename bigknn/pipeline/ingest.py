@@ -28,8 +28,8 @@ from bigknn.partition import load as load_partition
 from bigknn.partition.assign import LABEL_CHUNK_ROWS
 from bigknn.partition.pairs import near_shards
 from bigknn.pipeline import merge_stores
-from bigknn.pipeline.merge_checks import staged
 from bigknn.pipeline.build import fingerprint
+from bigknn.pipeline.merge_checks import staged
 from bigknn.pipeline.sharding import shard_sizes
 from bigknn.pipeline.steps import Ledger, cache_shards, check_merge_count, record_timings, run_pending
 from bigknn.pipeline.accounting import Accounting
