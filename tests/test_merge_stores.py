@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import random
 import shutil
 import signal
@@ -213,11 +214,13 @@ def test_the_same_store_or_a_missing_one_is_refused(halves, tmp_path):
     assert not (tmp_path / "nowhere.knn").exists()
 
 
-def test_a_reader_opened_before_the_merge_keeps_its_version(halves, tmp_path):
+def test_a_reader_opened_before_the_merge_keeps_its_version(halves, tmp_path, caplog):
     store = copy_of(halves["a"], tmp_path / "s.knn")
     reader = Store.open(store)
     graphs = [reader.read_graph(sh.id) for sh in reader.manifest.shards]
-    merge_stores(store, [halves["b"]], [CpuBackend()], Reporter())
+    with caplog.at_level(logging.WARNING):
+        merge_stores(store, [halves["b"]], [CpuBackend()], Reporter())
+    assert f"measured on {HALF:,} rows, before the merge" in caplog.text  # the estimate is said to be the old one
     assert reader.manifest.rows == HALF
     for sh, g in zip(reader.manifest.shards, graphs):
         again = reader.read_graph(sh.id)

@@ -129,6 +129,9 @@ def merge_stores(store_path: Path, others: list[Path], backends: list[Backend], 
         for other in opened:
             other.close()
     m = store.manifest
+    if report["merged"] and m.estimate is not None and m.estimate.get("graph_rows", m.rows) < m.rows:
+        reporter.note(f"{store_path}: the recorded recall estimate was measured on {m.estimate['graph_rows']:,} rows, "
+                      f"before the merge; `bigknn eval recall {store_path}` measures the merged graph")
     report.update({"rows_added": m.rows - rows_before, "rows": m.rows, "shards": len(m.shards),
                    "merges_done": len(m.merged), "merges_total": m.merges_total,
                    "wall_s": round(time.perf_counter() - t0, 3),
