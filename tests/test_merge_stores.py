@@ -26,7 +26,8 @@ from bigknn.graph import EMPTY
 from bigknn.params import GnndParams
 from bigknn.pipeline.build import BuildRequest, build
 from bigknn.pipeline.evaluate import recall
-from bigknn.pipeline.merge_stores import merge_stores
+from bigknn.pipeline.accounting import Accounting
+from bigknn.pipeline.merge_stores import _stage, merge_stores
 from bigknn.progress import Reporter
 from bigknn.shards import Store, user_ids
 from bigknn.synth import synth
@@ -228,6 +229,18 @@ def test_a_reader_opened_before_the_merge_keeps_its_version(halves, tmp_path, ca
         np.testing.assert_array_equal(again.dists, g.dists)
     assert Store.open(store).manifest.shards[0].graph != reader.manifest.shards[0].graph
     reader.close()
+
+
+def test_a_staged_merge_is_finished_by_merge_store_alone(halves, tmp_path):
+    """A merge killed after its copy was committed (pending) is finished by `bigknn merge STORE` as well; until
+    then readers see the old store."""
+    store = copy_of(halves["a"], tmp_path / "s.knn")
+    s = Store.open(store, pin=False)
+    _stage(s, [Store.open(halves["b"])], Reporter(), Accounting())
+    assert Store.open(store).manifest.rows == HALF and Store.open(store).manifest.pending is not None
+    report = bk.merge(store, backend="cpu")
+    assert report.rows == 2 * HALF and report.merges_done == report.merges_total
+    check_graph(store, halves["x"])
 
 
 @pytest.mark.slow
