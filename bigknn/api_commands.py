@@ -13,36 +13,53 @@ from bigknn.params import GnndParams
 from bigknn.partition.learn import DEFAULT_METHOD
 from bigknn.pipeline.finish import finish
 from bigknn.pipeline.ingest import drop_folder_files, ingest as ingest_files
+from bigknn.pipeline.merge_stores import merge_stores
 from bigknn.pipeline.sizing import size_build
 from bigknn.pipeline.verify import repair as repair_store, verify as verify_store
 from bigknn.progress import reporter
-from bigknn.results import BuildReport, IngestReport
+from bigknn.results import BuildReport, IngestReport, MergeReport
 from bigknn.shards import read_store
 from bigknn.stored_graph import Gpus, PathLike, gpu_ids
 
 __all__ = ["ingest", "merge", "plan", "verify"]
 
 
-def merge(store: PathLike, backend: str = "auto", gpus: Gpus = None, *, threads: int | None = None,
-          gpu_mem: int | None = None, host_mem: int | None = None, wait: float = 0.0, progress: bool = False,
-          scheduler: str | None = None) -> BuildReport:
-    """Finish a store's pending work: GNND of unbuilt shards and every pending shard-pair merge, or the rest
-    of an interrupted ingest (``bigknn merge``). The options are ``build``'s.
+def merge(store: PathLike, backend: str = "auto", gpus: Gpus = None, *, others: Iterable[PathLike] = (),
+          threads: int | None = None, gpu_mem: int | None = None, host_mem: int | None = None, wait: float = 0.0,
+          progress: bool = False, scheduler: str | None = None) -> BuildReport | MergeReport:
+    """Without ``others``: finish a store's pending work: GNND of unbuilt shards and every pending shard-pair
+    merge, or the rest of an interrupted ingest or merge (``bigknn merge STORE``); returns a BuildReport.
+
+    With ``others`` (``bigknn merge STORE OTHER...``): fold those stores, built independently (same dim, dtype,
+    metric, k and list width; contiguous), into ``store``, reusing their graphs: their rows get ids after
+    ``store``'s, in the order given, and only pairs of shards across stores are merged. Crash-safe: a killed
+    merge is finished by the same call; readers see the old graph until it ends. A store merged before is
+    skipped. Returns a MergeReport. The other options are ``build``'s.
 
     Examples
     --------
     >>> import os, tempfile
     >>> import numpy as np, bigknn
-    >>> path = os.path.join(tempfile.mkdtemp(), "m.knn")
-    >>> bigknn.build(np.random.default_rng(2).normal(size=(300, 4)).astype(np.float32), k=3, store=path,
-    ...              backend="cpu", shard_rows=100).close()
-    >>> report = bigknn.merge(path, backend="cpu")   # nothing was left pending: it only checks
+    >>> where = tempfile.mkdtemp()
+    >>> rng = np.random.default_rng(2)
+    >>> a, b = (os.path.join(where, name) for name in ("a.knn", "b.knn"))
+    >>> bigknn.build(rng.normal(size=(300, 4)).astype(np.float32), k=3, store=a, backend="cpu",
+    ...              shard_rows=100).close()
+    >>> report = bigknn.merge(a, backend="cpu")   # nothing was left pending: it only checks
     >>> report.resumed, report.merges_done == report.merges_total
     (True, True)
+    >>> bigknn.build(rng.normal(size=(200, 4)).astype(np.float32), k=3, store=b, backend="cpu").close()
+    >>> report = bigknn.merge(a, others=[b], backend="cpu")   # b's rows become rows 300..499 of a
+    >>> report.rows_added, report.rows, report.merges_done == report.merges_total
+    (200, 500, True)
     """
     rep = reporter(progress)
+    others = [Path(p) for p in others]
     with use_scheduler(scheduler, backend, gpu_mem, rep):
-        summary = finish(Path(store), get_backends(backend, gpu_ids(gpus), gpu_mem, threads), rep, wait, host_mem)
+        backends = get_backends(backend, gpu_ids(gpus), gpu_mem, threads)
+        if others:
+            return MergeReport(**merge_stores(Path(store), others, backends, rep, wait, host_mem))
+        summary = finish(Path(store), backends, rep, wait, host_mem)
     return BuildReport.from_summary(summary)
 
 

@@ -186,6 +186,29 @@ class IngestReport(_Report):
 
 
 @dataclass(frozen=True)
+class MergeReport(_Report):
+    """What a merge of stores did (``bigknn merge STORE OTHER...``): the other stores merged and those skipped
+    (merged before), rows added, pairs merged by this run, the store's rows, shards and merges after it, times,
+    and the recall estimate in the manifest (``graph_rows``: the rows it was measured on, before the merge;
+    ``resumed``: an interrupted merge it finished first, or None)."""
+
+    store: str
+    merged: list[str]
+    skipped: list[str]
+    rows_added: int
+    merges_run: int
+    resumed: str | None
+    rows: int
+    shards: int
+    merges_done: int
+    merges_total: int
+    wall_s: float
+    phase_s: dict[str, float]
+    phase_wall_s: dict[str, list[float]]
+    recall_estimate: dict | None
+
+
+@dataclass(frozen=True)
 class ExportReport(_Report):
     """The files an export wrote (``.npy``: ids, then ``<name>.dists.npy``), their format, and the rows
     and neighbours per row (one more column where ``include_self``)."""

@@ -4,6 +4,7 @@
 # The public API against CAGRA (issue 37): STEPS="searchapi"; the recall promise over seeds (issue 36): STEPS="coverage".
 # On the 2-GPU machine (issues 12 and 14): STEPS="dask10m big50 big100" (inputs by scripts/synth_parallel.sh).
 # Every family against cuVS (issue 10): STEPS="families"; 50M on 1 / 2 / all GPUs (issue 17): STEPS="scale".
+# Two 25M stores merged against the 50M build (issue 39, item 3): GPUS=all STEPS="mergestores" (x4 machine).
 # Needs: PYTHONPATH with bigknn and zarr (see README), a GPU. Data goes to $WORK (default /tmp/bk).
 set -uo pipefail
 OUT=${OUT:-/tmp/bk-out}; WORK=${WORK:-/tmp/bk}; mkdir -p "$OUT" "$WORK"
@@ -145,6 +146,29 @@ big50)
     -- --k 32 > "$OUT/big50.jsonl" 2> "$OUT/big50.err"
   note "50M: $(tr '\n' ' ' < "$OUT/big50.jsonl" | cut -c1-900)"
   rm -f $WORK/d50m.fbin ;;
+mergestores)
+  # issue 39 item 3: two 25M x 96 stores built apart from the halves of one 50M set, merged (`bigknn merge STORE
+  # OTHER`), against the build of the whole, page cache dropped before each; target: the merge <= 40 % of the
+  # build's time, recall >= 0.99 over all rows and over each half. Needs ~130 GB of disk (the x4 machine).
+  step mergestores
+  M=$WORK/m50; mkdir -p $M
+  [ -f $M/h1.fbin ] || bash scripts/synth_parallel.sh $M/h1.fbin 25000000 96 2 > /dev/null
+  [ -f $M/h2.fbin ] || FIRST_ROW=25000000 bash scripts/synth_parallel.sh $M/h2.fbin 25000000 96 2 > /dev/null
+  rm -rf $M/h1.knn $M/h2.knn $M/whole.knn
+  for h in h1 h2; do $B build $M/$h.fbin -o $M/$h.knn --k 32 --gpus $GPUS --json > "$OUT/ms_$h.json"; done
+  sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null
+  $B build "$M/h*.fbin" -o $M/whole.knn --k 32 --gpus $GPUS --json > "$OUT/ms_whole.json" 2> "$OUT/ms_whole.err"
+  $B eval recall $M/whole.knn --backend cuda --json > "$OUT/ms_whole_eval.json"
+  rm -rf $M/whole.knn
+  sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null
+  $B merge $M/h1.knn $M/h2.knn --gpus $GPUS --json > "$OUT/ms_merge.json" 2> "$OUT/ms_merge.err"
+  $B eval recall $M/h1.knn --backend cuda --json > "$OUT/ms_merge_eval.json"
+  $B eval recall $M/h1.knn --backend cuda --rows 0:25000000 --sample 10000 --json > "$OUT/ms_merge_h1.json"
+  $B eval recall $M/h1.knn --backend cuda --rows 25000000:50000000 --sample 10000 --json > "$OUT/ms_merge_h2.json"
+  note "50M build: $(j wall_s shards merges_done < "$OUT/ms_whole.json") recall $(j recall < "$OUT/ms_whole_eval.json")"
+  note "25M halves built: $(j wall_s shards < "$OUT/ms_h1.json") / $(j wall_s shards < "$OUT/ms_h2.json")"
+  note "merge of the halves: $(j wall_s merges_run phase_s < "$OUT/ms_merge.json") recall $(j recall < "$OUT/ms_merge_eval.json") (first half $(j recall < "$OUT/ms_merge_h1.json"), second $(j recall < "$OUT/ms_merge_h2.json"))"
+  rm -rf $M ;;
 big100)
   step big100  # the measured 100M-row build: plan's projection, then the build and its recall
   [ -f $WORK/d100m.u8bin ] || bash scripts/synth_parallel.sh $WORK/d100m.u8bin 100000000 128 7 > /dev/null

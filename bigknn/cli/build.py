@@ -107,6 +107,7 @@ def build(input: Path, store: Path, k: int, metric: str, shard_rows: int, recall
 
 @click.command()
 @click.argument("store", type=click.Path(path_type=Path))
+@click.argument("others", nargs=-1, type=click.Path(path_type=Path))
 @backend_option
 @threads_option
 @gpus_option
@@ -115,17 +116,27 @@ def build(input: Path, store: Path, k: int, metric: str, shard_rows: int, recall
 @wait_option
 @scheduler_option
 @json_option
-def merge(store: Path, backend: str, threads: int | None, gpus: str | None, gpu_mem: str | None, host_mem: str | None,
-          wait_s: float, scheduler: str | None, as_json: bool) -> None:
+def merge(store: Path, others: tuple[Path, ...], backend: str, threads: int | None, gpus: str | None,
+          gpu_mem: str | None, host_mem: str | None, wait_s: float, scheduler: str | None, as_json: bool) -> None:
     """Finish a store's pending work: GNND of unbuilt shards and every pending shard-pair merge, or the
-    rest of an interrupted ingest.
+    rest of an interrupted ingest or merge.
+
+    With OTHERS: fold those stores, built independently (another machine, another day; same dim, dtype,
+    metric, k and list width; contiguous), into STORE, reusing their graphs: their rows get ids after STORE's,
+    in the order given, and only shard pairs across stores are merged: the way to split a build across
+    machines without a cluster. A killed merge is finished by the same command; readers see the old graph
+    until it ends. A store merged before is skipped. The recall estimate stays the one measured before the
+    merge (its graph_rows says so): `bigknn eval recall` measures the merged graph.
 
     \b
     Examples:
       bigknn merge data.knn
       bigknn merge data.knn --wait 600 --json
       bigknn merge /shared/data.knn --scheduler local:2
+      bigknn build day1.fbin -o day1.knn -k 32 && bigknn merge data.knn day1.knn --json
+      bigknn merge /shared/all.knn /shared/part1.knn /shared/part2.knn --gpus all
     """
-    report = api.merge(store, backend, gpus, threads=threads, gpu_mem=parse_bytes(gpu_mem),
-                       host_mem=parse_bytes(host_mem), wait=wait_s, progress=show_progress(as_json), scheduler=scheduler)
+    report = api.merge(store, backend, gpus, others=others, threads=threads, gpu_mem=parse_bytes(gpu_mem),
+                       host_mem=parse_bytes(host_mem), wait=wait_s, progress=show_progress(as_json),
+                       scheduler=scheduler)
     emit(report.to_dict(), as_json, "merge")

@@ -27,7 +27,9 @@ from bigknn.params import GnndParams
 from bigknn.partition import load as load_partition
 from bigknn.partition.assign import LABEL_CHUNK_ROWS
 from bigknn.partition.pairs import near_shards
+from bigknn.pipeline import merge_stores
 from bigknn.pipeline.build import fingerprint
+from bigknn.pipeline.merge_checks import staged
 from bigknn.pipeline.sharding import shard_sizes
 from bigknn.pipeline.steps import Ledger, cache_shards, check_merge_count, record_timings, run_pending
 from bigknn.pipeline.accounting import Accounting
@@ -360,6 +362,9 @@ def _near(store: Store, vf: VectorSource) -> list[int] | None:
 def resume_pending(store: Store, backends: list[Backend], reporter: Reporter, acct: Accounting,
                    host_mem: int | None = None) -> None:
     """Run the staged ingest's remaining GNND and merges, then make it visible in one commit."""
+    if staged(store.manifest.pending):  # a merge of stores was interrupted, not an ingest
+        merge_stores.resume(store, backends, reporter, acct, host_mem)
+        return
     ledger = IngestLedger(store)
     run_pending(store, ledger, backends, reporter, acct, host_mem)
     ledger.finish()

@@ -31,6 +31,7 @@ import numpy as np
 from bigknn.errors import BadInput, BigknnError, Damaged
 from bigknn.formats.read import file_sha256
 from bigknn.graph import EMPTY, LOCAL_ID_DTYPE
+from bigknn.pipeline.merge_checks import STORE_KEY, staged
 from bigknn.search.store import SEARCH_ID_DTYPE
 from bigknn.shards import Store, WriterLock, checksums, identity, user_ids
 from bigknn.shards.manifest import MANIFEST
@@ -108,7 +109,11 @@ def _advice(store: Store, problems: list[Problem]) -> list[str]:
         steps.append(f"bigknn prune {at}")
     pending = store.manifest.pending
     if pending and any(p.repair in (GRAPH, PENDING) for p in problems):
-        steps += [f"bigknn ingest {at} --input {shlex.quote(str(i['path']))}" for i in pending["inputs"]]
+        if staged(pending):  # the interrupted merge of stores, from the start
+            steps.append(" ".join([f"bigknn merge {at}", *(shlex.quote(str(i["path"])) for i in pending["inputs"]
+                                                            if STORE_KEY in i)]))
+        else:
+            steps += [f"bigknn ingest {at} --input {shlex.quote(str(i['path']))}" for i in pending["inputs"]]
     return steps
 
 

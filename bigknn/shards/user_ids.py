@@ -281,3 +281,12 @@ def remove_part(store_path: Path, first_row: int) -> None:
                 safepaths.remove_file(fd, stem + suffix)
     except (FileNotFoundError, NotADirectoryError):
         return
+
+
+def copy_parts(src_store: Path, rows: int, dst_store: Path, first_row: int) -> None:
+    """Write the ids of ``src_store``'s first ``rows`` rows into ``dst_store`` as one part starting at
+    ``first_row`` (``bigknn merge`` of stores: the other store's rows come after STORE's). The ids are read
+    through their checksums and written sealed for their new place (a copied file would carry the old place);
+    a part past ``dst_store``'s committed rows is ignored until a commit covers it."""
+    ids = require(Path(src_store), rows)
+    write_part(dst_store, first_row, str(src_store), iter([ids.arrow(np.arange(len(ids)))]))
