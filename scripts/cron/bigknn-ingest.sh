@@ -282,7 +282,7 @@ for ((i = 0; i < ${#files[@]}; i++)); do
     0)
       r=$(number_in_out rows) && [ -n "$r" ] && rows=$r
       added=$(number_in_out rows_added)
-      if [ "${added:-0}" -gt 0 ] || grep -q '"resumed":' "$work/out"; then
+      if [ "${added:-0}" -gt 0 ] || grep -q '"resumed": "' "$work/out"; then
         ingested+=("$name"); rows_added=$((rows_added + ${added:-0}))
       else
         already=$((already + 1))  # ingested before (same size and sha256), by another job or by hand
