@@ -113,6 +113,8 @@ def test_every_kind_of_bad_file_is_rejected_with_its_reason_and_links_are_not_fo
     vectors(job, "truncated.fbin")
     os.truncate(drop / "truncated.fbin", 8 + DIM * 4 * NEW // 2)
     (drop / "notes.txt").write_text("not vectors")
+    odd = 'day "2" día.fbin'  # a name JSON escapes (bigknn's errors are JSON under --json)
+    vectors(job, odd, dim=DIM + 1)
     outside = vectors(job, "outside.fbin")
     target = job["tmp"] / "outside.fbin"
     outside.rename(target)
@@ -126,7 +128,8 @@ def test_every_kind_of_bad_file_is_rejected_with_its_reason_and_links_are_not_fo
     code, [record], err = run_cron(job)
     assert code == 3, err
     reasons = {r["file"]: r["reason"] for r in record["rejected"]}
-    assert set(reasons) == {"nan.fbin", "truncated.fbin", "notes.txt", "link.fbin"}
+    assert set(reasons) == {"nan.fbin", "truncated.fbin", "notes.txt", "link.fbin", odd}
+    assert reasons[odd].startswith(f"{drop / odd}: ") and (drop / ".rejected" / f"{odd}.reason").is_file()
     assert "nan" in reasons["nan.fbin"].lower()
     assert "truncated.fbin" in reasons["truncated.fbin"] and "notes.txt" in reasons["notes.txt"]
     assert "link" in reasons["link.fbin"]

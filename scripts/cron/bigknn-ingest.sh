@@ -202,7 +202,7 @@ error_of() {  # bigknn's one-line error: the message of its --json error, as JSO
   grep -v '^[[:space:]]*$' "$work/err" | tail -n 1
 }
 
-unescape() {  # bigknn's error for a person: its quotes and backslashes (\uXXXX of other names are kept)
+unescape() {  # bigknn's error for a person: its quotes and backslashes (\uXXXX of names other than the file's stay)
   local e=${1//\\\"/\"}
   printf '%s' "${e//\\\\/\\}"
 }
@@ -296,8 +296,8 @@ for ((i = 0; i < ${#files[@]}; i++)); do
       error=$(error_of)
       if [ "$(state_of "$path")" != "${states[i]}" ]; then
         left+=("$name")  # changed while read: still being written
-      elif [[ $error == *"$(py_json_escape "$path")"* ]]; then
-        reject "$path" "$(unescape "$error")"
+      elif esc=$(py_json_escape "$path") && [[ $error == *"$esc"* ]]; then
+        reject "$path" "$(unescape "${error%%"$esc"*}")$path$(unescape "${error#*"$esc"}")"
       else  # not about this file: the store, or the command line
         untried=("${names[@]:i}")
         finish 2 "$(unescape "$error")"
