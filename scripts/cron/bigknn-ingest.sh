@@ -109,7 +109,7 @@ fi
 
 # ---- the run's record -------------------------------------------------------------------------------------
 started=$(date -u +%Y-%m-%dT%H:%M:%SZ)
-t0=${EPOCHREALTIME/./}
+t0=${EPOCHREALTIME//[!0-9]/}
 ingested=() rejected=() left=() untried=()
 rows_added=0 rows=null already=0 work=""
 
@@ -129,7 +129,7 @@ json_list() {  # the arguments as a JSON list of strings
 # write the run's one log line (and on stderr unless the run succeeded), clean up what the run made, exit $1
 finish() {
   local code=$1 error=${2:-} us line rej="" i
-  us=$(( ${EPOCHREALTIME/./} - t0 ))
+  us=$(( ${EPOCHREALTIME//[!0-9]/} - t0 ))
   for ((i = 0; i < ${#rejected[@]}; i += 2)); do
     rej+="${rej:+, }{\"file\": $(json_str "${rejected[i]}"), \"reason\": $(json_str "${rejected[i+1]}")}"
   done
@@ -272,6 +272,10 @@ done < <(find "$drop" -mindepth 1 -maxdepth 1 ! -name '.*' -printf '%T@\t%y\t%f\
 # ---- one ingest per file ----------------------------------------------------------------------------------
 for ((i = 0; i < ${#files[@]}; i++)); do
   path=${files[i]} name=${names[i]}
+  if [ "$(state_of "$path")" != "${states[i]}" ]; then  # replaced (by a link too) or changed since listed
+    left+=("$name")
+    continue
+  fi
   "${bigknn[@]}" ingest "$store" --input "$path" --wait "$wait_s" --busy-exit 75 \
     --backend "${BIGKNN_BACKEND:-auto}" --json >"$work/out" 2>"$work/err" &
   child=$!
