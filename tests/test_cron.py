@@ -104,6 +104,14 @@ def test_good_ingested_bad_rejected_growing_left(job):
     assert (drop / ".done" / "growing.fbin").is_file() and not (drop / "growing.fbin").exists()
     assert store_rows(job) == ROWS + 2 * NEW
 
+    # without the job's list of ingested files, the store knows them (size and sha256): counted, not listed
+    seen = Path(f"{job['store']}.ingested")
+    seen.unlink()
+    code, records, err = run_cron(job)
+    assert code == 0, err
+    assert records[3]["ingested"] == [] and records[3]["already_ingested"] == 1
+    assert "good.fbin" in seen.read_text() and store_rows(job) == ROWS + 2 * NEW
+
 
 def test_every_kind_of_bad_file_is_rejected_with_its_reason_and_links_are_not_followed(job):
     drop = job["drop"]
