@@ -149,13 +149,18 @@ def test_every_kind_of_bad_file_is_rejected_with_its_reason_and_links_are_not_fo
     assert sorted(p.name for p in drop.iterdir()) == [".rejected"]
 
 
-def test_a_missing_bigknn_is_a_configuration_error_logged_as_one_line(job):
+def test_a_missing_bigknn_or_store_stops_the_run_before_any_file_moves(job):
     vectors(job, "good.fbin")
     code, [record], err = run_cron(job, BIGKNN="/nonexistent/venv/bin/bigknn")
     assert code == 78 and record["exit"] == 78
     assert "/nonexistent/venv/bin/bigknn" in record["error"] and "not found" in record["error"]
     assert json.loads(err.split("bigknn-ingest.sh: ", 1)[1]) == record  # cron mails the same line
-    assert (job["drop"] / "good.fbin").is_file()
+    # a store bigknn refuses is no reason to reject the files
+    missing = job["tmp"] / "missing.knn"
+    code, records, err = run_cron(job, BIGKNN_STORE=str(missing))
+    assert code == 2 and records[1]["exit"] == 2 and str(missing) in records[1]["error"], err
+    assert records[1]["untried"] == ["good.fbin"] and records[1]["rejected"] == []
+    assert sorted(p.name for p in job["drop"].iterdir()) == ["good.fbin"]
 
 
 def test_an_overlapping_run_exits_75_and_moves_nothing(job):

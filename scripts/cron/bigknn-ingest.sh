@@ -29,8 +29,8 @@
 # Hidden names (.name: files in transit) and anything not a file or link are ignored.
 #
 # The log gets one JSON line per run: time, store, drop, exit, seconds, ingested, rows_added, rows (the store's,
-# after the run), rejected [{file, reason}], left, already_ingested (a count), untried (files a stopped run did
-# not reach) and error (why the run stopped). A run that exits non-zero also prints that line on stderr (cron
+# after the run; null when there was nothing to ingest), rejected [{file, reason}], left, already_ingested (a
+# count), untried (files a stopped run did not reach) and error (why the run stopped). A run that exits non-zero also prints that line on stderr (cron
 # mails it).
 #
 # Exit codes (every one this script gives):
@@ -148,7 +148,10 @@ finish() {
 
 child=""
 on_signal() {  # stop the running ingest (it exits at its next safe point), then log and exit 128+signal
-  [ -n "$child" ] && kill -"$1" "$child" 2>/dev/null && wait "$child"
+  if [ -n "$child" ]; then
+    kill -"$1" "$child" 2>/dev/null && wait "$child"
+    untried=("${names[@]:i}")
+  fi
   finish "$2" "stopped by SIG$1"
 }
 trap 'on_signal INT 130' INT
@@ -241,8 +244,18 @@ py_json_escape() {  # $1 as bigknn's JSON errors write it (Python's json.dumps):
   printf '%s' "$out"
 }
 
-number_in_out() {  # the integer value of key $1 in bigknn's JSON report
-  sed -n "s/.*\"$1\": \([0-9]*\).*/\1/p" "$work/out" | head -n 1
+number_in_out() {  # the integer value of key $1 in bigknn's JSON report (its first: top-level keys come first)
+  grep -o "\"$1\": [0-9]*" "$work/out" | head -n 1 | grep -o '[0-9]*$'
+}
+
+run_bigknn() {  # bigknn with these arguments, its stdout and stderr in $work; in the background, so that a
+  # signal to this script is handled at once (the handler stops it)
+  "${bigknn[@]}" "$@" >"$work/out" 2>"$work/err" &
+  child=$!
+  wait "$child"
+  local code=$?
+  child=""
+  return "$code"
 }
 
 # ---- the drop folder, oldest first ------------------------------------------------------------------------
@@ -270,24 +283,33 @@ while IFS=$'\t' read -r -d '' _ type name; do
 done < <(find "$drop" -mindepth 1 -maxdepth 1 ! -name '.*' -printf '%T@\t%y\t%f\0' | sort -z -n)
 
 # ---- one ingest per file ----------------------------------------------------------------------------------
+i=0
+if [ ${#files[@]} -gt 0 ]; then  # the store's rows before: rows_added counts a resumed ingest's rows too
+  run_bigknn info "$store" --json
+  code=$?
+  if [ "$code" != 0 ]; then
+    untried=("${names[@]}")
+    finish "$( [ "$code" = 2 ] && echo 2 || echo 1 )" "$(unescape "$(error_of)")"
+  fi
+  rows=$(number_in_out rows)
+  [ -n "$rows" ] || finish 1 "no row count in bigknn info's report: $(head -c 200 "$work/out")"
+fi
+rows_before=$rows
 for ((i = 0; i < ${#files[@]}; i++)); do
   path=${files[i]} name=${names[i]}
   if [ "$(state_of "$path")" != "${states[i]}" ]; then  # replaced (by a link too) or changed since listed
     left+=("$name")
     continue
   fi
-  "${bigknn[@]}" ingest "$store" --input "$path" --wait "$wait_s" --busy-exit 75 \
-    --backend "${BIGKNN_BACKEND:-auto}" --json >"$work/out" 2>"$work/err" &
-  child=$!
-  wait "$child"
+  run_bigknn ingest "$store" --input "$path" --wait "$wait_s" --busy-exit 75 --backend "${BIGKNN_BACKEND:-auto}" \
+    --json
   code=$?
-  child=""
   case $code in
     0)
-      r=$(number_in_out rows) && [ -n "$r" ] && rows=$r
-      added=$(number_in_out rows_added)
-      if [ "${added:-0}" -gt 0 ] || grep -q '"resumed": "' "$work/out"; then
-        ingested+=("$name"); rows_added=$((rows_added + ${added:-0}))
+      rows=$(number_in_out rows)
+      rows_added=$((rows - rows_before))
+      if [ "$(number_in_out rows_added)" -gt 0 ] || grep -q '"resumed": "' "$work/out"; then
+        ingested+=("$name")
       else
         already=$((already + 1))  # ingested before (same size and sha256), by another job or by hand
       fi
