@@ -211,7 +211,7 @@ unescape() {  # bigknn's error for a person: its quotes and backslashes (\uXXXX 
 }
 
 py_json_escape() {  # $1 as bigknn's JSON errors write it (Python's json.dumps): to find a path named in one
-  local LC_ALL=C s=$1 out="" i b cp need
+  local LC_ALL=C s=$1 out="" i j b nb cp need ok
   for ((i = 0; i < ${#s}; i++)); do
     printf -v b '%d' "'${s:i:1}"
     (( b < 0 )) && b=$((b + 256))
@@ -226,17 +226,19 @@ py_json_escape() {  # $1 as bigknn's JSON errors write it (Python's json.dumps):
     elif (( b >= 0xe0 )) && (( b < 0xf0 )); then need=2 cp=$((b & 15))
     elif (( b >= 0xc2 )) && (( b < 0xe0 )); then need=1 cp=$((b & 31))
     fi
-    local j ok=1 nb
+    ok=1
     for ((j = 1; j <= need; j++)); do
       printf -v nb '%d' "'${s:i+j:1}"; (( nb < 0 )) && nb=$((nb + 256))
       (( (nb & 0xc0) == 0x80 )) || { ok=0; break; }
       cp=$(( (cp << 6) | (nb & 63) ))
     done
-    if (( b >= 0x80 && (need == 0 || ! ok) )); then cp=$((0xdc00 + b)); need=0  # undecodable: surrogateescape
+    if (( b >= 0x80 && (need == 0 || ! ok) )); then  # not UTF-8: Python's surrogateescape
+      cp=$((0xdc00 + b)) need=0
     fi
     i=$((i + need))
     if (( cp > 0xffff )); then
-      cp=$((cp - 0x10000)); printf -v out '%s\\u%04x\\u%04x' "$out" $((0xd800 + (cp >> 10))) $((0xdc00 + (cp & 1023)))
+      cp=$((cp - 0x10000))
+      printf -v out '%s\\u%04x\\u%04x' "$out" $((0xd800 + (cp >> 10))) $((0xdc00 + (cp & 1023)))
     else
       printf -v out '%s\\u%04x' "$out" "$cp"
     fi
