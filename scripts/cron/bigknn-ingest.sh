@@ -30,18 +30,19 @@
 #
 # The log gets one JSON line per run: time, store, drop, exit, seconds, ingested, rows_added, rows (the store's,
 # after the run; null when there was nothing to ingest), rejected [{file, reason}], left, already_ingested (a
-# count), untried (files a stopped run did not reach) and error (why the run stopped). A run that exits non-zero also prints that line on stderr (cron
-# mails it).
+# count), untried (files a stopped run did not reach) and error (why the run stopped). A run that exits non-zero
+# also prints that line on stderr (cron mails it).
 #
 # Exit codes (every one this script gives):
 #   0   done: every file ingested, already ingested or left for the next run
 #   1   bigknn failed on a file for another reason (a full disk, a crash: see "error"), or a file could not be
 #       moved or the BIGKNN_SEEN list written; the last commit is intact, the file stays, the next run resumes
 #   2   refused: run as root with a store, drop folder or log other users can write (see below; stderr only,
-#       nothing logged), or bigknn refused the store itself (not a file of the drop folder); nothing moved
+#       nothing logged), or bigknn refused the store itself (not a file of the drop folder); the files not
+#       reached stay
 #   3   done, but one or more files were rejected this run (see DROP/.rejected/): alert a person
 #   75  busy (EX_TEMPFAIL): another writer held the store, or another run of this job held the drop folder,
-#       for BIGKNN_WAIT seconds; nothing moved, the next run picks the files up
+#       for BIGKNN_WAIT seconds; the files not reached stay, the next run picks them up
 #   78  configuration (EX_CONFIG): BIGKNN_STORE or BIGKNN_DROP unset or the log not writable (stderr only),
 #       the drop folder missing, DROP/.rejected or DROP/.done not a directory of its own (a link), or the
 #       bigknn command not found
