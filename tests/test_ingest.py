@@ -236,23 +236,3 @@ def test_sigkill_at_random_moments_then_rerun(base, store, tmp_path):
         check_graph(s, OLD_ROWS + new_rows)
         assert recall_of(s, 0, OLD_ROWS) >= 0.95
         assert recall_of(s, OLD_ROWS, OLD_ROWS + new_rows) >= 0.95
-
-
-def test_cron_wrapper_logs_and_exit_codes(base, store, tmp_path):
-    drop = tmp_path / "drop"
-    drop.mkdir()
-    shutil.copy(base["new1"], drop / "day1.fbin")
-    log = tmp_path / "ingest.log"
-    env = {**os.environ, "BIGKNN_STORE": str(store), "BIGKNN_DROP": str(drop), "BIGKNN_LOG": str(log),
-           "BIGKNN_WAIT": "0", "BIGKNN": f"{sys.executable} -m bigknn", "BIGKNN_BACKEND": "cpu",
-           "BIGKNN_TRUST_WRITERS": "1"}  # tmp_path is in /tmp, which every user can write
-    script = Path(__file__).parents[1] / "scripts" / "cron" / "bigknn-ingest.sh"
-    assert subprocess.run(["bash", str(script)], env=env).returncode == 0
-    text = log.read_text()
-    assert '"rows_added": %d' % NEW_ROWS in text and "exit 0" in text
-    # a bad file: exit 2, named in the log, store untouched
-    write_vectors(drop / "day2.fbin", np.zeros((10, DIM + 1), np.float32))
-    before = tree_digest(store)
-    assert subprocess.run(["bash", str(script)], env=env).returncode == 2
-    assert "day2.fbin" in log.read_text().splitlines()[-2]
-    assert tree_digest(store) == before
