@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 
 from bigknn.backends import Backend
-from bigknn.cluster import active as active_cluster
 from bigknn.errors import BadInput
 from bigknn.formats import VectorSource, cast_note, open_source
 from bigknn.metrics import stored_dtype
@@ -22,6 +21,7 @@ from bigknn.params import GnndParams
 from bigknn.partition.assign import layout, learn_from_file, shard_count
 from bigknn.partition.learn import DEFAULT_METHOD, METHODS, Partition
 from bigknn.pipeline.estimate import SampleTruth, record_estimate
+from bigknn.pipeline.executor import Executor, InProcess
 from bigknn.pipeline.plan import auto_shard_rows, spread_for_workers
 from bigknn.pipeline.sharding import shard_sizes, stream_shards
 from bigknn.pipeline.limits import smallest_shard_rows
@@ -48,13 +48,16 @@ class BuildRequest:
     id_column: str | None = None  # the column of the user's ids, kept in the store (bigknn/shards/user_ids.py)
 
 
-def build(req: BuildRequest, backends: list[Backend], reporter: Reporter) -> dict:
+def build(req: BuildRequest, backends: list[Backend], reporter: Reporter, executor: Executor | None = None) -> dict:
     """Build (or resume building) the graph of ``req.input`` into ``req.store``; return a summary.
+    ``backends``: this process's (labelling, the pair plan, the recall estimate); ``executor``: where the
+    GNND and merge tasks run (default: on ``backends``, in this process).
 
     Every refusal of the input or the request comes before anything is written (the lock file included),
     except a bad row found while sharding: then a store this run created is taken back whole (``NewStore``).
     An interruption or a failure keeps the store, so that the same command resumes it."""
     acct = Accounting()
+    executor = executor or InProcess(backends)
     vf = open_source(req.input, req.column, req.id_column)
     if (cast := cast_note(vf)) is not None:
         reporter.note(cast)
@@ -63,7 +66,7 @@ def build(req: BuildRequest, backends: list[Backend], reporter: Reporter) -> dic
         req = replace(req, shard_rows=Store.open(req.store, pin=False).manifest.shard_rows)
     elif not req.shard_rows:
         fits = auto_shard_rows(backends, vf.dim, vf.read_dtype.itemsize, req.params)
-        spread = spread_for_workers(vf.rows, fits, worker_count(backends)) if req.partition == "contiguous" else fits
+        spread = spread_for_workers(vf.rows, fits, executor.workers()) if req.partition == "contiguous" else fits
         req = replace(req, shard_rows=spread)
     _check_request(req, vf)
     sizes = shard_sizes(vf.rows, req.shard_rows, req.params.width())
@@ -104,7 +107,7 @@ def build(req: BuildRequest, backends: list[Backend], reporter: Reporter) -> dic
                 if part is not None:
                     _record_partition(store, part)
                 incoming = (stream_shards(store, vf, sizes, acct, layout=rows_of), sizes)
-            run_build_steps(store, backends, reporter, acct, req.host_mem, incoming, sample)
+            run_build_steps(store, backends, executor, reporter, acct, req.host_mem, incoming, sample)
             if sample is not None:
                 est = record_estimate(store, backends[0], sample)
                 if est["recall"] < est["target"]:  # the promise broken is said aloud, never only recorded
@@ -119,14 +122,6 @@ def build(req: BuildRequest, backends: list[Backend], reporter: Reporter) -> dic
                 new_store.undo()
             raise
     return summary(store, acct, time.perf_counter() - acct.t0, resumed=resuming, backends=backends)
-
-
-def worker_count(backends: list[Backend]) -> int:
-    """What a run's tasks spread over: the Dask cluster's workers under --scheduler, else the backends (50M x 96
-    on two dask-cuda workers took the 3 shards sized for one GPU where in-process took 4: 60.0 s against 48.1 s
-    on 2 x H200, 2026-11-26)."""
-    cluster = active_cluster()
-    return cluster.workers() if cluster is not None else len(backends)
 
 
 # ---- checks ---------------------------------------------------------------------------------------
