@@ -22,13 +22,14 @@ from typing import Any
 from bigknn.api_commands import ingest, merge, plan, verify
 from bigknn.arrays import host_array, input_file, kept_dtype
 from bigknn.backends import get_backends
-from bigknn.cluster import use_scheduler
+from bigknn.cluster import dask_executor
 from bigknn.memory_graph import InMemoryGraph
 from bigknn.metrics import canonical_metric
 from bigknn.params import GnndParams
 from bigknn.partition import METHODS as PARTITIONS
 from bigknn.partition.learn import DEFAULT_METHOD
 from bigknn.pipeline.build import BuildRequest, build as run_build
+from bigknn.pipeline.executor import InProcess
 from bigknn.pipeline.in_memory import build_in_memory, one_shard_rows
 from bigknn.progress import reporter
 from bigknn.results import BuildReport
@@ -159,8 +160,8 @@ def build(data: Any, k: int = DEFAULTS.k, metric: str = "l2", store: PathLike | 
                                seed=seed, wait_s=wait, host_mem=host_mem, partition=partition, column=column,
                                id_column=id_column, vectors=vectors)
             rep = reporter(progress)
-            with use_scheduler(scheduler, backend, gpu_mem, rep):
-                summary = run_build(req, backends, rep)
+            with dask_executor(scheduler, backend, gpu_mem, rep) as dask:
+                summary = run_build(req, backends, rep, dask or InProcess(backends))
     except BaseException:
         if temporary is not None:
             shutil.rmtree(temporary, ignore_errors=True)

@@ -8,9 +8,10 @@ from pathlib import Path
 from typing import Iterable
 
 from bigknn.backends import get_backends
-from bigknn.cluster import use_scheduler
+from bigknn.cluster import dask_executor
 from bigknn.params import GnndParams
 from bigknn.partition.learn import DEFAULT_METHOD
+from bigknn.pipeline.executor import InProcess
 from bigknn.pipeline.finish import finish
 from bigknn.pipeline.ingest import drop_folder_files, ingest as ingest_files
 from bigknn.pipeline.merge_stores import merge_stores
@@ -55,11 +56,12 @@ def merge(store: PathLike, backend: str = "auto", gpus: Gpus = None, *, others: 
     """
     rep = reporter(progress)
     others = [Path(p) for p in others]
-    with use_scheduler(scheduler, backend, gpu_mem, rep):
-        backends = get_backends(backend, gpu_ids(gpus), gpu_mem, threads)
+    backends = get_backends(backend, gpu_ids(gpus), gpu_mem, threads)
+    with dask_executor(scheduler, backend, gpu_mem, rep) as dask:
         if others:
-            return MergeReport(**merge_stores(Path(store), others, backends, rep, wait, host_mem))
-        summary = finish(Path(store), backends, rep, wait, host_mem)
+            return MergeReport(**merge_stores(Path(store), others, backends, rep, wait, host_mem,
+                                              dask or InProcess(backends)))
+        summary = finish(Path(store), backends, rep, wait, host_mem, dask or InProcess(backends))
     return BuildReport.from_summary(summary)
 
 
@@ -92,10 +94,10 @@ def ingest(store: PathLike, inputs: Iterable[PathLike] = (), watch_dir: PathLike
         raise ValueError("give inputs (one or more files) or watch_dir, not both")
     listed = drop_folder_files(Path(watch_dir)) if watch_dir is not None else None
     rep = reporter(progress)
-    with use_scheduler(scheduler, backend, gpu_mem, rep):
-        result = ingest_files(Path(store), inputs or list(listed), get_backends(backend, gpu_ids(gpus), gpu_mem,
-                                                                                 threads), rep, wait, host_mem, listed,
-                              column)
+    backends = get_backends(backend, gpu_ids(gpus), gpu_mem, threads)
+    with dask_executor(scheduler, backend, gpu_mem, rep) as dask:
+        result = ingest_files(Path(store), inputs or list(listed), backends, rep, wait, host_mem, listed, column,
+                              dask or InProcess(backends))
     return IngestReport(**result)
 
 

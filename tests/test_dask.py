@@ -263,11 +263,14 @@ def test_automatic_shards_spread_over_the_cluster_workers(cluster):
     """An automatic shard size is spread over the cluster's workers (one GPU each), not over the client's
     own backends: 50M x 96 on two dask-cuda workers took the one-GPU size (3 shards, merged one at a time)."""
     from bigknn.backends import get_backends
-    from bigknn.cluster.connect import use_scheduler
-    from bigknn.pipeline.build import worker_count
+    from bigknn.cluster import dask_executor
+    from bigknn.cluster.executor import DaskExecutor
+    from bigknn.pipeline.executor import InProcess
     from bigknn.progress import Reporter
 
     backends = get_backends("cpu", None, None)
-    assert worker_count(backends) == len(backends) == 1
-    with use_scheduler(cluster.scheduler.address, "cpu", None, Reporter()):
-        assert worker_count(backends) == 2
+    assert InProcess(backends).workers() == len(backends) == 1
+    with dask_executor(cluster.scheduler.address, "cpu", None, Reporter()) as dask:
+        assert isinstance(dask, DaskExecutor) and dask.workers() == 2
+    with dask_executor(None, "cpu", None, Reporter()) as none:
+        assert none is None  # no scheduler: the caller runs the tasks in-process

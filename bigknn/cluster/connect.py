@@ -1,17 +1,15 @@
 """Connecting a run to a Dask cluster (``--scheduler``, ``scheduler=``): an existing one by address, or a
 local one (``local:N``) started for the run and stopped after it.
 
-The cluster in use is held in a context variable for the duration of a ``with use_scheduler(...)`` block:
-the write paths (build, ingest, merge) all end in ``steps.run_pending``, which hands its tasks to the cluster
-when one is in use. So the flag reaches that one place without threading a parameter through every write
-path's signature, and nothing imports dask unless a scheduler was asked for.
+``dask_executor`` yields the ``DaskExecutor`` (bigknn/cluster/executor.py) that the face hands to a write
+path (build, ingest, merge) in place of the in-process one; nothing imports dask unless a scheduler was asked
+for.
 """
 
 from __future__ import annotations
 
 import re
 from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -22,6 +20,8 @@ from bigknn.progress import Reporter
 
 if TYPE_CHECKING:
     from distributed import Client
+
+    from bigknn.cluster.executor import DaskExecutor
 
 LOCAL_PREFIX = "local:"
 ADDRESS = re.compile(r"([a-z][a-z0-9+]*://)?[A-Za-z0-9._\-\[\]:]+")  # scheme://host:port (host, ipv6 in [])
@@ -76,29 +76,21 @@ def pinned_result(client: "Client", future: Any, workers: set[str]) -> Any:
                 raise WorkerGone(gone) from None
 
 
-_ACTIVE: ContextVar[Cluster | None] = ContextVar("bigknn_cluster", default=None)
-
-
-def active() -> Cluster | None:
-    """The cluster the current run's tasks go to, or None: run them in this process."""
-    return _ACTIVE.get()
-
-
 @contextmanager
-def use_scheduler(address: str | None, backend: str, gpu_mem: int | None, reporter: Reporter) -> Iterator[None]:
-    """Within the block, runs go to the Dask cluster at ``address`` ("tcp://host:8786", or "local:N" for a
-    local cluster of N worker processes); ``None`` or "" changes nothing."""
+def dask_executor(address: str | None, backend: str, gpu_mem: int | None,
+                  reporter: Reporter) -> Iterator["DaskExecutor | None"]:
+    """The executor of the Dask cluster at ``address`` ("tcp://host:8786", or "local:N" for a local cluster of
+    N worker processes, started here and stopped at the block's end); None for ``None`` or "": the caller runs
+    the tasks in its own process."""
     if not address:
-        yield
+        yield None
         return
+    from bigknn.cluster.executor import DaskExecutor
+
     client, local = _connect(address, backend)
     try:
         reporter.note(f"Dask scheduler {client.scheduler.address}; dashboard {client.dashboard_link}")
-        token = _ACTIVE.set(Cluster(client, backend, gpu_mem))
-        try:
-            yield
-        finally:
-            _ACTIVE.reset(token)
+        yield DaskExecutor(Cluster(client, backend, gpu_mem))
     finally:
         client.close()
         if local is not None:

@@ -1,4 +1,5 @@
-"""The client's side of a run on a Dask cluster: ``steps.run_pending``'s work as Dask tasks.
+"""The client's side of a run on a Dask cluster: ``DaskExecutor``, the ``Executor`` (bigknn/pipeline/executor.py)
+whose pending work runs as Dask tasks.
 
 The same ``Scheduler`` as in-process decides what may run (GNND of each shard as it arrives; the merge of a
 pending pair once both shards have a graph and no running merge touches either), with one client thread per
@@ -41,6 +42,7 @@ from bigknn.errors import BadInput
 from bigknn.pipeline.accounting import Accounting
 from bigknn.pipeline.estimate import SampleTruth
 from bigknn.pipeline.scheduler import TASK_NAMES, Pair, Scheduler, task_parts
+from bigknn.pipeline.steps import Ledger
 from bigknn.pipeline.workers import seed_for
 from bigknn.pipeline.writer import Writer
 from bigknn.progress import Reporter
@@ -50,10 +52,30 @@ log = logging.getLogger("bigknn")
 ATTEMPTS = 3  # submissions of one task before its error ends the run
 
 
+class DaskExecutor:
+    """``Executor`` on a Dask cluster (bigknn/cluster/connect.py ``dask_executor``): the tasks run on its
+    workers, the client schedules them and commits."""
+
+    def __init__(self, cluster: Cluster):
+        self.cluster = cluster
+
+    def workers(self) -> int:
+        return self.cluster.workers()
+
+    def run_pending(self, store: Store, ledger, reporter: Reporter, acct: Accounting, host_mem: int | None = None,
+                    incoming: tuple[Iterable, list[int]] | None = None, sample: SampleTruth | None = None,
+                    plan: Callable[[], None] | None = None) -> None:
+        """``Executor.run_pending``; ``host_mem`` goes unused: the client caches no shards."""
+        run_on_cluster(self.cluster, store, ledger, reporter, acct, incoming, sample)
+        if plan is not None:
+            plan()
+            run_on_cluster(self.cluster, store, Ledger(store), reporter, acct)
+
+
 def run_on_cluster(cluster: Cluster, store: Store, ledger, reporter: Reporter, acct: Accounting,
                    incoming: tuple[Iterable, list[int]] | None = None, sample: SampleTruth | None = None) -> None:
     """GNND for every shard without a graph and GGM for every pending pair, on the cluster's workers
-    (``steps.run_pending``'s contract: progress committed as it goes, ``incoming`` taken as it is sharded)."""
+    (``Executor.run_pending``'s contract: progress committed as it goes, ``incoming`` taken as it is sharded)."""
     check_visible(cluster, store)
     shards = ledger.shards()
     new_sizes = incoming[1] if incoming else []

@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 
 from bigknn.backends import Backend
-from bigknn.cluster import active as active_cluster
 from bigknn.errors import BadInput
 from bigknn.formats import VectorSource, cast_note, open_source
 from bigknn.metrics import metric as metric_of
@@ -23,6 +22,7 @@ from bigknn.params import GnndParams
 from bigknn.partition.assign import layout, learn_from_file, shard_count
 from bigknn.partition.learn import DEFAULT_METHOD, METHODS, Partition
 from bigknn.pipeline.estimate import SampleTruth, record_estimate
+from bigknn.pipeline.executor import Executor, InProcess
 from bigknn.pipeline.plan import auto_shard_rows, automatic_shards, resolve_partition
 from bigknn.pipeline.sharding import shard_sizes, stream_shards
 from bigknn.pipeline.limits import build_shards, k_refusal, smallest_shard_rows
@@ -51,13 +51,16 @@ class BuildRequest:
     vectors: str = "copy"  # or "reference": shards read the input file's rows (bigknn/shards/referenced.py)
 
 
-def build(req: BuildRequest, backends: list[Backend], reporter: Reporter) -> dict:
+def build(req: BuildRequest, backends: list[Backend], reporter: Reporter, executor: Executor | None = None) -> dict:
     """Build (or resume building) the graph of ``req.input`` into ``req.store``; return a summary.
+    ``backends``: this process's (labelling, the pair plan, the recall estimate); ``executor``: where the
+    GNND and merge tasks run (default: on ``backends``, in this process).
 
     Every refusal of the input or the request comes before anything is written (the lock file included),
     except a bad row found while sharding: then a store this run created is taken back whole (``NewStore``).
     An interruption or a failure keeps the store, so that the same command resumes it."""
     acct = Accounting()
+    executor = executor or InProcess(backends)
     vf = open_source(req.input, req.column, req.id_column)
     if (cast := cast_note(vf)) is not None:
         reporter.note(cast)
@@ -66,7 +69,7 @@ def build(req: BuildRequest, backends: list[Backend], reporter: Reporter) -> dic
         req = replace(req, shard_rows=Store.open(req.store, pin=False).manifest.shard_rows)
     elif not req.shard_rows:
         fits = auto_shard_rows(backends, vf.dim, vf.read_dtype.itemsize, req.params)
-        rows, method = automatic_shards(vf.rows, fits, worker_count(backends), req.params.width(), req.partition)
+        rows, method = automatic_shards(vf.rows, fits, executor.workers(), req.params.width(), req.partition)
         req = replace(req, shard_rows=rows, partition=method)
     _check_request(req, vf)
     req = replace(req, partition=resolve_partition(req.partition, vf.rows, req.shard_rows, req.params.width()))
@@ -116,7 +119,7 @@ def build(req: BuildRequest, backends: list[Backend], reporter: Reporter) -> dic
                 incoming = (stream_shards(store, vf, sizes, acct, layout=rows_of, kept=kept,
                                           reference=store.manifest.inputs[0].get("vectors") == "reference"), sizes)
                 kept = None  # the sharding pass holds the rows while it needs them
-            run_build_steps(store, backends, reporter, acct, req.host_mem, incoming, sample)
+            run_build_steps(store, backends, executor, reporter, acct, req.host_mem, incoming, sample)
             if sample is not None:
                 est = record_estimate(store, backends[0], sample)
                 if est["recall"] < est["target"]:  # the promise broken is said aloud, never only recorded
@@ -132,14 +135,6 @@ def build(req: BuildRequest, backends: list[Backend], reporter: Reporter) -> dic
                 new_store.undo()
             raise
     return summary(store, acct, time.perf_counter() - acct.t0, resumed=resuming, backends=backends)
-
-
-def worker_count(backends: list[Backend]) -> int:
-    """What a run's tasks spread over: the Dask cluster's workers under --scheduler, else the backends (50M x 96
-    on two dask-cuda workers took the 3 shards sized for one GPU where in-process took 4: 60.0 s against 48.1 s
-    on 2 x H200, 2026-11-26)."""
-    cluster = active_cluster()
-    return cluster.workers() if cluster is not None else len(backends)
 
 
 # ---- checks ---------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from pathlib import Path
 from bigknn.backends import Backend
 from bigknn.errors import BadInput
 from bigknn.pipeline.build import summary
+from bigknn.pipeline.executor import Executor, InProcess
 from bigknn.pipeline.ingest import resume_pending
 from bigknn.pipeline.steps import cache_shards, record_timings, run_build_steps
 from bigknn.pipeline.verify import verify
@@ -17,9 +18,12 @@ from bigknn.shards import Store, WriterLock
 
 
 def finish(store_path: Path, backends: list[Backend], reporter: Reporter, wait_s: float = 0.0,
-           host_mem: int | None = None) -> dict:
+           host_mem: int | None = None, executor: Executor | None = None) -> dict:
+    """Run what the store has pending under its writer lock; ``executor``: where the tasks run (default: on
+    ``backends``, in this process)."""
     t0 = time.perf_counter()
     acct = Accounting()
+    executor = executor or InProcess(backends)
     # refuse a missing or foreign directory, or a request that cannot run, before the lock file is touched
     _check(Store.open(store_path, pin=False), len(backends), host_mem)
     with WriterLock(store_path, wait_s):
@@ -27,9 +31,9 @@ def finish(store_path: Path, backends: list[Backend], reporter: Reporter, wait_s
         _check(store, len(backends), host_mem)
         _refuse_damage(store)
         if store.manifest.pending:
-            resume_pending(store, backends, reporter, acct, host_mem)
+            resume_pending(store, executor, reporter, acct, host_mem)
         else:
-            run_build_steps(store, backends, reporter, acct, host_mem)
+            run_build_steps(store, backends, executor, reporter, acct, host_mem)
         record_timings(store, acct)
         store.close()
     return summary(store, acct, time.perf_counter() - t0, resumed=True, backends=backends)

@@ -31,7 +31,8 @@ from bigknn.pipeline import merge_stores
 from bigknn.pipeline.build import fingerprint
 from bigknn.pipeline.merge_checks import staged
 from bigknn.pipeline.sharding import shard_sizes
-from bigknn.pipeline.steps import Ledger, cache_shards, check_merge_count, record_timings, run_pending
+from bigknn.pipeline.executor import Executor, InProcess
+from bigknn.pipeline.steps import Ledger, cache_shards, check_merge_count, record_timings
 from bigknn.pipeline.accounting import Accounting
 from bigknn.progress import Reporter
 from bigknn.shards import ShardEntry, Store, WriterLock
@@ -120,7 +121,7 @@ class IngestLedger(Ledger):
 
 def ingest(store_path: Path, inputs: list[Path], backends: list[Backend], reporter: Reporter,
            wait_s: float = 0.0, host_mem: int | None = None, listed: dict[Path, FileState] | None = None,
-           column: str | None = None) -> dict:
+           column: str | None = None, executor: Executor | None = None) -> dict:
     """Ingest ``inputs`` in order; returns what was ingested, skipped and the time per phase.
 
     Each file is opened once; its rows are checked and its bytes hashed in one pass over that opening, and
@@ -128,9 +129,11 @@ def ingest(store_path: Path, inputs: list[Path], backends: list[Backend], report
     committed. ``listed``: the files of a drop folder as listed (``--watch-dir``); there a file that changed
     since the listing or changes during the run is still being written: it is skipped with a note, and the
     next run takes it. ``column``: the vector column of Parquet/Arrow inputs (default: the only fixed-size list
-    column); a store that keeps user ids takes them from each input's column of the name it was built with."""
+    column); a store that keeps user ids takes them from each input's column of the name it was built with.
+    ``executor``: where the GNND and merge tasks run (default: on ``backends``, in this process)."""
     t0 = time.perf_counter()
     acct = Accounting()
+    executor = executor or InProcess(backends)
     store = _finished_store(store_path, wait_s)
     report = {"store": str(store_path), "ingested": [], "skipped": [], "still_being_written": [], "rows_added": 0}
     # every check runs before the lock is taken, so a refused input or request leaves the store untouched
@@ -154,7 +157,7 @@ def ingest(store_path: Path, inputs: list[Path], backends: list[Backend], report
         store.manifest.require_complete(store.path)
         if store.manifest.pending:
             report["resumed"] = store.manifest.pending["inputs"][0]["path"]
-            resume_pending(store, backends, reporter, acct, host_mem)
+            resume_pending(store, executor, reporter, acct, host_mem)
             report["ingested"].append(report["resumed"])
         for vf, fp in checked:
             if _already_ingested(store, fp):
@@ -164,7 +167,7 @@ def ingest(store_path: Path, inputs: list[Path], backends: list[Backend], report
             if not _stage(store, vf, dict(fp), listed is not None, report, reporter, acct):
                 continue
             report["rows_added"] += vf.rows
-            resume_pending(store, backends, reporter, acct, host_mem)
+            resume_pending(store, executor, reporter, acct, host_mem)
             report["ingested"].append(fp["path"])
         record_timings(store, acct)
         store.close()
@@ -359,13 +362,13 @@ def _near(store: Store, vf: VectorSource) -> list[int] | None:
     return near_shards(primary, built, m.params.recall or GnndParams().recall)
 
 
-def resume_pending(store: Store, backends: list[Backend], reporter: Reporter, acct: Accounting,
+def resume_pending(store: Store, executor: Executor, reporter: Reporter, acct: Accounting,
                    host_mem: int | None = None) -> None:
     """Run the staged ingest's remaining GNND and merges, then make it visible in one commit."""
     if staged(store.manifest.pending):  # a merge of stores was interrupted, not an ingest
-        merge_stores.resume(store, backends, reporter, acct, host_mem)
+        merge_stores.resume(store, executor, reporter, acct, host_mem)
         return
     ledger = IngestLedger(store)
-    run_pending(store, ledger, backends, reporter, acct, host_mem)
+    executor.run_pending(store, ledger, reporter, acct, host_mem)
     ledger.finish()
     store.commit()

@@ -30,7 +30,8 @@ from bigknn.graph import KnnGraph
 from bigknn.pipeline.accounting import Accounting
 from bigknn.pipeline.merge_checks import (STORE_KEY, check_id_room, check_other, check_store, digest,
                                           merged_digests)
-from bigknn.pipeline.steps import Ledger, cache_shards, check_merge_count, record_timings, run_pending
+from bigknn.pipeline.executor import Executor, InProcess
+from bigknn.pipeline.steps import Ledger, cache_shards, check_merge_count, record_timings
 from bigknn.progress import Reporter
 from bigknn.shards import ShardEntry, Store, WriterLock, user_ids
 
@@ -94,9 +95,11 @@ class MergeLedger(Ledger):
 
 
 def merge_stores(store_path: Path, others: list[Path], backends: list[Backend], reporter: Reporter,
-                 wait_s: float = 0.0, host_mem: int | None = None) -> dict:
+                 wait_s: float = 0.0, host_mem: int | None = None, executor: Executor | None = None) -> dict:
     """Merge the stores ``others`` into ``store_path``; returns what was merged, skipped (merged before) and the
-    times. Every refusal comes before the writer lock is taken: a refused merge writes nothing."""
+    times. Every refusal comes before the writer lock is taken: a refused merge writes nothing. ``executor``:
+    where the merges run (default: in process, on ``backends``)."""
+    executor = executor or InProcess(backends)
     t0 = time.perf_counter()
     acct = Accounting()
     store = Store.open(store_path, pin=False)
@@ -119,10 +122,10 @@ def merge_stores(store_path: Path, others: list[Path], backends: list[Backend], 
                     reporter.note(f"{other.path}: already merged into {store_path}; skipped")
             if store.manifest.pending:
                 report["resumed"] = store.manifest.pending["inputs"][0]["path"]
-                report["merges_run"] += resume(store, backends, reporter, acct, host_mem)
+                report["merges_run"] += resume(store, executor, reporter, acct, host_mem)
             if todo:
                 _stage(store, todo, reporter, acct)
-                report["merges_run"] += resume(store, backends, reporter, acct, host_mem)
+                report["merges_run"] += resume(store, executor, reporter, acct, host_mem)
             record_timings(store, acct)
             store.close()
     finally:
@@ -140,12 +143,12 @@ def merge_stores(store_path: Path, others: list[Path], backends: list[Backend], 
     return report
 
 
-def resume(store: Store, backends: list[Backend], reporter: Reporter, acct: Accounting,
+def resume(store: Store, executor: Executor, reporter: Reporter, acct: Accounting,
            host_mem: int | None = None) -> int:
     """Run the staged merge's remaining merges, then make it visible in one commit; returns the pairs merged."""
     ledger = MergeLedger(store)
     before = len(ledger.history())
-    run_pending(store, ledger, backends, reporter, acct, host_mem)
+    executor.run_pending(store, ledger, reporter, acct, host_mem)
     merged = len(ledger.history()) - before
     ledger.finish()
     store.commit()

@@ -8,27 +8,23 @@ records into the manifest's ``pending`` section, which readers ignore until the 
 from __future__ import annotations
 
 import os
-from itertools import chain
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, Iterable
 
 import numpy as np
 
 from bigknn.backends import Backend
-from bigknn.cluster import active as active_cluster
 from bigknn.errors import BadInput
 from bigknn.pipeline import schedule
 from bigknn.pipeline.estimate import SampleTruth
 from bigknn.pipeline.limits import MERGES_PER_SHARD_NOTE, too_many_merges
 from bigknn.pipeline.pairplan import plan_pairs
 from bigknn.pipeline.accounting import Accounting
-from bigknn.pipeline.cache import ShardCache
-from bigknn.pipeline.scheduler import Scheduler
-from bigknn.pipeline.workers import run_tasks, shards_from_store
-from bigknn.pipeline.writer import CacheSink, Writer, checkpoint_allowance
-from bigknn.human import human_duration
 from bigknn.progress import Reporter
 from bigknn.shards import Manifest, ShardEntry, Store
+
+if TYPE_CHECKING:  # the executor runs what this module plans: it imports this one
+    from bigknn.pipeline.executor import Executor
 
 HOST_MEM_FRACTION = 0.5  # of the machine's RAM for cached shards when --host-mem is not given
 KEPT_INPUT_SHARE = 0.5  # of that budget, the most a partitioned build's input may take in RAM (input_fits_host)
@@ -84,84 +80,22 @@ class Ledger:
         return []
 
 
-def run_pending(store: Store, ledger: Ledger, backends: list[Backend], reporter: Reporter, acct: Accounting,
-                host_mem: int | None = None, incoming: tuple[Iterable, list[int]] | None = None,
-                sample: SampleTruth | None = None, plan: Callable[[], None] | None = None) -> None:
-    """GNND for every shard without a graph and GGM for every pending pair, as one set of tasks: a pair is
-    merged as soon as both its shards have a graph.
-
-    ``incoming``: (stream of (shard, vectors), their sizes) from a sharding pass still running; GNND
-    takes each shard as it arrives. Shards already in the store without a graph are read from it. ``sample``:
-    the build's recall sample, whose exact neighbours GNND's workers gather from each shard they see.
-    ``plan``: a partitioned build's plan step (it commits the pairs to merge), called once every shard has a
-    graph; the pairs it chose are merged in the same run, from the same cache: the shards' graphs are neither
-    written nor read back in between (50M x 96 in 14 k-means shards read and wrote 19.2 GB for it, 11 s)."""
-    if (cluster := active_cluster()) is not None:  # --scheduler: the same tasks, on Dask workers
-        from bigknn.cluster.executor import run_on_cluster
-
-        run_on_cluster(cluster, store, ledger, reporter, acct, incoming, sample)
-        if plan is not None:
-            plan()
-            run_on_cluster(cluster, store, Ledger(store), reporter, acct)
-        return
-    warm_up(backends, reporter)
-    shards = ledger.shards()
-    new_sizes = incoming[1] if incoming else []
-    todo = [s for s in shards if ledger.version(s.id) is None]
-    source = shards_from_store(store, todo, acct) if todo else None
-    if incoming:
-        source = chain(source or (), incoming[0])
-    biggest = max([s.rows for s in shards] + new_sizes)
-    cache = ShardCache(store, ledger, cache_shards(store.manifest, store.path, biggest, len(backends), host_mem), acct,
-                       len(shards) + len(new_sizes))
-    writer = Writer(store, ledger, acct, CacheSink(store, ledger, cache),
-                    checkpoint_allowance(must_write(store.manifest, [s.rows for s in shards] + new_sizes)))
-    # pairs of cached shards first only where the cache cannot hold them all: elsewhere the schedule's own
-    # order, so that a build resumed before its first merge redoes the uninterrupted one bit for bit
-    held = cache.holds if cache.tight else (lambda sid: False)
-    sched = Scheduler(ledger.todo_pairs(len(shards) + len(new_sizes)),
-                      ready=[s.id for s in shards if ledger.version(s.id) is not None],
-                      feeding=source is not None, queue_limit=len(backends) + 1, held=held)
-    completed = False
-    try:
-        run_tasks(store, ledger, backends, reporter, acct, cache, writer, sched, source, len(todo) + len(new_sizes),
-                  sample)
-        if plan is not None:
-            plan()
-            have = [s.id for s in ledger.shards() if ledger.version(s.id) is not None or cache.peek(s.id) is not None]
-            sched = Scheduler(ledger.todo_pairs(len(ledger.shards())), ready=have, queue_limit=len(backends) + 1,
-                              held=held)
-            run_tasks(store, ledger, backends, reporter, acct, cache, writer, sched, None, 0)
-        completed = True
-    finally:
-        writer.close(final=completed)  # what finished is written and committed, also when a worker failed
-        cache.close()
-
-
 def must_write(m: Manifest, sizes: list[int]) -> int:
     """Bytes a run over shards of ``sizes`` rows must write: their vectors and their final graphs (k wide)."""
     rows = sum(sizes)
     return rows * (m.dim * np.dtype(m.dtype).itemsize + m.k * (m.id_dtype.itemsize + 4))
 
 
-def warm_up(backends: list[Backend], reporter: Reporter) -> None:
-    """Compile the backends' kernels before the first task (a first CPU run: minutes), saying so, so that the
-    compile is in no task's time: not in the progress rates and ETAs, nor in the timings `bigknn plan
-    --store` reads."""
-    seconds = sum(b.warm_up(reporter.note) for b in backends)
-    if seconds > 0:
-        reporter.info(f"kernels ready in {human_duration(seconds)}")
-
-
-def run_build_steps(store: Store, backends: list[Backend], reporter: Reporter, acct: Accounting,
-                    host_mem: int | None = None, incoming: tuple[Iterable, list[int]] | None = None,
+def run_build_steps(store: Store, backends: list[Backend], executor: Executor, reporter: Reporter,
+                    acct: Accounting, host_mem: int | None = None, incoming: tuple[Iterable, list[int]] | None = None,
                     sample: SampleTruth | None = None) -> None:
-    """A build's compute (``run_pending``), and for a partitioned store the plan step between its shards'
-    GNND and its merges: the near pairs are chosen once every shard has a graph (bigknn/pipeline/pairplan.py)."""
+    """A build's compute (``executor.run_pending``), and for a partitioned store the plan step between its
+    shards' GNND and its merges: the near pairs are chosen, on ``backends[0]``, once every shard has a graph
+    (bigknn/pipeline/pairplan.py)."""
     m = store.manifest
     plan = (lambda: plan_pairs(store, backends[0], sample, reporter)) if (
         m.partition is not None and m.pairs is None) else None
-    run_pending(store, Ledger(store), backends, reporter, acct, host_mem, incoming, sample, plan)
+    executor.run_pending(store, Ledger(store), reporter, acct, host_mem, incoming, sample, plan)
 
 
 def cache_shards(m: Manifest, where: Path, biggest: int, workers: int, host_mem: int | None = None) -> int:
