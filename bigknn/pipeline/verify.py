@@ -30,7 +30,7 @@ from bigknn.graph import EMPTY, LOCAL_ID_DTYPE
 from bigknn.search.store import SEARCH_ID_DTYPE
 from bigknn.shards import Store, WriterLock, checksums
 from bigknn.shards.manifest import MANIFEST
-from bigknn.shards.names import graph_name, row_ids_name, search_name, vectors_name
+from bigknn.shards.names import graph_name, row_ids_name, search_name
 
 # what repairs a problem
 REBUILD = "rebuild"  # from the input files, into a new store
@@ -203,7 +203,8 @@ class _Checker:
 
     def _vectors(self, sid: int, rows: int, repair: str) -> None:
         m = self.store.manifest
-        self._array(vectors_name(sid), f"shard {sid} vectors", (rows, m.dim), (np.dtype(m.dtype),), repair, sid)
+        self._array(self.store.rows_array(sid), f"shard {sid} vectors", (rows, m.dim), (np.dtype(m.dtype),), repair,
+                    sid)
 
     def _graph(self, sid: int, version: int, rows: int, id_limit: int, repair: str) -> None:
         where = f"shard {sid} graph version {version}"

@@ -22,7 +22,10 @@ WIDE_IDS_SINCE = 5  # graph ids are int64 (``id_dtype``): a store past 2^31 rows
 # every array lists its chunks' checksums for its place (bigknn/shards/checksums.py): a chunk swapped with another
 # array's, or an older write's, is damage. A writer upgrades a format 2-5 store to it (Store.commit)
 PLACED_SINCE = 6
-READ_FORMATS = (1, 2, 3, 4, 5, 6)  # format 1 (no checksums) is still read, and written: new arrays get checksums
+# a shard may keep its rows in its graph version's directory (ShardEntry.rows_with_graph: the tail shard small
+# ingests append to), where older bigknn would look for them under shards/<id>/vectors
+TAIL_SINCE = 7
+READ_FORMATS = (1, 2, 3, 4, 5, 6, 7)  # format 1 (no checksums) is still read, and written: new arrays get checksums
 MANIFEST = "manifest.json"
 
 
@@ -32,6 +35,9 @@ class ShardEntry:
     offset: int  # global id of the shard's first row
     rows: int
     graph: int | None = None  # committed graph version, None until GNND has run
+    # the rows live in the graph version's directory (shards/<id>/graph/<v>/vectors), not in shards/<id>/vectors:
+    # a tail shard that small ingests append to, whose rows are then copy-on-write with its lists (format 7)
+    rows_with_graph: bool = False
 
 
 @dataclass
@@ -139,7 +145,11 @@ class Manifest:
         return {(a, b) for a, b in self.merged}
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1)
+        raw = asdict(self)
+        for shard in raw["shards"]:  # written only where set: a store without a tail reads as before
+            if not shard["rows_with_graph"]:
+                del shard["rows_with_graph"]
+        return json.dumps(raw, indent=1)
 
     @classmethod
     def from_json(cls, text: str) -> "Manifest":

@@ -59,7 +59,8 @@ TOP: dict[str, Check] = {
 }
 OPTIONAL = {"inputs", "shards", "merged", "timings", "pending", "estimate", "search", "partition", "pairs", "ids"}
 SHARD: dict[str, Check] = {"id": INDEX, "offset": INDEX, "rows": COUNT,
-                           "graph": (lambda v: v is None or (_int(v) and v >= 0), "a non-negative integer or null")}
+                           "graph": (lambda v: v is None or (_int(v) and v >= 0), "a non-negative integer or null"),
+                           "rows_with_graph": (lambda v: isinstance(v, bool), "true or false")}
 INPUT: dict[str, Check] = {
     "path": (lambda v: isinstance(v, str), "a string"), "size": INDEX, "mtime_ns": (_int, "an integer"),
     "sha256": (lambda v: v is None or isinstance(v, str), "a string or null"), "rows": COUNT,
@@ -84,7 +85,7 @@ def check_manifest(raw: object) -> None:
         raise ValueError(f"the manifest is a JSON {_json_type(raw)}, not an object")
     _check_object(raw, TOP, "", optional=OPTIONAL)
     for i, shard in enumerate(raw.get("shards", [])):
-        _check_object(shard, SHARD, f"shards[{i}].", optional={"graph"})
+        _check_object(shard, SHARD, f"shards[{i}].", optional={"graph", "rows_with_graph"})
     for i, rec in enumerate(raw.get("inputs", [])):
         _check_object(rec, INPUT, f"inputs[{i}].", optional=set(INPUT) - {"path"}, closed=False)
     if raw.get("search") is not None:  # what readers of the search graph rely on; the rest is a record
@@ -93,7 +94,7 @@ def check_manifest(raw: object) -> None:
     if pending is not None:
         _check_object(pending, PENDING, "pending.", optional={"near"})
         for i, shard in enumerate(pending["shards"]):
-            _check_object(shard, SHARD, f"pending.shards[{i}].", optional={"graph"})
+            _check_object(shard, SHARD, f"pending.shards[{i}].", optional={"graph", "rows_with_graph"})
         for i, rec in enumerate(pending["inputs"]):
             _check_object(rec, INPUT, f"pending.inputs[{i}].", optional=set(INPUT) - {"path"},
                           closed=False)

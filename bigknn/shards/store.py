@@ -251,9 +251,16 @@ class Store:
             return [e]
 
     # ---- vectors ------------------------------------------------------------------------------
-    def write_vectors(self, shard_id: int, x: np.ndarray) -> None:
+    def write_vectors(self, shard_id: int, x: np.ndarray, version: int | None = None) -> None:
+        """Write a shard's rows; ``version``: into that graph version's directory (a tail shard's rows, which
+        change with its lists: ShardEntry.rows_with_graph)."""
         chunk_rows = max(1, min(x.shape[0], CHUNK_BYTES // max(1, x.shape[1] * x.itemsize)))
-        self._write_array(vectors_name(shard_id), x, chunk_rows, x.dtype)
+        self._write_array(vectors_name(shard_id, version), x, chunk_rows, x.dtype)
+
+    def rows_array(self, shard_id: int) -> str:
+        """Where a shard's committed rows are: with its graph version for a tail shard (a pending shard of an
+        ingest is not in the manifest's list yet: its rows are in shards/<id>/vectors)."""
+        return _rows_name(self.manifest, shard_id)
 
     def vectors_being_written(self, shard_id: int, write: Future) -> None:
         """The sharding pass hands a shard's rows to GNND while ``write`` puts them on disk: reads wait for it."""
@@ -267,7 +274,7 @@ class Store:
 
     def read_vectors(self, shard_id: int, start: int = 0, stop: int | None = None) -> np.ndarray:
         self.vectors_written(shard_id)
-        return self._read_array(vectors_name(shard_id), f"shard {shard_id} vectors", start, stop)
+        return self._read_array(self.rows_array(shard_id), f"shard {shard_id} vectors", start, stop)
 
     def write_row_ids(self, shard_id: int, rows: np.ndarray) -> None:
         """A partitioned shard's input row numbers, one per stored row (bigknn/partition/rowmap.py)."""
@@ -299,7 +306,7 @@ class Store:
             sel = np.nonzero((global_ids >= shard.offset) & (global_ids < shard.offset + shard.rows))[0]
             if sel.size:
                 self.vectors_written(shard.id)
-                out[sel] = self._read_array_rows(vectors_name(shard.id), f"shard {shard.id} vectors",
+                out[sel] = self._read_array_rows(self.rows_array(shard.id), f"shard {shard.id} vectors",
                                                  global_ids[sel] - shard.offset)
         return out
 
@@ -318,6 +325,11 @@ class Store:
             raise ValueError(f"{self.path}: shard {shard_id} holds id {graph.ids.max()}, past the store's "
                              f"{id_dtype} ids")
         chunk_rows = max(1, min(rows, CHUNK_BYTES // (k * id_dtype.itemsize)))
+        shards = self.manifest.shards
+        if (shard_id < len(shards) and shards[shard_id].rows_with_graph and version != shards[shard_id].graph
+                and not (self.path / vectors_name(shard_id, version)).exists()):
+            # a tail shard's rows go with each of its graph versions (a merge changes its lists, not its rows)
+            self.write_vectors(shard_id, self.read_vectors(shard_id), version)
         for name, data, dtype in (("ids", graph.ids, id_dtype), ("dists", graph.dists, np.float32)):
             self._write_array(graph_name(shard_id, version, name), data, chunk_rows, dtype)
 
@@ -390,13 +402,22 @@ def _check_width(path: Path, manifest: Manifest) -> None:
     ``bigknn verify``, which name it."""
     if not manifest.shards:
         return
+    name = _rows_name(manifest, 0)
     try:
-        shape = chunks.metadata(path / vectors_name(0)).get("shape")
+        shape = chunks.metadata(path / name).get("shape")
     except Damaged:
         return
     if isinstance(shape, list) and len(shape) == 2 and shape[1] != manifest.dim:
         raise BadInput(path / MANIFEST, f"dim is {manifest.dim} but shard 0's vectors have {shape[1]} columns "
-                                        f"({path / vectors_name(0) / 'zarr.json'})")
+                                        f"({path / name / 'zarr.json'})")
+
+
+def _rows_name(manifest: Manifest, shard_id: int) -> str:
+    """The array of a shard's committed rows (bigknn/shards/manifest.py ShardEntry.rows_with_graph)."""
+    shards = manifest.shards
+    if shard_id < len(shards) and shards[shard_id].rows_with_graph:
+        return vectors_name(shard_id, shards[shard_id].graph)
+    return vectors_name(shard_id)
 
 
 def read_store(path: Path, read: Callable[[Store], T], suspect: Callable[[T], bool] | None = None) -> T:
