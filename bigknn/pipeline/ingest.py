@@ -133,7 +133,8 @@ def ingest(store_path: Path, inputs: list[Path], backends: list[Backend], report
     t0 = time.perf_counter()
     acct = Accounting()
     store = _finished_store(store_path, wait_s)
-    report = {"store": str(store_path), "ingested": [], "skipped": [], "still_being_written": [], "rows_added": 0}
+    report = {"store": str(store_path), "ingested": [], "skipped": [], "still_being_written": [], "rows_added": 0,
+              "joined": []}
     # every check runs before the lock is taken, so a refused input or request leaves the store untouched
     store.manifest.require_complete(store.path)
     id_column = store.manifest.inputs[0].get("id_column") if store.manifest.inputs else None
@@ -355,7 +356,7 @@ def _join(store: Store, vf: VectorSource, fp: dict, backend: Backend, watching: 
     if cost is None:
         user_ids.remove_part(store.path, offset)
         return False
-    report.setdefault("joined", []).append({"path": fp["path"], "rows": vf.rows, **cost})
+    report["joined"].append({"path": fp["path"], "rows": vf.rows, **cost})
     return True
 
 
