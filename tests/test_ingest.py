@@ -99,7 +99,7 @@ def test_ingest_adds_rows_after_the_last_id_with_good_recall(base, store):
 
 
 def test_small_batch_merges_are_seeded_through_the_shards_merged_before(base, store):
-    """A batch of 400 rows into shards of 2000: the first merge is the paper's, each later one is seeded
+    """A batch of 550 rows into shards of 2000: the first merge is the paper's, each later one is seeded
     through the old shards merged before it, in merge order; old and new rows keep recall@10 >= 0.95."""
     calls = []
 
