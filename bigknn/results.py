@@ -185,6 +185,9 @@ class IngestReport(_Report):
     # per input that joined the graph (a small batch: bigknn/pipeline/ingest_join.py): its path and rows, the
     # distances evaluated, the old lists and rows gathered, and the bytes read and written
     joined: list[dict] = field(default_factory=list)
+    # the small shards an older bigknn left, regrouped before the first batch (bigknn/pipeline/compact.py): shards
+    # before and after and the rows moved; None where there were none
+    regrouped: dict | None = None
 
 
 @dataclass(frozen=True)

@@ -157,3 +157,33 @@ def test_sigkill_during_a_join_then_rerun(base, store):
         assert verify(Store.open(s))["ok"]
         assert recall_of(s, OLD_ROWS, end) >= TARGET
         assert recall_of(s, 0, OLD_ROWS) >= TARGET
+
+
+def test_an_older_stores_small_shards_are_regrouped_by_the_next_ingest(base, store, tmp_path, monkeypatch):
+    """A store as an older bigknn left it (one small shard per ingested file: batches over the join threshold,
+    without regrouping): the next ingest regroups them into full shards, their lists kept, and joins its batch;
+    the graph stays whole."""
+    big = int(JOIN_MAX_FRACTION * SHARD_ROWS) + 50
+    x = synth(4 * big, DIM, seed=139)
+    with monkeypatch.context() as older:
+        older.setattr("bigknn.pipeline.ingest.regroup_small_shards", lambda store, reporter: None)
+        for i in range(4):
+            write_vectors(tmp_path / f"old{i}.fbin", x[i * big:(i + 1) * big])
+            ingest(store, [tmp_path / f"old{i}.fbin"], [CpuBackend()], Reporter())
+    s = Store.open(store)
+    assert [sh.rows for sh in s.manifest.shards[-4:]] == [big] * 4
+    rows = s.manifest.rows
+    before = {sid: s.read_graph(sid) for sid in range(len(s.manifest.shards))}
+    report = ingest(store, base["days"][:1], [CpuBackend()], Reporter())
+    assert report["regrouped"] == {"shards_before": len(before), "shards_after": len(before) - 2,
+                                   "rows_moved": 4 * big}
+    m = Store.open(store).manifest
+    # three small shards in one, and the fourth, the tail now, takes the batch
+    assert [sh.rows for sh in m.shards[len(before) - 4:]] == [3 * big, big + FILE_ROWS] and m.complete
+    regrouped = Store.open(store).read_graph(len(before) - 4)
+    kept = np.concatenate([before[len(before) - i].ids for i in (4, 3, 2)])
+    assert (regrouped.ids == kept).all(axis=1).mean() > 0.5  # lists moved as they were (but those the batch entered)
+    check_lists(store, rows + FILE_ROWS)
+    assert verify(Store.open(store))["ok"]
+    assert recall_of(store, OLD_ROWS, rows) >= TARGET
+    assert recall_of(store, rows, rows + FILE_ROWS) >= TARGET

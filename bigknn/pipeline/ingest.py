@@ -2,7 +2,7 @@
 
 A small file (at most a quarter of ``shard_rows`` rows, into a contiguous store) joins the graph by searching it
 and goes to the store's tail shard, in one commit (bigknn/pipeline/ingest_join.py says what that reads and
-writes). A larger file becomes new shard(s) after the last existing id; each new shard gets GNND, then GGM against
+writes). Small shards an older bigknn left at the end of the store are regrouped first (pipeline/compact.py). A larger file becomes new shard(s) after the last existing id; each new shard gets GNND, then GGM against
 every existing shard and every other new shard. All of it is staged in the manifest's ``pending``
 section (new shards, staged graph versions, merged pairs) and committed step by step, so a killed ingest
 resumes where it stopped; readers keep seeing the old graph until the final commit folds ``pending``
@@ -30,6 +30,7 @@ from bigknn.partition import load as load_partition
 from bigknn.partition.assign import LABEL_CHUNK_ROWS
 from bigknn.partition.pairs import near_shards
 from bigknn.pipeline.build import fingerprint
+from bigknn.pipeline.compact import regroup_small_shards
 from bigknn.pipeline.ingest_join import join_batch, joins
 from bigknn.pipeline.sharding import shard_sizes
 from bigknn.pipeline.steps import Ledger, cache_shards, check_merge_count, record_timings, run_pending
@@ -163,6 +164,8 @@ def ingest(store_path: Path, inputs: list[Path], backends: list[Backend], report
                 report["skipped"].append(fp["path"])
                 reporter.note(f"{fp['path']}: already ingested (same size and sha256); skipped")
                 continue
+            if "regrouped" not in report:  # an older store's small shards, before the first new batch
+                report["regrouped"] = regroup_small_shards(store, reporter)
             if joins(store.manifest, vf.rows):
                 if not _join(store, vf, dict(fp), backends[0], listed is not None, report, reporter, acct):
                     continue
