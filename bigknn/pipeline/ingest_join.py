@@ -1,8 +1,9 @@
 """A small ingest: the batch joins the existing graph by searching it (bigknn/join.py), and its rows are appended
 to the store's tail shard, so that a store fed a file a day keeps a bounded number of shards.
 
-Which batches: those of at most JOIN_MAX_FRACTION of ``shard_rows`` rows, into a contiguous store (a partitioned
-store places a batch by its partition: bigknn/pipeline/ingest.py). Larger batches become shards of their own.
+Which batches: those of at most JOIN_MAX_FRACTION of ``shard_rows`` rows and at most JOIN_MAX_ROWS rows, into a
+contiguous store (a partitioned store places a batch by its partition: bigknn/pipeline/ingest.py). Larger batches
+become shards of their own.
 
 Where the rows go: the tail shard is the last shard when an earlier small ingest made it (its rows live in its
 graph version's directory, copy-on-write with its lists: ShardEntry.rows_with_graph) and the batch still fits
@@ -40,11 +41,15 @@ from bigknn.shards.manifest import Manifest, TAIL_SINCE
 from bigknn.shards.upgrade import mark_format
 
 JOIN_MAX_FRACTION = 0.25  # a batch of at most this share of shard_rows joins the graph (module docstring)
+# and of at most this many rows: the join searches on the host and takes the batch's own neighbours exactly (b^2
+# distances), where GNND and the seeded merges of a larger batch run on the backend
+JOIN_MAX_ROWS = 1 << 16
 
 
 def joins(m: Manifest, rows: int) -> bool:
     """Whether a batch of ``rows`` rows joins the store's graph (not new shards, GNND and merges)."""
-    return m.partition is None and rows <= JOIN_MAX_FRACTION * m.shard_rows and m.rows > m.params.width()
+    return (m.partition is None and rows <= min(JOIN_MAX_FRACTION * m.shard_rows, JOIN_MAX_ROWS)
+            and m.rows > m.params.width())
 
 
 def shard_bound(built_shards: int, joined_rows: int, shard_rows: int) -> int:
