@@ -32,7 +32,7 @@ import numpy as np
 from bigknn.backends import Backend
 from bigknn.formats import VectorSource
 from bigknn.graph import KnnGraph
-from bigknn.join import JoinCost, join
+from bigknn.join import JoinCost, Joined, join
 from bigknn.metrics import kernel_metric, prepare_rows
 from bigknn.pipeline.accounting import Accounting
 from bigknn.progress import Reporter
@@ -124,50 +124,31 @@ def join_batch(store: Store, vf: VectorSource, fp: dict, backend: Backend, repor
     m.hold_ids_of(offset + b)
     old = StoreRows(store)
     cost = JoinCost()
-    width = m.params.width()
+    metric = kernel_metric(m.metric)
     with reporter.phase("join", b, "rows") as advance:
-        metric = kernel_metric(m.metric)
-        got = join(x, offset, old, width, metric, lambda q, count, blocks: backend.exact_knn(q, count, metric, blocks),
-                   m.seed, cost)
+        got = join(x, offset, old, m.params.width(), metric,
+                   lambda q, count, blocks: backend.exact_knn(q, count, metric, blocks), m.seed, cost)
         advance(b)
-    written = 0
     tail = m.shards[-1]
     appends = tail.rows_with_graph and tail.rows + b <= m.shard_rows
-    # old lists the batch entered, by shard; the tail's go with its own new version below
-    shard_of = np.searchsorted(old.offsets, got.changed, side="right") - 1
-    updates: dict[int, KnnGraph] = {}
-    for sid in np.unique(shard_of):
-        sid = int(sid)
-        sel = shard_of == sid
-        g = old.shard_graph(sid)
-        ids, keys = g.ids.copy(), g.dists.copy()
-        local = got.changed[sel] - m.shards[sid].offset
-        ids[local] = got.changed_lists.ids[sel].astype(ids.dtype)
-        keys[local] = got.changed_lists.dists[sel]
-        updates[sid] = KnnGraph(ids.astype(m.id_dtype, copy=False), keys)
+    entered = _entered(m, old, got)
+    tid = tail.id if appends else len(m.shards)
+    versions, written = {}, 0
+    for sid, g in entered.items():
+        if sid != tid:
+            versions[sid] = store.next_version(sid, m.shards[sid].graph)
+            written += _write(store, sid, versions[sid], g, old.shard_vectors(sid) if m.shards[sid].rows_with_graph
+                              else None)
     new_lists = KnnGraph(got.new.ids.astype(m.id_dtype), got.new.dists)
-    versions = {}
-    for sid, g in updates.items():
-        if appends and sid == tail.id:
-            continue
-        versions[sid] = store.next_version(sid, m.shards[sid].graph)
-        if m.shards[sid].rows_with_graph:  # a closed tail: its rows go with each graph version
-            store.write_vectors(sid, old.shard_vectors(sid), versions[sid])
-            written += old.shard_vectors(sid).nbytes
-        store.write_graph(sid, versions[sid], g)
-        written += g.ids.nbytes + g.dists.nbytes
     if appends:
-        tid = tail.id
-        old_graph = updates.get(tid) or old.shard_graph(tid)
+        kept = entered[tid] if tid in entered else old.shard_graph(tid)
         rows = np.concatenate([old.shard_vectors(tid), x])
-        graph = KnnGraph(np.concatenate([old_graph.ids.astype(m.id_dtype), new_lists.ids]),
-                         np.concatenate([old_graph.dists, new_lists.dists]))
+        graph = KnnGraph(np.concatenate([kept.ids.astype(m.id_dtype), new_lists.ids]),
+                         np.concatenate([kept.dists, new_lists.dists]))
     else:
-        tid, rows, graph = len(m.shards), x, new_lists
-    version = store.next_version(tid, m.shards[tid].graph if appends else None)
-    store.write_vectors(tid, rows, version)
-    store.write_graph(tid, version, graph)
-    written += rows.nbytes + graph.ids.nbytes + graph.dists.nbytes
+        rows, graph = x, new_lists
+    version = store.next_version(tid, tail.graph if appends else None)
+    written += _write(store, tid, version, graph, rows)
     for sid, v in versions.items():
         m.shards[sid].graph = v
     if appends:
@@ -184,3 +165,27 @@ def join_batch(store: Store, vf: VectorSource, fp: dict, backend: Backend, repor
     return {**cost.to_dict(), "bytes_read": old.bytes_read, "bytes_written": written,
             "shards_written": len(versions) + 1}
 
+
+def _entered(m: Manifest, old: StoreRows, got: Joined) -> dict[int, KnnGraph]:
+    """Per shard whose lists the batch entered: its whole graph with those lists replaced."""
+    shard_of = np.searchsorted(old.offsets, got.changed, side="right") - 1
+    out = {}
+    for sid in map(int, np.unique(shard_of)):
+        sel = shard_of == sid
+        g = old.shard_graph(sid)
+        ids, keys = g.ids.astype(m.id_dtype), g.dists.copy()
+        local = got.changed[sel] - m.shards[sid].offset
+        ids[local] = got.changed_lists.ids[sel]
+        keys[local] = got.changed_lists.dists[sel]
+        out[sid] = KnnGraph(ids, keys)
+    return out
+
+
+def _write(store: Store, sid: int, version: int, graph: KnnGraph, rows: np.ndarray | None) -> int:
+    """Write a shard's new graph version (with its rows, for a shard that keeps them there); the bytes written."""
+    written = graph.ids.nbytes + graph.dists.nbytes
+    if rows is not None:
+        store.write_vectors(sid, rows, version)
+        written += rows.nbytes
+    store.write_graph(sid, version, graph)
+    return written
