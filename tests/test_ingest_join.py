@@ -30,7 +30,7 @@ from bigknn.shards import Store
 from bigknn.synth import synth
 
 DIM, K, OLD_ROWS, SHARD_ROWS = 24, 10, 3000, 1000
-FILES, FILE_ROWS = 100, 40  # daily files, each one run (the CI share of the 1,000, scripts/bench_ingest_daily.py)
+FILES, FILE_ROWS = 75, 40  # daily files, each one run (the CI share of the 1,000, scripts/bench_ingest_daily.py)
 TARGET = 0.99
 
 
