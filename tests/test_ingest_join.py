@@ -187,3 +187,18 @@ def test_an_older_stores_small_shards_are_regrouped_by_the_next_ingest(base, sto
     assert verify(Store.open(store))["ok"]
     assert recall_of(store, OLD_ROWS, rows) >= TARGET
     assert recall_of(store, rows, rows + FILE_ROWS) >= TARGET
+
+
+@pytest.mark.gpu
+def test_a_join_through_the_cuda_backend_matches_the_cpu_quality(base, store, tmp_path):
+    """The join calls the backend only through exact_knn: the same daily files through the CUDA backend give
+    whole lists and the same recall as through the CPU one."""
+    from bigknn.backends.cuda import CudaBackend
+
+    days = base["days"][:10]
+    report = ingest(store, days, [CudaBackend()], Reporter())
+    assert len(report["joined"]) == len(days)
+    end = OLD_ROWS + len(days) * FILE_ROWS
+    check_lists(store, end)
+    assert recall_of(store, OLD_ROWS, end) >= TARGET
+    assert recall_of(store, 0, OLD_ROWS) >= TARGET
