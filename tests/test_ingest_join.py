@@ -190,7 +190,7 @@ def test_an_older_stores_small_shards_are_regrouped_by_the_next_ingest(base, sto
 
 
 @pytest.mark.gpu
-def test_a_join_through_the_cuda_backend_matches_the_cpu_quality(base, store, tmp_path):
+def test_a_join_through_the_cuda_backend_matches_the_cpu_quality(base, store):
     """The join calls the backend only through exact_knn: the same daily files through the CUDA backend give
     whole lists and the same recall as through the CPU one."""
     from bigknn.backends.cuda import CudaBackend
