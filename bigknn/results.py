@@ -6,7 +6,7 @@ Each report carries the fields of the JSON object the matching CLI command print
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -183,6 +183,12 @@ class IngestReport(_Report):
     phase_s: dict[str, float]
     phase_wall_s: dict[str, list[float]]
     resumed: str | None = None
+    # per input that joined the graph (a small batch: bigknn/pipeline/ingest_join.py): its path and rows, the
+    # distances evaluated, the old lists and rows gathered, and the bytes read and written
+    joined: list[dict] = field(default_factory=list)
+    # the small shards an older bigknn left, regrouped before the first batch (bigknn/pipeline/compact.py): shards
+    # before and after and the rows moved; None where there were none
+    regrouped: dict | None = None
 
 
 @dataclass(frozen=True)

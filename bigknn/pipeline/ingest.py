@@ -1,6 +1,8 @@
 """``bigknn ingest``: fold new files into a finished store, crash-safe and idempotent.
 
-Each new file becomes new shard(s) after the last existing id; each new shard gets GNND, then GGM against
+A small file (at most a quarter of ``shard_rows`` rows, into a contiguous store) joins the graph by searching it
+and goes to the store's tail shard, in one commit (bigknn/pipeline/ingest_join.py says what that reads and
+writes). Small shards an older bigknn left at the end of the store are regrouped first (pipeline/compact.py). A larger file becomes new shard(s) after the last existing id; each new shard gets GNND, then GGM against
 every existing shard and every other new shard. All of it is staged in the manifest's ``pending``
 section (new shards, staged graph versions, merged pairs) and committed step by step, so a killed ingest
 resumes where it stopped; readers keep seeing the old graph until the final commit folds ``pending``
@@ -30,6 +32,8 @@ from bigknn.partition.pairs import near_shards
 from bigknn.pipeline import merge_stores
 from bigknn.pipeline.build import fingerprint
 from bigknn.pipeline.merge_checks import staged
+from bigknn.pipeline.compact import regroup_small_shards
+from bigknn.pipeline.ingest_join import join_batch, joins
 from bigknn.pipeline.sharding import shard_sizes
 from bigknn.pipeline.executor import Executor, InProcess
 from bigknn.pipeline.steps import Ledger, cache_shards, check_merge_count, record_timings
@@ -135,7 +139,8 @@ def ingest(store_path: Path, inputs: list[Path], backends: list[Backend], report
     acct = Accounting()
     executor = executor or InProcess(backends)
     store = _finished_store(store_path, wait_s)
-    report = {"store": str(store_path), "ingested": [], "skipped": [], "still_being_written": [], "rows_added": 0}
+    report = {"store": str(store_path), "ingested": [], "skipped": [], "still_being_written": [], "rows_added": 0,
+              "joined": []}
     # every check runs before the lock is taken, so a refused input or request leaves the store untouched
     store.manifest.require_complete(store.path)
     id_column = store.manifest.inputs[0].get("id_column") if store.manifest.inputs else None
@@ -164,10 +169,16 @@ def ingest(store_path: Path, inputs: list[Path], backends: list[Backend], report
                 report["skipped"].append(fp["path"])
                 reporter.note(f"{fp['path']}: already ingested (same size and sha256); skipped")
                 continue
-            if not _stage(store, vf, dict(fp), listed is not None, report, reporter, acct):
-                continue
+            if "regrouped" not in report:  # an older store's small shards, before the first new batch
+                report["regrouped"] = regroup_small_shards(store, reporter)
+            if joins(store.manifest, vf.rows):
+                if not _join(store, vf, dict(fp), backends[0], listed is not None, report, reporter, acct):
+                    continue
+            else:
+                if not _stage(store, vf, dict(fp), listed is not None, report, reporter, acct):
+                    continue
+                resume_pending(store, executor, reporter, acct, host_mem)
             report["rows_added"] += vf.rows
-            resume_pending(store, executor, reporter, acct, host_mem)
             report["ingested"].append(fp["path"])
         record_timings(store, acct)
         store.close()
@@ -255,6 +266,8 @@ def _check_resources(store: Store, new: list[VectorSource], workers: int, host_m
     shards, merges = len(sizes), len(pending) * len(m.shards) + len(pending) * (len(pending) - 1) // 2
     merges -= len(m.pending["merged"]) if m.pending else 0
     for vf in new:
+        if joins(m, vf.rows):  # joins the graph: no shard of its own, no merge (bigknn/pipeline/ingest_join.py)
+            continue
         new_sizes = shard_sizes(vf.rows, m.shard_rows, width)
         merges += len(new_sizes) * shards + len(new_sizes) * (len(new_sizes) - 1) // 2
         shards += len(new_sizes)
@@ -331,6 +344,27 @@ def _stage(store: Store, vf: VectorSource, fp: dict, watching: bool, report: dic
     m.hold_ids_of(offset + vf.rows)  # past 2^31 rows: this ingest writes every graph it touches with int64 ids
     store.commit()
     acct.add("shard", time.perf_counter() - t, nbytes_written=vf.rows * vf.dim * vf.dtype.itemsize)
+    return True
+
+
+def _join(store: Store, vf: VectorSource, fp: dict, backend: Backend, watching: bool, report: dict,
+          reporter: Reporter, acct: Accounting) -> bool:
+    """Join a small batch to the graph in one commit (bigknn/pipeline/ingest_join.py); False, writing nothing, for
+    a drop-folder file that changed while it was read. Its counts go to ``report["joined"]``."""
+    offset = store.manifest.rows
+    fp["first_id"] = offset
+    try:
+        if vf.id_column is not None:
+            _stage_user_ids(store, vf, offset)
+        cost = join_batch(store, vf, fp, backend, reporter, acct,
+                          lambda: _unchanged(vf, watching, report, reporter))
+    except BadInput:
+        user_ids.remove_part(store.path, offset)
+        raise
+    if cost is None:
+        user_ids.remove_part(store.path, offset)
+        return False
+    report["joined"].append({"path": fp["path"], "rows": vf.rows, **cost})
     return True
 
 

@@ -35,7 +35,7 @@ from bigknn.pipeline.merge_checks import STORE_KEY, staged
 from bigknn.search.store import SEARCH_ID_DTYPE
 from bigknn.shards import Store, WriterLock, checksums, identity, user_ids
 from bigknn.shards.manifest import MANIFEST
-from bigknn.shards.names import graph_name, row_ids_name, search_name, vectors_name
+from bigknn.shards.names import graph_name, row_ids_name, search_name
 
 # what repairs a problem
 REBUILD = "rebuild"  # from the input files, into a new store
@@ -228,7 +228,8 @@ class _Checker:
 
     def _vectors(self, sid: int, rows: int, repair: str) -> None:
         m = self.store.manifest
-        self._array(vectors_name(sid), f"shard {sid} vectors", (rows, m.dim), (np.dtype(m.dtype),), repair, sid)
+        self._array(self.store.rows_array(sid), f"shard {sid} vectors", (rows, m.dim), (np.dtype(m.dtype),), repair,
+                    sid)
 
     def _referenced(self, index: int) -> None:
         """An input whose rows shards reference (bigknn/shards/referenced.py): where and as its fingerprint

@@ -23,6 +23,9 @@ WIDE_IDS_SINCE = 5  # graph ids are int64 (``id_dtype``): a store past 2^31 rows
 # array's, or an older write's, is damage. A writer upgrades a format 2-5 store to it (Store.commit)
 PLACED_SINCE = 6
 REFERENCED_SINCE = 7  # shards whose vectors are read from the input file (``ShardEntry.source``), not copied
+# a shard may keep its rows in its graph version's directory (ShardEntry.rows_with_graph: the tail shard small
+# ingests append to), where older bigknn would look for them under shards/<id>/vectors
+TAIL_SINCE = 7  # with referenced vectors: format 7 holds both
 READ_FORMATS = (1, 2, 3, 4, 5, 6, 7)  # format 1 (no checksums) is still read, and written: new arrays get checksums
 MANIFEST = "manifest.json"
 
@@ -36,6 +39,9 @@ class ShardEntry:
     # vectors referenced, not copied: {"input": index into Manifest.inputs, "byte_offset": of its first row}
     # (bigknn/shards/referenced.py); None: shards/<id>/vectors holds them
     source: dict | None = None
+    # the rows live in the graph version's directory (shards/<id>/graph/<v>/vectors), not in shards/<id>/vectors:
+    # a tail shard that small ingests append to, whose rows are then copy-on-write with its lists (format 7)
+    rows_with_graph: bool = False
 
 
 @dataclass
@@ -144,9 +150,11 @@ class Manifest:
 
     def to_json(self) -> str:
         raw = asdict(self)
-        for shard in raw["shards"]:  # a copied shard's entry stays as older bigknn reads it
+        for shard in raw["shards"]:  # written only where set: a copied shard without a tail reads as before
             if shard["source"] is None:
                 del shard["source"]
+            if not shard["rows_with_graph"]:
+                del shard["rows_with_graph"]
         return json.dumps(raw, indent=1)
 
     @classmethod

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 
-def vectors_name(shard_id: int) -> str:
-    return f"shards/{shard_id}/vectors"
+def vectors_name(shard_id: int, version: int | None = None) -> str:
+    """A shard's rows; ``version``: those of a shard that keeps them with its graph version (a tail shard)."""
+    return f"shards/{shard_id}/vectors" if version is None else graph_name(shard_id, version, "vectors")
 
 
 def row_ids_name(shard_id: int) -> str:

@@ -63,7 +63,8 @@ SHARD: dict[str, Check] = {"id": INDEX, "offset": INDEX, "rows": COUNT,
                            # vectors referenced in an input file (bigknn/shards/referenced.py)
                            "source": (lambda v: v is None or (isinstance(v, dict) and _int(v.get("input")) and
                                                               _int(v.get("byte_offset"))),
-                                      "null or an object with integers input and byte_offset")}
+                                      "null or an object with integers input and byte_offset"),
+                           "rows_with_graph": (lambda v: isinstance(v, bool), "true or false")}
 INPUT: dict[str, Check] = {
     "path": (lambda v: isinstance(v, str), "a string"), "size": INDEX, "mtime_ns": (_int, "an integer"),
     "sha256": (lambda v: v is None or isinstance(v, str), "a string or null"), "rows": COUNT,
@@ -88,7 +89,7 @@ def check_manifest(raw: object) -> None:
         raise ValueError(f"the manifest is a JSON {_json_type(raw)}, not an object")
     _check_object(raw, TOP, "", optional=OPTIONAL)
     for i, shard in enumerate(raw.get("shards", [])):
-        _check_object(shard, SHARD, f"shards[{i}].", optional={"graph", "source"})
+        _check_object(shard, SHARD, f"shards[{i}].", optional={"graph", "source", "rows_with_graph"})
     for i, rec in enumerate(raw.get("inputs", [])):
         _check_object(rec, INPUT, f"inputs[{i}].", optional=set(INPUT) - {"path"}, closed=False)
     if raw.get("search") is not None:  # what readers of the search graph rely on; the rest is a record
@@ -97,7 +98,7 @@ def check_manifest(raw: object) -> None:
     if pending is not None:
         _check_object(pending, PENDING, "pending.", optional={"near"})
         for i, shard in enumerate(pending["shards"]):
-            _check_object(shard, SHARD, f"pending.shards[{i}].", optional={"graph"})
+            _check_object(shard, SHARD, f"pending.shards[{i}].", optional={"graph", "rows_with_graph"})
         for i, rec in enumerate(pending["inputs"]):
             _check_object(rec, INPUT, f"pending.inputs[{i}].", optional=set(INPUT) - {"path"},
                           closed=False)

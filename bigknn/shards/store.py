@@ -211,10 +211,16 @@ class Store(ArrayDir):
                 self._reaper.submit(safepaths.remove_tree, self.path, graph_dir(sid, version))
 
     # ---- vectors ------------------------------------------------------------------------------
-    def write_vectors(self, shard_id: int, x: np.ndarray) -> int:
-        """Write a shard's vectors; the bytes written."""
+    def write_vectors(self, shard_id: int, x: np.ndarray, version: int | None = None) -> int:
+        """Write a shard's rows; the bytes written. ``version``: into that graph version's directory (a tail
+        shard's rows, which change with its lists: ShardEntry.rows_with_graph)."""
         chunk_rows = max(1, min(x.shape[0], CHUNK_BYTES // max(1, x.shape[1] * x.itemsize)))
-        return self._write_array(vectors_name(shard_id), x, chunk_rows, x.dtype)
+        return self._write_array(vectors_name(shard_id, version), x, chunk_rows, x.dtype)
+
+    def rows_array(self, shard_id: int) -> str:
+        """Where a shard's committed rows are: with its graph version for a tail shard (a pending shard of an
+        ingest is not in the manifest's list yet: its rows are in shards/<id>/vectors)."""
+        return _rows_name(self.manifest, shard_id)
 
     def vectors_being_written(self, shard_id: int, write: Future) -> None:
         """The sharding pass hands a shard's rows to GNND while ``write`` puts them on disk: reads wait for it."""
@@ -231,7 +237,7 @@ class Store(ArrayDir):
             rows = self.manifest.shards[shard_id].rows
             return self.references().rows(source, start, rows if stop is None else min(stop, rows))
         self.vectors_written(shard_id)
-        return self._read_array(vectors_name(shard_id), f"shard {shard_id} vectors", start, stop)
+        return self._read_array(self.rows_array(shard_id), f"shard {shard_id} vectors", start, stop)
 
     def _source(self, shard_id: int) -> dict | None:
         """Where a committed shard's referenced vectors are (None: the store holds a copy)."""
@@ -276,7 +282,7 @@ class Store(ArrayDir):
                 out[sel] = self.references().take(shard.source, global_ids[sel] - shard.offset)
             elif sel.size:
                 self.vectors_written(shard.id)
-                out[sel] = self._read_array_rows(vectors_name(shard.id), f"shard {shard.id} vectors",
+                out[sel] = self._read_array_rows(self.rows_array(shard.id), f"shard {shard.id} vectors",
                                                  global_ids[sel] - shard.offset)
         return out
 
@@ -295,8 +301,14 @@ class Store(ArrayDir):
             raise ValueError(f"{self.path}: shard {shard_id} holds id {graph.ids.max()}, past the store's "
                              f"{id_dtype} ids")
         chunk_rows = max(1, min(rows, CHUNK_BYTES // (k * id_dtype.itemsize)))
-        return sum(self._write_array(graph_name(shard_id, version, name), data, chunk_rows, dtype)
-                   for name, data, dtype in (("ids", graph.ids, id_dtype), ("dists", graph.dists, np.float32)))
+        shards = self.manifest.shards
+        written = 0
+        if (shard_id < len(shards) and shards[shard_id].rows_with_graph and version != shards[shard_id].graph
+                and not (self.path / vectors_name(shard_id, version)).exists()):
+            # a tail shard's rows go with each of its graph versions (a merge changes its lists, not its rows)
+            written += self.write_vectors(shard_id, self.read_vectors(shard_id), version)
+        return written + sum(self._write_array(graph_name(shard_id, version, name), data, chunk_rows, dtype)
+                             for name, data, dtype in (("ids", graph.ids, id_dtype), ("dists", graph.dists, np.float32)))
 
     def read_graph(self, shard_id: int, version: int | None = None) -> KnnGraph:
         if version is None:
@@ -337,6 +349,14 @@ class Store(ArrayDir):
         if below is None:
             return []
         return [v for v in safepaths.versions(self.path, graph_dir(shard_id)) if v < below]
+
+def _rows_name(manifest: Manifest, shard_id: int) -> str:
+    """The array of a shard's committed rows (bigknn/shards/manifest.py ShardEntry.rows_with_graph)."""
+    shards = manifest.shards
+    if shard_id < len(shards) and shards[shard_id].rows_with_graph:
+        return vectors_name(shard_id, shards[shard_id].graph)
+    return vectors_name(shard_id)
+
 
 def read_store(path: Path, read: Callable[[Store], T], suspect: Callable[[T], bool] | None = None,
                check_identity: bool = True) -> T:
