@@ -7,14 +7,14 @@
 
 __version__ = "0.1.0"
 
-from bigknn import numbacache  # noqa: E402 - before anything imports numba
+from bigknn.core import numba_cache as numbacache  # noqa: E402 - before anything imports numba
 
 numbacache.ensure()
 
 # after __version__, which the CLI imports
 from bigknn.api import Graph, build, ingest, merge, open, plan, verify  # noqa: E402
-from bigknn.errors import BadInput, BigknnError, StoreBusy  # noqa: E402
-from bigknn.search.index import LoadedIndex  # noqa: E402
+from bigknn.core.errors import BadInput, BigknnError, StoreBusy  # noqa: E402
+from bigknn.operations.loaded_index import LoadedIndex  # noqa: E402
 from bigknn.results import (BuildReport, ExportReport, InDegrees, Info, IngestReport, Neighbors,  # noqa: E402
                             RecallEstimate, RecallReport)
 
@@ -29,7 +29,7 @@ def __getattr__(name: str) -> type:
         try:
             from bigknn.sklearn import KNNGraphTransformer
         except ImportError as e:
-            from bigknn.extras import install_hint
+            from bigknn.core.extras import install_hint
 
             raise ImportError(f"KNNGraphTransformer needs scikit-learn: {install_hint('sklearn')}") from e
         return KNNGraphTransformer

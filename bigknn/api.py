@@ -20,18 +20,18 @@ from pathlib import Path
 from typing import Any
 
 from bigknn.api_commands import ingest, merge, plan, verify
-from bigknn.arrays import host_array, input_file, kept_dtype
+from bigknn.operations.input_arrays import host_array, input_file, kept_dtype
 from bigknn.backends import get_backends
-from bigknn.cluster import dask_executor
+from bigknn.engine.dask import dask_executor
 from bigknn.memory_graph import InMemoryGraph
-from bigknn.metrics import canonical_metric
-from bigknn.params import GnndParams
-from bigknn.partition import METHODS as PARTITIONS
-from bigknn.partition.learn import DEFAULT_METHOD
-from bigknn.pipeline.build import BuildRequest, build as run_build
-from bigknn.pipeline.executor import InProcess
-from bigknn.pipeline.in_memory import build_in_memory, one_shard_rows
-from bigknn.progress import reporter
+from bigknn.core.metric import canonical_metric
+from bigknn.core.params import GnndParams
+from bigknn.algorithms.partition import METHODS as PARTITIONS
+from bigknn.algorithms.partition.learn import DEFAULT_METHOD
+from bigknn.operations.build import BuildRequest, build as run_build
+from bigknn.engine.executor import InProcess
+from bigknn.operations.build_in_memory import build_in_memory, one_shard_rows
+from bigknn.core.progress import reporter
 from bigknn.results import BuildReport
 from bigknn.shards import Store
 from bigknn.shards.referenced import MODES as VECTOR_MODES
@@ -87,7 +87,7 @@ def build(data: Any, k: int = DEFAULTS.k, metric: str = "l2", store: PathLike | 
     shard_rows, list_width, samples, iters, merge_iters, seed
         Experts' overrides, as the CLI's ``bigknn build`` options (0: automatic).
     partition : {"auto", "kmeans", "rptree", "contiguous"}
-        How rows are split into shards (bigknn/partition/): balanced k-means or an RP-tree learnt on a sample
+        How rows are split into shards (bigknn/algorithms/partition/): balanced k-means or an RP-tree learnt on a sample
         put near rows together, so only near shard pairs are merged; contiguous ranges merge every pair;
         "auto" (default) k-means from 12 contiguous shards on, else contiguous.
         Ids are the input's row numbers whatever the partition.

@@ -8,16 +8,16 @@ from pathlib import Path
 from typing import Iterable
 
 from bigknn.backends import get_backends
-from bigknn.cluster import dask_executor
-from bigknn.params import GnndParams
-from bigknn.partition.learn import DEFAULT_METHOD
-from bigknn.pipeline.executor import InProcess
-from bigknn.pipeline.finish import finish
-from bigknn.pipeline.ingest import drop_folder_files, ingest as ingest_files
-from bigknn.pipeline.merge_stores import merge_stores
-from bigknn.pipeline.sizing import size_build
-from bigknn.pipeline.verify import repair as repair_store, verify as verify_store
-from bigknn.progress import reporter
+from bigknn.engine.dask import dask_executor
+from bigknn.core.params import GnndParams
+from bigknn.algorithms.partition.learn import DEFAULT_METHOD
+from bigknn.engine.executor import InProcess
+from bigknn.operations.merge import finish
+from bigknn.operations.ingest import drop_folder_files, ingest as ingest_files
+from bigknn.operations.merge_stores import merge_stores
+from bigknn.operations.sizing import size_build
+from bigknn.operations.verify import repair as repair_store, verify as verify_store
+from bigknn.core.progress import reporter
 from bigknn.results import BuildReport, IngestReport, MergeReport
 from bigknn.shards import read_store
 from bigknn.stored_graph import Gpus, PathLike, gpu_ids

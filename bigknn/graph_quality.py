@@ -10,8 +10,8 @@ import numpy as np
 
 from bigknn import plot as draw
 from bigknn.backends import get_backend
-from bigknn.pipeline.evaluate import RECALL_K, SAMPLE_ROWS, recall_rows
-from bigknn.pipeline.readout import in_degrees, neighbours_per_row, shard_of
+from bigknn.operations.evaluate import RECALL_K, SAMPLE_ROWS, recall_rows
+from bigknn.operations.readout import in_degrees, neighbours_per_row, shard_of
 from bigknn.results import InDegrees, RecallReport
 from bigknn.shards import Store
 

@@ -1,5 +1,5 @@
 """``InMemoryGraph``: the ``Graph`` that ``bigknn.build(array)`` gives when the array fits one shard and no
-``store`` was asked for. Its lists live in arrays (bigknn/pipeline/in_memory.py), so reading them costs no disk:
+``store`` was asked for. Its lists live in arrays (bigknn/operations/build_in_memory.py), so reading them costs no disk:
 ``neighbors``, ``to_scipy``, ``umap_knn``, ``in_degrees``, ``export`` and ``info`` answer from the arrays, and
 ``save(path)`` writes the store a stored build would have made (``bigknn.open(path)`` reads the same graph).
 
@@ -19,17 +19,17 @@ from typing import Any
 
 import numpy as np
 
-from bigknn.arrays import ARRAY
-from bigknn.errors import BadInput
-from bigknn.graph import KnnGraph
-from bigknn.metrics import user_distance
-from bigknn.pipeline.in_memory import MemoryBuild
-from bigknn.pipeline.export import format_of, write_graph_file
-from bigknn.pipeline.readout import csr_parts
+from bigknn.operations.input_arrays import ARRAY
+from bigknn.core.errors import BadInput
+from bigknn.core.knn_graph import KnnGraph
+from bigknn.core.metric import user_distance
+from bigknn.operations.build_in_memory import MemoryBuild
+from bigknn.operations.export import format_of, write_graph_file
+from bigknn.operations.readout import csr_parts
 from bigknn.results import BuildReport, ExportReport, Info, IngestReport, Neighbors, RecallEstimate
 from bigknn.shards import Manifest, ShardEntry, Store, WriterLock
 from bigknn.shards.creation import NewStore
-from bigknn.search.index import IndexSlot
+from bigknn.operations.loaded_index import IndexSlot
 from bigknn.stored_graph import Gpus, Graph, PathLike, _optional
 
 PRIVATE_STORE = "graph.knn"  # the private store's name inside its temporary directory

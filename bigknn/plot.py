@@ -11,9 +11,9 @@ from types import ModuleType
 
 import numpy as np
 
-from bigknn.atomic import atomic_path, check_target
-from bigknn.errors import BadInput
-from bigknn.extras import install_hint
+from bigknn.core.atomic import atomic_path, check_target
+from bigknn.core.errors import BadInput
+from bigknn.core.extras import install_hint
 
 
 class MissingExtra(BadInput, ImportError):
@@ -100,7 +100,7 @@ def degree_bins(top: int, bars: int = 200) -> np.ndarray:
 
 
 def search_curve(path: Path, sweep) -> None:
-    """Recall@k against queries per second of a search sweep (bigknn/search/results.py SearchSweep), each
+    """Recall@k against queries per second of a search sweep (bigknn/operations/search_reports.py SearchSweep), each
     point labelled with its budget: the curve search indexes are compared by (up and right is better)."""
     plt = pyplot(path)
     fig, ax = plt.subplots(figsize=(7, 4.5))

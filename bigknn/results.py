@@ -16,7 +16,7 @@ from bigknn.shards import Store, user_ids
 
 class Neighbors(NamedTuple):
     """Each row's neighbours, nearest first: ``ids`` (rows, k) row numbers (int32; int64 in a store past 2^31
-    rows) and ``distances`` (rows, k) float32, ascending per row (``bigknn.metrics.user_distance``). A tuple, so
+    rows) and ``distances`` (rows, k) float32, ascending per row (``bigknn.core.metric.user_distance``). A tuple, so
     ``ids, distances = graph.neighbors()`` works."""
 
     ids: np.ndarray
@@ -68,7 +68,7 @@ class Info(_Report):
     merges_done: int
     merges_pending: int
     complete: bool
-    partition: str  # kmeans, rptree or contiguous (bigknn/partition/)
+    partition: str  # kmeans, rptree or contiguous (bigknn/algorithms/partition/)
     inputs: list[str]
     disk_bytes: int
     timings_s: dict[str, float]
@@ -183,10 +183,10 @@ class IngestReport(_Report):
     phase_s: dict[str, float]
     phase_wall_s: dict[str, list[float]]
     resumed: str | None = None
-    # per input that joined the graph (a small batch: bigknn/pipeline/ingest_join.py): its path and rows, the
+    # per input that joined the graph (a small batch: bigknn/operations/ingest_join.py): its path and rows, the
     # distances evaluated, the old lists and rows gathered, and the bytes read and written
     joined: list[dict] = field(default_factory=list)
-    # the small shards an older bigknn left, regrouped before the first batch (bigknn/pipeline/compact.py): shards
+    # the small shards an older bigknn left, regrouped before the first batch (bigknn/operations/compact.py): shards
     # before and after and the rows moved; None where there were none
     regrouped: dict | None = None
 

@@ -14,8 +14,8 @@ from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.utils.validation import check_is_fitted
 
 from bigknn.api import DEFAULTS, build
-from bigknn.arrays import host_array
-from bigknn.pipeline.readout import csr_parts
+from bigknn.operations.input_arrays import host_array
+from bigknn.operations.readout import csr_parts
 
 MODES = ("distance",)  # what bigknn gives: KNeighborsTransformer's "connectivity" is not offered
 

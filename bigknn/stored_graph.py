@@ -16,20 +16,20 @@ from typing import Any
 
 import numpy as np
 
-from bigknn.arrays import host_array, input_file
+from bigknn.operations.input_arrays import host_array, input_file
 from bigknn.backends import get_backend, get_backends
-from bigknn.extras import install_hint
+from bigknn.core.extras import install_hint
 from bigknn.graph_quality import QualityMethods
-from bigknn.metrics import kernel_metric, prepare_rows, user_distance
-from bigknn.pipeline.export import ID_KINDS, export as run_export
-from bigknn.pipeline.ingest import ingest as run_ingest
-from bigknn.partition.rowmap import RowMap
-from bigknn.pipeline.readout import csr_parts, neighbours_per_row, whole_graph
-from bigknn.products.methods import ProductMethods
-from bigknn.progress import reporter
+from bigknn.core.metric import kernel_metric, prepare_rows, user_distance
+from bigknn.operations.export import ID_KINDS, export as run_export
+from bigknn.operations.ingest import ingest as run_ingest
+from bigknn.algorithms.partition.rowmap import RowMap
+from bigknn.operations.readout import csr_parts, neighbours_per_row, whole_graph
+from bigknn.stored_graph_products import ProductMethods
+from bigknn.core.progress import reporter
 from bigknn.results import BuildReport, ExportReport, Info, IngestReport, Neighbors
-from bigknn.search.index import IndexSlot
-from bigknn.search.methods import SearchMethods
+from bigknn.operations.loaded_index import IndexSlot
+from bigknn.stored_graph_search import SearchMethods
 from bigknn.shards import Store, user_ids
 
 PathLike = str | os.PathLike

@@ -26,7 +26,7 @@ import numpy as np
 import bigknn
 from bigknn.formats import open_vectors
 from bigknn.memory_graph import InMemoryGraph
-from bigknn.synth import synth
+from bigknn.core.synth import synth
 
 WARMUP_ROWS = 20_000  # a first build compiles the backend's kernels; it is not timed
 

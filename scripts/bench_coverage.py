@@ -33,7 +33,7 @@ import bigknn  # noqa: E402
 from bigknn.formats import open_vectors  # noqa: E402
 
 AT = 10  # recall@10, as the build's estimate
-TIE_RTOL = 1e-5  # a neighbour at the exact 10th distance counts (bigknn.recall's tie rule, restated here)
+TIE_RTOL = 1e-5  # a neighbour at the exact 10th distance counts (bigknn.algorithms.recall_target's tie rule, restated here)
 PROMISE = {"met": 0.95, "covered": 0.90}  # README: true recall >= target, interval covers the truth
 MODES = {"memory": 1, "shards4": 4}
 

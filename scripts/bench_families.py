@@ -20,9 +20,9 @@ from dataclasses import replace
 import numpy as np
 
 from bigknn.formats import open_vectors
-from bigknn.metrics import kernel_metric, prepare_rows, row_keys
-from bigknn.params import GnndParams
-from bigknn.recall import estimate
+from bigknn.core.metric import kernel_metric, prepare_rows, row_keys
+from bigknn.core.params import GnndParams
+from bigknn.algorithms.recall_target import estimate
 
 SAMPLE = 10_000
 NND_SETTINGS = [(32, 64, 20), (64, 128, 20), (64, 128, 40), (96, 192, 30)]  # graph, intermediate, iterations

@@ -19,8 +19,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from bigknn.params import GnndParams
-from bigknn.synth import synth
+from bigknn.core.params import GnndParams
+from bigknn.core.synth import synth
 
 
 def _device_name() -> str:
@@ -80,8 +80,8 @@ def bench_ggm(backend, rows, dim, k, list_width, repeats, out, seed=0, variants=
     """One T2 merge: two shards of ``rows`` x dim (synth, one set of 2 * rows split in halves), each built
     by gnnd with GnndParams defaults (k, list_width), then CudaBackend.ggm timed ``repeats`` times (same
     inputs). Recall@10 of the union's rows: before (shard graphs) and after the merge."""
-    from bigknn.graph import ShardPart
-    from bigknn.graph import KnnGraph
+    from bigknn.core.knn_graph import ShardPart
+    from bigknn.core.knn_graph import KnnGraph
 
     x = synth(2 * rows, dim, seed=seed)
     params = GnndParams(k=k, list_width=list_width)

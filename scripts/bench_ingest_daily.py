@@ -2,7 +2,7 @@
 """A store fed one small file a day (issue 39): ``--files`` files of ``--file-rows`` rows, each ingested by its own
 ``bigknn.ingest`` call into one store built from ``--rows`` rows. Prints one JSON object: every run's counts
 (distances, old lists and rows gathered, bytes read and written, shards after it), the shard bound the store
-must stay under (bigknn/pipeline/ingest_join.py shard_bound), the last run's work against the first's (counts,
+must stay under (bigknn/operations/ingest_join.py shard_bound), the last run's work against the first's (counts,
 never time), and recall@10 of old and new rows by an exact check at the end (``Graph.recall(rows=...)``).
 ``--runs-out`` also writes each run as a JSON line.
 
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import bigknn
 from bigknn.formats import write_vectors
-from bigknn.pipeline.ingest_join import shard_bound
-from bigknn.synth import synth
+from bigknn.operations.ingest_join import shard_bound
+from bigknn.core.synth import synth
 
 
 def work(run: dict) -> int:

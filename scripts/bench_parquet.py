@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from bigknn.formats import vectors_writer
-from bigknn.synth import synth_blocks
+from bigknn.core.synth import synth_blocks
 
 RECALL_K = 10  # recall@10, or @k of a smaller graph
 

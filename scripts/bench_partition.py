@@ -17,11 +17,11 @@ import numpy as np
 
 from bigknn.backends import get_backend
 from bigknn.formats import CHECK_CHUNK_ROWS, check_rows, file_sha256, open_vectors
-from bigknn.metrics import prepare_rows
-from bigknn.partition.assign import LABEL_CHUNK_ROWS, layout, learn_from_file, shard_count
-from bigknn.partition.balance import assign_balanced, take_first_choices
-from bigknn.partition.learn import SLACK
-from bigknn.partition.nearest import backend_nearest
+from bigknn.core.metric import prepare_rows
+from bigknn.algorithms.partition.labelling import LABEL_CHUNK_ROWS, layout, learn_from_file, shard_count
+from bigknn.algorithms.partition.balance import assign_balanced, take_first_choices
+from bigknn.algorithms.partition.learn import SLACK
+from bigknn.algorithms.partition.nearest import backend_nearest
 
 MIN_ROWS = 48  # --list-width's default: the smallest shard kept
 

@@ -72,7 +72,7 @@ def main() -> None:
 
     import bigknn
     from bigknn.cli.common import parse_bytes
-    from bigknn.synth import synth
+    from bigknn.core.synth import synth
 
     if args.work is not None:
         args.work.mkdir(parents=True, exist_ok=True)

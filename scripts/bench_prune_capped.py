@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bigknn.search.store import current
+from bigknn.operations.search_arrays import current
 from bigknn.shards import Store
 
 

@@ -27,12 +27,12 @@ import bigknn
 from bench_families import emit  # scripts/ is on the path of a script run from it
 from bigknn.backends import get_backend
 from bigknn.formats import open_vectors, read_truth
-from bigknn.metrics import kernel_metric
+from bigknn.core.metric import kernel_metric
 from bigknn.api import DEFAULTS
-from bigknn.search.params import SearchPlan
-from bigknn.search.queries import load_queries
-from bigknn.search.run import recall_against
-from bigknn.search.store import load_index
+from bigknn.algorithms.search_params import SearchPlan
+from bigknn.operations.search_queries import load_queries
+from bigknn.operations.search import recall_against
+from bigknn.operations.search_arrays import load_index
 from bigknn.shards import Store
 
 BUDGETS = {  # the bigknn budgets swept: searches per query (small), the search list's length (large)

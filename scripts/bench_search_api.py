@@ -136,7 +136,7 @@ def best(points: list[dict]) -> dict:
 def overhead(index, backend_name: str, q: np.ndarray, calls: int) -> dict:
     """A one-query call of ``index.search`` against the backend's search of the same prepared query (µs a call,
     medians of ``calls``), and the GPU's span of the latter (CUDA events)."""
-    from bigknn.search.queries import load_queries
+    from bigknn.operations.search_queries import load_queries
 
     backend, arrays = index._backend, index.arrays
     plan = index.plan(K, None, "auto", 0)

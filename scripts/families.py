@@ -31,7 +31,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from bigknn.formats import vectors_writer
-from bigknn.synth import BLOCK_ROWS, synth_blocks
+from bigknn.core.synth import BLOCK_ROWS, synth_blocks
 
 MakeBlock = Callable[[int, int], np.ndarray]  # (first row, rows) -> block
 EXT = {"synth": ".fbin", "iid64": ".fbin", "iid128": ".fbin", "u8": ".u8bin", "f16": ".f16bin", "text": ".fbin"}
@@ -103,7 +103,7 @@ def synthetic(family: str, seed: int) -> tuple[MakeBlock, int, np.dtype, dict]:
     if family == "synth":
         def make(start: int, n: int) -> np.ndarray:  # rows [start, start + n) of the `bigknn synth` set
             return next(synth_blocks(n, 96, seed=seed, threads=1, first_row=start))
-        return make, 96, np.dtype(np.float32), {"recipe": "bigknn.synth: 200 Gaussian clusters in 12-d, lifted "
+        return make, 96, np.dtype(np.float32), {"recipe": "bigknn.core.synth: 200 Gaussian clusters in 12-d, lifted "
                                                 "to 96-d, + N(0, 0.05^2) (= bigknn synth --dim 96)"}
     if family in ("iid64", "iid128"):
         dim = int(family[3:])

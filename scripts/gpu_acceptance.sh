@@ -30,10 +30,10 @@ sanitizer)
   compute-sanitizer --tool memcheck --error-exitcode 9 python3 - > "$OUT/memcheck.log" 2>&1 <<'PY'
 import numpy as np
 from bigknn.backends.cuda import CudaBackend
-from bigknn.graph import ShardPart
-from bigknn.graph import KnnGraph
-from bigknn.params import GnndParams
-from bigknn.synth import synth
+from bigknn.core.knn_graph import ShardPart
+from bigknn.core.knn_graph import KnnGraph
+from bigknn.core.params import GnndParams
+from bigknn.core.synth import synth
 # shards of more than EXACT_ROWS (2048) rows, so gnnd runs the NN-descent kernels, not the exact path
 x = synth(5201, 100, seed=3); be = CudaBackend(); p = GnndParams(k=10, iters=4, merge_iters=3)
 ga = be.gnnd(x[:2600], "l2", p, 0); gb = be.gnnd(x[2600:], "l2", p, 1)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from bigknn.formats import write_vectors
-from bigknn.synth import synth
+from bigknn.core.synth import synth
 
 CLI_TIMEOUT_S = 300
 
@@ -216,8 +216,8 @@ def read_manifest(store: Path) -> dict:
 
 def merged_shards(backend, x: np.ndarray, shard_rows: int, params, metric: str = "l2") -> list:
     """ShardParts of x's rows in shards of ``shard_rows``: GNND each, then GGM of every pair (a built store)."""
-    from bigknn.graph import ShardPart
-    from bigknn.graph import KnnGraph
+    from bigknn.core.knn_graph import ShardPart
+    from bigknn.core.knn_graph import KnnGraph
 
     parts = []
     for i, lo in enumerate(range(0, len(x), shard_rows)):
@@ -236,8 +236,8 @@ def fold_in(backend, old: list, batch, params, seeded: bool, metric: str = "l2")
     """An ingest's merges: the batch part against each old part in turn, each merge after the first seeded
     through the old parts merged before it (the last SEED_SHARDS) when ``seeded``. Returns (old parts, batch
     part, update counts per merge)."""
-    from bigknn.graph import ShardPart
-    from bigknn.ggm import SEED_SHARDS
+    from bigknn.core.knn_graph import ShardPart
+    from bigknn.algorithms.merge_setup import SEED_SHARDS
 
     old, updates = list(old), []
     for i, part in enumerate(old):
@@ -256,8 +256,8 @@ def lru_loads(shards: int, capacity: int, cache_aware: bool, pairs: list | None 
     (told what is cached, or not): the explicit replay bigknn plan's read count is checked against."""
     from collections import OrderedDict
 
-    from bigknn.pipeline.schedule import pending_pairs
-    from bigknn.pipeline.scheduler import Scheduler
+    from bigknn.engine.pair_order import pending_pairs
+    from bigknn.engine.scheduler import Scheduler
 
     lru = OrderedDict.fromkeys(range(shards - capacity, shards))  # the last GNND results are at hand
     sched = Scheduler(pending_pairs(shards, set()) if pairs is None else pairs, ready=range(shards),

@@ -11,7 +11,7 @@ import pytest
 import scipy.sparse
 
 import bigknn
-from bigknn.synth import synth
+from bigknn.core.synth import synth
 
 from conftest import read_manifest, recall_at, run_cli, write_synth
 
@@ -205,7 +205,7 @@ def test_array_likes_and_files_give_the_same_graph(tmp_path):
 def test_an_array_is_spilled_block_by_block_exactly(tmp_path, monkeypatch):
     """The scratch .npy a build streams holds the array's values, cast where the dtype is not kept, whatever the
     blocks its threads write (here 7 rows a block, the last one short)."""
-    import bigknn.arrays as arrays
+    import bigknn.operations.input_arrays as arrays
 
     monkeypatch.setattr(arrays, "SPILL_ROWS", 7)
     x = synth(101, 5, seed=3)

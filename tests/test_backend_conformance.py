@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from bigknn.backends.cpu import CpuBackend
-from bigknn.graph import EMPTY, KnnGraph, ShardPart
-from bigknn.params import EXACT_ROWS, GnndParams
-from bigknn.search.graph import SearchIndex
-from bigknn.search.params import NO_LAMBDA, PruneParams, SearchPlan
-from bigknn.synth import synth
+from bigknn.core.knn_graph import EMPTY, KnnGraph, ShardPart
+from bigknn.core.params import EXACT_ROWS, GnndParams
+from bigknn.algorithms.search_index import SearchIndex
+from bigknn.algorithms.search_params import NO_LAMBDA, PruneParams, SearchPlan
+from bigknn.core.synth import synth
 
 from conftest import check_graph, exact_keys, exact_neighbours, recall_at
 

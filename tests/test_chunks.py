@@ -13,9 +13,9 @@ import pytest
 import zarr
 
 import bigknn.shards.store as store_mod
-from bigknn.errors import Damaged
-from bigknn.params import GnndParams
-from bigknn.graph import KnnGraph
+from bigknn.core.errors import Damaged
+from bigknn.core.params import GnndParams
+from bigknn.core.knn_graph import KnnGraph
 from bigknn.shards import Manifest, ShardEntry, Store, checksums, chunks
 
 SMALL_CHUNK_BYTES = 320  # several chunks and an edge chunk for the hundred rows used here

@@ -17,7 +17,7 @@ import pytest
 from bigknn.formats import open_vectors, read_truth, write_truth, write_vectors
 from bigknn.shards import WriterLock
 from bigknn.shards.manifest import FORMAT_VERSION
-from bigknn.synth import synth
+from bigknn.core.synth import synth
 
 from conftest import assert_one_line_error, exact_neighbours, read_manifest, recall_at, run_cli, run_json, tree_hashes
 
@@ -399,7 +399,7 @@ def test_changed_input_file_of_a_finished_store_is_refused_untouched(tmp_path, s
 
 
 def test_synth_rows_do_not_depend_on_threads():
-    from bigknn.synth import BLOCK_ROWS, synth_blocks
+    from bigknn.core.synth import BLOCK_ROWS, synth_blocks
 
     rows = 2 * BLOCK_ROWS + 123  # a short last block
     one = np.concatenate(list(synth_blocks(rows, 8, seed=5, threads=1)))
@@ -427,7 +427,7 @@ def test_nan_in_a_late_shard_stops_the_overlapped_build(tmp_path):
 def test_synth_first_row_continues_the_same_set(tmp_path, first):
     """``--first-row N`` writes rows N.. of the larger set: the tail of one longer stream, whatever N is,
     drawn from the same clusters as a file of N rows."""
-    from bigknn.synth import synth_blocks
+    from bigknn.core.synth import synth_blocks
 
     rows = 2000
     longer = np.concatenate(list(synth_blocks(first + rows, 8, seed=5, threads=2)))

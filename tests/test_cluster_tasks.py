@@ -1,4 +1,4 @@
-"""A Dask worker's two task threads (bigknn/cluster/): the backend calls of two tasks on one worker take turns
+"""A Dask worker's two task threads (bigknn/engine/dask/): the backend calls of two tasks on one worker take turns
 (``tasks.COMPUTE_LOCK``) while a flush's graph writes overlap a task's compute; tasks keep their graphs
 pending until a flush writes them; ``local:N`` starts its workers with ``TASK_THREADS`` threads; the client
 places tasks on the workers. No cluster is started: the tasks run on threads of this process, as on a
@@ -17,11 +17,12 @@ import pytest
 
 import bigknn
 from bigknn.backends.base import Backend
-from bigknn.cluster import connect, tasks
-from bigknn.cluster.holdings import Holding, Holdings, place
-from bigknn.cluster.partcache import PartCache
-from bigknn.cluster.tasks import PendingLost, ShardRef, StoreSpec
-from bigknn.graph import KnnGraph
+from bigknn.engine.dask import connect
+from bigknn.engine.dask import worker_tasks as tasks
+from bigknn.engine.dask.holdings import Holding, Holdings, place
+from bigknn.engine.dask.part_cache import PartCache
+from bigknn.engine.dask.worker_tasks import PendingLost, ShardRef, StoreSpec
+from bigknn.core.knn_graph import KnnGraph
 from bigknn.shards import Store
 from conftest import write_synth
 

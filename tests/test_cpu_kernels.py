@@ -16,10 +16,10 @@ import pytest
 from bigknn.backends import get_backends
 from bigknn.backends.cpu import CpuBackend, compiled, descent, exact_l2_keys, random_init
 from bigknn.backends.cpu.rptree import split_rows, tree_init
-from bigknn.errors import BadInput
-from bigknn.graph import EMPTY, ShardPart
-from bigknn.params import GnndParams
-from bigknn.synth import synth
+from bigknn.core.errors import BadInput
+from bigknn.core.knn_graph import EMPTY, ShardPart
+from bigknn.core.params import GnndParams
+from bigknn.core.synth import synth
 
 from conftest import check_graph, recall_at
 

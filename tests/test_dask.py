@@ -24,11 +24,11 @@ import pytest
 distributed = pytest.importorskip("distributed")
 
 import bigknn  # noqa: E402
-from bigknn.cluster.connect import TASK_THREADS, Cluster  # noqa: E402
-from bigknn.cluster.executor import check_visible  # noqa: E402
-from bigknn.cluster.tasks import claim_version  # noqa: E402
-from bigknn.errors import BadInput  # noqa: E402
-from bigknn.pipeline.accounting import Accounting  # noqa: E402
+from bigknn.engine.dask.connect import TASK_THREADS, Cluster  # noqa: E402
+from bigknn.engine.dask.executor import check_visible  # noqa: E402
+from bigknn.engine.dask.worker_tasks import claim_version  # noqa: E402
+from bigknn.core.errors import BadInput  # noqa: E402
+from bigknn.engine.accounting import Accounting  # noqa: E402
 from bigknn.shards import Store  # noqa: E402
 from conftest import assert_one_line_error, cli_env, read_manifest, run_json, write_synth  # noqa: E402
 
@@ -81,7 +81,7 @@ def test_build_on_cluster_waits_for_rows_still_being_written(cluster, reference,
     """The sharding pass hands a shard on before its rows are on disk, and a worker reads them from the store:
     the client waits for each shard's write before its GNND (held back 0.3 s here; without the wait the
     workers find no rows)."""
-    from bigknn.pipeline import sharding
+    from bigknn.engine import sharding_pass as sharding
 
     write = sharding._write_shard
 
@@ -133,7 +133,7 @@ def test_worker_killed_mid_merge(cluster, reference, tmp_path):
 
 def _merged_pending() -> int:
     """Graphs made by merges (version 2 on, after GNND's 1) that a worker holds not yet written (run on it)."""
-    from bigknn.cluster import tasks
+    from bigknn.engine.dask import worker_tasks as tasks
 
     return sum(version >= 2 for _, _, version in tasks._CACHE._pending)
 
@@ -263,10 +263,10 @@ def test_automatic_shards_spread_over_the_cluster_workers(cluster):
     """An automatic shard size is spread over the cluster's workers (one GPU each), not over the client's
     own backends: 50M x 96 on two dask-cuda workers took the one-GPU size (3 shards, merged one at a time)."""
     from bigknn.backends import get_backends
-    from bigknn.cluster import dask_executor
-    from bigknn.cluster.executor import DaskExecutor
-    from bigknn.pipeline.executor import InProcess
-    from bigknn.progress import Reporter
+    from bigknn.engine.dask import dask_executor
+    from bigknn.engine.dask.executor import DaskExecutor
+    from bigknn.engine.executor import InProcess
+    from bigknn.core.progress import Reporter
 
     backends = get_backends("cpu", None, None)
     assert InProcess(backends).workers() == len(backends) == 1

@@ -11,16 +11,16 @@ import pytest
 
 from bigknn.backends.cpu import CpuBackend
 from bigknn.formats import write_vectors
-from bigknn.graph import EMPTY, KnnGraph, final_columns, widened
-from bigknn.params import GnndParams
-from bigknn.pipeline import writer as writer_module
-from bigknn.pipeline.accounting import Accounting
-from bigknn.pipeline.build import BuildRequest, build
-from bigknn.pipeline.evaluate import recall
-from bigknn.progress import Reporter
+from bigknn.core.knn_graph import EMPTY, KnnGraph, final_columns, widened
+from bigknn.core.params import GnndParams
+from bigknn.engine import writer as writer_module
+from bigknn.engine.accounting import Accounting
+from bigknn.operations.build import BuildRequest, build
+from bigknn.operations.evaluate import recall
+from bigknn.core.progress import Reporter
 from bigknn.shards import Store
 from bigknn.shards.arrays import tree_bytes
-from bigknn.synth import synth
+from bigknn.core.synth import synth
 
 ROWS, DIM, K, SHARD_ROWS = 6000, 16, 10, 1500
 
@@ -66,7 +66,7 @@ def test_a_default_build_writes_vectors_and_final_graph_once(data, tmp_path, mon
 def test_an_ingest_merges_the_k_wide_final_graphs(data, tmp_path, monkeypatch):
     """A store's final graphs are k wide; an ingest merges them (padded to the build's width) with new rows,
     and the result is as good as a build of all the rows."""
-    from bigknn.pipeline.ingest import ingest
+    from bigknn.operations.ingest import ingest
 
     monkeypatch.delenv("BIGKNN_CHECKPOINT_S", raising=False)
     more = tmp_path / "more.fbin"

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from bigknn.formats import open_vectors
-from bigknn.synth import BLOCK_ROWS, synth
+from bigknn.core.synth import BLOCK_ROWS, synth
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 sys.path.insert(0, str(SCRIPTS))

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import bigknn
-from bigknn.errors import BadInput
+from bigknn.core.errors import BadInput
 from bigknn.shards import Store, WriterLock
 
 from conftest import assert_one_line_error, run_cli, run_json, write_synth

@@ -7,10 +7,10 @@ import logging
 
 from bigknn.backends.cpu import CpuBackend, warmup
 from bigknn.formats import write_vectors
-from bigknn.params import EXACT_ROWS, GnndParams
-from bigknn.pipeline.build import BuildRequest, build
-from bigknn.progress import Reporter
-from bigknn.synth import synth
+from bigknn.core.params import EXACT_ROWS, GnndParams
+from bigknn.operations.build import BuildRequest, build
+from bigknn.core.progress import Reporter
+from bigknn.core.synth import synth
 
 
 def test_a_cold_kernel_cache_is_announced_and_compiled_before_the_first_task(tmp_path, monkeypatch, caplog):

@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from bigknn.errors import BadInput
+from bigknn.core.errors import BadInput
 from bigknn.formats import (
     VECTOR_EXTENSIONS,
     check_and_hash,

@@ -6,12 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bigknn.graph import ShardPart
+from bigknn.core.knn_graph import ShardPart
 from bigknn.backends.cpu import CpuBackend
-from bigknn.ggm import seeds_through
-from bigknn.graph import KnnGraph
-from bigknn.params import GnndParams
-from bigknn.synth import synth
+from bigknn.algorithms.merge_setup import seeds_through
+from bigknn.core.knn_graph import KnnGraph
+from bigknn.core.params import GnndParams
+from bigknn.core.synth import synth
 
 from conftest import check_graph, exact_neighbours, fold_in, merged_shards, recall_at
 
@@ -134,7 +134,7 @@ def test_seeded_merges_fold_in_a_small_batch_as_well_as_the_paper_merge_for_less
     rows, nb, dim = 3000, 400, 32
     x = synth(3 * rows + nb, dim, seed=21)
     params = GnndParams(k=16, list_width=48, recall=0)  # the fixed rules: a targeted paper merge here may
-    # fall back to the exact lists (bigknn/ggm.py exact_merge), which a seeded merge is not measured against
+    # fall back to the exact lists (bigknn/algorithms/merge_setup.py exact_merge), which a seeded merge is not measured against
     old = merged_shards(backend, x[:3 * rows], rows, params)
     g = backend.gnnd(x[3 * rows:], "l2", params, seed=9)
     batch = ShardPart(3 * rows, x[3 * rows:], shifted(g, 3 * rows))

@@ -7,8 +7,8 @@ import pytest
 
 import bigknn.backends.cpu.exact as exact_mod
 from bigknn.backends.cpu import CpuBackend
-from bigknn.params import GnndParams
-from bigknn.synth import synth
+from bigknn.core.params import GnndParams
+from bigknn.core.synth import synth
 
 from conftest import check_graph, exact_keys, exact_neighbours, recall_at
 

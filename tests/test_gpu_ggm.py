@@ -10,10 +10,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bigknn.graph import ShardPart
-from bigknn.graph import KnnGraph
-from bigknn.params import GnndParams
-from bigknn.synth import synth
+from bigknn.core.knn_graph import ShardPart
+from bigknn.core.knn_graph import KnnGraph
+from bigknn.core.params import GnndParams
+from bigknn.core.synth import synth
 
 from conftest import check_graph, exact_neighbours, fold_in, merged_shards, recall_at
 
@@ -287,9 +287,9 @@ def test_ggm_narrow_old_lists_and_third_shard_only_rows(cuda_backend):
 def test_pipeline_build_four_shards_matches_one_shard(cuda_backend, tmp_path):
     pytest.importorskip("zarr")
     from bigknn.formats import write_vectors
-    from bigknn.pipeline.build import BuildRequest, build
-    from bigknn.pipeline.evaluate import recall
-    from bigknn.progress import Reporter
+    from bigknn.operations.build import BuildRequest, build
+    from bigknn.operations.evaluate import recall
+    from bigknn.core.progress import Reporter
     from bigknn.shards import Store
 
     n = 16_000
@@ -333,7 +333,7 @@ def test_seeded_setup_takes_the_cpu_seeds(cuda_backend, dim, dtype):
     their lists exactly (no fill), and each row of b gains exactly the seeds the CPU reference picks
     (two hops through two vias, in the same order) wherever those fill the row's W/2 slots."""
     from bigknn.backends.cpu import CpuBackend
-    from bigknn.ggm import fill_count, seeds_through
+    from bigknn.algorithms.merge_setup import fill_count, seeds_through
 
     built = GnndParams(k=16, list_width=32)
     params = GnndParams(k=16, list_width=32, merge_iters=0)

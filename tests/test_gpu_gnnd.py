@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bigknn.params import MIN_LIST, GnndParams
-from bigknn.recall import MAX_WIDTH
-from bigknn.synth import synth
+from bigknn.core.params import MIN_LIST, GnndParams
+from bigknn.algorithms.recall_target import MAX_WIDTH
+from bigknn.core.synth import synth
 
 pytestmark = pytest.mark.gpu
 
@@ -339,7 +339,7 @@ def test_probe_measures_float32_keys_in_order(cuda_backend, dtype, metric):
     import cupy as cp
 
     from bigknn.backends.cuda.target import DeviceTarget
-    from bigknn.recall import Probe, Stopper
+    from bigknn.algorithms.recall_target import Probe, Stopper
 
     rng = np.random.default_rng()
     x = (rng.integers(0, 255, (1037, 37)) if dtype == np.uint8 else rng.standard_normal((1037, 37))).astype(dtype)
@@ -414,8 +414,8 @@ def test_gnnd_descends_on_a_probe_it_is_given(cuda_backend):
     """The stopping part of a build's recall sample inside a shard is the shard's GNND probe (Backend.gnnd's
     ``probe``): the descent measures those rows (the report's estimate counts them), draws none of its own, and
     meets its target."""
-    from bigknn.pipeline.estimate import SampleTruth, sample_rows
-    from bigknn.recall import PROBE_ROWS
+    from bigknn.engine.recall_sample import SampleTruth, sample_rows
+    from bigknn.algorithms.recall_target import PROBE_ROWS
 
     seed = int(np.random.default_rng().integers(1 << 30))
     x = synth(30011, 48, seed=seed)

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from bigknn.backends.cpu import CpuBackend
-from bigknn.params import GnndParams
-from bigknn.synth import synth
+from bigknn.core.params import GnndParams
+from bigknn.core.synth import synth
 
 pytestmark = pytest.mark.gpu
 

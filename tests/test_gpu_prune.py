@@ -1,4 +1,4 @@
-"""CUDA diversification (prune.cu) against the NumPy reference (bigknn/backends/cpu/prune.py): the same kept
+"""CUDA diversification (prune.cu) against the NumPy reference (bigknn/backends/cpu/diversify.py): the same kept
 columns and occlusion order up to float32 near-ties, on fresh random lists of odd widths (1 to 129, EMPTY
 tails), duplicate candidates' rows, both metrics, every rule; and a whole prune on the GPU against the same
 prune on the CPU. Run with ``pytest -m gpu tests/test_gpu_prune.py``."""
@@ -10,9 +10,9 @@ import pytest
 
 import bigknn
 from bigknn.backends.cpu import CpuBackend
-from bigknn.graph import EMPTY
-from bigknn.search.params import DiversifyRule
-from bigknn.search.store import load_index
+from bigknn.core.knn_graph import EMPTY
+from bigknn.algorithms.search_params import DiversifyRule
+from bigknn.operations.search_arrays import load_index
 from bigknn.shards import Store
 
 pytestmark = pytest.mark.gpu
@@ -62,7 +62,7 @@ def test_gpu_diversify_matches_the_reference(cuda_backend, metric, rule, rows, w
 
 @pytest.mark.parametrize("rule", RULES, ids=lambda r: f"{r.kind}-{r.alpha}")
 def test_a_capped_gpu_diversifies_alike_with_the_rows_each_block_names(cuda_backend, monkeypatch, rule):
-    from bigknn.backends.cuda import prune
+    from bigknn.backends.cuda import diversify as prune
 
     table, cands, keys, _ = _lists(np.random.default_rng(11), "l2", 700, 48)
     whole = cuda_backend.diversify_lists(cands, keys, table, "l2", rule, 40)
@@ -75,7 +75,7 @@ def test_a_capped_gpu_diversifies_alike_with_the_rows_each_block_names(cuda_back
 
 @pytest.mark.parametrize("method", ["tsdg", "rng"])
 def test_gpu_prune_matches_the_cpu_prune(tmp_path, cuda_backend, method):
-    """Both ways the GPU prunes (tsdg: the whole graph on the device, search/whole.py; shard by shard where the
+    """Both ways the GPU prunes (tsdg: the whole graph on the device, algorithms/tsdg_whole.py; shard by shard where the
     host budget holds no whole copy of the rows) against the CPU's."""
     rng = np.random.default_rng(3)
     x = (rng.normal(size=(15, 24))[rng.integers(0, 15, 2500)] * 2 + rng.normal(size=(2500, 24))).astype(np.float32)
@@ -93,8 +93,8 @@ def test_gpu_prune_matches_the_cpu_prune(tmp_path, cuda_backend, method):
 
 
 def test_gpu_nearest_lists_match_the_reference(cuda_backend, monkeypatch):
-    from bigknn.backends.cpu.search import SearchReference
-    from bigknn.backends.cuda import prune
+    from bigknn.backends.cpu.search_calls import SearchReference
+    from bigknn.backends.cuda import diversify as prune
 
     rng = np.random.default_rng(12)
     rows, m, edges = 5000, 40, 150_000
@@ -119,7 +119,7 @@ def test_gpu_nearest_lists_match_the_reference(cuda_backend, monkeypatch):
 
 
 def test_gpu_reach_back_matches_the_reference(cuda_backend):
-    from bigknn.backends.cpu.prune import reach_back
+    from bigknn.backends.cpu.diversify import reach_back
 
     rng = np.random.default_rng(13)
     n, w = 4000, 16

@@ -13,9 +13,9 @@ import pytest
 
 import bigknn
 from bigknn.backends.cpu import CpuBackend
-from bigknn.metrics import kernel_metric, prepare_rows
-from bigknn.search.params import PARENTS, SearchPlan
-from bigknn.search.store import load_index
+from bigknn.core.metric import kernel_metric, prepare_rows
+from bigknn.algorithms.search_params import PARENTS, SearchPlan
+from bigknn.operations.search_arrays import load_index
 from bigknn.shards import Store
 
 pytestmark = pytest.mark.gpu
@@ -64,7 +64,7 @@ CASES = [(np.float32, "l2", "tsdg"), (np.float32, "cosine", "rng"), (np.float16,
                                                       ("small", 8, 32, 30), ("small", 3, 1, 77)])
 def test_gpu_search_finds_what_the_reference_finds(indexes, cuda_backend, dtype, metric, method, procedure,
                                                    budget, k, batch, monkeypatch):
-    import bigknn.backends.cuda.search as cuda_search
+    import bigknn.backends.cuda.graph_search as cuda_search
 
     rng = np.random.default_rng(zlib.crc32(f"{dtype.__name__} {metric} {method} {procedure} {k}".encode()))
     index, q = indexes(dtype, metric, method)
@@ -100,7 +100,7 @@ def test_gpu_search_table_of_computed_rows_may_forget(indexes, cuda_backend, mon
     """A table of the fewest slots a hop needs is cleared (R's rows put back) every hop or two: rows computed
     before are computed again, and the results stay the reference's (skipping a row computed before changes
     nothing)."""
-    import bigknn.backends.cuda.search as cuda_search
+    import bigknn.backends.cuda.graph_search as cuda_search
 
     index, q = indexes(np.float32, "l2", "tsdg")
     monkeypatch.setattr(cuda_search, "TABLE_SLOTS", 64)
@@ -115,7 +115,7 @@ def test_gpu_search_table_of_computed_rows_may_forget(indexes, cuda_backend, mon
 def test_gpu_search_rows_held_in_registers(indexes, cuda_backend, d, metric, monkeypatch):
     """Rows of a multiple of 4 dims: each lane holds its float4 units of a row in registers (2 and 5 units, the
     last lanes' fifth past the row's end) and finds what the reference finds, in both launch shapes."""
-    import bigknn.backends.cuda.search as cuda_search
+    import bigknn.backends.cuda.graph_search as cuda_search
 
     assert cuda_search.units_per_lane(d) == -(-d // 32) > 0
     index, q = indexes(np.float32, metric, "tsdg", d)
@@ -135,7 +135,7 @@ def test_gpu_half_walk_finds_what_the_reference_finds(indexes, cuda_backend, d, 
     """Rows WALK_HALF_MIN_DIM wide or wider are walked as scaled halves (held in registers; 1,040 dims: the
     loop) and the list's first RERANK re-keyed in float32: the reference walks the same halves, so the same rows
     come back with exact float32 distances, ascending, in both launch shapes (budget 24 < RERANK too)."""
-    import bigknn.backends.cuda.search as cuda_search
+    import bigknn.backends.cuda.graph_search as cuda_search
     from bigknn.backends.cpu.graph_search import query_keys
 
     index, q = indexes(np.float32, metric, "tsdg", d)
@@ -163,8 +163,8 @@ def test_gpu_entry_points_match_the_reference(metric, sample_rows, queries):
     repeated queries) must fall alike: nearest first, the lower sample position among equal keys."""
     import cupy as cp
 
-    from bigknn.backends.cuda.search import nearest_entries as device_entries
-    from bigknn.search.graph import nearest_entries
+    from bigknn.backends.cuda.graph_search import nearest_entries as device_entries
+    from bigknn.algorithms.search_index import nearest_entries
 
     rng = np.random.default_rng(sample_rows + queries)
     rows = rng.integers(-3, 4, (sample_rows, 11)).astype(np.float32)

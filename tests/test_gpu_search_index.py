@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 import bigknn
-import bigknn.backends.cuda.search as cuda_search
-import bigknn.search.index as search_index
-import bigknn.search.stream as stream
+import bigknn.backends.cuda.graph_search as cuda_search
+import bigknn.operations.loaded_index as search_index
+import bigknn.operations.search_stream as stream
 from bigknn.formats import read_truth, write_vectors
 
 pytestmark = pytest.mark.gpu

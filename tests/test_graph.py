@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bigknn.graph import EMPTY, merge_lists, sortable_float_bits
+from bigknn.core.knn_graph import EMPTY, merge_lists, sortable_float_bits
 
 
 def reference_merge(ids: np.ndarray, dists: np.ndarray, k: int, extra: np.ndarray | None = None):

@@ -19,7 +19,7 @@ from click.testing import CliRunner
 
 from bigknn.cli.app import cli
 from bigknn.formats import write_vectors
-from bigknn.synth import synth
+from bigknn.core.synth import synth
 
 ROWS, DIM = 2000, 96  # the examples' queries are made with --dim 96
 # what a reader brings: their data, and the finished, pruned store the quick start made

@@ -19,7 +19,7 @@ import pytest
 
 from bigknn.backends.cuda import cuda_available
 from bigknn.formats import open_vectors
-from bigknn.progress import Reporter
+from bigknn.core.progress import Reporter
 
 from conftest import assert_one_line_error, cli_env, run_cli, run_json, tree_hashes, write_synth
 

@@ -18,19 +18,19 @@ import pytest
 
 from bigknn.backends.cpu import CpuBackend
 from bigknn.formats import write_vectors
-from bigknn.graph import EMPTY
-from bigknn.params import GnndParams
-from bigknn.pipeline.build import BuildRequest, build
-from bigknn.pipeline.evaluate import recall
-from bigknn.pipeline.ingest import ingest
-from bigknn.progress import Reporter
+from bigknn.core.knn_graph import EMPTY
+from bigknn.core.params import GnndParams
+from bigknn.operations.build import BuildRequest, build
+from bigknn.operations.evaluate import recall
+from bigknn.operations.ingest import ingest
+from bigknn.core.progress import Reporter
 from bigknn.shards import Store
-from bigknn.synth import synth
+from bigknn.core.synth import synth
 
 from conftest import error_lines
 
 DIM, K, OLD_ROWS, NEW_ROWS, SHARD_ROWS = 24, 10, 6000, 1500, 2000
-SMALL_ROWS = 550  # small beside the store (seeded merges, bigknn/ggm.py), too large to join (ingest_join.py)
+SMALL_ROWS = 550  # small beside the store (seeded merges, bigknn/algorithms/merge_setup.py), too large to join (ingest_join.py)
 
 
 def bigknn(*args: str) -> list[str]:

@@ -1,4 +1,4 @@
-"""Small ingests join the graph by searching it and append to a tail shard (bigknn/pipeline/ingest_join.py): the
+"""Small ingests join the graph by searching it and append to a tail shard (bigknn/operations/ingest_join.py): the
 daily-file acceptance of issue 39 at CI size (scripts/bench_ingest_daily.py runs the full 1,000 files), kill -9
 and rerun, re-ingest as a no-op, readers of an older version, and verify on a store with a tail."""
 
@@ -18,16 +18,16 @@ import pytest
 
 from bigknn.backends.cpu import CpuBackend
 from bigknn.formats import write_vectors
-from bigknn.graph import EMPTY
-from bigknn.params import GnndParams
-from bigknn.pipeline.build import BuildRequest, build
-from bigknn.pipeline.evaluate import recall
-from bigknn.pipeline.ingest import ingest
-from bigknn.pipeline.ingest_join import JOIN_MAX_FRACTION, shard_bound
-from bigknn.pipeline.verify import verify
-from bigknn.progress import Reporter
+from bigknn.core.knn_graph import EMPTY
+from bigknn.core.params import GnndParams
+from bigknn.operations.build import BuildRequest, build
+from bigknn.operations.evaluate import recall
+from bigknn.operations.ingest import ingest
+from bigknn.operations.ingest_join import JOIN_MAX_FRACTION, shard_bound
+from bigknn.operations.verify import verify
+from bigknn.core.progress import Reporter
 from bigknn.shards import Store
-from bigknn.synth import synth
+from bigknn.core.synth import synth
 
 DIM, K, OLD_ROWS, SHARD_ROWS = 24, 10, 3000, 1000
 FILES, FILE_ROWS = 75, 40  # daily files, each one run (the CI share of the 1,000, scripts/bench_ingest_daily.py)
@@ -166,7 +166,7 @@ def test_an_older_stores_small_shards_are_regrouped_by_the_next_ingest(base, sto
     big = int(JOIN_MAX_FRACTION * SHARD_ROWS) + 50
     x = synth(4 * big, DIM, seed=139)
     with monkeypatch.context() as older:
-        older.setattr("bigknn.pipeline.ingest.regroup_small_shards", lambda store, reporter: None)
+        older.setattr("bigknn.operations.ingest.regroup_small_shards", lambda store, reporter: None)
         for i in range(4):
             write_vectors(tmp_path / f"old{i}.fbin", x[i * big:(i + 1) * big])
             ingest(store, [tmp_path / f"old{i}.fbin"], [CpuBackend()], Reporter())

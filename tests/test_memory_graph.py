@@ -1,4 +1,4 @@
-"""Arrays that fit one shard are built in memory (bigknn/pipeline/in_memory.py, bigknn/memory_graph.py): no
+"""Arrays that fit one shard are built in memory (bigknn/operations/build_in_memory.py, bigknn/memory_graph.py): no
 spill, no store, no graph write; the same lists and estimate as the store path; every Graph method works."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ import pytest
 import scipy.sparse
 
 import bigknn
-from bigknn import arrays
+from bigknn.operations import input_arrays as arrays
 from bigknn.api import DEFAULTS
 from bigknn.formats import read_truth
 from bigknn.memory_graph import InMemoryGraph
 from bigknn.shards import Store
-from bigknn.synth import synth
+from bigknn.core.synth import synth
 
 K = 10
 ROWS = 3000

@@ -20,17 +20,17 @@ import pytest
 
 import bigknn as bk
 from bigknn.backends.cpu import CpuBackend
-from bigknn.errors import BadInput
+from bigknn.core.errors import BadInput
 from bigknn.formats import write_vectors
-from bigknn.graph import EMPTY
-from bigknn.params import GnndParams
-from bigknn.pipeline.build import BuildRequest, build
-from bigknn.pipeline.evaluate import recall
-from bigknn.pipeline.accounting import Accounting
-from bigknn.pipeline.merge_stores import _stage, merge_stores
-from bigknn.progress import Reporter
+from bigknn.core.knn_graph import EMPTY
+from bigknn.core.params import GnndParams
+from bigknn.operations.build import BuildRequest, build
+from bigknn.operations.evaluate import recall
+from bigknn.engine.accounting import Accounting
+from bigknn.operations.merge_stores import _stage, merge_stores
+from bigknn.core.progress import Reporter
 from bigknn.shards import Store, user_ids
-from bigknn.synth import synth
+from bigknn.core.synth import synth
 
 from conftest import assert_one_line_error
 

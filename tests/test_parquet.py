@@ -16,7 +16,7 @@ import pyarrow.feather as feather  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
 import bigknn  # noqa: E402
-from bigknn.errors import BadInput  # noqa: E402
+from bigknn.core.errors import BadInput  # noqa: E402
 from bigknn.formats import open_source, write_vectors  # noqa: E402
 from conftest import assert_one_line_error, cli_env, run_cli, run_json  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""Locality-aware partitions (bigknn/partition/): balanced shards, near-pair plans, and ids that stay the
+"""Locality-aware partitions (bigknn/algorithms/partition/): balanced shards, near-pair plans, and ids that stay the
 input's row numbers through every reader."""
 
 from __future__ import annotations
@@ -9,16 +9,16 @@ import numpy as np
 import pytest
 
 import bigknn
-from bigknn.errors import BadInput
+from bigknn.core.errors import BadInput
 from bigknn.formats import open_vectors, read_truth, write_vectors
-from bigknn.partition.assign import layout, learn_from_file
-from bigknn.partition.learn import Partition, learn
-from bigknn.partition.balance import assign_balanced, take_first_choices
-from bigknn.partition.pairs import choose_pairs, coverage, pair_masses
-from bigknn.partition.rowmap import RowMap
+from bigknn.algorithms.partition.labelling import layout, learn_from_file
+from bigknn.algorithms.partition.learn import Partition, learn
+from bigknn.algorithms.partition.balance import assign_balanced, take_first_choices
+from bigknn.algorithms.partition.pairs import choose_pairs, coverage, pair_masses
+from bigknn.algorithms.partition.rowmap import RowMap
 from bigknn.shards import Store
 from bigknn.shards.manifest import PARTITIONED_SINCE
-from bigknn.synth import synth, synth_blocks
+from bigknn.core.synth import synth, synth_blocks
 
 from conftest import assert_one_line_error, error_lines, run_cli, run_json
 
@@ -201,7 +201,7 @@ def test_ingest_into_a_kmeans_store_merges_only_the_shards_near_the_batch(stores
 def test_a_batch_spread_over_every_shard_reaches_the_target_on_its_own_rows(stores, tmp_path):
     """New rows of the input's distribution meet every shard of a k-means store. Seeded through the shards
     merged before (other regions) and stopped by a probe of mostly old rows, they reached 0.957 at 80K rows;
-    the paper's fill and a probe half of new rows reach the target (bigknn/recall.py make_merge_probe)."""
+    the paper's fill and a probe half of new rows reach the target (bigknn/algorithms/recall_target.py make_merge_probe)."""
     import shutil
 
     store = tmp_path / "k.knn"
@@ -221,10 +221,10 @@ def test_a_kmeans_build_merges_from_its_gnnd_cache_without_writing_or_reading_gr
     The input is read once where host RAM holds it between the labelling and the sharding pass, twice where
     the host budget is too small for that; the graph is the same either way."""
     from bigknn.backends.cpu import CpuBackend
-    from bigknn.params import GnndParams
-    from bigknn.pipeline import build as build_module
-    from bigknn.pipeline.build import BuildRequest, build
-    from bigknn.progress import Reporter
+    from bigknn.core.params import GnndParams
+    from bigknn.operations import build as build_module
+    from bigknn.operations.build import BuildRequest, build
+    from bigknn.core.progress import Reporter
     from bigknn.shards import Store, store as store_module
 
     reads = []
@@ -251,7 +251,7 @@ def test_a_kmeans_build_merges_from_its_gnnd_cache_without_writing_or_reading_gr
 
 
 def test_auto_partitions_with_kmeans_only_where_near_pairs_can_leave_merges_out():
-    from bigknn.pipeline.plan import AUTO_KMEANS_SHARDS, resolve_partition
+    from bigknn.operations.plan_model import AUTO_KMEANS_SHARDS, resolve_partition
 
     below, at = (AUTO_KMEANS_SHARDS - 1) * 1000, AUTO_KMEANS_SHARDS * 1000
     assert resolve_partition("auto", below, 1000, K) == "contiguous"
@@ -261,7 +261,7 @@ def test_auto_partitions_with_kmeans_only_where_near_pairs_can_leave_merges_out(
 
 
 def test_a_default_build_of_many_shards_is_partitioned_and_of_few_is_contiguous(stores, tmp_path):
-    from bigknn.pipeline.plan import AUTO_KMEANS_SHARDS
+    from bigknn.operations.plan_model import AUTO_KMEANS_SHARDS
 
     for shards, method in ((AUTO_KMEANS_SHARDS, "kmeans"), (3, "contiguous")):
         store = tmp_path / f"{shards}.knn"

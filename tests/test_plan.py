@@ -7,12 +7,12 @@ import math
 
 import pytest
 
-from bigknn.params import GnndParams
-from bigknn.partition.learn import SLACK
-from bigknn.pipeline.plan import (ASSUMED_PAIRS_PER_SHARD, AUTO_KMEANS_SHARDS, CPU_SHARD_ROWS, SIMULATED_PAIRS, all_pairs_merge_cost, auto_shard_rows,
+from bigknn.core.params import GnndParams
+from bigknn.algorithms.partition.learn import SLACK
+from bigknn.operations.plan_model import (ASSUMED_PAIRS_PER_SHARD, AUTO_KMEANS_SHARDS, CPU_SHARD_ROWS, SIMULATED_PAIRS, all_pairs_merge_cost, auto_shard_rows,
                                   largest_shard_rows, merge_gpu_bytes, merge_rounds, near_pairs, plan,
                                   spread_for_workers)
-from bigknn.pipeline.schedule import pending_pairs
+from bigknn.engine.pair_order import pending_pairs
 
 from conftest import lru_loads, run_cli, run_json
 
@@ -34,7 +34,7 @@ def test_a_planned_merge_has_the_full_slots_and_room_to_widen(dim, itemsize):
     target (H100, 2026-11-25)."""
     from bigknn.backends.cuda import CudaBackend
     from bigknn.backends.cuda.memory import LOG_SLOTS
-    from bigknn.recall import WIDEN_STEP
+    from bigknn.algorithms.recall_target import WIDEN_STEP
 
     params = GnndParams(k=32)
     budget = 40 << 30

@@ -12,11 +12,11 @@ import pytest
 from click.testing import CliRunner
 
 from bigknn.formats import write_vectors
-from bigknn.graph import KnnGraph
-from bigknn.params import GnndParams
-from bigknn.pipeline import calibrate as cal
-from bigknn.pipeline.plan import merge_rounds, plan
-from bigknn.synth import as_dtype, synth
+from bigknn.core.knn_graph import KnnGraph
+from bigknn.core.params import GnndParams
+from bigknn.operations import calibrate as cal
+from bigknn.operations.plan_model import merge_rounds, plan
+from bigknn.core.synth import as_dtype, synth
 
 DISK = {"read_gbps": 2.0, "write_gbps": 1.0, "source": "test"}
 COLD_S = 100.0  # what the fake's first call of each kernel costs on top (compiling, loading)

@@ -1,4 +1,4 @@
-"""Issue 42, item 3: `bigknn plan` and `bigknn build` share their limits (bigknn/pipeline/limits.py): the plan
+"""Issue 42, item 3: `bigknn plan` and `bigknn build` share their limits (bigknn/engine/limits.py): the plan
 counts the shards the build makes, says what the build would refuse, and plans what it takes instead."""
 
 from __future__ import annotations
@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from bigknn.errors import BadInput
-from bigknn.params import GnndParams
-from bigknn.pipeline.limits import MAX_MERGES, build_shards, smallest_shard_rows
-from bigknn.pipeline.plan import (CPU_SHARD_ROWS, fitting_shard_rows, largest_shard_rows, plan,
+from bigknn.core.errors import BadInput
+from bigknn.core.params import GnndParams
+from bigknn.engine.limits import MAX_MERGES, build_shards, smallest_shard_rows
+from bigknn.operations.plan_model import (CPU_SHARD_ROWS, fitting_shard_rows, largest_shard_rows, plan,
                                   spread_for_workers)
-from bigknn.pipeline.steps import check_merge_count
-from bigknn.progress import Reporter
+from bigknn.engine.pending import check_merge_count
+from bigknn.core.progress import Reporter
 
 from conftest import run_json
 

@@ -19,7 +19,7 @@ from sklearn.cluster import HDBSCAN
 from sklearn.metrics import adjusted_rand_score
 
 import bigknn
-from bigknn.errors import BadInput
+from bigknn.core.errors import BadInput
 from conftest import assert_one_line_error, cli_env, run_cli, run_json
 
 SMALL_BUDGET = 4096  # bytes: a few rows a block, so every product takes the on-disk path

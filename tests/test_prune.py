@@ -16,12 +16,12 @@ import pytest
 
 import bigknn
 from bigknn.backends.cpu import CpuBackend
-from bigknn.backends.cpu.prune import diversify, reach_back
-from bigknn.errors import BadInput
-from bigknn.graph import EMPTY
-from bigknn.pipeline.verify import repair, verify
-from bigknn.search.params import NO_LAMBDA, SYM_MIDPOINT, DiversifyRule
-from bigknn.search.store import load_index
+from bigknn.backends.cpu.diversify import diversify, reach_back
+from bigknn.core.errors import BadInput
+from bigknn.core.knn_graph import EMPTY
+from bigknn.operations.verify import repair, verify
+from bigknn.algorithms.search_params import NO_LAMBDA, SYM_MIDPOINT, DiversifyRule
+from bigknn.operations.search_arrays import load_index
 from bigknn.shards import Store
 from bigknn.shards.manifest import SEARCH_SINCE
 
@@ -120,7 +120,7 @@ def test_diversified_lists_are_the_verdicts_columns_in_rank_order(rule, width):
 
 
 def test_verdict_columns_cap_the_factors_and_skip_empty_slots():
-    from bigknn.search.lists import verdict_columns
+    from bigknn.algorithms.edge_lists import verdict_columns
 
     verdict = np.array([[300, 0, 2, 0], [1, 1, 0, 7]], np.int32)
     valid = np.array([[True, True, True, False], [True, True, True, True]])
@@ -226,7 +226,7 @@ def test_prune_commits_a_search_graph_and_keeps_the_knn_graph(store, method):
 @pytest.mark.parametrize("method", ["tsdg", "rng"])
 def test_out_of_core_prune_gives_the_same_graph(store, method):
     """With host memory for no whole copy of the rows, each step reads the rows it names from the store, shard
-    by shard; with enough, tsdg runs both stages on the whole graph at once (search/whole.py): the same graph."""
+    by shard; with enough, tsdg runs both stages on the whole graph at once (algorithms/tsdg_whole.py): the same graph."""
     path, _ = store
     graphs = []
     for host_mem in (None, 1):

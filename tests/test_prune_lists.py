@@ -1,12 +1,12 @@
-"""The lists a prune builds from edges (bigknn/search/lists.py) against a per-row brute force: distinct ids,
+"""The lists a prune builds from edges (bigknn/algorithms/edge_lists.py) against a per-row brute force: distinct ids,
 a repeated id with its smaller key, ascending, cut to the width, EMPTY / inf padded."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from bigknn.graph import EMPTY
-from bigknn.search.lists import nearest_lists, row_chunks
+from bigknn.core.knn_graph import EMPTY
+from bigknn.algorithms.edge_lists import nearest_lists, row_chunks
 
 
 def _edges_and_lists(rng, rows: int = 60, m: int = 7):
@@ -66,7 +66,7 @@ def test_lists_sorted_in_parts_are_the_lists_sorted_at_once():
 
 
 def test_kept_columns_are_taken_row_by_row():
-    from bigknn.search.columns import take_columns
+    from bigknn.algorithms.columns import take_columns
 
     rng = np.random.default_rng(7)
     cols = np.sort(rng.integers(-1, 9, (50, 6)).astype(np.int32), axis=1)[:, ::-1]  # -1 padding at the end

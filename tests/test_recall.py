@@ -1,4 +1,4 @@
-"""Recall-targeted builds (bigknn/recall.py, bigknn/pipeline/estimate.py): the estimate, the stop rules, the
+"""Recall-targeted builds (bigknn/algorithms/recall_target.py, bigknn/engine/recall_sample.py): the estimate, the stop rules, the
 CPU descent meeting its target, and the estimate a build records against `bigknn eval recall`."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 from bigknn.backends.cpu import CpuBackend
-from bigknn.graph import EMPTY, KnnGraph, ShardPart
-from bigknn.params import GnndParams
-from bigknn import recall
-from bigknn.recall import (ESTIMATE_ROWS, EXACT_AFFORD, PROBE_ROWS, MAX_WIDTH, STALL_ITERS, Estimate, Stopper, estimate,
+from bigknn.core.knn_graph import EMPTY, KnnGraph, ShardPart
+from bigknn.core.params import GnndParams
+from bigknn.algorithms import recall_target as recall
+from bigknn.algorithms.recall_target import (ESTIMATE_ROWS, EXACT_AFFORD, PROBE_ROWS, MAX_WIDTH, STALL_ITERS, Estimate, Stopper, estimate,
                            held_out_estimate, interval, make_merge_probe, make_probe)
-from bigknn.synth import synth
+from bigknn.core.synth import synth
 from conftest import exact_neighbours, recall_at, run_json, write_synth
 
 
@@ -306,7 +306,7 @@ def test_build_records_an_estimate_that_eval_confirms(tmp_path):
 
 
 def _sample_truth(x: np.ndarray, positional: bool = True, k: int = 10):
-    from bigknn.pipeline.estimate import SampleTruth, sample_rows
+    from bigknn.engine.recall_sample import SampleTruth, sample_rows
 
     rows = sample_rows(len(x), 3)
     return SampleTruth(rows, x[rows], "l2", k, 3, positional=positional)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import bigknn
-from bigknn.synth import synth
+from bigknn.core.synth import synth
 
 TARGETS = (0.99, 0.95)
 ROWS = 4000

@@ -10,13 +10,13 @@ import pytest
 
 from bigknn.backends.cpu import CpuBackend
 from bigknn.formats import write_vectors
-from bigknn.params import GnndParams
-from bigknn.pipeline.build import BuildRequest, build
-from bigknn.pipeline.verify import verify
-from bigknn.progress import Reporter
+from bigknn.core.params import GnndParams
+from bigknn.operations.build import BuildRequest, build
+from bigknn.operations.verify import verify
+from bigknn.core.progress import Reporter
 from bigknn.shards import Store
 from bigknn.shards.arrays import tree_bytes
-from bigknn.synth import synth
+from bigknn.core.synth import synth
 
 from conftest import assert_one_line_error, run_cli, run_json
 

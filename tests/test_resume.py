@@ -14,7 +14,7 @@ import pytest
 
 from bigknn.formats import write_vectors
 from bigknn.shards import Store
-from bigknn.synth import synth
+from bigknn.core.synth import synth
 
 from conftest import cli_env, run_cli, run_json
 

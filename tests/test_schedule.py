@@ -6,8 +6,8 @@ import itertools
 
 import pytest
 
-from bigknn.pipeline.build import shard_sizes
-from bigknn.pipeline.schedule import pending_pairs, round_robin
+from bigknn.operations.build import shard_sizes
+from bigknn.engine.pair_order import pending_pairs, round_robin
 
 from conftest import lru_loads
 
@@ -66,7 +66,7 @@ def test_shard_sizes_examples():
 
 
 def test_a_pair_whose_shards_are_cached_comes_before_one_sharing_the_last_pair():
-    from bigknn.pipeline.scheduler import Scheduler
+    from bigknn.engine.scheduler import Scheduler
 
     cached = {2, 3}
     sched = Scheduler([(0, 1), (0, 4), (2, 3)], ready=range(5), held=cached.__contains__)

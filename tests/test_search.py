@@ -59,7 +59,7 @@ def test_search_recall_on_the_cpu(data, method, procedure, budget, batch):
 
 
 def test_more_budget_finds_more_and_results_do_not_depend_on_the_batch(data, monkeypatch):
-    import bigknn.search.graph as search_graph
+    import bigknn.algorithms.search_index as search_graph
 
     monkeypatch.setattr(search_graph, "ENTRY_SAMPLE", 4)  # 4 seeds: the budget, not the start, finds rows
     truth = _true_ids(data["x"], data["q"])
@@ -146,7 +146,7 @@ def test_searches_start_in_the_query_cluster_of_a_disconnected_graph(tmp_path, m
     """Clusters 8 sigma apart: the kNN graph has no edge between them, so a search finds a query's neighbours
     only from an entry in its cluster (the paper's best of 32 random rows of 30 clusters misses it in
     (29/30)^32 = 34 % of queries)."""
-    import bigknn.search.graph as search_graph
+    import bigknn.algorithms.search_index as search_graph
 
     monkeypatch.setattr(search_graph, "ENTRY_SAMPLE", 300)  # a sample, not every row
     x, q, _, found = _search_separated_clusters(tmp_path, 7, 60)
@@ -157,7 +157,7 @@ def test_a_cluster_the_entry_sample_misses_is_still_searched_from_inside(tmp_pat
     """Clusters 8 sigma apart with an entry sample of 24 rows: about 13 of the 30 clusters hold no sample row,
     and their queries find their neighbours only because the rows the graph is reachable from (its roots) join
     the entry rows."""
-    import bigknn.search.graph as search_graph
+    import bigknn.algorithms.search_index as search_graph
 
     monkeypatch.setattr(search_graph, "ENTRY_SAMPLE", 24)
     x, q, centres, found = _search_separated_clusters(tmp_path, 8, 90)
@@ -173,7 +173,7 @@ def test_every_row_is_reachable_from_the_roots():
     from scipy.sparse import csr_matrix
     from scipy.sparse.csgraph import breadth_first_order
 
-    from bigknn.search.reach import roots
+    from bigknn.algorithms.reach import roots
 
     rng = np.random.default_rng(12)
     n, deg = 700, 3
@@ -194,7 +194,7 @@ def test_every_row_is_reachable_from_the_roots():
 
 
 def test_entry_points_are_the_sample_rows_nearest_each_query():
-    from bigknn.search.graph import entry_sample, nearest_entries
+    from bigknn.algorithms.search_index import entry_sample, nearest_entries
 
     rng = np.random.default_rng(9)
     x, q = rng.normal(size=(9000, 6)).astype(np.float32), rng.normal(size=(20, 6)).astype(np.float32)
@@ -210,12 +210,12 @@ def test_wide_rows_are_walked_as_halves_and_reranked_in_float32(tmp_path, monkey
     """Rows WALK_HALF_MIN_DIM wide are walked as scaled halves (half the bytes a key reads); the list's first
     RERANK are re-keyed in float32: the distances returned are the exact float32 ones, ascending, and recall is
     that of the float32 walk."""
-    import bigknn.search.graph as search_graph
+    import bigknn.algorithms.search_index as search_graph
     from bigknn.backends.cpu.graph_search import query_keys, search
-    from bigknn.metrics import pairwise_keys
-    from bigknn.search.graph import SearchIndex
-    from bigknn.search.params import SearchPlan
-    from bigknn.search.store import load_index
+    from bigknn.core.metric import pairwise_keys
+    from bigknn.algorithms.search_index import SearchIndex
+    from bigknn.algorithms.search_params import SearchPlan
+    from bigknn.operations.search_arrays import load_index
     from bigknn.shards import Store
 
     rng = np.random.default_rng(11)

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 import bigknn
-import bigknn.search.index as search_index
-import bigknn.search.stream as stream
-from bigknn.errors import BadInput
+import bigknn.operations.loaded_index as search_index
+import bigknn.operations.search_stream as stream
+from bigknn.core.errors import BadInput
 from bigknn.formats import read_truth, write_vectors
 
 from conftest import run_json

@@ -7,8 +7,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-import bigknn.pipeline.sharding as sharding
-from bigknn.errors import BadInput
+import bigknn.engine.sharding_pass as sharding
+from bigknn.core.errors import BadInput
 from bigknn.formats import open_vectors, write_vectors
 
 

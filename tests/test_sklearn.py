@@ -16,7 +16,7 @@ from sklearn.preprocessing import FunctionTransformer
 
 import bigknn
 from bigknn import KNNGraphTransformer
-from bigknn.synth import synth
+from bigknn.core.synth import synth
 
 
 def row_lists(m) -> np.ndarray:

@@ -15,11 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import bigknn.atomic as atomic_mod
+import bigknn.core.atomic as atomic_mod
 import bigknn.shards.manifest as manifest_mod
-from bigknn.errors import BadInput, StoreBusy
-from bigknn.params import GnndParams
-from bigknn.graph import KnnGraph
+from bigknn.core.errors import BadInput, StoreBusy
+from bigknn.core.params import GnndParams
+from bigknn.core.knn_graph import KnnGraph
 from bigknn.shards import Manifest, ShardEntry, Store, WriterLock, leases
 
 from conftest import cli_env
@@ -251,7 +251,7 @@ with WriterLock(sys.argv[1]):
 
 CONTENDER = """
 import sys, time
-from bigknn.errors import StoreBusy
+from bigknn.core.errors import StoreBusy
 from bigknn.shards import WriterLock
 t0 = time.monotonic()
 try:

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from bigknn.backends.cuda.compile import kernel_metric as cuda_metric_id
-from bigknn.metrics import COSINE, IP, L2, METRICS, metric
-from bigknn.params import GnndParams
+from bigknn.core.metric import COSINE, IP, L2, METRICS, metric
+from bigknn.core.params import GnndParams
 from bigknn.shards.manifest import Manifest
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,5 +1,5 @@
 """Store-wide ids past 2^31 rows (issue 12, item 5): int32 while every id fits, int64 beyond
-(bigknn/graph.py id_dtype), through merges, exact search, the store, readout, export and ingest; stores whose
+(bigknn/core/knn_graph.py id_dtype), through merges, exact search, the store, readout, export and ingest; stores whose
 ids fit int32 stay int32. No test needs 2^31 real rows: shards sit at large offsets, or the rule's limit is
 lowered for a whole build and ingest."""
 
@@ -9,18 +9,18 @@ import numpy as np
 import pytest
 
 import bigknn
-import bigknn.graph
+import bigknn.core.knn_graph
 from bigknn.backends.cpu import CpuBackend
-from bigknn.errors import BadInput
+from bigknn.core.errors import BadInput
 from bigknn.formats import write_vectors
-from bigknn.graph import KnnGraph, ShardPart, id_dtype, merge_lists, shard_graph_to_global
-from bigknn.params import GnndParams
-from bigknn.pipeline.ingest import ingest
-from bigknn.pipeline.verify import verify
-from bigknn.progress import Reporter
+from bigknn.core.knn_graph import KnnGraph, ShardPart, id_dtype, merge_lists, shard_graph_to_global
+from bigknn.core.params import GnndParams
+from bigknn.operations.ingest import ingest
+from bigknn.operations.verify import verify
+from bigknn.core.progress import Reporter
 from bigknn.shards import Manifest, ShardEntry, Store
 from bigknn.shards.manifest import FORMAT_VERSION, WIDE_IDS_SINCE
-from bigknn.synth import synth
+from bigknn.core.synth import synth
 
 from conftest import tree_hashes
 
@@ -169,7 +169,7 @@ def test_an_ingest_past_the_limit_switches_to_int64_and_changes_nothing_else(tmp
     are the same ids; only their dtype differs, in memory and on disk."""
     x = synth(700, 8, seed=6)
     plain_built, plain, plain_ids = _build_and_ingest(tmp_path / "plain", x, 500)
-    monkeypatch.setattr(bigknn.graph, "INT32_ROWS", 600)
+    monkeypatch.setattr(bigknn.core.knn_graph, "INT32_ROWS", 600)
     built, wide, wide_ids = _build_and_ingest(tmp_path / "wide", x, 500)
     assert (plain_built.manifest.ids, built.manifest.ids, plain.manifest.ids) == ("int32",) * 3
     assert wide.manifest.ids == "int64" and wide.manifest.format >= WIDE_IDS_SINCE
@@ -203,7 +203,7 @@ def test_a_format_1_store_refuses_an_ingest_past_int32_and_keeps_its_bytes(tmp_p
     store.commit()
     write_vectors(tmp_path / "new.fbin", x[500:])
     before = tree_hashes(tmp_path / "s")
-    monkeypatch.setattr(bigknn.graph, "INT32_ROWS", 600)
+    monkeypatch.setattr(bigknn.core.knn_graph, "INT32_ROWS", 600)
     with pytest.raises(BadInput, match=r"new\.fbin: would take the store to 700 rows, past int32 ids"):
         ingest(tmp_path / "s", [tmp_path / "new.fbin"], [CpuBackend()], Reporter())
     assert tree_hashes(tmp_path / "s") == before

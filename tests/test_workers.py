@@ -10,15 +10,15 @@ import numpy as np
 import pytest
 
 from bigknn.backends.cpu import CpuBackend
-from bigknn.errors import BadInput
+from bigknn.core.errors import BadInput
 from bigknn.formats import write_vectors
-from bigknn.params import GnndParams
-from bigknn.pipeline.build import BuildRequest, build
-from bigknn.pipeline.evaluate import recall
-from bigknn.pipeline.scheduler import Scheduler
-from bigknn.progress import Reporter
+from bigknn.core.params import GnndParams
+from bigknn.operations.build import BuildRequest, build
+from bigknn.operations.evaluate import recall
+from bigknn.engine.scheduler import Scheduler
+from bigknn.core.progress import Reporter
 from bigknn.shards import Store
-from bigknn.synth import synth
+from bigknn.core.synth import synth
 
 
 class RecordingBackend(CpuBackend):
@@ -163,15 +163,15 @@ def test_resume_redoes_only_uncommitted_pairs(data, tmp_path):
 
 
 def test_cache_never_evicts_a_result_the_writer_has_not_stored(data, tmp_path):
-    from bigknn.graph import ShardPart
-    from bigknn.graph import KnnGraph
-    from bigknn.pipeline.accounting import Accounting
-    from bigknn.pipeline.cache import ShardCache
+    from bigknn.core.knn_graph import ShardPart
+    from bigknn.core.knn_graph import KnnGraph
+    from bigknn.engine.accounting import Accounting
+    from bigknn.engine.shard_cache import ShardCache
 
     build(BuildRequest(input=data, store=tmp_path / "s.knn", shard_rows=700, params=GnndParams(k=10)),
           [CpuBackend()], Reporter())
     store = Store.open(tmp_path / "s.knn")
-    from bigknn.pipeline.steps import Ledger
+    from bigknn.engine.pending import Ledger
 
     cache = ShardCache(store, Ledger(store), capacity=2, acct=Accounting(), shards=7)
     asked = []
@@ -202,9 +202,9 @@ def test_cache_never_evicts_a_result_the_writer_has_not_stored(data, tmp_path):
 def test_a_touched_pair_keeps_its_cached_shard_while_the_other_is_read(data, tmp_path):
     """Merging (3, 1) through a cache of 2 holding 1 (least recent) and 2: touching the pair first makes
     reading 3 evict 2, not 1, so 1 is not read again."""
-    from bigknn.pipeline.accounting import Accounting
-    from bigknn.pipeline.cache import ShardCache
-    from bigknn.pipeline.steps import Ledger
+    from bigknn.engine.accounting import Accounting
+    from bigknn.engine.shard_cache import ShardCache
+    from bigknn.engine.pending import Ledger
 
     build(BuildRequest(input=data, store=tmp_path / "s.knn", shard_rows=700, params=GnndParams(k=10)),
           [CpuBackend()], Reporter())
@@ -290,8 +290,8 @@ def test_a_slow_checkpoint_spaces_out_the_next_one(monkeypatch):
     however short BIGKNN_CHECKPOINT_S is: checkpoints never keep the disk writing more than that share."""
     import threading
 
-    from bigknn.pipeline import writer as writer_module
-    from bigknn.pipeline.accounting import Accounting
+    from bigknn.engine import writer as writer_module
+    from bigknn.engine.accounting import Accounting
 
     monkeypatch.setenv("BIGKNN_CHECKPOINT_S", "0.02")
     writes = []
@@ -351,10 +351,10 @@ def test_a_tight_cache_reads_about_what_the_plans_replay_counts(tmp_path, monkey
     worker's thread, write-back under memory pressure too (no checkpoint falls in the run), and merges wait
     for the last GNND, as the replay assumes. What is left is the cache's and the Scheduler's policy, which is
     what this counts."""
-    from bigknn.pipeline import cache as cache_module
-    from bigknn.pipeline import writer as writer_module
-    from bigknn.pipeline.plan import replayed_reads
-    from bigknn.pipeline.schedule import pending_pairs
+    from bigknn.engine import shard_cache as cache_module
+    from bigknn.engine import writer as writer_module
+    from bigknn.operations.plan_model import replayed_reads
+    from bigknn.engine.pair_order import pending_pairs
 
     path = tmp_path / "x.fbin"
     write_vectors(path, synth(10 * 400, 8, seed=4))

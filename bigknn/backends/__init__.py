@@ -6,7 +6,7 @@ from __future__ import annotations
 from bigknn.backends import registry
 from bigknn.backends.base import Backend, MemoryModel
 from bigknn.backends.registry import Entry, register
-from bigknn.errors import BadInput
+from bigknn.core.errors import BadInput
 
 register(Entry("cuda", "bigknn.backends.cuda", memory_model="bigknn.backends.cuda.memory",
                missing="needs CuPy and a CUDA device; none found (install bigknn[gpu-cuda12] or [gpu-cuda13], "

@@ -8,17 +8,17 @@ from typing import Callable, Iterable, Protocol
 
 import numpy as np
 
-from bigknn.graph import KnnGraph, ShardPart
-from bigknn.params import GnndParams
-from bigknn.recall import Probe
-from bigknn.search.graph import SearchIndex
-from bigknn.search.params import DiversifyRule, PruneParams, SearchPlan
+from bigknn.core.knn_graph import KnnGraph, ShardPart
+from bigknn.core.params import GnndParams
+from bigknn.algorithms.recall_target import Probe
+from bigknn.algorithms.search_index import SearchIndex
+from bigknn.algorithms.search_params import DiversifyRule, PruneParams, SearchPlan
 
 OnIter = Callable[[int], None]  # called after each descent iteration with the number of list updates it made
 
 
 class MemoryModel(Protocol):
-    """What a device backend's calls need of its memory, asked by the planner (bigknn/pipeline/plan.py) without
+    """What a device backend's calls need of its memory, asked by the planner (bigknn/operations/plan_model.py) without
     a device at hand: a plan made here may size a build for a GPU elsewhere (registry.device_memory_model)."""
 
     def merge_bytes(self, shard_rows: int, dim: int, itemsize: int, params: GnndParams) -> int:
@@ -33,21 +33,21 @@ class Backend(Protocol):
              on_iter: OnIter | None = None, probe: Probe | None = None) -> KnnGraph:
         """k-NN graph of the rows of ``x`` among themselves; ids are local row numbers 0..n-1. ``probe``: the
         rows the recall target measures, with their exact top-10 among ``x`` and the pace that search ran
-        at (a build's recall sample, bigknn/pipeline/estimate.py); None: the backend draws its own."""
+        at (a build's recall sample, bigknn/engine/recall_sample.py); None: the backend draws its own."""
 
     def ggm(self, a: ShardPart, b: ShardPart, metric: str, params: GnndParams, seed: int,
             on_iter: OnIter | None = None, vias: list[ShardPart] | None = None) -> tuple[KnnGraph, KnnGraph]:
         """Merge two shard graphs (GGM: Alg. 3 of Wang et al., "Fast k-NN Graph Construction by GPU based
         NN-Descent", docs/design.md): every row of a and b gets its top-k over its old list (which may hold
         rows of other shards) and a ∪ b. Ids in and out are global. ``vias``: a seeded merge of a small
-        batch b into an old shard a, through shards already merged with b (bigknn/ggm.py)."""
+        batch b into an old shard a, through shards already merged with b (bigknn/algorithms/merge_setup.py)."""
 
     def exact_knn(self, queries: np.ndarray, k: int, metric: str, blocks: Iterable[tuple[int, np.ndarray]]) -> KnnGraph:
         """Exact top-k of each query over all rows of ``blocks`` ((global offset, vectors) pairs, streamed)."""
 
     def nearest_centroids(self, x: np.ndarray, count: int, centroids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Each row's ``count`` nearest ``centroids`` (int64 ids, float32 squared L2), ascending: the
-        partition's labelling and k-means steps (bigknn/partition/nearest.py), on the backend's fastest
+        partition's labelling and k-means steps (bigknn/algorithms/partition/nearest.py), on the backend's fastest
         route for few columns."""
 
     @property
@@ -69,24 +69,24 @@ class Backend(Protocol):
         """Start copying host arrays (the next pair's shards) to the device while the current call computes;
         returns at once. A no-op without a device."""
 
-    # ---- search graphs (bigknn/search/: prune, search) -------------------------------------------
+    # ---- search graphs (bigknn/operations/: prune, search) -------------------------------------------
     def diversify_lists(self, cands: np.ndarray, keys: np.ndarray, table: np.ndarray, metric: str,
                         rule: DiversifyRule, width: int) -> tuple[np.ndarray, np.ndarray]:
         """Per row, its candidates ``cands`` (rows, c) (rows of ``table``, EMPTY-padded at the end) with their keys
-        to the row ``keys`` (ascending) diversified by ``rule`` (bigknn/search/params.py DiversifyRule): the
+        to the row ``keys`` (ascending) diversified by ``rule`` (bigknn/algorithms/search_params.py DiversifyRule): the
         columns kept, in order under a sequential rule, by (occlusion factor, column) under ``occlusion``, cut
         to ``width`` (int32, -1 padded), and their factors (uint8: 0 under a sequential rule; NO_LAMBDA padded)
-        (bigknn/search/lists.py verdict_columns; the verdict itself: bigknn/backends/cpu/prune.py diversify)."""
+        (bigknn/algorithms/edge_lists.py verdict_columns; the verdict itself: bigknn/backends/cpu/diversify.py diversify)."""
 
     def nearest_lists(self, rows: int, width: int, row: np.ndarray, ids: np.ndarray, keys: np.ndarray,
                       lists: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Per row 0..rows-1, the nearest ``width`` distinct ids of its edges (``row``, ``ids``, ``keys``; no edge
         repeated) and of its entries in ``lists`` ((rows, m) ids and keys), ascending by key, a repeated id with
-        its smaller key: (rows, width) int64 ids, float32 keys, EMPTY / inf padded (bigknn/search/lists.py)."""
+        its smaller key: (rows, width) int64 ids, float32 keys, EMPTY / inf padded (bigknn/algorithms/edge_lists.py)."""
 
     def prune_tsdg(self, ids: np.ndarray, keys: np.ndarray, table: np.ndarray, metric: str,
                    params: PruneParams) -> tuple[np.ndarray, np.ndarray, int]:
-        """TSDG's two stages on a whole kNN graph held at once (bigknn/search/whole.py): ``ids`` / ``keys``
+        """TSDG's two stages on a whole kNN graph held at once (bigknn/algorithms/tsdg_whole.py): ``ids`` / ``keys``
         (rows, k), ids global = rows of ``table``. Returns (rows, degree) int32 ids and uint8 occlusion factors
         (EMPTY / NO_LAMBDA padded) and the number of forward edges. The caller checks whole.resident_bytes
         against memory_budget() (or the host budget) first."""
@@ -95,12 +95,12 @@ class Backend(Protocol):
                    z: np.ndarray, z_ids: np.ndarray) -> np.ndarray:
         """GGNN's symmetric-link test, two hops: per request (table rows x, z; z's global id), whether z is in
         x's list or in the list of a row of x's list inside the sphere around z + 0.4 (x - z) through x
-        (bigknn/backends/cpu/prune.py reach_back)."""
+        (bigknn/backends/cpu/diversify.py reach_back)."""
 
     def graph_search(self, index: SearchIndex, queries: np.ndarray, plan: SearchPlan, batch: int) -> KnnGraph:
         """Search the graph for the k nearest rows of each query, in consecutive batches of ``batch`` queries
         (each finished before the next starts), by the plan's procedure (bigknn/backends/cpu/graph_search.py).
-        Entry points come from the entry sample nearest each query (bigknn/search/graph.py). Keys ascending,
+        Entry points come from the entry sample nearest each query (bigknn/algorithms/search_index.py). Keys ascending,
         EMPTY-padded."""
 
     def forget_index(self, index: SearchIndex) -> None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from bigknn.backends.base import Backend, MemoryModel
-from bigknn.errors import BadInput
+from bigknn.core.errors import BadInput
 
 Gpus = list[int] | str | None  # ``--gpus`` parsed: None (the first device), "all", or device ids
 # (gpus, gpu_mem_bytes, threads) -> one backend per worker

@@ -12,10 +12,11 @@ from typing import NoReturn
 
 import click
 
-from bigknn import __version__, envvars
+from bigknn import __version__
+from bigknn.core import envvars
 from bigknn.cli import build, evaluate, info, ingest, plan, products, search, synth, verify
-from bigknn.errors import BigknnError, Interrupted
-from bigknn.progress import configure_logging, log
+from bigknn.core.errors import BigknnError, Interrupted
+from bigknn.core.progress import configure_logging, log
 
 INTERRUPTS = (signal.SIGINT, signal.SIGTERM)  # both stop a run cleanly, exit code 128 + the signal number
 

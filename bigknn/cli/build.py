@@ -11,11 +11,11 @@ from bigknn.api import DEFAULTS
 from bigknn.cli.common import (backend_option, emit, gpu_mem_option, gpus_option, host_mem_option,
                                in_existing_directory, json_option, parse_bytes, scheduler_option,
                                show_progress, threads_option, wait_option)
-from bigknn.metrics import METRIC_HELP, METRIC_NAMES
-from bigknn.params import AUTO_SAMPLES, CPU_AUTO_SAMPLES, MIN_LIST
-from bigknn.partition import METHODS as PARTITIONS
-from bigknn.partition.learn import DEFAULT_METHOD
-from bigknn.pipeline.plan import AUTO_KMEANS_SHARDS
+from bigknn.core.metric import METRIC_HELP, METRIC_NAMES
+from bigknn.core.params import AUTO_SAMPLES, CPU_AUTO_SAMPLES, MIN_LIST
+from bigknn.algorithms.partition import METHODS as PARTITIONS
+from bigknn.algorithms.partition.learn import DEFAULT_METHOD
+from bigknn.operations.plan_model import AUTO_KMEANS_SHARDS
 from bigknn.shards.referenced import MODES as VECTOR_MODES
 
 

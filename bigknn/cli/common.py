@@ -15,9 +15,9 @@ from rich.console import Console
 from rich.table import Table
 
 from bigknn.backends import BACKENDS
-from bigknn.errors import BadInput
-from bigknn.human import human_bytes, human_duration
-from bigknn.progress import Reporter, RichReporter, log
+from bigknn.core.errors import BadInput
+from bigknn.core.human import human_bytes, human_duration
+from bigknn.core.progress import Reporter, RichReporter, log
 
 
 def show_progress(as_json: bool) -> bool:

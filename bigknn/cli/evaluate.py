@@ -9,7 +9,7 @@ import click
 from bigknn import api
 from bigknn.cli.common import backend_option, emit, gpu_mem_option, json_option, parse_bytes, plot_option
 from bigknn.cli.search import eval_search
-from bigknn.pipeline.evaluate import RECALL_K, SAMPLE_ROWS
+from bigknn.operations.evaluate import RECALL_K, SAMPLE_ROWS
 
 
 @click.group(name="eval")

@@ -9,9 +9,9 @@ import click
 from bigknn import api
 from bigknn.cli.common import emit, json_option, parse_bytes, plot_option
 from bigknn.cli.products import core_option, edges_mem_option, export_products, symmetric_option, weights_option
-from bigknn.errors import BadInput
-from bigknn.pipeline.export import FORMATS, ID_KINDS, format_of
-from bigknn.pipeline.verify import verify
+from bigknn.core.errors import BadInput
+from bigknn.operations.export import FORMATS, ID_KINDS, format_of
+from bigknn.operations.verify import verify
 from bigknn.plot import pyplot
 from bigknn.results import Info
 from bigknn.shards import Store, read_store

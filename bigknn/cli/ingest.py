@@ -10,7 +10,7 @@ import click
 from bigknn import api
 from bigknn.cli.common import (backend_option, emit, gpu_mem_option, gpus_option, host_mem_option, json_option,
                                parse_bytes, scheduler_option, show_progress, threads_option)
-from bigknn.errors import StoreBusy
+from bigknn.core.errors import StoreBusy
 
 
 @click.command()

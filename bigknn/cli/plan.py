@@ -9,11 +9,11 @@ import click
 from bigknn import api
 from bigknn.cli.common import (backend_option, emit, gpu_mem_option, gpus_option, host_mem_option, json_option,
                                parse_bytes, show_progress)
-from bigknn.human import human_bytes, human_duration
-from bigknn.partition import METHODS as PARTITIONS
-from bigknn.partition.learn import DEFAULT_METHOD
-from bigknn.pipeline.calibrate import EXPONENT_RANGE
-from bigknn.pipeline.plan import ASSUMED_PAIRS_PER_SHARD
+from bigknn.core.human import human_bytes, human_duration
+from bigknn.algorithms.partition import METHODS as PARTITIONS
+from bigknn.algorithms.partition.learn import DEFAULT_METHOD
+from bigknn.operations.calibrate import EXPONENT_RANGE
+from bigknn.operations.plan_model import ASSUMED_PAIRS_PER_SHARD
 
 DTYPES = ("float32", "float16", "uint8", "int8")
 SLOW_ON_CPU_S = 86400.0  # a CPU estimate above this gets a note that a GPU is the tool for the job

@@ -9,9 +9,9 @@ import click
 import numpy as np
 
 from bigknn import api
-from bigknn.atomic import atomic_path
+from bigknn.core.atomic import atomic_path
 from bigknn.cli.common import emit, json_option
-from bigknn.errors import BadInput
+from bigknn.core.errors import BadInput
 from bigknn.products.symmetric import MODES, WEIGHTS
 
 symmetric_option = click.option(

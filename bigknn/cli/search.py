@@ -10,9 +10,9 @@ import click
 from bigknn import api
 from bigknn.cli.common import (backend_option, emit, gpu_mem_option, host_mem_option, json_option, parse_bytes,
                                plot_option, show_progress, wait_option)
-from bigknn.pipeline.export import ID_KINDS
-from bigknn.search.params import ALPHA, METHODS, PROCEDURES
-from bigknn.search.stream import STREAM_BATCH
+from bigknn.operations.export import ID_KINDS
+from bigknn.algorithms.search_params import ALPHA, METHODS, PROCEDURES
+from bigknn.operations.search_stream import STREAM_BATCH
 
 queries_option = click.option("--queries", type=click.Path(dir_okay=False, path_type=Path), required=True,
                               help="Query vectors (.fbin, .u8bin, .i8bin, .f16bin, .fvecs, .bvecs, .npy), the "

@@ -9,9 +9,9 @@ import click
 import numpy as np
 
 from bigknn.cli.common import emit, json_option, reporter_for
-from bigknn.errors import BadInput
+from bigknn.core.errors import BadInput
 from bigknn.formats import vectors_writer
-from bigknn.synth import as_dtype, synth_blocks
+from bigknn.core.synth import as_dtype, synth_blocks
 
 DTYPES = {".fbin": np.float32, ".npy": np.float32, ".f16bin": np.float16, ".u8bin": np.uint8, ".i8bin": np.int8}
 

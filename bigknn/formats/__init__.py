@@ -4,7 +4,7 @@ Inputs can be far bigger than RAM, so nothing here reads a whole file: every rea
 checks the header against the file size and returns a memory map; callers pull rows in blocks through
 ``VectorFile.read`` or ``VectorFile.chunks``. Every defect of an input file is reported as one ``BadInput``
 line naming the file (exit code 2), never as a numpy traceback halfway through a build. Every writer
-writes a temporary file and renames it (``bigknn.atomic``): a file appears whole or not at all.
+writes a temporary file and renames it (``bigknn.core.atomic``): a file appears whole or not at all.
 
 Formats, chosen by extension (case-insensitive):
 

@@ -18,7 +18,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from bigknn.errors import BadInput
+from bigknn.core.errors import BadInput
 from bigknn.formats.read import FileState, check_rows, file_state
 from bigknn.formats.source import read_rows
 from bigknn.formats.spec import CHECK_CHUNK_ROWS, HASH_BLOCK_BYTES, NPY_DTYPES, PARQUET_EXTENSIONS

@@ -14,7 +14,7 @@ from typing import BinaryIO, Iterator
 
 import numpy as np
 
-from bigknn.errors import BadInput
+from bigknn.core.errors import BadInput
 from bigknn.formats.spec import (BIN_DTYPES, CHECK_CHUNK_ROWS, HASH_BLOCK_BYTES, HEADER, HEADER_BYTES,
                                  MAX_SQUARED_NORM, MIN_ROW_PEAK, NPY_DTYPES, SCAN_ROWS, TRUTH_EXTENSION, VECS_DIM,
                                  VECS_DTYPES, VECTOR_EXTENSIONS)

@@ -18,7 +18,7 @@ from typing import Any, Iterator, Protocol
 
 import numpy as np
 
-from bigknn.errors import BadInput
+from bigknn.core.errors import BadInput
 from bigknn.formats.read import FileState, open_vectors
 from bigknn.formats.spec import CHECK_CHUNK_ROWS, COLUMNAR_EXTENSIONS, INPUT_EXTENSIONS
 

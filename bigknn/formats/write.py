@@ -1,4 +1,4 @@
-"""Writers: every file is written under a temporary name and renamed (``bigknn.atomic``), so it appears whole
+"""Writers: every file is written under a temporary name and renamed (``bigknn.core.atomic``), so it appears whole
 or not at all; the block writers map a file allocated in full first, so a full disk is an error, not a SIGBUS."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import BinaryIO, Iterator
 
 import numpy as np
 
-from bigknn.atomic import atomic_path
-from bigknn.errors import disk_full_named
+from bigknn.core.atomic import atomic_path
+from bigknn.core.errors import disk_full_named
 from bigknn.formats.spec import BIN_DTYPES, NPY_DTYPES, TRUTH_EXTENSION, bin_header
 
 
@@ -110,7 +110,7 @@ def _writable_extension(path: str | os.PathLike, rows: int, dim: int, dtype: np.
 
 @contextmanager
 def _atomic_write(path: str | os.PathLike) -> Iterator[BinaryIO]:
-    """A file object whose bytes appear under ``path`` only when the block exits cleanly (bigknn.atomic)."""
+    """A file object whose bytes appear under ``path`` only when the block exits cleanly (bigknn.core.atomic)."""
     with atomic_path(path) as tmp, disk_full_named(path, None), open(tmp, "wb") as f:
         yield f
 

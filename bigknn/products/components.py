@@ -13,9 +13,9 @@ from pathlib import Path
 import numba
 import numpy as np
 
-from bigknn.atomic import atomic_path
-from bigknn.errors import BadInput, disk_full_named
-from bigknn.pipeline.readout import neighbours_per_row
+from bigknn.core.atomic import atomic_path
+from bigknn.core.errors import BadInput, disk_full_named
+from bigknn.operations.readout import neighbours_per_row
 from bigknn.products.edges import shard_edges
 from bigknn.shards import Store
 

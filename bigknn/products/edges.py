@@ -13,9 +13,9 @@ from typing import Iterator
 
 import numpy as np
 
-from bigknn.errors import disk_full_named
-from bigknn.pipeline.readout import shard_blocks
-from bigknn.pipeline.steps import physical_memory
+from bigknn.core.errors import disk_full_named
+from bigknn.operations.readout import shard_blocks
+from bigknn.engine.pending import physical_memory
 from bigknn.shards import Store
 
 EDGE = np.dtype([("row", "<i8"), ("col", "<i8"), ("w", "<f4"), ("fwd", "u1")])  # fwd: 1 from row's own list

@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from bigknn.metrics import kernel_metric, metric as metric_of, pairwise_keys, user_distance
-from bigknn.partition.rowmap import RowMap
-from bigknn.progress import log
+from bigknn.core.metric import kernel_metric, metric as metric_of, pairwise_keys, user_distance
+from bigknn.algorithms.partition.rowmap import RowMap
+from bigknn.core.progress import log
 from bigknn.shards import Store
 
 LEAF_ROWS = 32  # rows a leaf holds at most: smaller balls bound tighter, and make more bounds to compute

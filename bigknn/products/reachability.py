@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from bigknn.errors import BadInput
+from bigknn.core.errors import BadInput
 from bigknn.products.edges import shard_edges
 from bigknn.products.join import join_components
 from bigknn.products.symmetric import symmetric_csr

@@ -16,10 +16,10 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from bigknn.atomic import atomic_path
-from bigknn.errors import BadInput, disk_full_named
+from bigknn.core.atomic import atomic_path
+from bigknn.core.errors import BadInput, disk_full_named
 from bigknn.formats.write import npy_header
-from bigknn.pipeline.readout import neighbours_per_row
+from bigknn.operations.readout import neighbours_per_row
 from bigknn.products import fuzzy
 from bigknn.products.edges import Buckets, block_rows, both_ways, default_budget, shard_edges
 from bigknn.shards import Store

@@ -13,7 +13,7 @@ import numpy as np
 import zarr
 from numpy.typing import DTypeLike
 
-from bigknn.errors import Damaged, disk_full_named
+from bigknn.core.errors import Damaged, disk_full_named
 from bigknn.shards import checksums, chunks, safepaths
 from bigknn.shards.manifest import Manifest
 

@@ -15,7 +15,7 @@ import google_crc32c
 import numpy as np
 from zarr.codecs import Crc32cCodec
 
-from bigknn.errors import Damaged
+from bigknn.core.errors import Damaged
 
 NAME = "crc32c"  # the codec's name in an array's zarr.json
 SIZE = 4  # bytes the checksum adds to each chunk file

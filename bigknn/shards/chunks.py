@@ -31,8 +31,8 @@ from typing import BinaryIO, Callable
 
 import numpy as np
 
-from bigknn.atomic import write_atomic
-from bigknn.errors import Damaged
+from bigknn.core.atomic import write_atomic
+from bigknn.core.errors import Damaged
 from bigknn.shards import checksums
 
 CHUNKS_IN_FLIGHT = 4  # chunk reads or writes in flight within one array read or write

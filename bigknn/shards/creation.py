@@ -12,7 +12,7 @@ import os
 import shutil
 from pathlib import Path
 
-from bigknn.errors import BadInput
+from bigknn.core.errors import BadInput
 from bigknn.shards.lock import LOCK_NAME
 from bigknn.shards.manifest import MANIFEST
 from bigknn.shards.user_ids import DIR as USER_IDS_DIR

@@ -19,8 +19,8 @@ import json
 from pathlib import Path
 from typing import NamedTuple
 
-from bigknn.atomic import write_atomic
-from bigknn.errors import BadInput, Damaged
+from bigknn.core.atomic import write_atomic
+from bigknn.core.errors import BadInput, Damaged
 from bigknn.shards import chunks
 from bigknn.shards.manifest import MANIFEST, Manifest
 from bigknn.shards.names import vectors_name

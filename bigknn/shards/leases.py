@@ -38,7 +38,7 @@ import threading
 import time
 from pathlib import Path
 
-from bigknn.errors import BadInput
+from bigknn.core.errors import BadInput
 from bigknn.shards import safepaths
 
 LEASE_DIR = ".readers"

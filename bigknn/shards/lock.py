@@ -26,7 +26,7 @@ import stat
 import time
 from pathlib import Path
 
-from bigknn.errors import BadInput, StoreBusy
+from bigknn.core.errors import BadInput, StoreBusy
 from bigknn.shards import safepaths
 
 POLL_S = 0.2

@@ -8,15 +8,15 @@ from pathlib import Path
 
 import numpy as np
 
-from bigknn.errors import BadInput
-from bigknn.graph import id_dtype
-from bigknn.params import GnndParams
+from bigknn.core.errors import BadInput
+from bigknn.core.knn_graph import id_dtype
+from bigknn.core.params import GnndParams
 from bigknn.shards.schema import check_manifest
 from bigknn.shards.lock import running_writer
 
 FORMAT_VERSION = 6  # of the stores this bigknn creates
 CHECKSUMS_SINCE = 2  # the first format whose every array checksums every chunk (bigknn/shards/checksums.py)
-SEARCH_SINCE = 3  # format 2 plus a pruned search graph (``search``, bigknn/search/): what ``bigknn prune`` writes
+SEARCH_SINCE = 3  # format 2 plus a pruned search graph (``search``, bigknn/operations/prune.py): what ``bigknn prune`` writes
 PARTITIONED_SINCE = 4  # rows stored by a learnt partition (``partition``, shards/<id>/row_ids) and chosen ``pairs``
 WIDE_IDS_SINCE = 5  # graph ids are int64 (``id_dtype``): a store past 2^31 rows, which older bigknn must not read
 # every array lists its chunks' checksums for its place (bigknn/shards/checksums.py): a chunk swapped with another
@@ -61,19 +61,19 @@ class Manifest:
     # an ingest in progress: its inputs, new shards, staged graph versions and merged pairs; invisible to
     # readers until the ingest's final commit folds it into the fields above
     pending: dict | None = None
-    # the build's recall estimate on its sample (bigknn/pipeline/estimate.py): recall, low, high, rows, at,
+    # the build's recall estimate on its sample (bigknn/engine/recall_sample.py): recall, low, high, rows, at,
     # target, graph_rows (rows of the graph it was measured on: an ingest since leaves it about fewer rows)
     estimate: dict | None = None
-    # the committed search graph (bigknn/search/store.py SearchEntry): its version under search/<v>/, how it
+    # the committed search graph (bigknn/operations/search_arrays.py SearchEntry): its version under search/<v>/, how it
     # was pruned, and the kNN graph versions it was pruned from (a search graph older than the graph is stale)
     search: dict | None = None
-    # a partitioned store (format 4): the method and the arrays stored under partition/ (bigknn/partition/);
+    # a partitioned store (format 4): the method and the arrays stored under partition/ (bigknn/algorithms/partition/);
     # shard <id>'s input rows are shards/<id>/row_ids. None: contiguous, shard rows are input rows from offset
     partition: dict | None = None
-    # the shard pairs this store merges (bigknn/partition/pairs.py), committed before the first merge so that a
+    # the shard pairs this store merges (bigknn/algorithms/partition/pairs.py), committed before the first merge so that a
     # resumed run merges the same ones. None: every pair
     pairs: list[list[int]] | None = None
-    # the dtype graph ids are written in (bigknn/graph.py id_dtype of the rows, pending ones included); it
+    # the dtype graph ids are written in (bigknn/core/knn_graph.py id_dtype of the rows, pending ones included); it
     # never narrows. Arrays written before it widened keep int32 on disk and are widened as they are read
     ids: str = "int32"
 
@@ -112,7 +112,7 @@ class Manifest:
 
     @property
     def partition_method(self) -> str:
-        """How the build's rows were split: kmeans, rptree or contiguous (bigknn/partition/)."""
+        """How the build's rows were split: kmeans, rptree or contiguous (bigknn/algorithms/partition/)."""
         return self.partition["method"] if self.partition else "contiguous"
 
     def planned(self, i: int, j: int) -> bool:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bigknn.errors import BadInput
+from bigknn.core.errors import BadInput
 from bigknn.formats.read import VectorFile, file_state, open_vectors
 
 FLAT_SUFFIXES = (".fbin", ".u8bin", ".i8bin", ".f16bin", ".npy")  # rows at fixed byte offsets

@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
-from bigknn.errors import BadInput, disk_full_named
+from bigknn.core.errors import BadInput, disk_full_named
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 VERSION = re.compile(r"[0-9]{1,18}")  # graph and search version directories, shard directories

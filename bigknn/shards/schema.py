@@ -13,8 +13,8 @@ from typing import Callable
 
 import numpy as np
 
-from bigknn.metrics import METRICS
-from bigknn.params import GnndParams
+from bigknn.core.metric import METRICS
+from bigknn.core.params import GnndParams
 
 Check = tuple[Callable[[object], bool], str]  # (test, what the field must be)
 

@@ -25,9 +25,9 @@ from typing import Callable, Iterable, TypeVar
 import numpy as np
 import zarr
 
-from bigknn.atomic import write_atomic
-from bigknn.errors import BadInput, BigknnError, Damaged
-from bigknn.graph import KnnGraph
+from bigknn.core.atomic import write_atomic
+from bigknn.core.errors import BadInput, BigknnError, Damaged
+from bigknn.core.knn_graph import KnnGraph
 from bigknn.shards import identity, safepaths, user_ids
 from bigknn.shards.arrays import ArrayDir
 from bigknn.shards.creation import check_new_store_path
@@ -251,7 +251,7 @@ class Store(ArrayDir):
         return self._references
 
     def write_row_ids(self, shard_id: int, rows: np.ndarray) -> int:
-        """A partitioned shard's input row numbers, one per stored row (bigknn/partition/rowmap.py)."""
+        """A partitioned shard's input row numbers, one per stored row (bigknn/algorithms/partition/rowmap.py)."""
         data = np.asarray(rows, np.int64)[:, None]
         return self._write_array(row_ids_name(shard_id), data, max(1, min(len(data), CHUNK_BYTES // 8)), np.int64)
 
@@ -259,7 +259,7 @@ class Store(ArrayDir):
         return self._read_array(row_ids_name(shard_id), f"shard {shard_id} row ids")[:, 0]
 
     def write_partition(self, name: str, data: np.ndarray) -> int:
-        """One array of the learnt partition (bigknn/partition/learn.py), under ``partition/``."""
+        """One array of the learnt partition (bigknn/algorithms/partition/learn.py), under ``partition/``."""
         return self._write_array(partition_name(name), data, max(1, data.shape[0]), data.dtype)
 
     def read_partition(self, name: str) -> np.ndarray:
@@ -334,7 +334,7 @@ class Store(ArrayDir):
                      for name in ("ids", "dists"))
         return self._as_store_ids(ids), keys
 
-    # ---- search graphs (bigknn/search/store.py says what they hold) ------------------------------
+    # ---- search graphs (bigknn/operations/search_arrays.py says what they hold) ------------------------------
     def write_search(self, version: int, name: str, data: np.ndarray) -> int:
         """Write ``search/<version>/<name>`` (row-chunked, checksummed); readers see it once a commit names
         the version."""

@@ -7,7 +7,7 @@ import json
 import os
 from pathlib import Path
 
-from bigknn.atomic import write_atomic
+from bigknn.core.atomic import write_atomic
 from bigknn.shards import chunks
 from bigknn.shards.manifest import PLACED_SINCE, Manifest
 

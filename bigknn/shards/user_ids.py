@@ -22,7 +22,7 @@ from typing import Any, BinaryIO, Iterator
 
 import numpy as np
 
-from bigknn.errors import BadInput, Damaged
+from bigknn.core.errors import BadInput, Damaged
 from bigknn.shards import checksums, identity, safepaths
 
 DIR = "user_ids"

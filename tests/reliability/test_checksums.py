@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from bigknn.formats import write_vectors
-from bigknn.synth import synth
+from bigknn.core.synth import synth
 
 from conftest import error_lines
 

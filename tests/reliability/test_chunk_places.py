@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bigknn.errors import Damaged
-from bigknn.graph import KnnGraph
+from bigknn.core.errors import Damaged
+from bigknn.core.knn_graph import KnnGraph
 from bigknn.shards import Manifest, ShardEntry, Store, WriterLock, checksums
 from bigknn.shards.manifest import FORMAT_VERSION, PLACED_SINCE
 

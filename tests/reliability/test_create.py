@@ -10,7 +10,7 @@ import pytest
 
 import bigknn
 from bigknn.formats import write_vectors
-from bigknn.synth import synth
+from bigknn.core.synth import synth
 
 from conftest import assert_one_line_error, run_cli, run_json, tree_hashes
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bigknn.errors import BadInput
+from bigknn.core.errors import BadInput
 from bigknn.shards import Store, WriterLock, identity
 from conftest import assert_one_line_error
 from test_chunk_places import new_store

@@ -23,10 +23,10 @@ import pytest
 
 from bigknn.backends.cpu import CpuBackend
 from bigknn.formats import write_vectors
-from bigknn.pipeline.ingest import ingest
-from bigknn.progress import Reporter
+from bigknn.operations.ingest import ingest
+from bigknn.core.progress import Reporter
 from bigknn.shards import WriterLock
-from bigknn.synth import synth
+from bigknn.core.synth import synth
 
 from conftest import assert_one_line_error, cli_env, read_manifest, run_json, tree_hashes, wait_until_it_opens
 

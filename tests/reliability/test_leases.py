@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bigknn.graph import KnnGraph
+from bigknn.core.knn_graph import KnnGraph
 from bigknn.shards import Manifest, ShardEntry, Store, leases
 
 ROWS, K = 50, 4

@@ -15,12 +15,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from bigknn.formats import write_vectors
-from bigknn.params import GnndParams
-from bigknn.graph import KnnGraph
+from bigknn.core.params import GnndParams
+from bigknn.core.knn_graph import KnnGraph
 from bigknn import shards
-from bigknn.errors import BigknnError
+from bigknn.core.errors import BigknnError
 from bigknn.shards import Manifest, ShardEntry, Store
-from bigknn.synth import synth
+from bigknn.core.synth import synth
 
 SHARDS, ROWS, K = 3, 400, 6
 WRITER_COMMITS = 40

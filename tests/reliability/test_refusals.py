@@ -16,14 +16,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bigknn import numbacache
-from bigknn.errors import BadInput, DiskFull
+from bigknn.core import numba_cache as numbacache
+from bigknn.core.errors import BadInput, DiskFull
 from bigknn.formats import write_vectors
-from bigknn.pipeline import diskrate
-from bigknn.pipeline.export import export
-from bigknn.pipeline.schedule import round_count, round_robin
+from bigknn.operations import diskrate
+from bigknn.operations.export import export
+from bigknn.engine.pair_order import round_count, round_robin
 from bigknn.shards import Store, WriterLock
-from bigknn.synth import synth
+from bigknn.core.synth import synth
 from conftest import assert_one_line_error, cli_env, run_json
 
 ROWS, DIM, K, SHARD_ROWS = 3000, 16, 5, 1000
@@ -99,7 +99,7 @@ def test_plan_counts_rounds_without_listing_pairs():
 
 
 def test_plan_probes_the_stores_file_system_and_fails_naming_it(tmp_path, monkeypatch):
-    from bigknn.pipeline.sizing import probe_dir
+    from bigknn.operations.sizing import probe_dir
     assert probe_dir(tmp_path / "new" / "s.knn", None) == tmp_path
     monkeypatch.setattr(diskrate.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(1 << 30, 1 << 30, 1 << 20))
     with pytest.raises(BadInput, match="too little to measure") as info:

@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bigknn.errors import BadInput, StoreBusy
+from bigknn.core.errors import BadInput, StoreBusy
 from bigknn.formats import write_vectors
 from bigknn.shards import Store, WriterLock, leases, safepaths
-from bigknn.synth import synth
+from bigknn.core.synth import synth
 from conftest import assert_one_line_error, run_json
 
 ROWS, DIM, K, SHARD_ROWS = 3000, 16, 5, 1000

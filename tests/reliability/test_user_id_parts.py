@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 
 import bigknn
-from bigknn.errors import BadInput, Damaged
+from bigknn.core.errors import BadInput, Damaged
 from bigknn.shards import Store, WriterLock, identity, user_ids
 from test_chunk_places import ROWS, new_store
 

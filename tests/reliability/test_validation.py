@@ -19,7 +19,7 @@ import pytest
 
 from bigknn.formats import read_truth, write_truth, write_vectors
 from bigknn.shards import WriterLock
-from bigknn.synth import synth
+from bigknn.core.synth import synth
 
 from conftest import (assert_one_line_error, cli_env, read_manifest, run_cli, run_json, tree_hashes,
                       wait_until_it_opens)

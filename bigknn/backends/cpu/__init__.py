@@ -11,15 +11,15 @@ import numpy as np
 from bigknn.backends.cpu import descent
 from bigknn.backends.cpu.descent import DescentState, Target, cut, descend
 from bigknn.backends.cpu.exact import exact_knn
-from bigknn.backends.cpu.search import SearchReference
+from bigknn.backends.cpu.search_calls import SearchReference
 from bigknn.backends.cpu.threads import use_threads
-from bigknn.errors import BadInput
-from bigknn.ggm import exact_merge, finish_merge, merge_stop_frac, start_merge
-from bigknn.graph import EMPTY, LOCAL_ID_DTYPE, KnnGraph, ShardPart, drop_self, merge_lists
-from bigknn.partition.nearest import nearest_numpy
-from bigknn.params import (CPU_AUTO_SAMPLES, CPU_HARD_BELOW, CPU_HARD_SAMPLES, CPU_HARD_WIDTH, EXACT_ROWS,
+from bigknn.core.errors import BadInput
+from bigknn.algorithms.merge_setup import exact_merge, finish_merge, merge_stop_frac, start_merge
+from bigknn.core.knn_graph import EMPTY, LOCAL_ID_DTYPE, KnnGraph, ShardPart, drop_self, merge_lists
+from bigknn.algorithms.partition.nearest import nearest_numpy
+from bigknn.core.params import (CPU_AUTO_SAMPLES, CPU_HARD_BELOW, CPU_HARD_SAMPLES, CPU_HARD_WIDTH, EXACT_ROWS,
                            GnndParams)
-from bigknn.recall import Probe, Stopper, make_merge_probe, make_probe
+from bigknn.algorithms.recall_target import Probe, Stopper, make_merge_probe, make_probe
 
 
 RP_TREES = 20  # RP trees seeding the compiled GNND's lists (rptree.py): fewer iterations than 6 on every family,
@@ -84,7 +84,7 @@ def recall_target(xf: np.ndarray, metric: str, params: GnndParams, seed: int, pa
                   probe: Probe | None = None) -> Target | None:
     """The recall target of a descent over the rows of ``xf`` (None without one): a probe of its rows with
     their exact neighbours among ``xf``, or for the merge of ``pair`` (xf = [a | b]) among their old lists and
-    the other shard (bigknn/recall.py). Drawn from its own generator, so the descent's draws stay those of an
+    the other shard (bigknn/algorithms/recall_target.py). Drawn from its own generator, so the descent's draws stay those of an
     untargeted run. The probe's own exact search, timed and scaled to all rows, prices the exact answer that
     may replace a stalled descent (``Stopper.exact_s``): a stalled 1M-row shard must not wait hours for it.
     A ``probe`` given (a GNND's, from the build's recall sample) is used as it is, priced at its own pace."""
@@ -221,7 +221,7 @@ class CpuBackend(SearchReference):
         return {}
 
     def memory_budget(self) -> None:
-        """No device memory bounds a CPU shard (bigknn/pipeline/plan.py sizes them)."""
+        """No device memory bounds a CPU shard (bigknn/operations/plan_model.py sizes them)."""
         return None
 
     def warm_up(self, say: Callable[[str], None]) -> float:

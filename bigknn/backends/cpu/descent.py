@@ -19,8 +19,8 @@ from typing import Callable
 import numpy as np
 
 from bigknn.backends.cpu.kernels import mix64
-from bigknn.graph import EMPTY, LOCAL_ID_DTYPE, sortable_float_bits
-from bigknn.recall import Probe, Stopper
+from bigknn.core.knn_graph import EMPTY, LOCAL_ID_DTYPE, sortable_float_bits
+from bigknn.algorithms.recall_target import Probe, Stopper
 
 GATHER_BYTES = 32 << 20  # bytes of gathered sample vectors per cross-matching batch
 THREADS = min(4, os.cpu_count() or 1)

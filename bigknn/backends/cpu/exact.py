@@ -11,8 +11,8 @@ from typing import Iterable
 
 import numpy as np
 
-from bigknn.graph import EMPTY, LOCAL_ID_DTYPE, KnnGraph, id_dtype, merge_lists
-from bigknn.metrics import pairwise_keys
+from bigknn.core.knn_graph import EMPTY, LOCAL_ID_DTYPE, KnnGraph, id_dtype, merge_lists
+from bigknn.core.metric import pairwise_keys
 
 QUERY_ROWS = 2048  # queries per pass over a block
 TILE_COLS = 8192  # block rows per key tile (QUERY_ROWS x TILE_COLS float32 = 64 MiB)
@@ -21,7 +21,7 @@ TILE_COLS = 8192  # block rows per key tile (QUERY_ROWS x TILE_COLS float32 = 64
 def exact_knn(queries: np.ndarray, k: int, metric: str, blocks: Iterable[tuple[int, np.ndarray]],
               compiled: bool = False) -> KnnGraph:
     """Each query's exact top-k among the blocks' rows, ids ``offset`` + row: int32 while they fit, int64 from
-    the first block whose rows pass int32 (bigknn/graph.py id_dtype). ``compiled``: keys and the running
+    the first block whose rows pass int32 (bigknn/core/knn_graph.py id_dtype). ``compiled``: keys and the running
     top-k through numba (_compiled_knn); the same lists."""
     q = np.ascontiguousarray(queries, dtype=np.float32)
     nq = q.shape[0]

@@ -3,7 +3,7 @@ Search: A Revisit*, §4) run step for step in NumPy, vectorised over the queries
 bigknn/backends/cuda/search.cu.
 
 * ``small`` (Alg. 1): t0 independent greedy searches per query, search j from the entry sample's row j-th
-  nearest the query (bigknn/search/graph.py; the paper: the best of 32 random rows); a hop
+  nearest the query (bigknn/algorithms/search_index.py; the paper: the best of 32 random rows); a hop
   computes the distances of the current row's neighbours (occlusion factor < 10), keeps per warp slot w the
   best of the neighbours w, w + 32, ... (R_temp), merges R_temp into the search's 32-entry list R_ij and moves
   to R_temp's best; a search ends when R_ij did not change. The t0 lists are merged into the top k.
@@ -31,9 +31,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from bigknn.graph import EMPTY, KnnGraph, merge_lists
-from bigknn.search.graph import SearchIndex, entry_table, nearest_entries
-from bigknn.search.params import PARENTS, RERANK, SEARCH_K_MAX, SearchPlan
+from bigknn.core.knn_graph import EMPTY, KnnGraph, merge_lists
+from bigknn.algorithms.search_index import SearchIndex, entry_table, nearest_entries
+from bigknn.algorithms.search_params import PARENTS, RERANK, SEARCH_K_MAX, SearchPlan
 
 GATHER_BYTES = 64 << 20  # float32 temporaries of one distance gather
 

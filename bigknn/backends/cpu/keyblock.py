@@ -11,7 +11,7 @@ from numba import njit
 
 from bigknn.backends.cpu.prefetch import prefetch_rows
 
-EMPTY = -1  # bigknn.graph.EMPTY (numba needs it as a global constant)
+EMPTY = -1  # bigknn.core.knn_graph.EMPTY (numba needs it as a global constant)
 FAST = {"reassoc", "contract"}  # let LLVM vectorise the dot products (sums reassociated); inf/nan stay exact.
 # An inlined helper compiles under its CALLER's flags: every kernel that computes keys must carry FAST.
 

@@ -20,7 +20,7 @@ import numpy as np
 from numba import njit, prange
 
 from bigknn.backends.cpu.descent import DescentState
-from bigknn.graph import LOCAL_ID_DTYPE
+from bigknn.core.knn_graph import LOCAL_ID_DTYPE
 
 from bigknn.backends.cpu.kernels import _holds, _sift_in, mix64, place
 from bigknn.backends.cpu.keyblock import EMPTY, FAST, _key, keys_block, prefetch_per_pair

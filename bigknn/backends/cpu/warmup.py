@@ -16,8 +16,8 @@ from typing import Callable
 import numpy as np
 from numba.core.registry import CPUDispatcher
 
-from bigknn.graph import ShardPart, shard_graph_to_global
-from bigknn.params import EXACT_ROWS, GnndParams
+from bigknn.core.knn_graph import ShardPart, shard_graph_to_global
+from bigknn.core.params import EXACT_ROWS, GnndParams
 
 COMPILE_NOTE = "about 2 min on 2 cores"  # what a cold cache costs (docs/perf-notes.md, numba's compile cost)
 KERNEL_MODULES = ("kernels", "keypass", "rptree")  # the modules whose kernels a build calls

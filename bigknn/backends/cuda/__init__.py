@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bigknn.backends.cuda.backend import CudaBackend
-from bigknn.errors import BadInput
+from bigknn.core.errors import BadInput
 
 __all__ = ["CudaBackend", "available", "cuda_available", "make_backends"]
 

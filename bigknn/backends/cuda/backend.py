@@ -27,17 +27,19 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from bigknn.backends.cpu.search import SearchReference
-from bigknn.backends.cuda import exact, ggm, gnnd, memory, prune, search
+from bigknn.backends.cpu.search_calls import SearchReference
+from bigknn.backends.cuda import exact, ggm, gnnd, memory
+from bigknn.backends.cuda import diversify as prune
+from bigknn.backends.cuda import graph_search as search
 from bigknn.backends.cuda.gpu import Gpu
 from bigknn.backends.cuda.kept import KeptCopy
-from bigknn.errors import BadInput
-from bigknn.graph import LOCAL_ID_DTYPE, KnnGraph, ShardPart, id_dtype
-from bigknn.params import GnndParams
-from bigknn.progress import log
-from bigknn.recall import Probe
-from bigknn.search.graph import SearchIndex
-from bigknn.search.params import DiversifyRule, PruneParams, SearchPlan
+from bigknn.core.errors import BadInput
+from bigknn.core.knn_graph import LOCAL_ID_DTYPE, KnnGraph, ShardPart, id_dtype
+from bigknn.core.params import GnndParams
+from bigknn.core.progress import log
+from bigknn.algorithms.recall_target import Probe
+from bigknn.algorithms.search_index import SearchIndex
+from bigknn.algorithms.search_params import DiversifyRule, PruneParams, SearchPlan
 
 
 def _report_failure(future) -> None:
@@ -108,7 +110,7 @@ class CudaBackend(SearchReference):
             on_iter=None, vias: list[ShardPart] | None = None) -> tuple[KnnGraph, KnnGraph]:
         """GGM (GNND paper §5.1, Alg. 3) of shards a and b on the GPU; ids in and out are global.
 
-        Contract of the CPU reference (bigknn/ggm.py, CpuBackend.ggm): lists W = params.width() wide;
+        Contract of the CPU reference (bigknn/algorithms/merge_setup.py, CpuBackend.ggm): lists W = params.width() wide;
         set-up keeps the first W - W//2 in-pair entries of each old list and adds W//2 (at least 1) random
         rows of the other shard (NEW); cross-shard descent (params.merge_iters, early stop under
         min_update_frac * n * W updates); each refined list is merged with the row's whole old list (ids of
@@ -190,7 +192,7 @@ class CudaBackend(SearchReference):
 
 
 def _require_int32_ids(rows: int, dtype: np.dtype = LOCAL_ID_DTYPE) -> None:
-    """Refuse store-wide ids past int32 (bigknn/graph.py id_dtype): the kernels read and write global ids as
+    """Refuse store-wide ids past int32 (bigknn/core/knn_graph.py id_dtype): the kernels read and write global ids as
     int32 (ggm.cu's old lists, exact.cu's running top-k), which would wrap silently past 2^31 rows."""
     if id_dtype(rows) != LOCAL_ID_DTYPE or np.dtype(dtype) != LOCAL_ID_DTYPE:
         raise BadInput("--backend cuda", "merges and exact k-NN of stores past 2^31 rows (int64 ids) run on "

@@ -4,7 +4,7 @@
 // include nothing: compile.py concatenates this header and them into one source, so that it builds with
 // NVRTC alone and CuPy's cache key covers every line. Templates are instantiated through name_expressions.
 //
-// Conventions shared with bigknn/graph.py:
+// Conventions shared with bigknn/core/knn_graph.py:
 //   ids (n, k) int32, keys (n, k) float32 ascending per row, ties ordered by id (unsigned, so the
 //   empty id -1 sorts last); NEW flag = 1, OLD flag = 0 (uint8).
 //   METRIC 0 = l2 (key = squared L2), METRIC 1 = ip (key = -dot). All arithmetic in float32.

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from bigknn import envvars
-from bigknn.metrics import metric as metric_of
+from bigknn.core import envvars
+from bigknn.core.metric import metric as metric_of
 
 SOURCES = ("common.cuh", "gnnd.cu", "cross.cu", "ggm.cu", "exact.cu", "search.cu", "prune.cu")
 CTYPES = {

@@ -63,7 +63,7 @@ def iterate(gpu: Gpu, xd, ctype: str, dpad: int, m: int, ids, keys, flags, p: in
     equal labels are never compared.
     ``norms`` (n,) float32 squared row norms, optional (l2 only): distances by the norm expansion; the
     keys left in the lists are then approximate, and gnnd_finalize must make them exact.
-    ``target``: stop by the probe's recall estimate (bigknn/recall.py) instead of the update fraction,
+    ``target``: stop by the probe's recall estimate (bigknn/algorithms/recall_target.py) instead of the update fraction,
     widening the lists where it stalls (new, wider arrays replace ids/keys/flags; the caller cuts them).
     ``gpu``: its options (tensor cores; profile: time each kernel with events, stats["kernel_ms"]).
     Returns (stats with per-iteration update counts, ids, keys, flags).

@@ -25,7 +25,7 @@ from bigknn.backends.cuda.compile import MAX_K, compile_kernels, kernel_metric, 
 from bigknn.backends.cuda.gpu import Gpu
 from bigknn.backends.cuda.memory import free_pools
 from bigknn.backends.cuda.rows import half_rows
-from bigknn.graph import EMPTY, KnnGraph, merge_lists
+from bigknn.core.knn_graph import EMPTY, KnnGraph, merge_lists
 
 FUSED_MAX_DIM = 256  # widest rows (padded to 16 dims) whose query fragments fit the fused kernel's registers
 FUSED_MIN_DIM = 16  # narrower rows have too few terms to average out the halves' rounding: tiled (float32)

@@ -84,7 +84,7 @@ __device__ __forceinline__ int warp_append_new(int r, int* I, unsigned char* F, 
 // old list (global ids, wo wide) that lie in a or b keep their stored keys and are flagged OLD; then `fill`
 // distinct random rows of the other shard (all of its rows when it has no more than `fill`), keys computed
 // exactly, flagged NEW; EMPTY padded to w and sorted by (key, id).
-// Seeded merge (`seeded`, bigknn/ggm.py): rows of a get no fill, and their empty slots carry the key of the
+// Seeded merge (`seeded`, bigknn/algorithms/merge_setup.py): rows of a get no fill, and their empty slots carry the key of the
 // stored list's w-th entry (their bound) instead of +inf; rows of b take their fill first from rows of a two
 // hops away through the shards `vias` (n_vias <= MAX_VIAS; via q holds global rows [via_offs[q], +via_rows[q])
 // and its lists, wv wide, global ids, at address via_ptrs[q]): the a-entries of the lists of the row's

@@ -6,7 +6,7 @@ Kernels (ggm.cu; the descent between them is descent.py's in cross-shard mode):
                    W - W//2 in-pair entries of the old list (stored keys, OLD), W//2 distinct random rows of
                    the other shard (exact keys, NEW), (key, id) sort. Seeded merge: rows of a keep their
                    whole in-pair list and their bound in the empty slots; rows of b are filled with rows of a
-                   two hops away through ``vias`` first (bigknn/ggm.py).
+                   two hops away through ``vias`` first (bigknn/algorithms/merge_setup.py).
 * ``ggm_finish``   one warp per row: the whole old list (global ids, other shards included) plus the
                    refined entries not in it (keys recomputed exactly), sorted, top W, global ids.
 
@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from bigknn.graph import ShardPart
+from bigknn.core.knn_graph import ShardPart
 from bigknn.backends.cuda.compile import (CTYPES, MAX_K, MAX_P, compile_kernels, cross_name, kernel_metric,
                                           padded_dim, sync_check, uses_mma)
 from bigknn.backends.cuda.descent import iterate
@@ -29,9 +29,9 @@ from bigknn.backends.cuda.memory import ggm_bytes, plan_slots
 from bigknn.backends.cuda.rows import cut, descends_on_halves, half_rows, kernel_rows, numeric
 from bigknn.backends.cuda.target import device_target
 from bigknn.backends.cuda.transfer import Transfer
-from bigknn.ggm import exact_merge, fill_count, merge_stop_frac
-from bigknn.graph import EMPTY, KnnGraph
-from bigknn.params import GnndParams
+from bigknn.algorithms.merge_setup import exact_merge, fill_count, merge_stop_frac
+from bigknn.core.knn_graph import EMPTY, KnnGraph
+from bigknn.core.params import GnndParams
 
 MAX_VIAS = 8  # shards a seeded merge may draw seeds through (ggm_setup numbers them in a byte; a loop per entry)
 

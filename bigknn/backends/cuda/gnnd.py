@@ -26,9 +26,9 @@ from bigknn.backends.cuda.gpu import Gpu
 from bigknn.backends.cuda.memory import gnnd_bytes, plan_slots
 from bigknn.backends.cuda.rows import cut, descends_on_halves, half_rows, numeric, prepare_rows
 from bigknn.backends.cuda.target import device_target
-from bigknn.graph import EMPTY, KnnGraph
-from bigknn.params import EXACT_ROWS, GnndParams
-from bigknn.recall import Probe
+from bigknn.core.knn_graph import EMPTY, KnnGraph
+from bigknn.core.params import EXACT_ROWS, GnndParams
+from bigknn.algorithms.recall_target import Probe
 
 
 def gnnd(gpu: Gpu, x, metric: str, params: GnndParams, seed: int, on_iter=None, probe: Probe | None = None) -> KnnGraph:

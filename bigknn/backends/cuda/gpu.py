@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 
-from bigknn import envvars
+from bigknn.core import envvars
 from bigknn.backends.cuda import memory
 from bigknn.backends.cuda.resident import ResidentCopies
 from bigknn.backends.cuda.transfer import Transfer

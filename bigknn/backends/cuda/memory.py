@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Callable
 
 from bigknn.backends.cuda.compile import MAX_P, padded_dim
 from bigknn.backends.cuda.rows import HALF_MIN_DIM
-from bigknn.params import GnndParams
-from bigknn.recall import MAX_WIDTH, WIDEN_STEP
+from bigknn.core.params import GnndParams
+from bigknn.algorithms.recall_target import MAX_WIDTH, WIDEN_STEP
 
 if TYPE_CHECKING:
     from bigknn.backends.cuda.gpu import Gpu

@@ -1,5 +1,5 @@
-// Diversification of candidate lists (bigknn/search/params.py DiversifyRule), one block of 256 threads a row:
-// the kernels of bigknn/backends/cuda/prune.py, the NumPy reference bigknn/backends/cpu/prune.py. Candidates
+// Diversification of candidate lists (bigknn/algorithms/search_params.py DiversifyRule), one block of 256 threads a row:
+// the kernels of bigknn/backends/cuda/diversify.py, the NumPy reference bigknn/backends/cpu/diversify.py. Candidates
 // (rows, c) are rows of ``table`` (float32, m x dim), -1 at the end where a list is shorter, c <= DIV_MAX;
 // keys (rows, c) ascending. A row's pair keys are computed as tiles of its candidates against each other
 // (their rows staged in shared memory a chunk of dims at a time, each thread a 4 x 4 tile of pairs), not a
@@ -10,10 +10,10 @@
 #define DIV_THREADS 256
 #define DIV_TILE 64   // candidates on each side of a tile (16 x 16 threads, 4 x 4 pairs each)
 #define DIV_CHUNK 32  // dims staged at once
-#define DIV_MAX 256   // bigknn/search/params.py MAX_CANDIDATES
+#define DIV_MAX 256   // bigknn/algorithms/search_params.py MAX_CANDIDATES
 #define DIV_WORDS (DIV_MAX / 32)
 
-// alpha d(a) < d(b) for keys a, b (cpu/prune.py rule_less): d = sqrt(key) for l2, 1 + key for ip
+// alpha d(a) < d(b) for keys a, b (cpu/diversify.py rule_less): d = sqrt(key) for l2, 1 + key for ip
 template <int METRIC>
 __device__ __forceinline__ bool rule_less(float a, float b, float alpha) {
     return METRIC == 0 ? alpha * alpha * a < b : alpha * (1.f + a) < 1.f + b;
@@ -23,7 +23,7 @@ __device__ __forceinline__ bool rule_less(float a, float b, float alpha) {
 // (d(i, j) <= d(row, j)); 1: gd with alpha (TSDG eq. 2); 2: TSDG §3.3's occlusion (gd with alpha 1)
 template <int METRIC, int RULE>
 __device__ __forceinline__ bool occludes(float ki, float kj, float pk, float alpha) {
-    if (METRIC == 0 && !(ki > 0.f)) return false;  // a twin of the row occludes nothing (cpu/prune.py says why)
+    if (METRIC == 0 && !(ki > 0.f)) return false;  // a twin of the row occludes nothing (cpu/diversify.py says why)
     if (RULE == 0) return pk <= kj;
     const float a = RULE == 1 ? alpha : 1.f;
     return rule_less<METRIC>(ki, kj, a) && rule_less<METRIC>(pk, kj, a);

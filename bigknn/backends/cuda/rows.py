@@ -6,7 +6,7 @@ import numpy as np
 
 from bigknn.backends.cuda.compile import CTYPES, padded_dim
 from bigknn.backends.cuda.transfer import Transfer
-from bigknn.metrics import half_scale
+from bigknn.core.metric import half_scale
 
 HALF_MIN_DIM = 96  # float32 rows at least this wide descend on half-precision copies (half_rows). 96, not 128:
 # faster at the same recall on T1 and T2 (docs/perf-notes.md, "Measurements behind the constants")

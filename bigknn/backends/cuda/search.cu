@@ -1,4 +1,4 @@
-// Batch graph search (TSDG §4), one warp per search: the kernels of bigknn/backends/cuda/search.py, step for
+// Batch graph search (TSDG §4), one warp per search: the kernels of bigknn/backends/cuda/graph_search.py, step for
 // step the NumPy reference bigknn/backends/cpu/graph_search.py (its docstring states the procedures and where
 // they depart from the paper). Rows are float32 (n, dim); edges (n, deg) int32 global ids, EMPTY-padded;
 // occlusion factors (n, deg) uint8. Keys as everywhere: squared L2, or -dot for ip.
@@ -71,7 +71,7 @@ __device__ __forceinline__ float key_terms_held(const float* __restrict__ v, int
 }
 
 // key_terms for rows of halves (IEEE bits), 8 a 16-byte unit, over units first, first + stride, ...: the walk
-// of wide rows (search/params.py WALK_HALF_MIN_DIM; rows and queries scaled alike). VPL > 0: at most VPL units
+// of wide rows (algorithms/search_params.py WALK_HALF_MIN_DIM; rows and queries scaled alike). VPL > 0: at most VPL units
 // a lane, every load issued before the first is used; 0: a loop
 template <int METRIC, int VPL>
 __device__ __forceinline__ float key_terms_half(const unsigned short* __restrict__ v, int dim, const float* q,
@@ -139,7 +139,7 @@ __device__ __forceinline__ void team_keys(const float* __restrict__ x, int dim, 
     }
 }
 
-// ---- entry points: the SEEDS sample rows nearest each query (search/graph.py nearest_entries) --------------
+// ---- entry points: the SEEDS sample rows nearest each query (algorithms/search_index.py nearest_entries) --------------
 // the (key, column) words of the reference, ascending across the warp's lanes (a bitonic network of shuffles)
 __device__ __forceinline__ u64 warp_sorted(u64 v, int lane) {
     for (int size = 2; size <= 32; size <<= 1)
@@ -181,7 +181,7 @@ __global__ void __launch_bounds__(128) entry_nearest(const float* __restrict__ d
     if (lane < w) out[(long long)qi * w + lane] = sample_ids[(u32)best];
 }
 
-// where search j of query qi starts (search/graph.py): its entry sample row j mod nstart, (row, key) on every
+// where search j of query qi starts (algorithms/search_index.py): its entry sample row j mod nstart, (row, key) on every
 // lane; starts (nq, nstart) are the sample rows nearest each query, nearest first
 template <int METRIC>
 __device__ __forceinline__ void entry(const float* __restrict__ x, int dim, const float* q,
@@ -210,7 +210,7 @@ __device__ __forceinline__ bool first_visit(int* table, int bits, int v) {
 // merged 32 at a time. Each lane holds one row of a group, ranks it in the group by (key, order) and places it
 // after R's entries of keys <= its own; each entry of R moves up by the group's keys below its own. Every lane
 // calls it.
-#define LIST_UNITS 8  // R's entries a lane holds while R moves: search/params.py LIST_MAX / 32
+#define LIST_UNITS 8  // R's entries a lane holds while R moves: algorithms/search_params.py LIST_MAX / 32
 __device__ __forceinline__ void list_merge(float* lk, int* li, unsigned char* lx, int width, float* ck, int* ci,
                                            const int* counts, int lists, int stride, int lane) {
     const float last = lk[width - 1];
@@ -290,7 +290,7 @@ __device__ __forceinline__ void query_sync() {
 }
 
 // HALF: the walk's keys from xh, the rows as halves scaled by ``scale`` (the query scaled alike), and R's first
-// RERANK entries re-keyed from the float32 rows and sorted by (key, id) for the result (search/params.py)
+// RERANK entries re-keyed from the float32 rows and sorted by (key, id) for the result (algorithms/search_params.py)
 #define RERANK 32
 template <int METRIC, int QW, int VPL, bool HALF>
 __global__ void __launch_bounds__(256) graph_search_large(

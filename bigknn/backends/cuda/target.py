@@ -1,5 +1,5 @@
 """A recall target on the GPU: the probe rows' lists are read off the device after each iteration, and
-the lists are widened in place of a stall (bigknn/recall.py decides; this module moves the arrays)."""
+the lists are widened in place of a stall (bigknn/algorithms/recall_target.py decides; this module moves the arrays)."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ from typing import Callable
 
 import numpy as np
 
-from bigknn.graph import ShardPart
-from bigknn.metrics import kernel_metric
+from bigknn.core.knn_graph import ShardPart
+from bigknn.core.metric import kernel_metric
 from bigknn.backends.cuda.compile import MAX_P
 from bigknn.backends.cuda.exact import exact_knn, exact_seconds
 from bigknn.backends.cuda.gpu import Gpu
 from bigknn.backends.cuda.rows import numeric
-from bigknn.params import GnndParams
-from bigknn.recall import Probe, Stopper, make_merge_probe, make_probe
+from bigknn.core.params import GnndParams
+from bigknn.algorithms.recall_target import Probe, Stopper, make_merge_probe, make_probe
 
 
 PROBE_KEY_BYTES = 64 << 20  # scratch of the probe's exact keys: rows gathered per step
@@ -92,7 +92,7 @@ def device_target(gpu: Gpu, xd, d: int, metric: str, params: GnndParams, seed: i
                   pair: tuple[ShardPart, ShardPart] | None = None, probe: Probe | None = None) -> DeviceTarget | None:
     """The recall target of a descent over the device rows ``xd`` (local ids; None without a target):
     a probe of its rows with their exact neighbours among ``xd``, or for the merge of ``pair`` (xd = [a | b])
-    among their old lists and the other shard (bigknn/recall.py); a GNND's ``probe`` given by the caller is
+    among their old lists and the other shard (bigknn/algorithms/recall_target.py); a GNND's ``probe`` given by the caller is
     used as it is. ``fits(width, p)``: whether lists of that width still fit the memory budget."""
     if params.recall <= 0:
         return None

@@ -1,0 +1,130 @@
+"""The labelling pass: a sample to learn the partition from, then every row of the file to its shard.
+
+The sample is read first (random rows through the memory map: a few MiB), the labels in one streamed pass
+(n int64 labels: 8 GB at 1B rows, host RAM the planner counts). Each shard's rows are then its input rows in
+file order (``layout``), which the sharding pass gathers. A row's label needs only its nearest centroid
+(``Partition.first_choice``) while its shard has room; the (n, S) costs are computed for the rows that spill.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Callable, Iterator
+
+import numpy as np
+
+from bigknn.core.errors import BadInput
+from bigknn.formats import CHECK_CHUNK_ROWS, VectorSource, check_rows
+from bigknn.core.metric import prepare_rows
+from bigknn.algorithms.partition.balance import assign_balanced, take_first_choices
+from bigknn.algorithms.partition.learn import SLACK, Partition, learn
+from bigknn.algorithms.partition.nearest import Nearest
+
+log = logging.getLogger("bigknn")
+
+SAMPLE_PER_SHARD = 1024  # sample rows per shard the partition is learnt on (64 per fine k-means cluster)
+SAMPLE_MIN, SAMPLE_MAX = 8192, 262_144
+LABEL_CHUNK_ROWS = 1 << 19  # rows labelled at once (192 MiB at 96 float32): few backend calls
+READ_THREADS = 4  # threads reading and checking the next chunk: one thread reads a cold file at one fault at a time
+
+
+def shard_count(rows: int, shard_rows: int, min_rows: int) -> int:
+    """Shards of a partitioned build: enough that an equal share leaves each ``SLACK`` of room below
+    ``shard_rows`` (full shards would spill every boundary row to a far shard), more than ``min_rows`` rows
+    each on average."""
+    return max(1, min(-(-int(SLACK * rows) // shard_rows), rows // (min_rows + 1)))
+
+
+def learn_from_file(vf: VectorSource, method: str, shards: int, metric: str, seed: int,
+                    nearest: Nearest = None) -> Partition:
+    size = min(vf.rows, max(SAMPLE_MIN, min(SAMPLE_MAX, SAMPLE_PER_SHARD * shards)))
+    rows = np.sort(np.random.default_rng((seed, 5)).choice(vf.rows, size=size, replace=False))
+    return learn(method, prepare_rows(_checked_take(vf, rows), metric), shards, seed, nearest)
+
+
+def _checked_take(vf: VectorSource, rows: np.ndarray) -> np.ndarray:
+    """Rows ``rows`` (sorted) of the file, a bad one refused by its row number: the sample is learnt on before
+    the labelling pass checks every row (a NaN would end k-means++ in a ValueError, exit 1)."""
+    x = vf.take(rows)
+    try:
+        check_rows(vf.path, 0, x)
+    except BadInput:
+        for row, values in zip(rows, x):
+            vf.check(int(row), values[None])
+        raise
+    return x
+
+
+def layout(vf: VectorSource, part: Partition, metric: str, shard_rows: int, min_rows: int,
+           nearest: Nearest = None, progress: Callable[[int], None] | None = None,
+           keep: np.ndarray | None = None) -> list[np.ndarray]:
+    """Each shard's input rows (sorted): at most ``min(shard_rows, SLACK x an equal share)`` (never below an equal
+    share, so that every row has room) and more than
+    ``min_rows`` each; a shard left with fewer is dropped and its rows go to their next choice. Bad rows
+    (NaN, Inf) are refused here, before anything is written. ``nearest``: as ``Partition.cost``;
+    ``progress(rows)``: called as rows are labelled (the first pass only). ``keep``: (rows, dim) in the stored
+    dtype, filled with every row as prepared, so that the sharding pass gathers shards from host RAM instead of
+    reading the file a second time (and a relabelling after a dropped shard reads it from there too)."""
+    chunks, filling = _checked_chunks(vf, metric), keep is not None
+    while True:
+        share = -(-vf.rows // part.shards)  # an equal share: the room every row needs, whatever --shard-rows says
+        cap = max(share, min(shard_rows, int(np.ceil(SLACK * vf.rows / part.shards))))
+        room = np.full(part.shards, cap, np.int64)
+        labels = np.empty(vf.rows, np.int16 if part.shards <= np.iinfo(np.int16).max else np.int64)
+        for start, x in chunks:
+            if filling:
+                keep[start:start + len(x)] = x
+            labels[start:start + len(x)] = _label(part, x, room, nearest)
+            if progress is not None:
+                progress(len(x))
+        counts = np.bincount(labels, minlength=part.shards)
+        if part.shards == 1 or counts.min() > min_rows:
+            break
+        small = int(counts.argmin())
+        log.info("partition: shard %d got %s rows (%s or fewer): dropped, labelling again", small,
+                 f"{counts[small]:,}", f"{min_rows:,}")
+        part.drop(small)
+        progress, filling = None, False
+        chunks = _checked_chunks(vf, metric) if keep is None else (
+            (lo, keep[lo:lo + LABEL_CHUNK_ROWS]) for lo in range(0, vf.rows, LABEL_CHUNK_ROWS))
+    order = np.argsort(labels, kind="stable")  # 16-bit labels: a linear radix sort, not a comparison sort
+    return np.split(order, np.cumsum(counts)[:-1])
+
+
+def _label(part: Partition, x: np.ndarray, room: np.ndarray, nearest: Nearest) -> np.ndarray:
+    """Labels of one chunk's rows by the capacity rule (``balance``), ``room`` decreased in place."""
+    labels, spilled = take_first_choices(*part.first_choice(x, nearest), room)
+    if spilled.size:
+        labels[spilled] = assign_balanced(part.cost(x[spilled], nearest), room)
+    return labels
+
+
+def _checked_chunks(vf: VectorSource, metric: str) -> Iterator[tuple[int, np.ndarray]]:
+    """(start, rows prepared for ``metric``) of every ``LABEL_CHUNK_ROWS`` chunk, bad rows refused (the first
+    in file order named). The next chunk is read and checked by ``READ_THREADS`` threads, ``CHECK_CHUNK_ROWS``
+    rows each (page faults of a cold file and NumPy's checks release the GIL), while this one is labelled;
+    two buffers take turns (fresh arrays of a chunk's size cost a page fault per 4 KiB: measured, that
+    tripled the reading and checking)."""
+    starts = range(0, vf.rows, LABEL_CHUNK_ROWS)
+    buffers = [np.empty((min(LABEL_CHUNK_ROWS, vf.rows), vf.dim), vf.read_dtype) for _ in range(2)]
+    with ThreadPoolExecutor(READ_THREADS, thread_name_prefix="label-read") as pool:
+        def load(i: int) -> tuple[np.ndarray, list[Future]]:
+            block = buffers[i % 2][:min(LABEL_CHUNK_ROWS, vf.rows - starts[i])]
+            return block, [pool.submit(_read_checked, vf, starts[i] + lo, block[lo:lo + CHECK_CHUNK_ROWS])
+                           for lo in range(0, len(block), CHECK_CHUNK_ROWS)]
+
+        ahead = load(0) if starts else None
+        for i, start in enumerate(starts):
+            block, parts = ahead
+            for part in parts:
+                part.result()
+            if i + 1 < len(starts):  # into the buffer the previous chunk is done with
+                ahead = load(i + 1)
+            yield start, prepare_rows(block, metric)
+
+
+def _read_checked(vf: VectorSource, start: int, out: np.ndarray) -> None:
+    """Rows ``start``... of the file into ``out``, bad rows refused."""
+    vf.read_into(start, out)
+    vf.check(start, out)

@@ -1,0 +1,118 @@
+"""A build of an array that fits one shard, in memory: the same GNND call and recall sample a one-shard store
+build runs (bigknn/engine/workers.py ``gnnd``, bigknn/engine/recall_sample.py), without the array's spill to
+a ``.npy``, the sharding pass into a store and the graph's write. The sharding pass and the write are most of
+what ``bigknn.build(array)`` spent beyond the kernel; the store is made only when asked for
+(``InMemoryGraph.save``, or a method that needs one).
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from bigknn.operations.input_arrays import ARRAY, kept_dtype
+from bigknn.backends import Backend
+from bigknn.core.errors import BadInput
+from bigknn.formats.read import check_rows
+from bigknn.core.knn_graph import id_dtype
+from bigknn.core.metric import kernel_metric, prepare_rows, stored_dtype
+from bigknn.core.params import GnndParams
+from bigknn.algorithms.partition.learn import DEFAULT_METHOD
+from bigknn.engine.accounting import Accounting
+from bigknn.engine.recall_sample import SampleTruth, sample_rows
+from bigknn.engine.limits import k_refusal
+from bigknn.operations.plan_model import auto_shard_rows, automatic_shards
+from bigknn.engine.sharding_pass import READ_BLOCK_BYTES, READ_THREADS, shard_sizes
+from bigknn.engine.workers import seed_for
+from bigknn.algorithms.recall_target import RECALL_AT
+
+
+@dataclass
+class MemoryBuild:
+    """What an in-memory build made: the rows as a store would hold them (cosine rows normalised), each row's
+    list (``width`` entries, ids = input rows, kernel keys, nearest first), and the manifest's other facts."""
+
+    vectors: np.ndarray  # (rows, dim) in the stored dtype
+    ids: np.ndarray  # (rows, width) int32 (int64 past 2^31 rows)
+    keys: np.ndarray  # (rows, width) float32 ordering keys (bigknn.core.metric.user_distance gives distances)
+    metric: str
+    params: GnndParams
+    seed: int
+    shard_rows: int  # what a store of this build records (the automatic size it fitted)
+    estimate: dict | None  # the manifest's recall estimate (None: no target)
+    summary: dict  # BuildReport's fields
+
+    @property
+    def rows(self) -> int:
+        return len(self.vectors)
+
+
+def one_shard_rows(rows: int, dim: int, itemsize: int, params: GnndParams, backends: list[Backend],
+                   shard_rows: int, partition: str = DEFAULT_METHOD) -> int | None:
+    """The shard size a store build of ``rows`` x ``dim`` rows of ``itemsize`` bytes would use (the same sizing
+    as operations/build.py), where the rows make one shard of it; None where they make several (the store path
+    then runs, out of core)."""
+    size = shard_rows or automatic_shards(rows, auto_shard_rows(backends, dim, itemsize, params), len(backends),
+                                          params.width(), partition)[0]
+    return size if len(shard_sizes(rows, size, params.width())) == 1 else None
+
+
+def stored_rows(x: np.ndarray, metric: str) -> np.ndarray:
+    """``x`` as a store holds it (kept dtype, checked, cosine rows normalised), in blocks on READ_THREADS threads
+    as sharding.shard_vectors prepares a shard (NumPy's loops release the GIL); ``x`` itself where it is
+    already that (C-ordered, its dtype kept and stored as is, a metric other than cosine)."""
+    kept = kept_dtype(x.dtype)
+    dtype = stored_dtype(metric, kept)
+    same = metric != "cosine" and x.dtype == dtype and x.flags.c_contiguous
+    out = x if same else np.empty(x.shape, dtype)
+    step = max(1, READ_BLOCK_BYTES // (x.shape[1] * dtype.itemsize))
+
+    def block(a: int) -> None:
+        part = np.asarray(x[a:a + step], dtype=kept)
+        check_rows(ARRAY, a, part)
+        if not same:
+            out[a:a + step] = prepare_rows(part, metric)
+
+    with ThreadPoolExecutor(READ_THREADS) as pool:
+        for done in [pool.submit(block, a) for a in range(0, len(x), step)]:
+            done.result()  # in row order, so that an error names the first bad row
+    return out
+
+
+def build_in_memory(x: np.ndarray, metric: str, params: GnndParams, seed: int, backend: Backend,
+                    shard_rows: int) -> MemoryBuild:
+    """The graph of the host array ``x`` as one shard: kept, checked and prepared as the sharding pass does,
+    the recall sample's truth and the descent's probe from it, GNND, and the estimate on the held-out rows."""
+    acct = Accounting()
+    n, k = len(x), params.k
+    if (why := k_refusal(k, n)) is not None:
+        raise BadInput(ARRAY, why)
+    vectors = stored_rows(x, metric)
+    acct.add("prepare", time.perf_counter() - acct.t0)
+    sample, probe = None, None
+    t = time.perf_counter()  # the sample's exact search is booked with GNND, as a store build's worker books it
+    if params.recall > 0:
+        rows = sample_rows(n, seed)
+        sample = SampleTruth(rows, vectors[rows], metric, k, seed, positional=True)
+        truth = sample.add(backend, 0, 0, vectors)
+        probe = sample.probe(0, n, truth, params.width(), time.perf_counter() - t)
+    g = backend.gnnd(vectors, kernel_metric(metric), params, seed=seed_for(seed, 0, 0), probe=probe)
+    acct.add_task(backend.name, "gnnd", t, time.perf_counter(), g.report)
+    ids = np.asarray(g.ids, dtype=id_dtype(n))
+    keys = np.asarray(g.dists, dtype=np.float32)
+    estimate = None
+    if sample is not None:
+        est = sample.measure_lists(sample.rows, ids[sample.rows], keys[sample.rows], n)
+        estimate = dict(est.to_dict(), at=RECALL_AT, target=params.recall, graph_rows=n)
+    wall = time.perf_counter() - acct.t0
+    summary = {"store": None, "rows": n, "dim": x.shape[1], "k": k, "metric": metric, "shards": 1,
+               "merges_done": 0, "merges_total": 0, "all_pairs": 0, "partition": "contiguous",
+               "backend": backend.name, "workers": 1, "resumed": False, "wall_s": round(wall, 3),
+               "phase_s": {p: round(s, 3) for p, s in acct.seconds.items()}, "phase_wall_s": acct.spans,
+               "read_gb": 0.0, "written_gb": 0.0,
+               "busy_frac": {w: round(s / wall, 3) for w, s in acct.busy.items()} if wall > 0 else {},
+               "timeline": acct.timeline, "descents": acct.descents, "recall_estimate": estimate}
+    return MemoryBuild(vectors, ids, keys, metric, params, seed, shard_rows, estimate, summary)

@@ -1,0 +1,280 @@
+"""``bigknn plan``: size a build before starting it: shards, merges, disk, memory, and time.
+
+Time comes from rates measured on this machine (bigknn/operations/calibrate.py): a store's recorded timings
+(``--store``: seconds of GNND per shard row, of GGM per merged pair row), or a short calibration run on the
+input's own rows (GNND of shards and a merge of two, at two sizes, scaled to the planned shard size along
+the power law through them). GNND time grows linearly with shard rows, a merge's with its two shards' rows:
+
+    compute = S * R / gnnd_rate / min(W, S) + merge wall;  merge wall = rounds * 2R / ggm_rate
+
+for S shards of R rows on W workers; a contiguous build merges all S(S-1)/2 pairs in the rounds of
+side-by-side merges its Scheduler runs (``merge_rounds``: no two at once share a shard, so 3 shards on 2
+GPUs take 3 rounds, not 3 / 2); a partitioned build (bigknn/algorithms/partition/) merges S x pairs-per-shard pairs
+(the rate is a store's measured plan, or an assumption the plan states), W at a time. Disk reads and
+writes (at measured rates) overlap with compute, except at the ends: no GPU starts before its first shard
+is read (one shard per worker), and the last merge's two graphs are written after it ends, so
+
+    total = max(start + compute + end, I/O)
+
+The I/O is what the pipeline does: the input read once (twice when partitioned and too large for host RAM:
+labelling, then sharding)
+and its rows written once; merges read shards back only where the host cache cannot hold them all: as many
+as the build's Scheduler makes an LRU cache of the planned size read, pairs of cached shards first
+(``replayed_reads``: 61 shards through 10 cached, all pairs, read 372 shards, not the 1,827 of merges hitting
+cached shards at random); each shard's graph is written once at its end, again at each checkpoint while
+merges change it (the cached graphs; checkpoints spaced to take at most a tenth of the time,
+writer.checkpoint_interval), and when it is evicted unwritten (each shard read back was). T2 (10 shards, all
+cached, shorter than a checkpoint): 3.84 GB read and 7.68 GB written, as measured; every merge reading and
+writing both shards would be 73 and 42 GB.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+
+import numpy as np
+
+from bigknn.backends import device_memory_model
+from bigknn.core.params import GnndParams
+from bigknn.engine.limits import build_refusal, build_shards, smallest_shard_rows
+from bigknn.operations.calibrate import rate_at
+from bigknn.engine.pair_order import pending_pairs, round_count
+from bigknn.engine.sharding_pass import shard_total
+from bigknn.engine.scheduler import Pair, Scheduler
+from bigknn.engine.pending import cache_parts, input_fits_host
+from bigknn.engine.writer import checkpoint_interval, checkpoint_s
+from bigknn.shards import Store
+
+CPU_SHARD_ROWS = 1_000_000  # shard size on the CPU backend, where no device memory bounds it
+# merges per shard of a partitioned build when no store's plan is at hand: the clustered synth (200K x 96, 17
+# shards, recall 0.99) plans 39 pairs (2.3 per shard); data with less locality needs more
+ASSUMED_PAIRS_PER_SHARD = 2.3
+AUTO_KMEANS_SHARDS = 12  # --partition auto: k-means from this many contiguous shards on (resolve_partition)
+SIMULATED_SHARDS = 40  # merge_rounds replays the Scheduler up to this many shards (0.2 s), counts beyond
+SIMULATED_PAIRS = 2_000  # merge_reads replays the Scheduler up to this many merges (61 shards' 1,830: 1-1.5 s)
+NEAR_PAIRS_SEED = 0  # of the near pairs a partitioned plan draws (near_pairs)
+
+
+def pairs_per_shard_from_store(store: Store) -> float | None:
+    """Merges per shard of a partitioned store's committed plan (None: contiguous, or not planned yet)."""
+    m = store.manifest
+    return len(m.pairs) / len(m.shards) if m.partition is not None and m.pairs is not None else None
+
+
+def plan(rows: int, dim: int, itemsize: int, params: GnndParams, shard_rows: int, workers: int, rates: dict,
+         disk: dict, partition: str = "contiguous", pairs_per_shard: float = ASSUMED_PAIRS_PER_SHARD,
+         assumptions: dict | None = None, host_mem: int | None = None) -> dict:
+    """The plan of a build; ``disk``: {"read_gbps", "write_gbps", "source"} (diskrate.measure_disk);
+    ``assumptions``: what else it rests on (host RAM, GPU memory, where pairs-per-shard came from), reported;
+    ``host_mem``: the host cache's bytes (``--host-mem``; default half this machine's RAM)."""
+    width = params.width()
+    shards = build_shards(rows, shard_rows, width, partition)  # as many as the build makes
+    if partition == "contiguous" or shards == 1:
+        merges = shards * (shards - 1) // 2
+    else:
+        merges = min(shards * (shards - 1) // 2, math.ceil(shards * pairs_per_shard))
+    r = math.ceil(rows / shards)
+    row_bytes = dim * itemsize
+    graph_row = width * 8
+    shard_bytes = r * (row_bytes + graph_row)
+    gnnd_rate, ggm_rate = rate_at(rates, "gnnd", r), rate_at(rates, "ggm", r)
+    gnnd_s = shards * r / gnnd_rate
+    merge_s = 2 * r / ggm_rate  # one merge of two shards
+    merge_wall = (merge_rounds(shards, workers) * merge_s if partition == "contiguous"
+                  else merges * merge_s / workers)
+    gnnd_wall = gnnd_s / min(workers, shards)  # one shard's GNND runs on one worker
+    compute_s = gnnd_wall + merge_wall
+    # a partitioned build labels every row first, then shards them: from RAM where the input fits the host budget
+    input_passes = 1 if partition == "contiguous" or input_fits_host(rows * row_bytes, host_mem) else 2
+    cached = cache_parts(shard_bytes, workers, host_mem)
+    misses, misses_how = merge_reads(shards, merges, cached, partition != "contiguous", workers)
+    # rewrites while merges change graphs: each checkpoint's (the clock starts at the first GNND result; a
+    # checkpoint writes the cached graphs, and the next waits until its writes are CHECKPOINT_SHARE of the time)
+    # and each eviction of an unwritten graph (one per shard read back: it was evicted before its last merge),
+    # at most one per merge result (what an interval of 0 writes)
+    read_bps, write_bps = disk["read_gbps"] * 1e9, disk["write_gbps"] * 1e9
+    held = min(cached, shards)
+    interval = checkpoint_interval(checkpoint_s(), held * r * graph_row / write_bps)
+    checkpoints = int(max(0.0, compute_s - r / gnnd_rate) // interval) if interval > 0 else merges
+    graph_writes = shards + min(checkpoints * held + misses, 2 * merges)
+    read_bytes = input_passes * rows * row_bytes + misses * shard_bytes
+    written_bytes = rows * row_bytes + graph_writes * r * graph_row
+    io_s = read_bytes / read_bps + written_bytes / write_bps
+    start_s = min(workers, shards) * r * row_bytes / read_bps  # each worker's first shard, read before its GNND
+    end_s = (2 if merges else 1) * r * graph_row / write_bps  # the last merge's graphs (or the one GNND's)
+    total_s = max(start_s + compute_s + end_s, io_s)
+    return {
+        "rows": rows, "dim": dim, "k": params.k, "list_width": width, "partition": partition, "shards": shards,
+        "shard_rows": r, "merges": merges, "all_pairs": shards * (shards - 1) // 2,
+        "rounds": round_count(shards), "workers": workers,
+        "disk_bytes": rows * row_bytes + 2 * rows * graph_row, "cached_shards": min(cached, shards),
+        "host_bytes_per_worker": 2 * shard_bytes, "host_bytes_total": (2 * workers + 2) * shard_bytes,
+        "gpu_bytes_per_worker": merge_gpu_bytes(r, dim, itemsize, params),
+        "io_bytes": round(read_bytes + written_bytes), "read_bytes": round(read_bytes),
+        "written_bytes": round(written_bytes), "merge_reads": round(misses),
+        "estimate_s": {"start": round(start_s, 1), "gnnd": round(gnnd_wall, 1), "ggm": round(merge_wall, 1),
+                       "end": round(end_s, 1), "io": round(io_s, 1), "total": round(total_s, 1)},
+        "estimate_h": round(total_s / 3600, 2),
+        "rates": planned_rates(rates, r, gnnd_rate, ggm_rate),
+        "assumptions": {"disk": disk, "merge_reads": misses_how, **(assumptions or {})},
+    }
+
+
+def fitting_shard_rows(rows: int, shard_rows: int, width: int, partition: str) -> tuple[int, str | None]:
+    """The --shard-rows to plan with: ``shard_rows``, or where ``bigknn build`` would refuse it, the smallest it
+    takes, with the reason it refuses ``shard_rows`` (a plan never proposes a build that build refuses)."""
+    refusal = build_refusal(rows, shard_rows, width, partition)
+    if refusal is None:
+        return shard_rows, None
+    return max(shard_rows, smallest_shard_rows(rows, width, partition)), refusal
+
+
+def merge_reads(shards: int, merges: int, cached: int, partitioned: bool, workers: int) -> tuple[float, str]:
+    """Shards the merges read back from the store, and how they were counted (stated in the plan's assumptions):
+    none where the cache holds every shard; else the replay of the build's own order (``replayed_reads``),
+    which reads far fewer than merges hitting cached shards at random; that (merges x 2 x the share not
+    cached) only beyond SIMULATED_PAIRS merges, where the replay's cost (merges^2) would hold the plan up."""
+    if cached >= shards:
+        return 0.0, "every shard cached: nothing read back"
+    if merges > SIMULATED_PAIRS:
+        return merges * 2 * (1 - cached / shards), (
+            f"over {SIMULATED_PAIRS:,} merges: counted as random cache hits (merges x 2 x the share not cached), "
+            "not replayed; the build, cached pairs first, reads fewer")
+    pairs = near_pairs(shards, merges) if partitioned else pending_pairs(shards, set())
+    how = (f"the build's Scheduler (pairs of cached shards first) replayed through an LRU cache of {cached} "
+           "shards, one worker, after every GNND")
+    if workers > 1:
+        how += f"; {workers} workers take pairs as merges end: replayed as one"
+    if partitioned:
+        how += "; near pairs drawn at random (real ones cluster: fewer reads)"
+    return float(replayed_reads(pairs, shards, cached)), how
+
+
+def near_pairs(shards: int, merges: int) -> list[Pair]:
+    """A partitioned build's pairs as the plan models them: ``merges`` pairs drawn at random (seeded: a plan
+    is repeatable), in the order the build hands them to its Scheduler (Ledger.todo_pairs: the schedule's,
+    the unplanned left out). Which pairs are near is the data's; a partition's shard numbers say nothing of
+    it, and random pairs share fewer shards than near ones, so they count reads on the safe side."""
+    every = pending_pairs(shards, set())
+    keep = set(np.random.default_rng(NEAR_PAIRS_SEED).choice(len(every), merges, replace=False).tolist())
+    return [p for n, p in enumerate(every) if n in keep]
+
+
+def replayed_reads(pairs: list[Pair], shards: int, cached: int) -> int:
+    """Shards read while one worker merges ``pairs`` (given in the build's order) through an LRU cache of
+    ``cached`` shards, each next pair chosen by the build's Scheduler told what the cache holds (as the build
+    tells it where the cache is smaller than the store): its order, not a copy of it. The merges start with
+    the last ``cached`` GNND results cached (a partitioned build plans its pairs after every GNND; GNND goes
+    first whenever a shard waits for it). The cache's prefetching and its dirty shards held past capacity
+    are left out."""
+    lru = OrderedDict.fromkeys(range(shards - cached, shards))
+    sched = Scheduler(pairs, ready=range(shards), held=lru.__contains__)
+    reads, last = 0, set()
+    while (task := sched.next_task(prefer=last)) is not None:
+        pair = task[1]
+        for sid in pair:  # the merge touches its pair (ShardCache.touch), then reads what is missing
+            if sid in lru:
+                lru.move_to_end(sid)
+        for sid in pair:
+            if sid not in lru:
+                reads += 1
+                lru[sid] = None
+                while len(lru) > cached:
+                    lru.popitem(last=False)
+        sched.release(pair)
+        last = set(pair)
+    return reads
+
+
+def planned_rates(rates: dict, shard_rows: int, gnnd_rate: float, ggm_rate: float) -> dict:
+    """The plan's "rates": those it used (at its shard size) and what they came from: the measured rates
+    (at ``measured_at_rows``), each calibration size's, and the exponents that scaled them."""
+    measured = {f"measured_{k}": round(rates[k]) for k in ("gnnd_rows_per_s", "ggm_rows_per_s")}
+    exponents = {k: None if rates.get(k) is None else round(rates[k], 3) for k in ("gnnd_exponent", "ggm_exponent")}
+    return {"source": rates.get("source", "given"), "gnnd_rows_per_s": round(gnnd_rate),
+            "ggm_rows_per_s": round(ggm_rate), "at_rows": shard_rows, **measured,
+            "measured_at_rows": rates.get("at_rows"), **exponents,
+            "points": [{k: round(v) for k, v in p.items()} for p in rates.get("points", [])]}
+
+
+def merge_gpu_bytes(shard_rows: int, dim: int, itemsize: int, params: GnndParams) -> int:
+    """Device bytes of one GGM of two shards of ``shard_rows`` rows, as the device backend plans it (its
+    MemoryModel: bigknn/backends/base.py)."""
+    return device_memory_model().merge_bytes(shard_rows, dim, itemsize, params)
+
+
+def largest_shard_rows(gpu_bytes: int, dim: int, itemsize: int, params: GnndParams) -> int:
+    """The biggest shard whose merge (two shards at once) fits ``gpu_bytes``."""
+    fixed = merge_gpu_bytes(0, dim, itemsize, params)
+    per_row = (merge_gpu_bytes(1 << 20, dim, itemsize, params) - fixed) / (1 << 20)
+    return max(params.width() + 1, int((gpu_bytes - fixed) // per_row))
+
+
+def auto_shard_rows(backends, dim: int, itemsize: int, params: GnndParams, gpu_mem: int | None = None) -> int:
+    """Rows per shard when the user gives none: the largest whose merge fits every GPU's budget (what is
+    free, capped by ``--gpu-mem``). Without a GPU: sized for ``gpu_mem`` when given (planning a GPU job on
+    another machine), else CPU_SHARD_ROWS."""
+    budgets = [budget for b in backends if (budget := b.memory_budget()) is not None]
+    if not budgets and gpu_mem:
+        budgets = [gpu_mem]
+    return largest_shard_rows(min(budgets), dim, itemsize, params) if budgets else CPU_SHARD_ROWS
+
+
+def merge_rounds(shards: int, workers: int) -> int:
+    """Rounds of side-by-side merges the pipeline's Scheduler runs for all pairs of ``shards`` ready shards,
+    ``workers`` taking a free pair at a time (merges of equal length): shards - 1 rounds of one merge each
+    make a single worker's, fewer of several merges make a multi-GPU run's. Replayed on the Scheduler up to
+    SIMULATED_SHARDS shards (its cost grows as shards^4: 300 shards took 7 minutes); beyond, where nearly every
+    round is full, the rounds of full ones."""
+    pairs = shards * (shards - 1) // 2
+    if workers < 2 or shards > SIMULATED_SHARDS:
+        return -(-pairs // max(1, min(workers, shards // 2)))
+    sched = Scheduler(pending_pairs(shards, set()), ready=range(shards))  # in the build's order
+    rounds = 0
+    while sched.pending:
+        taken = []
+        while len(taken) < workers and sched.has_free_pair():
+            taken.append(sched.next_task(prefer=set())[1])
+        for pair in taken:
+            sched.release(pair)
+        rounds += 1
+    return rounds
+
+
+def all_pairs_merge_cost(shards: int, workers: int) -> float:
+    """Wall time of an all-pairs merge schedule in merges of the whole input's size: its rounds, each merging
+    2 / ``shards`` of the input. One worker: shards - 1, so one GPU wants the fewest shards."""
+    return merge_rounds(shards, workers) * 2 / shards if shards > 1 else 0.0
+
+
+def resolve_partition(method: str, rows: int, shard_rows: int, width: int) -> str:
+    """The partition a build of ``rows`` rows at ``shard_rows`` runs for ``method``: itself, or for ``auto``
+    k-means once the contiguous build would make AUTO_KMEANS_SHARDS shards, else contiguous. Fewer shards
+    save no merges by partitioning: pairs.choose_pairs takes every pair once more than ALL_PAIRS_FRACTION of
+    them are needed, which ASSUMED_PAIRS_PER_SHARD near pairs per shard are below that count, and a
+    partitioned build starts no GNND before its labelling pass ends (docs/perf-notes.md: 50M x 96 in 3-4
+    shards on one GPU). From there on near pairs grow with the shards, all pairs with their square."""
+    if method != "auto":
+        return method
+    return "kmeans" if shard_total(rows, shard_rows, width) >= AUTO_KMEANS_SHARDS else "contiguous"
+
+
+def automatic_shards(rows: int, fits: int, workers: int, width: int, method: str) -> tuple[int, str]:
+    """(--shard-rows, partition) of a build whose shard size is automatic: ``fits`` (the largest shard the
+    device takes), spread over ``workers`` for a contiguous build (``spread_for_workers``), the partition
+    resolved at that size (``resolve_partition``)."""
+    method = resolve_partition(method, rows, fits, width)
+    return (spread_for_workers(rows, fits, workers) if method == "contiguous" else fits), method
+
+
+def spread_for_workers(rows: int, shard_rows: int, workers: int) -> int:
+    """The automatic shard size of a contiguous build on ``workers`` GPUs: ``shard_rows`` (the largest that
+    fits) unless a few more, smaller shards let merges run side by side sooner. Three shards merge one pair at
+    a time (any two of their pairs share a shard: 50M x 96 on 1, 2 and 4 H200s took 80, 76 and 77 s); four
+    merge two at once, in 3 rounds of half the size: 1.5 input-sized merges of wall instead of 2."""
+    least = max(1, -(-rows // shard_rows))
+    if workers < 2:
+        return shard_rows
+    best = min(range(least, least + workers + 1), key=lambda s: (all_pairs_merge_cost(s, workers), s))
+    return shard_rows if best == least else -(-rows // best)

@@ -1,0 +1,87 @@
+"""What ``bigknn plan`` and ``bigknn.plan`` gather before sizing a build (plan.py): the input's shape (its file's
+header, or the rows and dimension given), the shard size (the largest that fits the workers' device memory, or
+the one given), merges per shard (a store's committed plan, or the assumption), disk rates, and the rates of
+GNND and GGM (a store's recorded timings, or a short calibration on the input's own rows)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from bigknn.backends import Backend
+from bigknn.formats import open_source
+from bigknn.core.params import GnndParams
+from bigknn.operations.calibrate import calibrate, calibration_sizes, calibration_steps, rates_from_store, sample_rows
+from bigknn.operations.diskrate import measure_disk
+from bigknn.operations.plan_model import (ASSUMED_PAIRS_PER_SHARD, auto_shard_rows, automatic_shards, fitting_shard_rows,
+                                  pairs_per_shard_from_store, plan, resolve_partition)
+from bigknn.engine.pending import physical_memory
+from bigknn.core.progress import Reporter
+from bigknn.shards import Store
+
+# rows of the larger calibration shard (its merge takes seconds): the planned shard's up to this on a GPU
+GPU_CALIBRATION_ROWS = 4_000_000
+CPU_CALIBRATION_ROWS = 20_000  # and this on the CPU
+
+
+def size_build(input: Path | None, rows: int | None, dim: int | None, dtype: str, params: GnndParams,
+               shard_rows: int | None, store: Path | None, calibrate_rows: int | None, disk_gbps: float | None,
+               partition: str, pairs_per_shard: float | None, backends: list[Backend], gpu_mem: int | None,
+               host_mem: int | None, reporter: Reporter, output: Path | None = None) -> dict:
+    """The plan of a build of ``input`` (or of ``rows`` x ``dim`` of ``dtype``) on ``backends``, with what it
+    was made on: the ``backend`` that calibrated, ``on_device`` (a device bounds its calls), the ``dtype`` read."""
+    vf = None
+    if input is not None:
+        vf = open_source(input)
+        rows, dim, itemsize, dtype = vf.rows, vf.dim, vf.read_dtype.itemsize, vf.read_dtype.name
+    elif rows is None or dim is None:
+        raise ValueError("give an input file, or rows and dim")
+    else:
+        itemsize = np.dtype(dtype).itemsize
+    fits_gpu = auto_shard_rows(backends, dim, itemsize, params, gpu_mem)
+    if shard_rows is None:
+        shard_rows, partition = automatic_shards(rows, fits_gpu, len(backends), params.width(), partition)
+    partition = resolve_partition(partition, rows, shard_rows, params.width())
+    asked = shard_rows
+    shard_rows, refusal = fitting_shard_rows(rows, shard_rows, params.width(), partition)
+    measured = Store.open(store, pin=False) if store is not None else None
+    pairs_source = "--pairs-per-shard"
+    if pairs_per_shard is None:
+        from_store = pairs_per_shard_from_store(measured) if measured is not None else None
+        pairs_per_shard = ASSUMED_PAIRS_PER_SHARD if from_store is None else from_store
+        pairs_source = f"the plan of {store}" if from_store is not None else "assumed (the clustered synth's)"
+    if disk_gbps is None:
+        disk = measure_disk(probe_dir(output, input))
+    else:
+        disk = {"read_gbps": disk_gbps, "write_gbps": disk_gbps, "source": "--disk-gbps"}
+    gpu_bytes = [b for b in (be.memory_budget() for be in backends) if b is not None] or [gpu_mem]
+    assumptions = {"host_ram_bytes": physical_memory(), "gpu_bytes": gpu_bytes[0],
+                   "pairs_per_shard": round(pairs_per_shard, 3), "pairs_source": pairs_source,
+                   "labelling": "the partition's labelling pass is counted as one more read of the input; its "
+                                "nearest-centroid search runs on the backend and is not timed"}
+    on_device = backends[0].memory_budget() is not None
+    if measured is not None:
+        rates = rates_from_store(measured)
+    else:
+        c_rows = calibrate_rows or (min(shard_rows, GPU_CALIBRATION_ROWS) if on_device else CPU_CALIBRATION_ROWS)
+        c_rows = min(c_rows, rows // 2) if vf is not None else c_rows
+        sizes = calibration_sizes(c_rows, params.width())
+        x, what = sample_rows(vf, 2 * c_rows, dim, dtype)
+        backends[0].warm_up(reporter.note)  # a first run's compile: said, and outside the calibration
+        with reporter.phase("calibrate", calibration_steps(sizes), "steps") as advance:
+            rates = calibrate(backends[0], x, sizes, params, what, advance=advance)
+    result = plan(rows, dim, itemsize, params, min(shard_rows, rows), len(backends), rates, disk, partition,
+                  pairs_per_shard, assumptions, host_mem)
+    result["build_refuses"] = None if refusal is None else {
+        "shard_rows": asked, "why": refusal, "planned_shard_rows": shard_rows,
+        "over_gpu_fit": shard_rows > fits_gpu and on_device}
+    return {**result, "backend": backends[0].name, "on_device": on_device, "dtype": dtype}
+
+
+def probe_dir(output: Path | None, input: Path | None) -> Path:
+    """Where the disk probe goes: the nearest existing directory of the store the build will write, else
+    the input's directory, else the current one."""
+    if output is not None:
+        return next(p for p in (output.absolute(), *output.absolute().parents) if p.is_dir())
+    return input.parent if input is not None else Path.cwd()
