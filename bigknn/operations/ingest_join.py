@@ -31,7 +31,7 @@ import numpy as np
 
 from bigknn.backends import Backend
 from bigknn.formats import VectorSource
-from bigknn.core.knn_graph import KnnGraph
+from bigknn.core.knn_graph import KnnGraph, final_columns, widened
 from bigknn.algorithms.graph_join import JoinCost, Joined, join
 from bigknn.core.metric import kernel_metric, prepare_rows
 from bigknn.engine.accounting import Accounting
@@ -82,7 +82,7 @@ class StoreRows:
         if sid not in self._graphs:
             g = self.store.read_graph(sid)
             self.bytes_read += g.ids.nbytes + g.dists.nbytes
-            self._graphs[sid] = g
+            self._graphs[sid] = widened(g, self.store.manifest.params.width())  # stored final graphs are k wide
         return self._graphs[sid]
 
     def _by_shard(self, ids: np.ndarray):
@@ -182,7 +182,9 @@ def _entered(m: Manifest, old: StoreRows, got: Joined) -> dict[int, KnnGraph]:
 
 
 def _write(store: Store, sid: int, version: int, graph: KnnGraph, rows: np.ndarray | None) -> int:
-    """Write a shard's new graph version (with its rows, for a shard that keeps them there); the bytes written."""
+    """Write a shard's new graph version, k wide as every final graph (with its rows, for a shard that keeps them
+    there); the bytes written."""
+    graph = final_columns(graph, store.manifest.k)
     written = graph.ids.nbytes + graph.dists.nbytes
     if rows is not None:
         store.write_vectors(sid, rows, version)
