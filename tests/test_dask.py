@@ -87,7 +87,7 @@ def test_build_on_cluster_waits_for_rows_still_being_written(cluster, reference,
 
     def held_back(*args):
         time.sleep(0.3)
-        write(*args)
+        return write(*args)  # the bytes written, which the pass counts
 
     monkeypatch.setattr(sharding, "_write_shard", held_back)
     with bigknn.build(reference["data"], store=tmp_path / "d.knn", scheduler=cluster.scheduler.address,

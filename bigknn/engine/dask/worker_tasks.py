@@ -164,11 +164,14 @@ def _part(store: Store, ref: ShardRef) -> tuple[ShardPart, int]:
     if ref.pending and _CACHE.state(key)[0] != "written":
         raise PendingLost([ref.id])
     vectors, nread = _vectors(store, ref.id)
-    graph = widened(store.read_graph(ref.id, ref.version), store.manifest.params.width()) if (
-        ref.version is not None) else None
+    graph = None
+    if ref.version is not None:  # counted as read (k wide as stored), then padded for the merge
+        stored = store.read_graph(ref.id, ref.version)
+        nread += stored.ids.nbytes + stored.dists.nbytes
+        graph = widened(stored, store.manifest.params.width())
     part = ShardPart(ref.offset, vectors, graph)
     _CACHE.put(key, part)
-    return part, nread + (graph.ids.nbytes + graph.dists.nbytes if graph is not None else 0)
+    return part, nread
 
 
 def _vectors(store: Store, shard_id: int) -> tuple[np.ndarray, int]:
