@@ -65,6 +65,9 @@ def test_plan_command_says_what_build_refuses_and_plans_what_it_takes():
     p = run_json("plan", "--rows", 10**9, "--dim", 96, "-k", 32, "--backend", "cpu", "--calibrate-rows", 1000,
                  "--disk-gbps", 1)
     refused = p["build_refuses"]
-    assert refused["shard_rows"] == CPU_SHARD_ROWS and "499,500 merges" in refused["why"], refused
-    assert refused["planned_shard_rows"] == smallest_shard_rows(10**9, PARAMS.width(), "contiguous")
+    assert p["partition"] == "kmeans"  # the default (auto) at a billion rows
+    shards = build_shards(10**9, CPU_SHARD_ROWS, PARAMS.width(), "kmeans")  # every pair counted, as build counts
+    merges = shards * (shards - 1) // 2
+    assert refused["shard_rows"] == CPU_SHARD_ROWS and f"{merges:,} merges" in refused["why"], refused
+    assert refused["planned_shard_rows"] == smallest_shard_rows(10**9, PARAMS.width(), "kmeans")
     assert p["shards"] * (p["shards"] - 1) // 2 <= MAX_MERGES
