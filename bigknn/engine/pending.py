@@ -80,6 +80,63 @@ class Ledger:
         return []
 
 
+class StagedLedger(Ledger):
+    """Records the progress of a write that adds shards to a finished store (an ingest, a merge of stores) in
+    ``manifest.pending``: the new shards, the staged graph versions of new and old shards, the merged pairs;
+    the visible state stays put until ``finish``. Every pair with a new shard is wanted (pairs among the old
+    shards were merged before)."""
+
+    def __init__(self, store: Store):
+        super().__init__(store)
+        p = store.manifest.pending
+        self.new = [s if isinstance(s, ShardEntry) else ShardEntry(**s) for s in p["shards"]]
+        p["shards"] = self.new
+        self.first_new = len(store.manifest.shards)
+
+    @property
+    def pending(self) -> dict:
+        return self.store.manifest.pending
+
+    def shards(self) -> list[ShardEntry]:
+        return self.store.manifest.shards + self.new
+
+    def version(self, sid: int) -> int | None:
+        staged = self.pending["graphs"].get(str(sid))
+        if staged is not None:
+            return staged
+        return self.store.manifest.shards[sid].graph if sid < self.first_new else None
+
+    def set_version(self, sid: int, version: int) -> None:
+        self.pending["graphs"][str(sid)] = version
+
+    def done(self) -> set[tuple[int, int]]:
+        return {(a, b) for a, b in self.pending["merged"]}
+
+    def history(self) -> list:
+        return self.pending["merged"]
+
+    def add_pair(self, i: int, j: int) -> None:
+        self.pending["merged"].append([i, j])
+
+    def wanted(self, i: int, j: int) -> bool:
+        return j >= self.first_new
+
+    def finish(self) -> None:
+        """Fold the staged write into the visible state (the caller commits)."""
+        m = self.store.manifest
+        for sid, version in self.pending["graphs"].items():
+            if int(sid) < self.first_new:
+                m.shards[int(sid)].graph = version
+        for shard in self.new:
+            shard.graph = self.pending["graphs"][str(shard.id)]
+        m.shards.extend(self.new)
+        m.merged.extend(self.pending["merged"])
+        if m.pairs is not None:  # a planned store's merges stay its plan plus what this write merged
+            m.pairs.extend(self.pending["merged"])
+        m.inputs.extend(self.pending["inputs"])
+        m.pending = None
+
+
 def must_write(m: Manifest, sizes: list[int]) -> int:
     """Bytes a run over shards of ``sizes`` rows must write: their vectors and their final graphs (k wide)."""
     rows = sum(sizes)

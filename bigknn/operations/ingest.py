@@ -36,47 +36,15 @@ from bigknn.operations.compact import regroup_small_shards
 from bigknn.operations.ingest_join import join_batch, joins
 from bigknn.engine.sharding_pass import shard_sizes
 from bigknn.engine.executor import Executor, InProcess
-from bigknn.engine.pending import Ledger, cache_shards, check_merge_count, record_timings
+from bigknn.engine.pending import StagedLedger, cache_shards, check_merge_count, record_timings
 from bigknn.engine.accounting import Accounting
 from bigknn.core.progress import Reporter
 from bigknn.shards import ShardEntry, Store, WriterLock
 from bigknn.shards import user_ids
 
 
-class IngestLedger(Ledger):
+class IngestLedger(StagedLedger):
     """Records an ingest's progress in ``manifest.pending``; existing shards' visible versions stay put."""
-
-    def __init__(self, store: Store):
-        super().__init__(store)
-        p = store.manifest.pending
-        self.new = [s if isinstance(s, ShardEntry) else ShardEntry(**s) for s in p["shards"]]
-        p["shards"] = self.new
-        self.first_new = len(store.manifest.shards)
-
-    @property
-    def pending(self) -> dict:
-        return self.store.manifest.pending
-
-    def shards(self) -> list[ShardEntry]:
-        return self.store.manifest.shards + self.new
-
-    def version(self, sid: int) -> int | None:
-        staged = self.pending["graphs"].get(str(sid))
-        if staged is not None:
-            return staged
-        return self.store.manifest.shards[sid].graph if sid < self.first_new else None
-
-    def set_version(self, sid: int, version: int) -> None:
-        self.pending["graphs"][str(sid)] = version
-
-    def done(self) -> set[tuple[int, int]]:
-        return {(a, b) for a, b in self.pending["merged"]}
-
-    def history(self) -> list:
-        return self.pending["merged"]
-
-    def add_pair(self, i: int, j: int) -> None:
-        self.pending["merged"].append([i, j])
 
     def wanted(self, i: int, j: int) -> bool:
         """Pairs with a new shard (pairs among old shards were merged before); in a partitioned store only
@@ -106,21 +74,6 @@ class IngestLedger(Ledger):
                 or not seeded_merge_fits(new_rows, self.store.manifest.rows)):
             return []
         return [s for s in merged_with if s < self.first_new][-SEED_SHARDS:]
-
-    def finish(self) -> None:
-        """Fold the staged ingest into the visible state (the caller commits)."""
-        m = self.store.manifest
-        for sid, version in self.pending["graphs"].items():
-            if int(sid) < self.first_new:
-                m.shards[int(sid)].graph = version
-        for shard in self.new:
-            shard.graph = self.pending["graphs"][str(shard.id)]
-        m.shards.extend(self.new)
-        m.merged.extend(self.pending["merged"])
-        if m.pairs is not None:  # a planned store's merges stay its plan plus what the ingest merged
-            m.pairs.extend(self.pending["merged"])
-        m.inputs.extend(self.pending["inputs"])
-        m.pending = None
 
 
 def ingest(store_path: Path, inputs: list[Path], backends: list[Backend], reporter: Reporter,

@@ -31,67 +31,11 @@ from bigknn.engine.accounting import Accounting
 from bigknn.operations.merge_checks import (STORE_KEY, check_id_room, check_other, check_store, digest,
                                           merged_digests)
 from bigknn.engine.executor import Executor, InProcess
-from bigknn.engine.pending import Ledger, cache_shards, check_merge_count, record_timings
+from bigknn.engine.pending import StagedLedger, cache_shards, check_merge_count, record_timings
 from bigknn.core.progress import Reporter
 from bigknn.shards import ShardEntry, Store, WriterLock, user_ids
 
 COPY_THREADS = 4  # shards copied at once: reading, checking and writing chunks run on several cores
-
-
-class MergeLedger(Ledger):
-    """Records a merge of stores in ``manifest.pending``: the new shards, their staged graph versions and
-    STORE's, the merged pairs (those within each other store from the start); STORE's visible state stays put."""
-
-    def __init__(self, store: Store):
-        super().__init__(store)
-        p = store.manifest.pending
-        self.new = [s if isinstance(s, ShardEntry) else ShardEntry(**s) for s in p["shards"]]
-        p["shards"] = self.new
-        self.first_new = len(store.manifest.shards)
-
-    @property
-    def pending(self) -> dict:
-        return self.store.manifest.pending
-
-    def shards(self) -> list[ShardEntry]:
-        return self.store.manifest.shards + self.new
-
-    def version(self, sid: int) -> int | None:
-        staged = self.pending["graphs"].get(str(sid))
-        if staged is not None:
-            return staged
-        return self.store.manifest.shards[sid].graph if sid < self.first_new else None
-
-    def set_version(self, sid: int, version: int) -> None:
-        self.pending["graphs"][str(sid)] = version
-
-    def done(self) -> set[tuple[int, int]]:
-        return {(a, b) for a, b in self.pending["merged"]}
-
-    def history(self) -> list:
-        return self.pending["merged"]
-
-    def add_pair(self, i: int, j: int) -> None:
-        self.pending["merged"].append([i, j])
-
-    def wanted(self, i: int, j: int) -> bool:
-        """Every pair with a new shard (i < j); those within one other store are in ``done`` from the start."""
-        return j >= self.first_new
-
-    def finish(self) -> None:
-        """Fold the staged merge into the visible state (the caller commits)."""
-        m = self.store.manifest
-        for sid, version in self.pending["graphs"].items():
-            if int(sid) < self.first_new:
-                m.shards[int(sid)].graph = version
-        for shard in self.new:
-            shard.graph = self.pending["graphs"][str(shard.id)]
-        m.shards.extend(self.new)
-        m.merged.extend(self.pending["merged"])
-        if m.pairs is not None:  # a partitioned STORE's merges stay its plan plus what the merge merged
-            m.pairs.extend(self.pending["merged"])
-        m.inputs.extend(self.pending["inputs"])
-        m.pending = None
 
 
 def merge_stores(store_path: Path, others: list[Path], backends: list[Backend], reporter: Reporter,
@@ -146,7 +90,7 @@ def merge_stores(store_path: Path, others: list[Path], backends: list[Backend], 
 def resume(store: Store, executor: Executor, reporter: Reporter, acct: Accounting,
            host_mem: int | None = None) -> int:
     """Run the staged merge's remaining merges, then make it visible in one commit; returns the pairs merged."""
-    ledger = MergeLedger(store)
+    ledger = StagedLedger(store)  # every pair with a new shard: those within one other store are done
     before = len(ledger.history())
     executor.run_pending(store, ledger, reporter, acct, host_mem)
     merged = len(ledger.history()) - before
