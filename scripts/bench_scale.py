@@ -24,25 +24,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_dask import bigknn, drop_page_cache  # noqa: E402 - the CLI runner and cache drop of the Dask benchmark
+
 STAGES = ("compile_s", "h2d_s", "init_s", "setup_s", "iter_s", "finish_s", "d2h_s", "sample_s", "descent_s")
-
-
-def bigknn(*args: str) -> dict:
-    """Run a bigknn CLI command with --json; its JSON output (the command's error ends the benchmark)."""
-    proc = subprocess.run([sys.executable, "-m", "bigknn", *args, "--json"], capture_output=True, text=True)
-    if proc.returncode != 0:
-        sys.exit(f"bigknn {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
-    return json.loads(proc.stdout)
-
-
-def drop_page_cache() -> bool:
-    """Empty the page cache so each build reads from disk (needs root; False where not permitted)."""
-    subprocess.run(["sync"], check=False)
-    try:
-        Path("/proc/sys/vm/drop_caches").write_text("3\n")
-        return True
-    except OSError:
-        return False
 
 
 def stage_sums(timeline: list[dict]) -> dict:
