@@ -105,6 +105,36 @@ def test_stopper_widens_when_the_pace_cannot_close_the_gap():
     assert "widen" not in actions  # 0.018 gained, 0.022 short: on pace
 
 
+def test_a_climb_that_speeds_up_is_not_a_stall():
+    """A large set's descent starts slowly and speeds up (50M rows: 0.07 after four iterations): its pace over the
+    first iterations could not close the gap in ten spans, but it rises, so the lists are not widened; once the
+    climb slows down, the same pace rule applies."""
+    s = Stopper(0.99, 48)
+    start = [0.0, 0.002, 0.012, 0.07, 0.25, 0.6, 0.85, 0.95]
+    assert [s.after(_est(r)) for r in start] == ["go"] * len(start) and s.widened == 0
+    slow = Stopper(0.99, 48)
+    flat = [0.5, 0.51, 0.515, 0.518]  # slowing down, 0.47 short: widened at once
+    assert [slow.after(_est(r)) for r in flat][-1] == "widen"
+
+
+def test_lists_that_cannot_widen_keep_descending_until_a_stall():
+    """Where the caller cannot widen (its memory ends): a slow but rising pace goes on at the width it has (it
+    used to stop there, at whatever recall it had), and a stall stops at once, saying why the lists are the
+    widest; the width and the widening count are as before the attempt."""
+    slow = Stopper(0.99, 48)
+    assert [slow.after(_est(0.5 + 0.003 * i)) for i in range(STALL_ITERS + 1)][-1] == "widen"
+    assert slow.cannot_widen("no memory") == "go" and slow.width == 48 and slow.widened == 0
+    assert slow.after(_est(0.5 + 0.003 * (STALL_ITERS + 1))) == "go"  # no second attempt at a slow pace
+    stall = Stopper(0.99, 48)
+    assert [stall.after(_est(0.9)) for _ in range(STALL_ITERS + 1)][-1] == "widen"
+    assert stall.cannot_widen("no memory") == "stop"
+    assert stall.reason == "stalled at the widest lists (no memory)" and stall.width == 48
+    assert slow.after(_est(0.5 + 0.003 * (STALL_ITERS + 1))) == "go"
+    for _ in range(STALL_ITERS):
+        last = slow.after(_est(0.5 + 0.003 * (STALL_ITERS + 1)))
+    assert last == "stop" and slow.reason == "stalled at the widest lists (no memory)"
+
+
 def test_a_stall_with_only_the_mean_at_the_target_widens():
     """0.0015 gained per STALL_ITERS iterations is a stall (under STALL_GAIN): with the mean at 0.991 but the
     interval's lower end below 0.99 the truth may well be below the target, so the descent widens its lists

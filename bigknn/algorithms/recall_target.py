@@ -27,7 +27,8 @@ Z = 1.96  # two-sided 95 % interval
 TIE_RTOL = 1e-5  # relative slack on the 10th key: equal distances differ in float32 rounding
 STALL_ITERS = 3  # progress is judged over this many iterations:
 STALL_GAIN = 0.002  # a gain below this is a stall,
-STALL_HORIZON = 10  # and so is a pace that would need more than this many such spans to close the gap
+STALL_HORIZON = 10  # and so is a pace that would need more than this many such spans to close the gap,
+RISING = 1.25  # unless the last iteration gained this many times the span's average (the climb speeds up)
 MAX_WIDTH = 128  # widest list a descent widens to (the CUDA kernels' MAX_K)
 WIDEN_STEP = 32  # lists grow by this many entries at a stall
 EXACT_AFFORD = 4.0  # a descent that fell short is replaced by the exact answer only if that costs at most this
@@ -240,8 +241,13 @@ class Stopper:
     would stop, at the first iteration it crosses the target, on rows that happen to lie above the truth; the
     lower end of the 95 % interval (a one-sided 97.5 % bound) leaves that luck out. Widens the lists (up to
     ``MAX_WIDTH``) when the last ``STALL_ITERS`` iterations gained less than ``STALL_GAIN``, or so little that
-    closing the gap at that pace would take more than ``STALL_HORIZON`` such spans; stops when it can widen no
-    more. The reason is kept for the report.
+    closing the gap at that pace would take more than ``STALL_HORIZON`` such spans while the pace is not
+    rising; stops when it stalls and can widen no more. The reason is kept for the report.
+
+    A large set's descent starts slowly and speeds up (50M rows: recall 0.07 after four iterations, still
+    climbing faster each time): judging that start by its pace widened at once, and where the wider lists did
+    not fit the GPU the descent stopped there (a one-shard build of 50M x 96 on an H200, 2026-11-28). So a pace
+    that rises is never a stall, and lists that cannot be widened (``cannot_widen``) keep descending.
 
     A stall whose mean has reached the target but whose lower end has not widens like any other: stopping there
     (as builds did until 2026-11-28) left the truth below the target about half the time (held-out text: 0.987
@@ -259,6 +265,9 @@ class Stopper:
         self.widened = 0
         self.projected_s: float | None = None  # the rest of the descent, when that made the exact answer cheaper
         self.spent_s = 0.0  # seconds of the iterations so far
+        self.max_width = MAX_WIDTH  # lowered by cannot_widen where the caller's memory ends sooner
+        self._undo: tuple[int, list[float], bool] = (width, [], False)  # before the last widening (cannot_widen)
+        self.limit = ""  # why the widest lists are narrower than MAX_WIDTH, if they are
 
     def after(self, est: Estimate, seconds: float = 0.0) -> str:
         """The action after an iteration that took ``seconds`` and left the probe at ``est``."""
@@ -273,15 +282,34 @@ class Stopper:
             self.reason = "exact is cheaper"
             return "stop"
         h = self.history
-        gain = h[-1] - h[-1 - STALL_ITERS] if len(h) > STALL_ITERS else None
-        if gain is not None and (gain < STALL_GAIN or gain * STALL_HORIZON < self.target - h[-1]):
-            if self.width >= MAX_WIDTH:
-                self.reason = "stalled at the widest lists"
-                return "stop"
-            self.width = min(MAX_WIDTH, self.width + WIDEN_STEP)
-            self.history = []
-            self.widened += 1
-            return "widen"
+        if len(h) <= STALL_ITERS:
+            return "go"
+        gain = h[-1] - h[-1 - STALL_ITERS]
+        stalled = gain < STALL_GAIN
+        rising = h[-1] - h[-2] > RISING * gain / STALL_ITERS  # the last step beat the span's average
+        if not (stalled or (gain * STALL_HORIZON < self.target - h[-1] and not rising)):
+            return "go"
+        if self.width >= self.max_width:
+            if not stalled:  # slow but climbing, and no wider lists to try: on at this width
+                return "go"
+            self.reason = "stalled at the widest lists" + (f" ({self.limit})" if self.limit else "")
+            return "stop"
+        self._undo = (self.width, self.history, stalled)
+        self.width = min(self.max_width, self.width + WIDEN_STEP)
+        self.history = []
+        self.widened += 1
+        return "widen"
+
+    def cannot_widen(self, why: str) -> str:
+        """The caller could not widen as ``after`` asked (``why``: the memory it lacks): the lists stay as they
+        were, now the widest. The action instead: "stop" where the descent had stalled, else "go" on."""
+        self.width, self.history, stalled = self._undo
+        self.max_width = self.width
+        self.widened -= 1
+        self.limit = why
+        if stalled:
+            self.reason = f"stalled at the widest lists ({why})"
+            return "stop"
         return "go"
 
     def start_wider(self, width: int) -> None:

@@ -54,8 +54,7 @@ class DeviceTarget:
         action = self.stopper.after(self.probe.measure(ids, keys), now - self.clock)
         self.clock = now
         if action == "widen" and not self.fits(self.stopper.width, self.samples(self.stopper.width)):
-            self.stopper.reason = "stalled; wider lists do not fit the GPU memory budget"
-            return "stop"
+            return self.stopper.cannot_widen("wider ones do not fit the GPU memory budget")
         return action
 
     def exact_lists(self, ids) -> tuple[np.ndarray, np.ndarray]:
