@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from bigknn.backends import device_memory_model
 from bigknn.core.params import GnndParams
 from bigknn.algorithms.partition.learn import SLACK
 from bigknn.operations.plan_model import (ASSUMED_PAIRS_PER_SHARD, AUTO_KMEANS_SHARDS, CPU_SHARD_ROWS, SIMULATED_PAIRS, all_pairs_merge_cost, auto_shard_rows,
@@ -49,6 +50,12 @@ def test_auto_shard_rows_without_a_gpu():
     params = GnndParams(k=32)
     assert auto_shard_rows([], 96, 4, params) == CPU_SHARD_ROWS
     assert auto_shard_rows([], 96, 4, params, gpu_mem=8 << 30) == largest_shard_rows(8 << 30, 96, 4, params)
+    # rows whose one GNND fits the budget make one shard (no merge); a few more than that, merge-sized shards
+    whole = device_memory_model().whole_bytes
+    fits = next(n for n in range(1 << 20, 1 << 30, 1 << 20) if whole(n + (1 << 20), 96, 4, params) > 8 << 30)
+    assert auto_shard_rows([], 96, 4, params, gpu_mem=8 << 30, rows=fits) == fits
+    assert auto_shard_rows([], 96, 4, params, gpu_mem=8 << 30, rows=fits + (1 << 21)) == largest_shard_rows(
+        8 << 30, 96, 4, params) < fits
 
 
 def test_plan_scales_measured_rates():

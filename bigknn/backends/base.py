@@ -25,6 +25,10 @@ class MemoryModel(Protocol):
         """Device bytes of one GGM of two shards of ``shard_rows`` rows of ``dim`` elements of ``itemsize``
         bytes (the largest call of a build: shard sizes are chosen so that it fits)."""
 
+    def whole_bytes(self, rows: int, dim: int, itemsize: int, params: GnndParams) -> int:
+        """Device bytes of one GNND of all ``rows`` rows at once (a one-shard build: no merge at all), at the
+        same full candidate slots and widening room as ``merge_bytes``."""
+
 
 class Backend(Protocol):
     name: str

@@ -68,7 +68,7 @@ def build(req: BuildRequest, backends: list[Backend], reporter: Reporter, execut
     if resuming and not req.shard_rows:  # automatic size: the store's, whatever this machine would pick
         req = replace(req, shard_rows=Store.open(req.store, pin=False).manifest.shard_rows)
     elif not req.shard_rows:
-        fits = auto_shard_rows(backends, vf.dim, vf.read_dtype.itemsize, req.params)
+        fits = auto_shard_rows(backends, vf.dim, vf.read_dtype.itemsize, req.params, rows=vf.rows)
         rows, method = automatic_shards(vf.rows, fits, executor.workers(), req.params.width(), req.partition)
         req = replace(req, shard_rows=rows, partition=method)
     _check_request(req, vf)

@@ -55,8 +55,8 @@ def one_shard_rows(rows: int, dim: int, itemsize: int, params: GnndParams, backe
     """The shard size a store build of ``rows`` x ``dim`` rows of ``itemsize`` bytes would use (the same sizing
     as operations/build.py), where the rows make one shard of it; None where they make several (the store path
     then runs, out of core)."""
-    size = shard_rows or automatic_shards(rows, auto_shard_rows(backends, dim, itemsize, params), len(backends),
-                                          params.width(), partition)[0]
+    fits = auto_shard_rows(backends, dim, itemsize, params, rows=rows)
+    size = shard_rows or automatic_shards(rows, fits, len(backends), params.width(), partition)[0]
     return size if len(shard_sizes(rows, size, params.width())) == 1 else None
 
 

@@ -211,14 +211,20 @@ def largest_shard_rows(gpu_bytes: int, dim: int, itemsize: int, params: GnndPara
     return max(params.width() + 1, int((gpu_bytes - fixed) // per_row))
 
 
-def auto_shard_rows(backends, dim: int, itemsize: int, params: GnndParams, gpu_mem: int | None = None) -> int:
-    """Rows per shard when the user gives none: the largest whose merge fits every GPU's budget (what is
-    free, capped by ``--gpu-mem``). Without a GPU: sized for ``gpu_mem`` when given (planning a GPU job on
+def auto_shard_rows(backends, dim: int, itemsize: int, params: GnndParams, gpu_mem: int | None = None,
+                    rows: int | None = None) -> int:
+    """Rows per shard when the user gives none: all ``rows`` where one GNND of them fits every GPU's budget
+    (what is free, capped by ``--gpu-mem``): one shard, no merge, which no schedule of merges beats; else the
+    largest shard whose merge fits. Without a GPU: sized for ``gpu_mem`` when given (planning a GPU job on
     another machine), else CPU_SHARD_ROWS."""
     budgets = [budget for b in backends if (budget := b.memory_budget()) is not None]
     if not budgets and gpu_mem:
         budgets = [gpu_mem]
-    return largest_shard_rows(min(budgets), dim, itemsize, params) if budgets else CPU_SHARD_ROWS
+    if not budgets:
+        return CPU_SHARD_ROWS
+    if rows is not None and device_memory_model().whole_bytes(rows, dim, itemsize, params) <= min(budgets):
+        return rows
+    return largest_shard_rows(min(budgets), dim, itemsize, params)
 
 
 def merge_rounds(shards: int, workers: int) -> int:

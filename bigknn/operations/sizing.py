@@ -39,7 +39,7 @@ def size_build(input: Path | None, rows: int | None, dim: int | None, dtype: str
         raise ValueError("give an input file, or rows and dim")
     else:
         itemsize = np.dtype(dtype).itemsize
-    fits_gpu = auto_shard_rows(backends, dim, itemsize, params, gpu_mem)
+    fits_gpu = auto_shard_rows(backends, dim, itemsize, params, gpu_mem, rows)
     if shard_rows is None:
         shard_rows, partition = automatic_shards(rows, fits_gpu, len(backends), params.width(), partition)
     partition = resolve_partition(partition, rows, shard_rows, params.width())

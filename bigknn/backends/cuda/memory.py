@@ -77,6 +77,15 @@ def merge_bytes(shard_rows: int, dim: int, itemsize: int, params: GnndParams) ->
     return ggm_bytes(n, dim, itemsize, wide, w, params.sample_count(wide), 1 << LOG_SLOTS) + halves
 
 
+def whole_bytes(rows: int, dim: int, itemsize: int, params: GnndParams) -> int:
+    """The MemoryModel of this backend: device bytes of one GNND of ``rows`` rows, as ``merge_bytes`` counts a
+    merge's (full slots, room for one widening step, the half-precision copy)."""
+    w = params.width()
+    wide = min(MAX_WIDTH, w + WIDEN_STEP) if params.recall > 0 else w
+    halves = rows * dim * 2 if itemsize == 4 and dim >= HALF_MIN_DIM else 0
+    return gnnd_bytes(rows, dim, itemsize, wide, params.sample_count(wide), 1 << LOG_SLOTS) + halves
+
+
 def plan_slots(gpu: Gpu, need: Callable[[int], int], width: int, what: str) -> tuple[int, int]:
     """(log2 of the candidate slots per row, device bytes) for a call needing ``need(slots)`` bytes with
     lists ``width`` wide: copies kept from earlier calls are dropped (least recently used first) while the
