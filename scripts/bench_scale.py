@@ -3,8 +3,10 @@
 each run builds a fresh store after dropping the page cache (where permitted), measures its recall with
 ``bigknn eval recall``, and prints one JSON line: wall, recall, bytes read and written, busy share per GPU,
 and where each backend call's time went (the build timeline's stage seconds summed per phase: kernel
-compiles, copies, descent iterations), so that a schedule's cost is seen, not guessed. The store is removed
-after each run (a 50M store is as large as its input).
+compiles, copies, descent iterations), so that a schedule's cost is seen, not guessed. The disk's read and
+write rates are measured once before the runs (``--disk-probe-gb``), and each run states its disk floor: one read
+of the input plus one write of what the store holds, at those rates, and its CLI wall over that floor. The store
+is removed after each run (a 50M store is as large as its input).
 
     python scripts/bench_scale.py --input /tmp/bk/d50m.fbin --store /tmp/bk/s.knn --family synth \\
         --run contiguous:0 --run kmeans:0 --run auto:0,1 -- --k 32
@@ -22,10 +24,13 @@ import platform
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_dask import bigknn, drop_page_cache  # noqa: E402 - the CLI runner and cache drop of the Dask benchmark
+
+from bigknn.operations.diskrate import measure_disk  # noqa: E402
 
 STAGES = ("compile_s", "h2d_s", "init_s", "setup_s", "iter_s", "finish_s", "d2h_s", "sample_s", "descent_s")
 
@@ -61,9 +66,15 @@ def main() -> None:
     ap.add_argument("--family", default="synth")
     ap.add_argument("--backend", default="cuda")
     ap.add_argument("--eval-sample", type=int, default=10_000)
+    ap.add_argument("--disk-probe-gb", type=float, default=4.0,
+                    help="bytes written and read back once, before the runs, to measure the disk floor")
     ap.add_argument("build_args", nargs="*")
     args = ap.parse_args()
     store = Path(args.store)
+    store.parent.mkdir(parents=True, exist_ok=True)
+    drop_page_cache()
+    disk = measure_disk(store.parent, int(args.disk_probe_gb * (1 << 30)))
+    input_bytes = Path(args.input).stat().st_size
     for run in args.run:
         partition, _, rest = run.partition(":")
         gpus, _, shard_rows = rest.partition(":")
@@ -74,15 +85,20 @@ def main() -> None:
             build += ["--gpus", gpus or "0"]
         if shard_rows:
             build += ["--shard-rows", shard_rows]
+        t = time.perf_counter()
         out = bigknn("build", *build)
+        cli_wall = time.perf_counter() - t
         ev = bigknn("eval", "recall", str(store), "--backend", args.backend, "--sample", str(args.eval_sample),
                     "--k", str(min(10, out["k"])))
         du = sum(f.stat().st_size for f in store.rglob("*") if f.is_file())
+        # the disk floor: one read of the input and one write of what the store holds, at this call's rates
+        floor = input_bytes / 1e9 / disk["read_gbps"] + du / 1e9 / disk["write_gbps"]
         print(json.dumps({
             "workload": "out-of-core build", "family": args.family, "input": args.input, "rows": out["rows"],
             "dim": out["dim"], "k": out["k"], "partition_asked": partition, "partition": out["partition"],
             "gpus": gpus, "shard_rows_asked": int(shard_rows or 0), "device": device(), "page_cache_dropped": dropped, "build_args": args.build_args,
-            "wall_s": out["wall_s"], "recall@10": ev.get("recall"), "recall_estimate": out.get("recall_estimate"),
+            "wall_s": out["wall_s"], "cli_wall_s": round(cli_wall, 3), "disk": disk,
+            "disk_floor_s": round(floor, 2), "wall_over_floor": round(cli_wall / floor, 3), "recall@10": ev.get("recall"), "recall_estimate": out.get("recall_estimate"),
             "shards": out["shards"], "merges": out["merges_done"], "all_pairs": out["all_pairs"],
             "read_gb": out["read_gb"], "written_gb": out["written_gb"], "store_gb": round(du / 1e9, 3),
             "busy_frac": out["busy_frac"], "phase_wall_s": out["phase_wall_s"],
