@@ -78,3 +78,31 @@ def test_plan_raises_below_sixteen_slots():
     gpu = _Gpu(free=need(16) - 1, copies=0, per_copy=0)
     with pytest.raises(MemoryError, match=r"^ggm of 3 \+ 4 rows needs .* GiB of GPU memory, budget .* GiB: use"):
         plan_slots(gpu, need, 32, "ggm of 3 + 4 rows")
+
+
+def test_a_copy_on_its_way_is_waited_for_not_made_again():
+    """A call that needs rows being uploaded ahead (expected) gets that copy once it is put, not None (which
+    would make it upload the rows a second time); ``take`` hands it over without keeping it; an upload given
+    up (settled without a put) leaves the caller to upload."""
+    import threading
+
+    import numpy as np
+
+    from bigknn.backends.cuda.resident import ResidentCopies
+
+    copies, host = ResidentCopies(), np.zeros((5, 3), np.float32)
+    dev = np.zeros_like(host)  # stands for its device copy
+    copies.expect(host)
+    assert copies.has(host)
+    got: list = []
+    reader = threading.Thread(target=lambda: got.append(copies.take(host, stream=None)))
+    reader.start()
+    reader.join(timeout=0.5)
+    assert reader.is_alive() and not got  # waiting for the upload (returning at once would return None)
+    copies.put(host, dev)  # no event: ready at once
+    reader.join(timeout=30)
+    assert len(got) == 1 and got[0] is dev and not copies.has(host)
+    other = np.ones((2, 2), np.float32)
+    copies.expect(other)
+    copies.settle(other)
+    assert copies.get(other, stream=None) is None and not copies.has(other)

@@ -428,3 +428,24 @@ def test_gnnd_descends_on_a_probe_it_is_given(cuda_backend):
     _check_graph(x, g, GnndParams(k=10).width(), "l2")
     check = np.random.default_rng().choice(len(x), 300, replace=False)
     assert _recall(g.ids[check], _exact_top(x, check, 10, "l2"), 10) >= 0.985
+
+
+def test_gnnd_reads_the_rows_its_recall_sample_uploaded(cuda_backend):
+    """A build stages a shard before its recall sample's exact search: the search reads that copy, and the GNND
+    takes it instead of uploading the rows again; the graph is as good as an unstaged one (odd size, k = 1 too)."""
+    x = synth(20011, 96, seed=5).astype(np.float32)
+    queries = x[:: 997].copy()
+    for k in (1, 10):
+        params = GnndParams(k=k)
+        plain = cuda_backend.gnnd(x, "l2", params, seed=1)
+        assert cuda_backend.last_stats["rows_kept"] is False
+        cuda_backend.stage([x])
+        truth = cuda_backend.exact_knn(queries, k, "l2", [(0, x)])
+        np.testing.assert_array_equal(truth.ids[:, 0], np.arange(0, len(x), 997))  # each query finds itself
+        staged = cuda_backend.gnnd(x, "l2", params, seed=1)
+        assert cuda_backend.last_stats["rows_kept"] is True
+        assert not cuda_backend.gpu.resident.has(x)  # taken by the GNND, not kept past it
+        rows = np.arange(0, len(x), 67)
+        exact = _exact_top(x, rows, k, "l2")
+        assert _recall(staged.ids[rows], exact, k) >= _recall(plain.ids[rows], exact, k) - 0.02
+        _check_graph(x, staged, params.width(), "l2")

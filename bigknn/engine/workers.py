@@ -88,6 +88,7 @@ def run_tasks(store: Store, ledger, backends: list[Backend], reporter: Reporter,
         t = time.perf_counter()
         probe, sample_s = None, 0.0
         if sample is not None:  # the recall sample's exact neighbours among this shard's rows, while in memory
+            backend.stage([x])  # one upload of the rows on a GPU: the sample's search and the GNND both read it
             truth = sample.add(backend, shard.id, shard.offset, x)
             sample_s = time.perf_counter() - t
             probe = sample.probe(shard.offset, len(x), truth, params.width(), sample_s)

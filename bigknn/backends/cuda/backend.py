@@ -162,9 +162,10 @@ class CudaBackend(SearchReference):
         return 0.0
 
     def stage(self, arrays: Iterable[np.ndarray]) -> None:
-        """Start copying host arrays (the next pair's shards) to this GPU on a stream of their own while the
-        current call computes, so the next merge finds them there. Returns at once; arrays already on the
-        GPU are skipped, and copies stop where they would leave less free memory than the last merge used."""
+        """Start copying host arrays (the next pair's shards, or a shard its recall sample and GNND both read) to
+        this GPU on a stream of their own while the current call computes, so the next call finds them there
+        (or waits for them: resident.py). Returns at once; arrays already on the GPU are skipped, and copies
+        stop where they would leave less free memory than the last call used."""
         resident = self.gpu.resident
         todo = [a for a in arrays if isinstance(a, np.ndarray) and a.flags.c_contiguous and not resident.has(a)]
         if not todo:
@@ -172,23 +173,27 @@ class CudaBackend(SearchReference):
         with self._ahead_lock:
             if self._ahead is None:
                 self._ahead = ThreadPoolExecutor(1, thread_name_prefix="h2d-ahead")
+        for a in todo:
+            resident.expect(a)  # a call that needs it meanwhile waits for this copy instead of making its own
         self._ahead.submit(self._upload_ahead, todo).add_done_callback(_report_failure)
 
     def _upload_ahead(self, arrays: list[np.ndarray]) -> None:
         import cupy as cp
 
         gpu = self.gpu
-        with gpu.context():
-            if self._copy_stream is None:
-                self._copy_stream = cp.cuda.Stream(non_blocking=True)
-            for a in arrays:
-                if gpu.resident.has(a):
-                    continue
-                if gpu.budget() - a.nbytes < gpu.last_need + (256 << 20):
-                    return
-                dev = cp.empty(a.shape, dtype=a.dtype)
-                gpu.transfer.h2d(a, dev, self._copy_stream, ahead=True)
-                gpu.resident.put(a, dev, self._copy_stream.record())
+        try:
+            with gpu.context():
+                if self._copy_stream is None:
+                    self._copy_stream = cp.cuda.Stream(non_blocking=True)
+                for a in arrays:
+                    if gpu.budget() - a.nbytes < gpu.last_need + (256 << 20):
+                        return
+                    dev = cp.empty(a.shape, dtype=a.dtype)
+                    gpu.transfer.h2d(a, dev, self._copy_stream, ahead=True)
+                    gpu.resident.put(a, dev, self._copy_stream.record())
+        finally:
+            for a in arrays:  # those not put: given up (no memory, or an error), the callers upload them
+                gpu.resident.settle(a)
 
 
 def _require_int32_ids(rows: int, dtype: np.dtype = LOCAL_ID_DTYPE) -> None:

@@ -12,7 +12,7 @@ Two ways to keep each query's running top-k over a block (exact.cu):
 
 ``knn_exact_keys`` recomputes the kept keys exactly after each block. Host blocks go to two device slots on
 a copy stream, staged through the pinned buffers (transfer.py), so the copy of block i+1 overlaps the work
-on block i. Device bytes: memory.py.
+on block i; a block with a copy kept on the device (resident.py) is read there. Device bytes: memory.py.
 """
 
 from __future__ import annotations
@@ -165,8 +165,9 @@ def _device_blocks(gpu: Gpu, blocks: Iterable[tuple[int, np.ndarray]], d: int, c
             raise ValueError(f"block at offset {off} has shape {blk.shape}, queries have dim {d}")
         slot = nblk % 2
         nblk += 1
-        if isinstance(blk, cp.ndarray):
-            yield off, cp.ascontiguousarray(blk)
+        kept = None if isinstance(blk, cp.ndarray) else gpu.resident.get(blk, cs)  # uploaded ahead (stage)
+        if isinstance(blk, cp.ndarray) or kept is not None:
+            yield off, cp.ascontiguousarray(blk if kept is None else kept)
         else:
             blk = np.ascontiguousarray(blk)
             if ev_done[slot] is not None:

@@ -57,7 +57,11 @@ def gnnd(gpu: Gpu, x, metric: str, params: GnndParams, seed: int, on_iter=None, 
     ct = ctype_of(x)
     half = descends_on_halves(ct, d)  # the descent reads half-precision copies (rows.half_rows)
     half_bytes = n * d * 2 if half else 0
-    log_c, _ = plan_slots(gpu, lambda slots: gnnd_bytes(n, d, itemsize, k, p, slots) + half_bytes, k,
+    # rows uploaded ahead (the recall sample's exact search read them there): used, not uploaded again, and
+    # held by this call (their bytes are already taken from the free memory the budget counts)
+    kept = gpu.resident.take(x, cp.cuda.get_current_stream()) if isinstance(x, np.ndarray) else None
+    held = kept.nbytes if kept is not None else 0  # also the stats' rows_kept
+    log_c, _ = plan_slots(gpu, lambda slots: gnnd_bytes(n, d, itemsize, k, p, slots) + half_bytes - held, k,
                           f"gnnd of {n} x {d} rows (k={k})")
 
     kb = k
@@ -70,7 +74,8 @@ def gnnd(gpu: Gpu, x, metric: str, params: GnndParams, seed: int, on_iter=None, 
         names += (f"gnnd_norms<{wct}>",)
     mod = compile_kernels(names)  # one NVRTC run
     t_c = time.perf_counter()
-    xd, _, d, dpad = prepare_rows(x, gpu.transfer)
+    xd, _, d, dpad = prepare_rows(x if kept is None else kept, gpu.transfer)
+    del kept
     xw = half_rows(xd)[0] if half else xd
     sync()
     t_h2d = time.perf_counter()
@@ -104,7 +109,7 @@ def gnnd(gpu: Gpu, x, metric: str, params: GnndParams, seed: int, on_iter=None, 
     t_it = time.perf_counter()
     out = KnnGraph(gpu.transfer.d2h(ids), gpu.transfer.d2h(keys), target.stopper.report() if target else None)
     t_end = time.perf_counter()
-    gpu.last_stats = dict(stats, p=p, slots=1 << log_c, k_built=kb, l2_expand=expand, half=half,
+    gpu.last_stats = dict(stats, p=p, slots=1 << log_c, k_built=kb, l2_expand=expand, half=half, rows_kept=held > 0,
                           mma=uses_mma(wct, m, p, expand, gpu.use_tensor_cores()),
                           compile_s=t_c - t0,
                           h2d_s=t_h2d - t_c,

@@ -5,6 +5,10 @@ The next pair's shards are uploaded on a stream of their own while the current m
 the shard uploads nothing. A copy is found by the identity of its host array, held through a weak
 reference: the host cache alone decides what lives in RAM, and a copy whose host array is gone is dropped.
 Least recently used copies go first when a call needs the memory.
+
+A copy being uploaded ahead is expected (``expect``): a call that asks for it waits for the upload rather than
+uploading the rows a second time (a shard's GNND right after its recall sample's exact search reads the copy
+that search uploaded).
 """
 
 from __future__ import annotations
@@ -19,10 +23,27 @@ import numpy as np
 class ResidentCopies:
     def __init__(self):
         self._entries: OrderedDict[int, tuple] = OrderedDict()  # id(host) -> (weakref, device array, event)
+        self._expected: dict[int, threading.Event] = {}  # id(host) -> set once its upload ahead ends
         self._lock = threading.Lock()
+
+    def expect(self, host: np.ndarray) -> None:
+        """An upload of ``host`` ahead is queued: ``get`` waits for it until ``settle``."""
+        with self._lock:
+            self._expected.setdefault(id(host), threading.Event())
+
+    def settle(self, host: np.ndarray) -> None:
+        """The upload ahead of ``host`` ended (its copy put, or given up)."""
+        with self._lock:
+            done = self._expected.pop(id(host), None)
+        if done is not None:
+            done.set()
 
     def get(self, host: np.ndarray, stream):
         """The device copy of ``host`` with ``stream`` ordered after its upload, or None."""
+        with self._lock:
+            pending = self._expected.get(id(host))
+        if pending is not None:
+            pending.wait()
         with self._lock:
             entry = self._entries.get(id(host))
             if entry is None:
@@ -36,10 +57,19 @@ class ResidentCopies:
             stream.wait_event(event)
         return dev
 
+    def take(self, host: np.ndarray, stream):
+        """``get``, and the copy no longer kept: the caller holds it (its memory is no copy's to drop)."""
+        dev = self.get(host, stream)
+        if dev is not None:
+            with self._lock:
+                self._entries.pop(id(host), None)
+        return dev
+
     def has(self, host: np.ndarray) -> bool:
+        """Whether ``host`` has a copy, or one on its way."""
         with self._lock:
             entry = self._entries.get(id(host))
-            return entry is not None and entry[0]() is host
+            return id(host) in self._expected or (entry is not None and entry[0]() is host)
 
     def put(self, host: np.ndarray, dev, event=None) -> None:
         """Remember ``dev`` as the device copy of ``host`` (ready once ``event`` fired, if given)."""
@@ -47,6 +77,7 @@ class ResidentCopies:
             self._prune()
             self._entries[id(host)] = (weakref.ref(host), dev, event)
             self._entries.move_to_end(id(host))
+        self.settle(host)
 
     def drop_oldest(self) -> bool:
         """Free the least recently used copy; False when there is none."""
