@@ -345,12 +345,11 @@ def write_array(array_dir: Path, data: np.ndarray, place: str | None = None) -> 
         return False
     if tuple(data.shape) != (lay.rows, lay.width):
         raise ValueError(f"{array_dir}: data of shape {data.shape} for an array of shape {(lay.rows, lay.width)}")
-    data = np.ascontiguousarray(data, dtype=lay.dtype)
     crcs = [0] * lay.chunks
 
     def write(i: int) -> None:
         lo, hi = i * lay.chunk_rows, min(lay.rows, (i + 1) * lay.chunk_rows)
-        parts = [data[lo:hi]]
+        parts = [np.ascontiguousarray(data[lo:hi], dtype=lay.dtype)]  # per chunk, on the writer threads
         if hi - lo < lay.chunk_rows:
             parts.append(np.full((lay.chunk_rows - (hi - lo), lay.width), lay.fill, dtype=lay.dtype))
         path = _chunk_path(array_dir, i)
