@@ -62,8 +62,8 @@ class Accounting:
         line = {"worker": worker, "phase": phase, "start": round(start - self.t0, 3), "end": round(end - self.t0, 3)}
         if report is not None:
             line.update(iterations=len(report["trace"]), widened=report["widened"], descent_s=report["spent_s"])
-        line.update({key: round(value, 3) for key, value in (stages or {}).items()
-                     if key.endswith("_s") and isinstance(value, float)})
+        line.update({key: round(value, 3) if isinstance(value, float) else value for key, value in (stages or {}).items()
+                     if (key.endswith("_s") and isinstance(value, float)) or key.endswith("_kept")})
         with self.lock:
             self.busy[worker] = self.busy.get(worker, 0.0) + end - start
             self.timeline.append(line)
