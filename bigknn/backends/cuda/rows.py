@@ -65,7 +65,9 @@ def half_rows(xd, width: int | None = None):
     import cupy as cp
 
     n, d = xd.shape
-    scale = half_scale(float(cp.abs(xd).max()) if n else 0.0)
+    # the largest magnitude by two reductions: cp.abs(xd) would be a temporary as large as the rows (19 GB for
+    # 50M x 96), outside what memory.py plans for
+    scale = half_scale(max(float(xd.max()), -float(xd.min())) if n else 0.0)
     out = cp.zeros((n, width or d), dtype=cp.float16)
     step = max(1, (64 << 20) // (4 * d))
     for i in range(0, n, step):
