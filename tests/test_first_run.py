@@ -52,3 +52,33 @@ def test_the_kernel_cache_check_names_every_kernel_a_build_calls():
     names = {d.__name__ for d in warmup.kernels()}
     assert {"cross_match", "insert", "row_keys", "fill_random"} <= names, names
     assert "keys_block" not in names  # inlined into the others: never compiled on its own
+
+
+def test_a_build_warms_its_backends_up_for_the_calls_it_will_make(tmp_path, monkeypatch):
+    """The GPU's kernels are compiled per element type, row width, metric and sample count: the build hands its
+    own to warm_up: a cosine store of float16 rows keeps them as float32 and calls the ip kernels."""
+    from bigknn.backends import CallShape
+    from bigknn.core.synth import as_dtype
+    from bigknn.shards import Store
+
+    seen: list = []
+    monkeypatch.setattr(CpuBackend, "warm_up", lambda self, say, like=None: seen.append(like) or 0.0)
+    path = tmp_path / "x.f16bin"
+    write_vectors(path, as_dtype(synth(3 * EXACT_ROWS, 12, seed=2), "float16"))
+    params = GnndParams(k=5)
+    build(BuildRequest(input=path, store=tmp_path / "s.knn", metric="cosine", shard_rows=EXACT_ROWS + 100,
+                       params=params, partition="contiguous"), [CpuBackend()], Reporter(every_s=0))
+    m = Store.open(tmp_path / "s.knn").manifest
+    assert seen == [CallShape(12, m.dtype, "ip", m.params)] and m.dtype == "<f4" and m.params == params
+
+
+def test_a_cold_cupy_cache_is_told_apart_from_a_warm_one(tmp_path, monkeypatch):
+    """The GPU warm-up says it compiles only where CuPy has compiled nothing yet (its cache missing or empty)."""
+    from bigknn.backends.cuda import warmup as cuda_warmup
+
+    monkeypatch.setenv("CUPY_CACHE_DIR", str(tmp_path / "cache"))
+    assert cuda_warmup.kernel_cache() == tmp_path / "cache" and cuda_warmup.cache_is_cold()
+    (tmp_path / "cache").mkdir()
+    assert cuda_warmup.cache_is_cold()
+    (tmp_path / "cache" / "0123.cubin").write_bytes(b"x")
+    assert not cuda_warmup.cache_is_cold()

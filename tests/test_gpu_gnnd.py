@@ -449,3 +449,20 @@ def test_gnnd_reads_the_rows_its_recall_sample_uploaded(cuda_backend):
         exact = _exact_top(x, rows, k, "l2")
         assert _recall(staged.ids[rows], exact, k) >= _recall(plain.ids[rows], exact, k) - 0.02
         _check_graph(x, staged, params.width(), "l2")
+
+
+def test_the_warm_up_runs_beside_the_caller_and_the_first_call_waits_for_it(cuda_backend):
+    """warm_up returns at once (the kernels of calls like the build's compile on a thread of their own), starts
+    one warm-up however often it is asked, and a call made meanwhile waits for it and is right (odd size)."""
+    from bigknn.backends import CallShape
+    from bigknn.backends.cuda import CudaBackend
+
+    backend, said = CudaBackend(), []  # a fresh one (the fixture's, shared, may have warmed up before)
+    like = CallShape(37, "float32", "l2", GnndParams(k=10))
+    assert backend.warm_up(said.append, like) == 0.0
+    first = backend._warming
+    assert backend.warm_up(said.append, like) == 0.0 and backend._warming is first
+    x = synth(5003, 37, seed=9).astype(np.float32)
+    g = backend.gnnd(x, "l2", GnndParams(k=10), seed=2)
+    assert not first.is_alive()
+    _check_graph(x, g, GnndParams(k=10).width(), "l2")

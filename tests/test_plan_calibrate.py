@@ -51,7 +51,7 @@ class FakeBackend:
     def memory_budget(self):
         return None
 
-    def warm_up(self, say):
+    def warm_up(self, say, like=None):
         return 0.0  # nothing to compile: the first call's COLD_S is what calibration must keep out
 
 

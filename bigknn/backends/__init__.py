@@ -4,7 +4,7 @@ device are present, else the CPU."""
 from __future__ import annotations
 
 from bigknn.backends import registry
-from bigknn.backends.base import Backend, MemoryModel
+from bigknn.backends.base import Backend, CallShape, MemoryModel
 from bigknn.backends.registry import Entry, register
 from bigknn.core.errors import BadInput
 
@@ -15,7 +15,7 @@ register(Entry("cpu", "bigknn.backends.cpu", missing="cannot run here"))
 
 BACKENDS = registry.names()
 
-__all__ = ["BACKENDS", "Backend", "MemoryModel", "device_memory_model", "get_backend", "get_backends",
+__all__ = ["BACKENDS", "Backend", "CallShape", "MemoryModel", "device_memory_model", "get_backend", "get_backends",
            "takes_device"]
 
 device_memory_model = registry.device_memory_model

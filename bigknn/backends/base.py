@@ -4,6 +4,7 @@ it has nothing to do)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Iterable, Protocol
 
 import numpy as np
@@ -15,6 +16,16 @@ from bigknn.algorithms.search_index import SearchIndex
 from bigknn.algorithms.search_params import DiversifyRule, PruneParams, SearchPlan
 
 OnIter = Callable[[int], None]  # called after each descent iteration with the number of list updates it made
+
+
+@dataclass(frozen=True)
+class CallShape:
+    """What a build's backend calls will look like: row width, element type, metric and GNND parameters."""
+
+    dim: int
+    dtype: str
+    metric: str
+    params: GnndParams
 
 
 class MemoryModel(Protocol):
@@ -64,10 +75,12 @@ class Backend(Protocol):
         """Bytes of device memory one call may plan to use (what shard sizes are chosen from); None where
         no device memory bounds a shard (the CPU)."""
 
-    def warm_up(self, say: Callable[[str], None]) -> float:
+    def warm_up(self, say: Callable[[str], None], like: CallShape | None = None) -> float:
         """Compile (or load) the kernels a build calls before its first task, so that no rate, ETA or recorded
-        timing includes the compile; ``say`` is told first where that takes long (a cold cache). Returns the
-        seconds it took (0 where nothing was left to do)."""
+        timing includes the compile; ``say`` is told first where that takes long (a cold cache). ``like``: the
+        rows and parameters the build's calls will have (kernels compiled per element type, width and sample
+        count). Returns the seconds it took here (0 where nothing was left to do, or where the work goes on in
+        the background and the first call waits for it)."""
 
     def stage(self, arrays: Iterable[np.ndarray]) -> None:
         """Start copying host arrays (the next pair's shards) to the device while the current call computes;

@@ -7,7 +7,8 @@ from __future__ import annotations
 from itertools import chain
 from typing import Callable, Iterable, Protocol
 
-from bigknn.backends import Backend
+from bigknn.backends import Backend, CallShape
+from bigknn.core.metric import kernel_metric
 from bigknn.core.human import human_duration
 from bigknn.engine.accounting import Accounting
 from bigknn.engine.shard_cache import ShardCache
@@ -57,7 +58,8 @@ class InProcess:
         """``Executor.run_pending``. A partitioned build's chosen pairs are merged from the same cache as its
         GNND: the shards' graphs are neither written nor read back in between."""
         backends = self.backends
-        warm_up(backends, reporter)
+        m = store.manifest
+        warm_up(backends, reporter, CallShape(m.dim, m.dtype, kernel_metric(m.metric), m.params))
         shards = ledger.shards()
         new_sizes = incoming[1] if incoming else []
         todo = [s for s in shards if ledger.version(s.id) is None]
@@ -92,10 +94,10 @@ class InProcess:
             cache.close()
 
 
-def warm_up(backends: list[Backend], reporter: Reporter) -> None:
-    """Compile the backends' kernels before the first task (a first CPU run: minutes), saying so, so that the
-    compile is in no task's time: not in the progress rates and ETAs, nor in the timings `bigknn plan
-    --store` reads."""
-    seconds = sum(b.warm_up(reporter.note) for b in backends)
+def warm_up(backends: list[Backend], reporter: Reporter, like: CallShape) -> None:
+    """Compile the backends' kernels for calls ``like`` before the first task (a first CPU run: minutes; a GPU
+    compiles in the background while the input is read), saying so, so that the compile is in no task's time:
+    not in the progress rates and ETAs, nor in the timings `bigknn plan --store` reads."""
+    seconds = sum(b.warm_up(reporter.note, like) for b in backends)
     if seconds > 0:
         reporter.info(f"kernels ready in {human_duration(seconds)}")

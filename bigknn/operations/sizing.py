@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bigknn.backends import Backend
+from bigknn.backends import Backend, CallShape
 from bigknn.formats import open_source
 from bigknn.core.params import GnndParams
 from bigknn.operations.calibrate import calibrate, calibration_sizes, calibration_steps, rates_from_store, sample_rows
@@ -68,7 +68,8 @@ def size_build(input: Path | None, rows: int | None, dim: int | None, dtype: str
         c_rows = min(c_rows, rows // 2) if vf is not None else c_rows
         sizes = calibration_sizes(c_rows, params.width())
         x, what = sample_rows(vf, 2 * c_rows, dim, dtype)
-        backends[0].warm_up(reporter.note)  # a first run's compile: said, and outside the calibration
+        # a first run's compile: said, and outside the calibration (its first, untimed calls wait for it)
+        backends[0].warm_up(reporter.note, CallShape(dim, str(x.dtype), "l2", params))
         with reporter.phase("calibrate", calibration_steps(sizes), "steps") as advance:
             rates = calibrate(backends[0], x, sizes, params, what, advance=advance)
     result = plan(rows, dim, itemsize, params, min(shard_rows, rows), len(backends), rates, disk, partition,

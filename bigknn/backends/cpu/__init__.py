@@ -12,6 +12,7 @@ from bigknn.backends.cpu import descent
 from bigknn.backends.cpu.descent import DescentState, Target, cut, descend
 from bigknn.backends.cpu.exact import exact_knn
 from bigknn.backends.cpu.search_calls import SearchReference
+from bigknn.backends.base import CallShape
 from bigknn.backends.cpu.threads import use_threads
 from bigknn.core.errors import BadInput
 from bigknn.algorithms.merge_setup import exact_merge, finish_merge, merge_stop_frac, start_merge
@@ -224,8 +225,9 @@ class CpuBackend(SearchReference):
         """No device memory bounds a CPU shard (bigknn/operations/plan_model.py sizes them)."""
         return None
 
-    def warm_up(self, say: Callable[[str], None]) -> float:
-        """numba compiles the loops on a machine's first run (minutes on 2 cores), then loads them (warmup.py)."""
+    def warm_up(self, say: Callable[[str], None], like: CallShape | None = None) -> float:
+        """numba compiles the loops on a machine's first run (minutes on 2 cores), then loads them (warmup.py);
+        one signature each, whatever ``like`` says."""
         from bigknn.backends.cpu.warmup import warm_up
 
         return warm_up(self, say)

@@ -22,13 +22,15 @@ Every call but a search frees CuPy's memory pools at its end.
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterable
 
 import numpy as np
 
 from bigknn.backends.cpu.search_calls import SearchReference
-from bigknn.backends.cuda import exact, ggm, gnnd, memory
+from bigknn.backends.base import CallShape
+from bigknn.backends.cuda import exact, ggm, gnnd, memory, warmup
 from bigknn.backends.cuda import diversify as prune
 from bigknn.backends.cuda import graph_search as search
 from bigknn.backends.cuda.gpu import Gpu
@@ -72,6 +74,7 @@ class CudaBackend(SearchReference):
         self._copy_stream = None
         self._search_index = KeptCopy()  # the index being searched, on the device while it lives
         self._prune_table = KeptCopy()  # the rows of the prune in progress, likewise
+        self._warming: threading.Thread | None = None  # the kernels' warm-up (warm_up), while it runs
         # the CUDA context (~0.6 s on an H200) is made while the caller still reads and checks its input
         threading.Thread(target=self._make_context, daemon=True, name="cuda-context").start()
 
@@ -90,12 +93,17 @@ class CudaBackend(SearchReference):
         return self.gpu.last_stats
 
     def _call(self, fn, *args):
-        """fn(gpu, *args) on this backend's GPU, CuPy's pools freed afterwards."""
+        """fn(gpu, *args) on this backend's GPU once any warm-up has ended (its wait in the call's stats,
+        ``warm_up_wait_s``), CuPy's pools freed afterwards."""
+        waited = self._await_warm_up()
         with self.gpu.context():
             try:
-                return fn(self.gpu, *args)
+                out = fn(self.gpu, *args)
             finally:
                 memory.free_pools()
+        if waited:
+            self.gpu.last_stats = dict(self.gpu.last_stats, warm_up_wait_s=waited)
+        return out
 
     def memory_budget(self) -> int:
         """Bytes of this backend's GPU that one call may plan to use (what shard sizes are chosen from)."""
@@ -156,10 +164,36 @@ class CudaBackend(SearchReference):
                 self._search_index.drop()
                 memory.free_pools()
 
-    def warm_up(self, say: Callable[[str], None]) -> float:
-        """Nothing ahead of the run: CuPy compiles a .cu module at its first launch and keeps it in its kernel
-        cache; that first compile still falls in the first task's time."""
+    def warm_up(self, say: Callable[[str], None], like: CallShape | None = None) -> float:
+        """Start compiling (or loading) the kernels of calls ``like`` in the background (warmup.py) and return
+        at once: the build reads its first shard meanwhile, and the first call waits for it (``_call``)."""
+        if like is None or self._warming is not None:
+            return 0.0
+        if warmup.cache_is_cold():
+            say(f"compiling the GPU kernels while the input is read (once per machine; kept in "
+                f"{warmup.kernel_cache()})")
+        self._warming = threading.Thread(target=self._rehearse, args=(like,), daemon=True, name="cuda-warm-up")
+        self._warming.start()
         return 0.0
+
+    def _rehearse(self, like: CallShape) -> None:
+        try:
+            with self.gpu.context():
+                try:
+                    warmup.rehearse(self.gpu, like)
+                finally:
+                    memory.free_pools()
+        except Exception as e:  # noqa: BLE001 - the first real call meets the same problem and reports it
+            log.debug("GPU warm-up failed: %r", e)
+
+    def _await_warm_up(self) -> float:
+        """Seconds waited for the warm-up to end (0 where none runs)."""
+        t = self._warming
+        if t is None or not t.is_alive():
+            return 0.0
+        start = time.perf_counter()
+        t.join()
+        return time.perf_counter() - start
 
     def stage(self, arrays: Iterable[np.ndarray]) -> None:
         """Start copying host arrays (the next pair's shards, or a shard its recall sample and GNND both read) to
