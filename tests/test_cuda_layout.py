@@ -49,8 +49,11 @@ class _Gpu:
     """A GPU whose budget grows by ``per_copy`` bytes with each kept copy dropped."""
 
     def __init__(self, free: int, copies: int, per_copy: int):
+        import threading
+
         self.resident = _Copies(copies)
         self.free, self.copies, self.per_copy = free, copies, per_copy
+        self.plan_lock, self.last_need = threading.Lock(), 0
 
     def budget(self) -> int:
         return self.free + (self.copies - self.resident.n) * self.per_copy
@@ -64,6 +67,7 @@ def test_plan_drops_kept_copies_before_fewer_slots():
     gpu = _Gpu(free=need(1 << LOG_SLOTS) - 250, copies=5, per_copy=100)
     assert plan_slots(gpu, need, 32, "gnnd of x") == (LOG_SLOTS, need(1 << LOG_SLOTS))
     assert gpu.resident.n == 2  # three copies made room; the other two stay
+    assert gpu.last_need == need(1 << LOG_SLOTS)  # what the uploads ahead must leave free from now on
 
 
 def test_plan_halves_slots_once_no_copy_is_left():
@@ -78,6 +82,7 @@ def test_plan_raises_below_sixteen_slots():
     gpu = _Gpu(free=need(16) - 1, copies=0, per_copy=0)
     with pytest.raises(MemoryError, match=r"^ggm of 3 \+ 4 rows needs .* GiB of GPU memory, budget .* GiB: use"):
         plan_slots(gpu, need, 32, "ggm of 3 + 4 rows")
+    assert not gpu.plan_lock.locked() and gpu.last_need == 0  # a refusal plans nothing and holds nothing
 
 
 def test_a_copy_on_its_way_is_waited_for_not_made_again():

@@ -466,3 +466,34 @@ def test_the_warm_up_runs_beside_the_caller_and_the_first_call_waits_for_it(cuda
     g = backend.gnnd(x, "l2", GnndParams(k=10), seed=2)
     assert not first.is_alive()
     _check_graph(x, g, GnndParams(k=10).width(), "l2")
+
+
+def test_a_call_out_of_device_memory_drops_the_kept_copies_and_runs_once_more(cuda_backend, monkeypatch):
+    """Memory a call planned on can be gone when it allocates (uploads ahead beside it): the call then runs
+    again once every copy kept between calls is dropped, and its result is right; a second failure is raised."""
+    import cupy as cp
+
+    from bigknn.backends.cuda import CudaBackend
+    from bigknn.backends.cuda import gnnd as gnnd_module
+
+    backend = CudaBackend()
+    kept = synth(4001, 16, seed=4).astype(np.float32)
+    backend.stage([kept])
+    backend._ahead.submit(lambda: None).result()  # the upload ahead is done: one copy kept
+    real, kept_bytes = gnnd_module.gnnd, []
+
+    def runs_out_once(gpu, *args):
+        kept_bytes.append(gpu.resident.nbytes())
+        if len(kept_bytes) == 1:
+            raise cp.cuda.memory.OutOfMemoryError(1 << 40, 0, 0)
+        return real(gpu, *args)
+
+    monkeypatch.setattr(gnnd_module, "gnnd", runs_out_once)
+    x = synth(3001, 16, seed=5).astype(np.float32)
+    g = backend.gnnd(x, "l2", GnndParams(k=5), seed=1)
+    assert kept_bytes == [kept.nbytes, 0]
+    _check_graph(x, g, GnndParams(k=5).width(), "l2")
+    monkeypatch.setattr(gnnd_module, "gnnd", lambda gpu, *a: (_ for _ in ()).throw(
+        cp.cuda.memory.OutOfMemoryError(1 << 40, 0, 0)))
+    with pytest.raises(cp.cuda.memory.OutOfMemoryError):
+        backend.gnnd(x, "l2", GnndParams(k=5), seed=1)

@@ -75,6 +75,7 @@ class CudaBackend(SearchReference):
         self._search_index = KeptCopy()  # the index being searched, on the device while it lives
         self._prune_table = KeptCopy()  # the rows of the prune in progress, likewise
         self._warming: threading.Thread | None = None  # the kernels' warm-up (warm_up), while it runs
+        self._ahead_paused = False  # set while a call retries after running out of memory (_make_room)
         # the CUDA context (~0.6 s on an H200) is made while the caller still reads and checks its input
         threading.Thread(target=self._make_context, daemon=True, name="cuda-context").start()
 
@@ -95,11 +96,18 @@ class CudaBackend(SearchReference):
     def _call(self, fn, *args):
         """fn(gpu, *args) on this backend's GPU once any warm-up has ended (its wait in the call's stats,
         ``warm_up_wait_s``), CuPy's pools freed afterwards."""
+        import cupy as cp
+
         waited = self._await_warm_up()
         with self.gpu.context():
             try:
-                out = fn(self.gpu, *args)
+                try:
+                    out = fn(self.gpu, *args)
+                except cp.cuda.memory.OutOfMemoryError as e:
+                    self._make_room(e)
+                    out = fn(self.gpu, *args)
             finally:
+                self._ahead_paused = False
                 memory.free_pools()
         if waited:
             self.gpu.last_stats = dict(self.gpu.last_stats, warm_up_wait_s=waited)
@@ -186,6 +194,17 @@ class CudaBackend(SearchReference):
         except Exception as e:  # noqa: BLE001 - the first real call meets the same problem and reports it
             log.debug("GPU warm-up failed: %r", e)
 
+    def _make_room(self, error: Exception) -> None:
+        """After a call ran out of device memory its plan counted on: stop the uploads ahead, wait for the one
+        in flight, drop every copy kept between calls, and let the call run once more on what that frees."""
+        log.warning("GPU %s: %s; retrying without the copies kept between calls", self.gpu.device, error)
+        self._ahead_paused = True
+        if self._ahead is not None:
+            self._ahead.submit(lambda: None).result()  # the uploads queued before it have ended
+        while self.gpu.resident.drop_oldest():
+            pass
+        memory.free_pools()
+
     def _await_warm_up(self) -> float:
         """Seconds waited for the warm-up to end (0 where none runs)."""
         t = self._warming
@@ -220,9 +239,10 @@ class CudaBackend(SearchReference):
                 if self._copy_stream is None:
                     self._copy_stream = cp.cuda.Stream(non_blocking=True)
                 for a in arrays:
-                    if gpu.budget() - a.nbytes < gpu.last_need + (256 << 20):
-                        return
-                    dev = cp.empty(a.shape, dtype=a.dtype)
+                    with gpu.plan_lock:  # no call plans on these bytes meanwhile (memory.plan_slots)
+                        if self._ahead_paused or gpu.budget() - a.nbytes < gpu.last_need + (256 << 20):
+                            return
+                        dev = cp.empty(a.shape, dtype=a.dtype)
                     gpu.transfer.h2d(a, dev, self._copy_stream, ahead=True)
                     gpu.resident.put(a, dev, self._copy_stream.record())
         finally:

@@ -118,7 +118,6 @@ def ggm(gpu: Gpu, a: ShardPart, b: ShardPart, metric: str, params: GnndParams, s
     extra_bytes += n * d * 2 if half else 0  # (and the half-precision copy, while it lives)
     log_c, need = plan_slots(gpu, lambda slots: ggm_bytes(n, d, itemsize, w, wo, p, slots) + extra_bytes, w,
                              f"ggm of {na} + {nb} rows x {d} (lists of {w})")
-    gpu.last_need = need
 
     sync = cp.cuda.get_current_stream().synchronize
     expand = m == 0 and gpu.use_l2_expand()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 
 from bigknn.core import envvars
 from bigknn.backends.cuda import memory
@@ -25,7 +26,8 @@ class Gpu:
         self.tensor_cores = tensor_cores
         self.resident = ResidentCopies()  # device copies kept between calls (resident.py)
         self.transfer = Transfer(self.resident)
-        self.last_need = 0  # device bytes of the last merge: what uploads ahead must leave free
+        self.last_need = 0  # device bytes of the call planned last: what uploads ahead must leave free
+        self.plan_lock = threading.Lock()  # a call's plan (memory.plan_slots) against the uploads ahead
         self.last_stats: dict = {}
 
     def context(self):

@@ -90,17 +90,21 @@ def plan_slots(gpu: Gpu, need: Callable[[int], int], width: int, what: str) -> t
     """(log2 of the candidate slots per row, device bytes) for a call needing ``need(slots)`` bytes with
     lists ``width`` wide: copies kept from earlier calls are dropped (least recently used first) while the
     most slots do not fit, then the slots halve down to 16; MemoryError, naming ``what``, when even that
-    does not fit."""
-    budget_now = gpu.budget()
-    while need(1 << LOG_SLOTS) > budget_now and gpu.resident.drop_oldest():
-        budget_now = gpu.budget()  # copies kept from earlier calls make room first
-    log_c = LOG_SLOTS if width >= 16 else 5
-    while log_c > 4 and need(1 << log_c) > budget_now:
-        log_c -= 1
-    total = need(1 << log_c)
-    if total > budget_now:
-        raise MemoryError(f"{what} needs {total / 2**30:.2f} GiB of GPU memory, "
-                          f"budget {budget_now / 2**30:.2f} GiB: use smaller shards")
+    does not fit. The call's bytes become ``gpu.last_need`` under ``gpu.plan_lock``, which the uploads ahead
+    take for their check and allocation: none of them takes what this call planned on (a 250M build's merge
+    of two larger k-means shards ran out of memory beside uploads checked against the merge before it)."""
+    with gpu.plan_lock:
+        budget_now = gpu.budget()
+        while need(1 << LOG_SLOTS) > budget_now and gpu.resident.drop_oldest():
+            budget_now = gpu.budget()  # copies kept from earlier calls make room first
+        log_c = LOG_SLOTS if width >= 16 else 5
+        while log_c > 4 and need(1 << log_c) > budget_now:
+            log_c -= 1
+        total = need(1 << log_c)
+        if total > budget_now:
+            raise MemoryError(f"{what} needs {total / 2**30:.2f} GiB of GPU memory, "
+                              f"budget {budget_now / 2**30:.2f} GiB: use smaller shards")
+        gpu.last_need = total
     return log_c, total
 
 
