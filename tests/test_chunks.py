@@ -108,14 +108,23 @@ def test_vectors_round_trip_bit_exact_with_zarr(tmp_path, dtype):
     assert len(chunk_files(array_dir)) == -(-ROWS // chunk_rows)
 
 
-def test_graph_round_trip_bit_exact_with_zarr(tmp_path):
+@pytest.mark.parametrize("columns_of_wider", [False, True])
+def test_graph_round_trip_bit_exact_with_zarr(tmp_path, columns_of_wider):
+    """Also from views of the first columns of wider lists (a final graph cut to k: final_columns), which the
+    store makes contiguous chunk by chunk."""
     rng = np.random.default_rng(1)
     ids = rng.integers(-1, 1 << 30, size=(ROWS, 7)).astype(np.int32)
     dists = rng.random((ROWS, 7)).astype(np.float32)
     dists[ids == -1] = np.inf
+    given = KnnGraph(ids.astype(np.int64), dists)  # converted to int32 on the way
+    if columns_of_wider:
+        wide_ids, wide_dists = np.full((ROWS, 11), 5, np.int64), np.zeros((ROWS, 11), np.float32)
+        wide_ids[:, :7], wide_dists[:, :7] = ids, dists
+        given = KnnGraph(wide_ids[:, :7], wide_dists[:, :7])
+        assert not given.ids.flags.c_contiguous
     store = new_store(tmp_path / "s")
     with zarr_chunk_io_refused():
-        store.write_graph(0, 3, KnnGraph(ids.astype(np.int64), dists))  # converted to int32 on the way
+        store.write_graph(0, 3, given)
         back = store.read_graph(0, 3)
     assert_identical(back.ids, ids)
     assert_identical(back.dists, dists)
