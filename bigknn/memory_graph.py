@@ -26,7 +26,7 @@ from bigknn.core.metric import user_distance
 from bigknn.operations.build_in_memory import MemoryBuild
 from bigknn.operations.export import format_of, write_graph_file
 from bigknn.operations.readout import csr_parts
-from bigknn.results import BuildReport, ExportReport, Info, IngestReport, Neighbors, RecallEstimate
+from bigknn.results import BuildReport, ExportReport, Info, IngestReport, Neighbors
 from bigknn.shards import Manifest, ShardEntry, Store, WriterLock
 from bigknn.shards.creation import NewStore
 from bigknn.operations.loaded_index import IndexSlot
@@ -60,10 +60,8 @@ class InMemoryGraph(Graph):
         if mem is None:
             return super().info
         m = self._manifest(mem)
-        return Info(store=None, format=m.format, rows=m.rows, dim=m.dim, dtype=m.dtype, metric=m.metric, k=m.k,
-                    shards=1, shards_built=1, merges_done=0, merges_pending=0, complete=m.complete,
-                    partition=m.partition_method, inputs=[], disk_bytes=0, timings_s=m.timings,
-                    recall_estimate=RecallEstimate.from_manifest(m.estimate), search=None)
+        return Info.of_manifest(m, store=None, shards=1, shards_built=1, merges_done=0, merges_pending=0, inputs=[],
+                                disk_bytes=0, search=None)
 
     def neighbors(self, k: int | None = None, include_self: bool = False, ids: str = "row") -> Neighbors:
         """As ``Graph.neighbors`` (copies: changing them leaves the graph as it is). An array has no user ids:

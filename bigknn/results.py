@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from bigknn.shards import Store, user_ids
+from bigknn.shards import Manifest, Store, user_ids
 
 
 class Neighbors(NamedTuple):
@@ -79,13 +79,18 @@ class Info(_Report):
     @classmethod
     def of(cls, store: Store) -> Info:
         m = store.manifest
-        return cls(store=str(store.path), format=m.format, rows=m.rows, dim=m.dim, dtype=m.dtype, metric=m.metric,
-                   k=m.k, shards=len(m.shards), shards_built=m.shards_built, merges_done=len(m.merged),
-                   merges_pending=m.merges_pending, complete=m.complete,
-                   partition=m.partition_method, inputs=[i["path"] for i in m.inputs],
-                   disk_bytes=store.disk_bytes(), timings_s=m.timings,
-                   recall_estimate=RecallEstimate.from_manifest(m.estimate), search=m.search,
-                   user_ids=_user_ids(store))
+        return cls.of_manifest(m, store=str(store.path), shards=len(m.shards), shards_built=m.shards_built,
+                               merges_done=len(m.merged), merges_pending=m.merges_pending,
+                               inputs=[i["path"] for i in m.inputs], disk_bytes=store.disk_bytes(), search=m.search,
+                               user_ids=_user_ids(store))
+
+    @classmethod
+    def of_manifest(cls, m: Manifest, **where: Any) -> Info:
+        """The fields a manifest gives alike for a store and a graph held in arrays; ``where``: the rest (the
+        store's path, shards, merges, inputs, disk use, search graph and user ids, as the caller knows them)."""
+        return cls(format=m.format, rows=m.rows, dim=m.dim, dtype=m.dtype, metric=m.metric, k=m.k,
+                   complete=m.complete, partition=m.partition_method, timings_s=m.timings,
+                   recall_estimate=RecallEstimate.from_manifest(m.estimate), **where)
 
 
 def _user_ids(store: Store) -> str | None:

@@ -25,8 +25,9 @@ import numpy as np
 
 import bigknn
 from bench_families import emit  # scripts/ is on the path of a script run from it
+from search_bench import cagra_build, cagra_search, device_name, held_out, timed
 from bigknn.backends import get_backend
-from bigknn.formats import open_vectors, read_truth
+from bigknn.formats import read_truth
 from bigknn.core.metric import kernel_metric
 from bigknn.api import DEFAULTS
 from bigknn.algorithms.search_params import SearchPlan
@@ -41,19 +42,6 @@ ITOPK = [16, 32, 64, 96, 128, 160, 192, 224, 256, 512]  # CAGRA's budget; both g
 # 0.99 (session 29: bigknn's 0.99 fell between 128 and 192, CAGRA's between 64 and 128)
 BATCHES = [10_000, 1]
 WARMUP_ROWS = 50_000  # each tool's warm-up build (kernels compiled and loaded) before its timed one
-
-
-def timed_search(search, q: np.ndarray, batch: int, limit_s: float) -> tuple[np.ndarray, float, int]:
-    """(ids of the queries searched, QPS, queries searched): ``search(queries)`` batch by
-    batch, batch 1 stopped after limit_s."""
-    search(q[:batch])  # one whole batch: a smaller one may take other kernels (CAGRA picks by batch size)
-    ids, done = [], 0
-    t0 = time.perf_counter()
-    while done < len(q) and (batch > 1 or time.perf_counter() - t0 < limit_s):
-        ids.append(search(q[done:done + batch]))
-        done += len(ids[-1])
-    dt = time.perf_counter() - t0
-    return np.concatenate(ids), done / dt, done
 
 
 def bench_bigknn(backend, backend_name: str, store: Path, q, truth, base: dict, degrees: list[int], out,
@@ -73,7 +61,7 @@ def bench_bigknn(backend, backend_name: str, store: Path, q, truth, base: dict, 
                         plan = SearchPlan(procedure, budget, 10)
                         def search(qq, plan=plan, index=index):
                             return backend.graph_search(index, qq, plan, len(qq)).ids
-                        ids, qps, done = timed_search(search, q, batch, limit_s)
+                        ids, qps, done = timed(search, q, batch, limit_s)
                         emit({**base, "tool": "bigknn", "method": method, "degree": degree,
                               "mean_degree": report.mean_degree, "prune_s": round(prune_s, 2),
                               "batch": min(batch, len(q)),
@@ -98,27 +86,13 @@ def warm_up(x: np.ndarray, k: int, metric: str, degrees: list[int], work: Path, 
 
 def bench_cagra(x, q, truth, index, metric: str, base: dict, out, limit_s: float) -> None:
     import cupy as cp
-    from cuvs.neighbors import cagra
 
-    cuvs_metric = {"l2": "sqeuclidean", "ip": "inner_product"}[metric]
     xd = cp.asarray(x, dtype=cp.float32)
     for degree in (32, 64):
-        params = cagra.IndexParams(metric=cuvs_metric, graph_degree=degree, intermediate_graph_degree=2 * degree,
-                                   build_algo="nn_descent")
-        if degree == 32:
-            cagra.build(params, xd[:WARMUP_ROWS])  # warm-up: kernels loaded
-        cp.cuda.Device().synchronize()
-        t0 = time.perf_counter()
-        idx = cagra.build(params, xd)
-        cp.cuda.Device().synchronize()
-        build_s = time.perf_counter() - t0
+        idx, build_s = cagra_build(xd, metric, degree, WARMUP_ROWS if degree == 32 else None)
         for batch in BATCHES:
             for itopk in ITOPK:
-                sp = cagra.SearchParams(itopk_size=itopk)
-                def search(qq, sp=sp, idx=idx):
-                    _, nb = cagra.search(sp, idx, cp.asarray(qq), 10)
-                    return cp.asnumpy(cp.asarray(nb)).astype(np.int64)  # cuVS returns a device_ndarray
-                ids, qps, done = timed_search(search, q, batch, limit_s)
+                ids, qps, done = timed(cagra_search(idx, itopk, 10), q, batch, limit_s)
                 emit({**base, "tool": "cagra", "degree": degree, "build_s": round(build_s, 2),
                       "batch": min(batch, len(q)),
                       "itopk": itopk, "queries": done,
@@ -141,12 +115,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     backend = get_backend(args.backend)
-    device = "cpu"
-    if args.backend == "cuda":
-        import cupy as cp
-
-        name = cp.cuda.runtime.getDeviceProperties(0)["name"]
-        device = name.decode() if isinstance(name, bytes) else str(name)
+    device = device_name(args.backend)
     out = open(args.out, "a") if args.out else None
     try:
         import cuvs  # noqa: F401
@@ -156,8 +125,7 @@ def main(argv=None) -> int:
     for spec in args.inputs:
         path, metric = spec.rsplit(":", 1)
         family = Path(path).name.split(".")[0]
-        vf = open_vectors(path)
-        x = vf.read(0, vf.rows - args.queries)
+        x, held = held_out(path, args.queries)
         store = args.work / f"{family}.knn"
         shutil.rmtree(store, ignore_errors=True)
         store.parent.mkdir(parents=True, exist_ok=True)
@@ -167,7 +135,7 @@ def main(argv=None) -> int:
         bigknn.build(x, k=args.k, metric=metric, store=store, recall=args.recall, backend=args.backend).close()
         build_s = time.perf_counter() - t0
         with bigknn.open(store) as g:
-            q = load_queries(vf.read(vf.rows - args.queries, vf.rows), g._live().manifest)
+            q = load_queries(held, g._live().manifest)
             gt = args.work / f"{family}.gt.ibin"
             gt.unlink(missing_ok=True)
             g.truth(q, gt, k=10, backend=args.backend)
@@ -181,7 +149,7 @@ def main(argv=None) -> int:
             rows = index.vectors
             st.close()
             bench_cagra(rows, q, truth, index, kernel_metric(metric), base, out, args.batch1_seconds)
-        del x, q
+        del x, q, held
     return 0
 
 

@@ -40,10 +40,12 @@ from pathlib import Path
 import numpy as np
 
 import bigknn
-from bigknn.formats import open_vectors, read_truth, write_vectors
+from bigknn.formats import read_truth, write_vectors
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import families  # noqa: E402 - scripts/ on the path first
+from bench_families import emit  # noqa: E402
+from search_bench import cagra_build, cagra_search, device_name, held_out, timed  # noqa: E402
 
 BUDGETS = [10, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256]  # bigknn's search list length
 ITOPK = [16, 32, 64, 96, 128, 160, 192, 256, 384, 512]  # CAGRA's
@@ -52,14 +54,6 @@ TARGETS = (0.95, 0.99)
 WARMUP_ROWS = 20_000
 TIE_RTOL = 1e-5  # a found row within this of the 10th true key counts (float32 rounding of equal distances)
 K = 10
-
-
-def emit(rec: dict, out) -> None:
-    line = json.dumps(rec)
-    print(line, flush=True)
-    if out:
-        out.write(line + "\n")
-        out.flush()
 
 
 # ---- data ---------------------------------------------------------------------------------------
@@ -94,18 +88,6 @@ def recall(q, x, ids, truth, metric) -> float:
 
 
 # ---- timing -------------------------------------------------------------------------------------
-def timed(search, q: np.ndarray, batch: int, limit_s: float) -> tuple[np.ndarray, float, int]:
-    """(ids found, QPS, queries searched): ``search(queries)`` one batch a call after a warm-up call of a whole
-    batch; one query a call stops after ``limit_s``."""
-    search(q[:batch])
-    ids, done = [], 0
-    t0 = time.perf_counter()
-    while done < len(q) and (batch > 1 or time.perf_counter() - t0 < limit_s):
-        ids.append(search(q[done:done + batch]))
-        done += len(ids[-1])
-    return np.concatenate(ids), done / (time.perf_counter() - t0), done
-
-
 def sweep(name: str, knobs: list, make_search, q, qs, xs, truth, metric, base: dict, out,
           limit_s: float) -> list[dict]:
     """Each knob at each batch size: ``make_search(knob)(queries) -> ids`` on ``q``; recall on ``qs`` / ``xs``
@@ -245,27 +227,15 @@ def as_searched(rows: np.ndarray, metric: str) -> np.ndarray:
 
 def bench_cagra(x, q, truth, metric, args, base: dict, out) -> tuple[list[dict], dict]:
     import cupy as cp
-    from cuvs.neighbors import cagra
 
-    cuvs_metric = {"l2": "sqeuclidean", "ip": "inner_product", "cosine": "inner_product"}[metric]
     xd = cp.asarray(x, dtype=cp.float32)
     points, builds = [], {}
     for degree in (32, 64):
-        params = cagra.IndexParams(metric=cuvs_metric, graph_degree=degree, intermediate_graph_degree=2 * degree,
-                                   build_algo="nn_descent")
-        cagra.build(params, xd[:WARMUP_ROWS])  # kernels loaded
-        cp.cuda.Device().synchronize()
-        t0 = time.perf_counter()
-        idx = cagra.build(params, xd)
-        cp.cuda.Device().synchronize()
-        builds[f"cagra-{degree}"] = round(time.perf_counter() - t0, 2)
+        idx, build_s = cagra_build(xd, metric, degree, WARMUP_ROWS)
+        builds[f"cagra-{degree}"] = round(build_s, 2)
         emit({**base, "method": f"cagra-{degree}", "build_s": builds[f"cagra-{degree}"]}, out)
-
-        def make(itopk, idx=idx):
-            sp = cagra.SearchParams(itopk_size=itopk)
-            return lambda qq: cp.asnumpy(cp.asarray(cagra.search(sp, idx, cp.asarray(qq), K)[1])).astype(np.int64)
-        points += sweep(f"cagra-{degree}", ITOPK, make, q, q, x, truth, metric, {**base, "degree": degree}, out,
-                        args.batch1_seconds)
+        points += sweep(f"cagra-{degree}", ITOPK, lambda itopk, idx=idx: cagra_search(idx, itopk, K), q, q, x, truth,
+                        metric, {**base, "degree": degree}, out, args.batch1_seconds)
         del idx
     return points, builds
 
@@ -276,10 +246,9 @@ def bench_family(spec: str, args, device: str, cagra_note: str | None, out) -> N
         emit(made, out)
         return
     family, path, metric = made
-    vf = open_vectors(path)
-    x = np.ascontiguousarray(vf.read(0, vf.rows - args.queries))
-    q = np.ascontiguousarray(vf.read(vf.rows - args.queries, vf.rows), np.float32)
-    base = {"workload": "search_api", "family": family, "rows": len(x), "dim": vf.dim, "metric": metric,
+    x, q = held_out(path, args.queries)
+    x, q = np.ascontiguousarray(x), np.ascontiguousarray(q, np.float32)
+    base = {"workload": "search_api", "family": family, "rows": len(x), "dim": x.shape[1], "metric": metric,
             "queries": len(q), "device": device, "backend": args.backend}
     warm = args.work / "warm-up.knn"  # kernels compiled before anything is timed
     shutil.rmtree(warm, ignore_errors=True)
@@ -322,12 +291,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None, help="JSONL file the records are appended to")
     args = ap.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
-    device = "cpu"
-    if args.backend == "cuda":
-        import cupy as cp
-
-        name = cp.cuda.runtime.getDeviceProperties(0)["name"]
-        device = name.decode() if isinstance(name, bytes) else str(name)
+    device = device_name(args.backend)
     note = cagra_missing(args.backend)
     with open(args.out, "a") if args.out else nullcontext() as out:
         if note:

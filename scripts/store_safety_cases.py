@@ -23,8 +23,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 NOCAP = ["setpriv", "--inh-caps=-all", "--bounding-set=-dac_override,-dac_read_search", "--"]
@@ -63,6 +64,20 @@ class Lab:
         cmd = [*(NOCAP if nocap else []), sys.executable, "-m", "bigknn", *map(str, args)]
         p = subprocess.run(cmd, env=env or self.env(), capture_output=True, text=True, timeout=600)
         return p.returncode, p.stdout, p.stderr
+
+    @property
+    def y(self) -> Path:
+        """The 200 rows an ingest adds."""
+        return self.work / "y.fbin"
+
+    def ingest(self, store: Path, nocap: bool = False) -> tuple[int, str, str]:
+        """``bigknn ingest STORE --input y.fbin`` on the CPU."""
+        return self.run("ingest", store, "--input", self.y, "--backend", "cpu", nocap=nocap)
+
+    def damage(self, store: Path, nocap: bool = False) -> tuple[int, list[dict]]:
+        """``bigknn verify STORE --json``: (exit code, the damage it lists)."""
+        code, out, _ = self.run("verify", store, "--json", nocap=nocap)
+        return code, json.loads(out)["damaged"] if out else []
 
     def store(self, where: Path | None = None) -> Path:
         self.n += 1
@@ -116,9 +131,22 @@ def ran(code: int, err: str) -> tuple[bool, str]:
     return code == 0, f"exit {code}" + (f": {err.strip().splitlines()[-1][:150]}" if code else "")
 
 
-def untouched_and(result: tuple[bool, str], before: str, target: Path) -> tuple[bool, str]:
-    same = digest(target) == before
-    return result[0] and same, result[1] + ("; target untouched" if same else "; TARGET CHANGED")
+class Kept:
+    """A file or directory whose bytes a case must leave as they were: ``note()`` says whether it did."""
+
+    def __init__(self, path: Path, name: str = "target", unchanged: str = "untouched"):
+        self.path, self.name, self.unchanged = path, name, unchanged
+        self.before = digest(path)
+
+    def holds(self) -> bool:
+        return digest(self.path) == self.before
+
+    def note(self) -> str:
+        return f"{self.name} {self.unchanged}" if self.holds() else f"{self.name.upper()} CHANGED"
+
+    def and_(self, result: tuple[bool, str]) -> tuple[bool, str]:
+        """``result`` (a refusal's) and the bytes kept."""
+        return result[0] and self.holds(), f"{result[1]}; {self.note()}"
 
 
 # ---- symbolic links --------------------------------------------------------------------------------------
@@ -129,7 +157,7 @@ def link_case(rel: str, *args: str, directory: bool = False, expect_name: str | 
         target = lab.outside() if directory else lab.victim()
         if rel == "manifest.json":  # a valid manifest behind the link: the writer gets as far as its lock
             target.write_bytes((s / rel).read_bytes())
-        before = digest(target)
+        kept = Kept(target)
         p = s / rel
         if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p)
@@ -137,8 +165,8 @@ def link_case(rel: str, *args: str, directory: bool = False, expect_name: str | 
             p.unlink()
         p.parent.mkdir(parents=True, exist_ok=True)
         p.symlink_to(target, target_is_directory=directory)
-        code, _, err = lab.run(*[a.replace("STORE", str(s)).replace("Y", str(lab.work / "y.fbin")) for a in args])
-        return untouched_and(refusal(code, err, str(s / (expect_name or rel)), says), before, target)
+        code, _, err = lab.run(*[a.replace("STORE", str(s)).replace("Y", str(lab.y)) for a in args])
+        return kept.and_(refusal(code, err, str(s / (expect_name or rel)), says))
     return fn
 
 
@@ -181,7 +209,7 @@ def _(lab):
     s = lab.store()
     target = lab.work / f"nothing{lab.n}"
     (s / "shards" / "3").symlink_to(target, target_is_directory=True)
-    code, _, err = lab.run("ingest", s, "--input", lab.work / "y.fbin", "--backend", "cpu")
+    code, _, err = lab.ingest(s)
     ok, now = refusal(code, err, str(s / "shards" / "3"), "symbolic link")
     return ok and not target.exists(), now
 
@@ -200,21 +228,19 @@ def _(lab):
     s = lab.store()
     link = lab.work / f"alias{lab.n}.knn"
     link.symlink_to(s, target_is_directory=True)
-    code, _, err = lab.run("ingest", link, "--input", lab.work / "y.fbin", "--backend", "cpu")
-    code2, _, err2 = lab.run("verify", link)
+    code, _, _ = lab.ingest(link)
+    code2, _, _ = lab.run("verify", link)
     return code == 0 and code2 == 0, f"ingest exit {code}, verify exit {code2}"
 
 
 @case("symlink", "export `-o` names a link to a user's file", "the link is replaced by the export; the file untouched")
 def _(lab):
-    target = lab.victim()
-    before = digest(target)
+    kept = Kept(lab.victim())
     out = lab.work / f"link{lab.n}.npz"
-    out.symlink_to(target)
-    code, _, err = lab.run("export", lab.work / "base.knn", "-o", out)
-    ok = code == 0 and not out.is_symlink() and digest(target) == before
-    return ok, f"exit {code}; {'link replaced' if not out.is_symlink() else 'still a link'}; " + \
-        ("target untouched" if digest(target) == before else "TARGET CHANGED")
+    out.symlink_to(kept.path)
+    code, _, _ = lab.run("export", lab.work / "base.knn", "-o", out)
+    ok = code == 0 and not out.is_symlink() and kept.holds()
+    return ok, f"exit {code}; {'link replaced' if not out.is_symlink() else 'still a link'}; {kept.note()}"
 
 
 @case("symlink", "a drop folder's file is a link to a vector file elsewhere; `ingest --watch-dir`",
@@ -223,20 +249,19 @@ def _(lab):
     s = lab.store()
     drop = lab.work / f"drop{lab.n}"
     drop.mkdir()
-    (drop / "y.fbin").symlink_to(lab.work / "y.fbin")
-    code, out, err = lab.run("ingest", s, "--watch-dir", drop, "--backend", "cpu", "--json")
+    (drop / "y.fbin").symlink_to(lab.y)
+    code, out, _ = lab.run("ingest", s, "--watch-dir", drop, "--backend", "cpu", "--json")
     return code == 0 and json.loads(out)["rows_added"] == 200, f"exit {code}"
 
 
 # ---- hard links ------------------------------------------------------------------------------------------
 @case("hard link", "`.lock` a hard link to a user's file; `bigknn merge`", "refused, exit 2; the file untouched")
 def _(lab):
-    s, target = lab.store(), lab.victim()
-    before = digest(target)
+    s, kept = lab.store(), Kept(lab.victim())
     (s / ".lock").unlink()
-    os.link(target, s / ".lock")
+    os.link(kept.path, s / ".lock")
     code, _, err = lab.run("merge", s)
-    return untouched_and(refusal(code, err, str(s / ".lock")), before, target)
+    return kept.and_(refusal(code, err, str(s / ".lock")))
 
 
 @case("hard link", "a graph chunk hard-linked to a user's file; `ingest` (the version goes stale, is deleted)",
@@ -246,25 +271,22 @@ def _(lab):
     chunk = graph_dir(s, 0) / "ids" / "c" / "0" / "0"
     keep = lab.work / f"hard{lab.n}.bin"
     os.link(chunk, keep)
-    before = digest(keep)
-    code, _, err = lab.run("ingest", s, "--input", lab.work / "y.fbin", "--backend", "cpu")
-    return code == 0 and digest(keep) == before, f"exit {code}; " + \
-        ("user's file intact" if digest(keep) == before else "USER'S FILE CHANGED")
+    kept = Kept(keep, "user's file", "intact")
+    code, _, _ = lab.ingest(s)
+    return code == 0 and kept.holds(), f"exit {code}; {kept.note()}"
 
 
 @case("hard link", "a dead reader's lease hard-linked to a user's file; a writer commits",
       "the lease name is removed; the user's file keeps its bytes")
 def _(lab):
-    s, target = lab.store(), lab.victim()
-    before = digest(target)
+    s, kept = lab.store(), Kept(lab.victim(), "file", "intact")
     (s / ".readers").mkdir(exist_ok=True)
     lease = s / ".readers" / "999999999-aaaaaaaaaaaa.json"
-    os.link(target, lease)
-    os.utime(target, (1e9, 1e9))  # not JSON: an opening reader's until it expires, which it has
-    code, _, err = lab.run("ingest", s, "--input", lab.work / "y.fbin", "--backend", "cpu")
-    return code == 0 and digest(target) == before and not lease.exists(), \
-        f"exit {code}; lease {'removed' if not lease.exists() else 'kept'}; " + \
-        ("file intact" if digest(target) == before else "FILE CHANGED")
+    os.link(kept.path, lease)
+    os.utime(kept.path, (1e9, 1e9))  # not JSON: an opening reader's until it expires, which it has
+    code, _, _ = lab.ingest(s)
+    return code == 0 and kept.holds() and not lease.exists(), \
+        f"exit {code}; lease {'removed' if not lease.exists() else 'kept'}; {kept.note()}"
 
 
 @case("hard link", "`manifest.json` hard-linked to a user's copy; `ingest` commits",
@@ -273,24 +295,27 @@ def _(lab):
     s = lab.store()
     copy = lab.work / f"manifest-copy{lab.n}.json"
     os.link(s / "manifest.json", copy)
-    before = digest(copy)
-    code, _, err = lab.run("ingest", s, "--input", lab.work / "y.fbin", "--backend", "cpu")
-    return code == 0 and digest(copy) == before, f"exit {code}"
+    kept = Kept(copy)
+    code, _, _ = lab.ingest(s)
+    return code == 0 and kept.holds(), f"exit {code}"
 
 
 @case("hard link", "the export target is a hard link to another file", "the other name keeps its bytes")
 def _(lab):
-    target = lab.victim()
-    before = digest(target)
+    kept = Kept(lab.victim())
     out = lab.work / f"hl{lab.n}.npz"
-    os.link(target, out)
-    code, _, err = lab.run("export", lab.work / "base.knn", "-o", out)
-    return code == 0 and digest(target) == before, f"exit {code}"
+    os.link(kept.path, out)
+    code, _, _ = lab.run("export", lab.work / "base.knn", "-o", out)
+    return code == 0 and kept.holds(), f"exit {code}"
 
 
 # ---- permissions (file modes obeyed as by any user) -----------------------------------------------------
 def nocap_available() -> bool:
     return shutil.which("setpriv") is not None
+
+
+def read_only(path: Path) -> None:
+    subprocess.run(["chmod", "-R", "a-w", path], check=True)
 
 
 def perm_case(name: str, expected: str):
@@ -306,16 +331,16 @@ def perm_case(name: str, expected: str):
 @perm_case("a read-only store: `info`, `eval recall` (readers cannot write a lease)", "both work (exit 0)")
 def _(lab):
     s = lab.store()
-    subprocess.run(["chmod", "-R", "a-w", s], check=True)
+    read_only(s)
     c1, _, _ = lab.run("info", s, nocap=True)
-    c2, _, e2 = lab.run("eval", "recall", s, "--sample", "200", "--k", "5", nocap=True)
+    c2, _, _ = lab.run("eval", "recall", s, "--sample", "200", "--k", "5", nocap=True)
     return c1 == 0 and c2 == 0, f"info exit {c1}, eval exit {c2}"
 
 
 @perm_case("a read-only store: `merge`", "refused, exit 2, naming what cannot be written")
 def _(lab):
     s = lab.store()
-    subprocess.run(["chmod", "-R", "a-w", s], check=True)
+    read_only(s)
     code, _, err = lab.run("merge", s, nocap=True)
     return refusal(code, err, str(s), "cannot be written")
 
@@ -334,8 +359,8 @@ def _(lab):
     s = lab.store()
     chunk = s / "shards/1/vectors/c/0/0"
     os.chmod(chunk, 0)
-    code, out, err = lab.run("verify", s, "--json", nocap=True)
-    files = [d["file"] for d in json.loads(out)["damaged"]] if out else []
+    code, damage = lab.damage(s, nocap=True)
+    files = [d["file"] for d in damage]
     return code == 1 and str(chunk) in files, f"exit {code}; listed: {files[:2]}"
 
 
@@ -352,15 +377,14 @@ def _(lab):
     s = lab.store()
     meta = graph_dir(s, 2) / "dists" / "zarr.json"
     os.chmod(meta, 0)
-    code, out, _ = lab.run("verify", s, "--json", nocap=True)
-    files = [d["file"] for d in json.loads(out)["damaged"]] if out else []
-    return code == 1 and str(meta) in files, f"exit {code}"
+    code, damage = lab.damage(s, nocap=True)
+    return code == 1 and str(meta) in [d["file"] for d in damage], f"exit {code}"
 
 
 @perm_case("an input file unreadable (mode 000): `build`", "refused, exit 2, naming the file")
 def _(lab):
     src = lab.work / f"unreadable{lab.n}.fbin"
-    shutil.copyfile(lab.work / "y.fbin", src)
+    shutil.copyfile(lab.y, src)
     os.chmod(src, 0)
     code, _, err = lab.run("build", src, "-o", lab.work / f"u{lab.n}.knn", "--backend", "cpu", nocap=True)
     return refusal(code, err, str(src))
@@ -390,12 +414,12 @@ def _(lab):
            "refused, exit 2, one line naming the store; the manifest unchanged")
 def _(lab):
     s = lab.store()
-    before = digest(s / "manifest.json")
+    kept = Kept(s / "manifest.json")
     os.chmod(s, 0o555)
-    code, _, err = lab.run("ingest", s, "--input", lab.work / "y.fbin", "--backend", "cpu", nocap=True)
+    code, _, err = lab.ingest(s, nocap=True)
     os.chmod(s, 0o755)
     lines = err.strip().splitlines()
-    ok = code == 2 and len(lines) == 1 and str(s) in err and digest(s / "manifest.json") == before
+    ok = code == 2 and len(lines) == 1 and str(s) in err and kept.holds()
     return ok, f"exit {code}: {lines[-1][:150] if lines else ''}"
 
 
@@ -403,8 +427,7 @@ def _(lab):
 def second_fs(lab: Lab) -> Path | None:
     if not SECOND_FS.is_dir() or os.stat(SECOND_FS).st_dev == os.stat(lab.work).st_dev:
         return None
-    d = Path(tempfile.mkdtemp(dir=SECOND_FS, prefix="bigknn-cases-"))
-    return d
+    return Path(tempfile.mkdtemp(dir=SECOND_FS, prefix="bigknn-cases-"))
 
 
 def fs_case(name: str, expected: str):
@@ -424,8 +447,8 @@ def fs_case(name: str, expected: str):
 @fs_case("a store on tmpfs (/dev/shm): `ingest`, `verify`, two writers at once", "works; the second writer busy (75)")
 def _(lab, other):
     s = lab.store(other)
-    p = subprocess.Popen([sys.executable, "-m", "bigknn", "ingest", s, "--input", lab.work / "y.fbin", "--backend",
-                          "cpu"], env=lab.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p = subprocess.Popen([sys.executable, "-m", "bigknn", "ingest", s, "--input", lab.y, "--backend", "cpu"],
+                         env=lab.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     time.sleep(1.0)
     code2, _, err2 = lab.run("merge", s)
     code = p.wait()
@@ -448,12 +471,11 @@ def _(lab, other):
 @fs_case("a store on tmpfs whose `shards/0/graph` links to /work: `ingest`", "refused, exit 2; /work untouched")
 def _(lab, other):
     s = lab.store(other)
-    target = lab.outside()
-    before = digest(target)
+    kept = Kept(lab.outside())
     shutil.rmtree(s / "shards/0/graph")
-    (s / "shards/0/graph").symlink_to(target, target_is_directory=True)
-    code, _, err = lab.run("ingest", s, "--input", lab.work / "y.fbin", "--backend", "cpu")
-    return untouched_and(refusal(code, err, str(s / "shards/0/graph"), "symbolic link"), before, target)
+    (s / "shards/0/graph").symlink_to(kept.path, target_is_directory=True)
+    code, _, err = lab.ingest(s)
+    return kept.and_(refusal(code, err, str(s / "shards/0/graph"), "symbolic link"))
 
 
 @fs_case("a store copied (cp -a) from /work to tmpfs: `verify` (checksums bound to places inside the store)",
@@ -468,14 +490,14 @@ def _(lab, other):
 
 @fs_case("export from a /work store to a file on tmpfs", "exit 0, the file whole (rename stays on one file system)")
 def _(lab, other):
-    code, out, err = lab.run("export", lab.work / "base.knn", "-o", other / "g.npy", "--json")
+    code, _, _ = lab.run("export", lab.work / "base.knn", "-o", other / "g.npy", "--json")
     return code == 0 and (other / "g.npy").stat().st_size > 0 and not list(other.glob(".*.tmp")), f"exit {code}"
 
 
 @fs_case("ingest an input on tmpfs into a /work store", "exit 0")
 def _(lab, other):
     s = lab.store()
-    shutil.copyfile(lab.work / "y.fbin", other / "y.fbin")
+    shutil.copyfile(lab.y, other / "y.fbin")
     code, _, err = lab.run("ingest", s, "--input", other / "y.fbin", "--backend", "cpu")
     return ran(code, err)
 
@@ -493,41 +515,41 @@ HOLD = ("import sys, time; from bigknn.shards import WriterLock\n"
         "with WriterLock(sys.argv[1]):\n    print('held', flush=True); time.sleep(60)")
 
 
-def holder(lab: Lab, store: Path) -> subprocess.Popen:
+@contextmanager
+def held(lab: Lab, store: Path) -> Iterator[None]:
+    """Another process holds the store's writer lock until the block ends (then it is killed)."""
     p = subprocess.Popen([sys.executable, "-c", HOLD, str(store)], env=lab.env(), stdout=subprocess.PIPE, text=True)
-    assert p.stdout.readline().strip() == "held"
-    return p
+    try:
+        assert p.stdout.readline().strip() == "held"
+        yield
+    finally:
+        p.kill()
 
 
 @case("lock", "`.lock` deleted while a writer holds the store; a second `merge`", "busy, exit 75")
 def _(lab):
     s = lab.store()
-    p = holder(lab, s)
-    try:
+    with held(lab, s):
         (s / ".lock").unlink()
         code, _, err = lab.run("merge", s)
-    finally:
-        p.kill()
     return refusal(code, err, "another writer holds the store", exit_code=75)
 
 
 @case("lock", "`.lock` replaced by a new file while a writer holds the store; a second `ingest`", "busy, exit 75")
 def _(lab):
     s = lab.store()
-    p = holder(lab, s)
-    try:
+    with held(lab, s):
         (s / ".lock").unlink()
         (s / ".lock").write_text("{}")
-        code, _, err = lab.run("ingest", s, "--input", lab.work / "y.fbin", "--backend", "cpu")
-    finally:
-        p.kill()
+        code, _, err = lab.ingest(s)
     return refusal(code, err, "another writer holds the store", exit_code=75)
 
 
 @case("lock", "the writer holding the lock is killed (SIGKILL); the next `merge`", "runs at once (exit 0)")
 def _(lab):
     s = lab.store()
-    holder(lab, s).kill()
+    with held(lab, s):
+        pass
     time.sleep(0.2)
     code, _, err = lab.run("merge", s)
     return ran(code, err)
@@ -541,7 +563,7 @@ def lease_case(name: str, expected: str, info: dict, mtime_offset: float, kept: 
         lease.write_text(json.dumps(info))
         t = time.time() + mtime_offset
         os.utime(lease, (t, t))
-        code, _, err = lab.run("ingest", s, "--input", lab.work / "y.fbin", "--backend", "cpu")
+        code, _, _ = lab.ingest(s)
         return code == 0 and lease.exists() == kept, f"exit {code}; lease {'kept' if lease.exists() else 'removed'}"
     case("lease", name, expected)(fn)
 
@@ -565,7 +587,7 @@ def _(lab):
     s = lab.store()
     d = s / ".readers" / "4242-aaaaaaaaaaaa.json"
     d.mkdir(parents=True)
-    code, _, err = lab.run("ingest", s, "--input", lab.work / "y.fbin", "--backend", "cpu")
+    code, _, _ = lab.ingest(s)
     return code == 0 and d.is_dir(), f"exit {code}"
 
 
@@ -577,9 +599,8 @@ def swap_case(name: str, src: Callable[[Path], Path], dst: Callable[[Path], Path
         if a.stat().st_size != b.stat().st_size:
             return False, "sizes differ: not a swap"
         shutil.copyfile(a, b)
-        code, out, _ = lab.run("verify", s, "--json")
-        files = [d["file"] for d in json.loads(out)["damaged"]] if out else []
-        return code == 1 and str(b) in files, f"exit {code}; {len(files)} damaged"
+        code, damage = lab.damage(s)
+        return code == 1 and str(b) in [d["file"] for d in damage], f"exit {code}; {len(damage)} damaged"
     case("checksum", name, "damage: verify exit 1 naming the chunk")(fn)
 
 
@@ -598,8 +619,8 @@ def _(lab):
     dst = graph_dir(s, 0) / "ids"
     shutil.rmtree(dst)
     shutil.copytree(graph_dir(s, 1) / "ids", dst)
-    code, out, _ = lab.run("verify", s, "--json")
-    problems = [d["problem"] for d in json.loads(out)["damaged"]] if out else []
+    code, damage = lab.damage(s)
+    problems = [d["problem"] for d in damage]
     return code == 1 and any("another place" in p or "written for" in p for p in problems), f"exit {code}"
 
 
@@ -619,7 +640,7 @@ def _(lab):
     meta = json.loads(meta_path.read_text())
     meta["attributes"]["bigknn_chunks"]["crc32c"] = []
     meta_path.write_text(json.dumps(meta))
-    code, out, _ = lab.run("verify", s, "--json")
+    code, _ = lab.damage(s)
     return code == 1, f"exit {code}"
 
 

@@ -118,6 +118,59 @@ def small_fbin(tmp_path) -> tuple[Path, np.ndarray]:
     return path, write_synth(path, 2000, 16, seed=5)
 
 
+# ---- search graphs ----------------------------------------------------------------------------
+def clustered(rng: np.random.Generator, centres: np.ndarray, rows: int) -> np.ndarray:
+    """``rows`` float32 rows, each a randomly chosen centre plus unit normal noise."""
+    return (centres[rng.integers(0, len(centres), rows)] + rng.normal(size=(rows, centres.shape[1]))).astype(np.float32)
+
+
+def search_set(d: Path, seed: int, clusters: int, spread: float, dim: int, rows: int, queries: int) -> dict:
+    """A clustered base set ``x`` and held-out queries ``q`` around the same centres, the queries also written to
+    ``d/q.fbin``: what the search tests search (the base set built by ``pruned_store``)."""
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(clusters, dim)) * spread
+    x, q = clustered(rng, centres, rows), clustered(rng, centres, queries)
+    write_vectors(d / "q.fbin", q)
+    return {"dir": d, "x": x, "q": q}
+
+
+def pruned_store(path: Path, x: np.ndarray, k: int, degree: int, shard_rows: int = 0, method: str = "tsdg",
+                 metric: str = "l2") -> Path:
+    """``x`` built into a store at ``path`` and pruned to a search graph of ``degree`` (both on the CPU)."""
+    import bigknn
+
+    with bigknn.build(x, k=k, metric=metric, store=path, backend="cpu", shard_rows=shard_rows) as g:
+        g.prune(method, degree=degree, backend="cpu")
+    return path
+
+
+def stored_index(path: Path, metric: str = "l2"):
+    """The committed search graph and rows of the store at ``path`` as a search reads them (``metric``: the
+    kernel's, l2 or ip), loaded as a loaded index loads them."""
+    from bigknn.operations.search_arrays import load_index
+    from bigknn.shards import Store
+
+    store = Store.open(path)
+    try:
+        return load_index(store, metric)[0]
+    finally:
+        store.close()
+
+
+def count_calls(monkeypatch: pytest.MonkeyPatch, owner: object, name: str) -> list:
+    """Patch ``owner.name`` to record each call's positional arguments (and still make the call); returns the
+    record, e.g. every search-graph load a loaded index makes."""
+    seen: list = []
+    real = getattr(owner, name)
+
+    def counted(*args, **kwargs):
+        seen.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, counted)
+    return seen
+
+
 # ---- exact neighbours and recall --------------------------------------------------------------
 def exact_keys(q: np.ndarray, x: np.ndarray, metric: str = "l2") -> np.ndarray:
     """Ordering keys between every query and every row, in float64 (squared L2, or -dot for ip)."""

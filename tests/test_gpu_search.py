@@ -11,12 +11,11 @@ import zlib
 import numpy as np
 import pytest
 
-import bigknn
 from bigknn.backends.cpu import CpuBackend
 from bigknn.core.metric import kernel_metric, prepare_rows
 from bigknn.algorithms.search_params import PARENTS, SearchPlan
-from bigknn.operations.search_arrays import load_index
-from bigknn.shards import Store
+
+from conftest import pruned_store, stored_index
 
 pytestmark = pytest.mark.gpu
 
@@ -32,11 +31,8 @@ def _index(tmp_path, rng, dtype, metric: str, method: str, n: int = 1999, d: int
     if dtype == np.uint8:
         q = np.clip(q * 20 + 128, 0, 255).astype(np.float32)
     path = tmp_path / f"{method}-{metric}.knn"
-    with bigknn.build(x, k=24, metric=metric, store=path, backend="cpu", shard_rows=800) as g:
-        g.prune(method, degree=24, backend="cpu")
-    store = Store.open(path)
-    index, _ = load_index(store, kernel_metric(metric))
-    store.close()
+    index = stored_index(pruned_store(path, x, k=24, degree=24, shard_rows=800, method=method, metric=metric),
+                         kernel_metric(metric))
     return index, prepare_rows(q, metric).astype(np.float32)
 
 

@@ -25,7 +25,7 @@ from bigknn.operations.search_arrays import load_index
 from bigknn.shards import Store
 from bigknn.shards.manifest import SEARCH_SINCE
 
-from conftest import cli_env, read_manifest, tree_hashes
+from conftest import cli_env, read_manifest, stored_index, tree_hashes
 from test_chunks import flip_byte
 
 
@@ -232,9 +232,7 @@ def test_out_of_core_prune_gives_the_same_graph(store, method):
     for host_mem in (None, 1):
         with bigknn.open(path) as g:
             g.prune(method, degree=16, backend="cpu", host_mem=host_mem)
-        st = Store.open(path)
-        graphs.append(load_index(st, "l2")[0])
-        st.close()
+        graphs.append(stored_index(path))
     np.testing.assert_array_equal(graphs[0].ids, graphs[1].ids)
     np.testing.assert_array_equal(graphs[0].lambdas, graphs[1].lambdas)
 

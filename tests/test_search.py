@@ -11,29 +11,20 @@ import pytest
 import bigknn
 from bigknn.formats import read_truth, write_truth, write_vectors
 
-from conftest import assert_one_line_error, run_cli, run_json, tree_hashes
+from conftest import (assert_one_line_error, clustered, pruned_store, run_cli, run_json, search_set, stored_index,
+                      tree_hashes)
 
 ROWS, QUERIES, DIM, K = 4000, 150, 16, 32
-
-
-def _clustered(rng, rows: int, centres: np.ndarray) -> np.ndarray:
-    return (centres[rng.integers(0, len(centres), rows)] + rng.normal(size=(rows, centres.shape[1]))).astype(np.float32)
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> dict:
     """A clustered base set built and pruned both ways (a copy each), held-out queries and their truth."""
-    d = tmp_path_factory.mktemp("search")
-    rng = np.random.default_rng(0)
-    centres = rng.normal(size=(25, DIM)) * 1.5
-    x, q = _clustered(rng, ROWS, centres), _clustered(rng, QUERIES, centres)
-    write_vectors(d / "q.fbin", q)
-    stores = {}
-    for method in ("tsdg", "rng"):
-        stores[method] = d / f"{method}.knn"
-        with bigknn.build(x, k=K, store=stores[method], backend="cpu", shard_rows=1500) as g:
-            g.prune(method, degree=24, backend="cpu")
-    return {"dir": d, "x": x, "q": q, "stores": stores}
+    d = search_set(tmp_path_factory.mktemp("search"), seed=0, clusters=25, spread=1.5, dim=DIM, rows=ROWS,
+                   queries=QUERIES)
+    stores = {method: pruned_store(d["dir"] / f"{method}.knn", d["x"], k=K, degree=24, shard_rows=1500,
+                                   method=method) for method in ("tsdg", "rng")}
+    return {**d, "stores": stores}
 
 
 def _true_ids(x: np.ndarray, q: np.ndarray, k: int = 10) -> np.ndarray:
@@ -136,9 +127,8 @@ def _search_separated_clusters(tmp_path, seed: int, queries: int):
     list length 10 on the CPU: (rows, queries, centres, what the search found)."""
     rng = np.random.default_rng(seed)
     centres = rng.normal(size=(30, 8)) * 8
-    x, q = _clustered(rng, 3000, centres), _clustered(rng, queries, centres)
-    with bigknn.build(x, k=16, store=tmp_path / "s.knn", backend="cpu") as g:
-        g.prune("tsdg", degree=16, backend="cpu")
+    x, q = clustered(rng, centres, 3000), clustered(rng, centres, queries)
+    with bigknn.open(pruned_store(tmp_path / "s.knn", x, k=16, degree=16)) as g:
         return x, q, centres, g.search(q, k=10, budget=10, procedure="large", backend="cpu")
 
 
@@ -215,18 +205,11 @@ def test_wide_rows_are_walked_as_halves_and_reranked_in_float32(tmp_path, monkey
     from bigknn.core.metric import pairwise_keys
     from bigknn.algorithms.search_index import SearchIndex
     from bigknn.algorithms.search_params import SearchPlan
-    from bigknn.operations.search_arrays import load_index
-    from bigknn.shards import Store
 
     rng = np.random.default_rng(11)
     centres = rng.normal(size=(20, 264)) * 2
-    x = (centres[rng.integers(0, 20, 4000)] + rng.normal(size=(4000, 264))).astype(np.float32) * 1000  # scaled
-    q = (centres[rng.integers(0, 20, 200)] + rng.normal(size=(200, 264))).astype(np.float32) * 1000
-    with bigknn.build(x, k=20, store=tmp_path / "s.knn", backend="cpu") as g:
-        g.prune(degree=20, backend="cpu")
-    st = Store.open(tmp_path / "s.knn")
-    index, _ = load_index(st, "l2")
-    st.close()
+    x, q = clustered(rng, centres, 4000) * 1000, clustered(rng, centres, 200) * 1000  # scaled
+    index = stored_index(pruned_store(tmp_path / "s.knn", x, k=20, degree=20))
     truth = np.argsort(pairwise_keys(q, x, "l2"), axis=1)[:, :10]
     plan = SearchPlan("large", 24, 10, seed=1)
     recall = {}

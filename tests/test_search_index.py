@@ -18,36 +18,22 @@ import bigknn.operations.search_stream as stream
 from bigknn.core.errors import BadInput
 from bigknn.formats import read_truth, write_vectors
 
-from conftest import run_json
+from conftest import count_calls, pruned_store, run_json, search_set
 
 ROWS, QUERIES, DIM = 1500, 60, 12
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> dict:
-    d = tmp_path_factory.mktemp("search-index")
-    rng = np.random.default_rng(3)
-    centres = rng.normal(size=(10, DIM)) * 2
-    x = (centres[rng.integers(0, 10, ROWS)] + rng.normal(size=(ROWS, DIM))).astype(np.float32)
-    q = (centres[rng.integers(0, 10, QUERIES)] + rng.normal(size=(QUERIES, DIM))).astype(np.float32)
-    write_vectors(d / "q.fbin", q)
-    with bigknn.build(x, k=16, store=d / "s.knn", backend="cpu", shard_rows=700) as g:
-        g.prune(degree=16, backend="cpu")
-    return {"dir": d, "store": d / "s.knn", "x": x, "q": q}
+    d = search_set(tmp_path_factory.mktemp("search-index"), seed=3, clusters=10, spread=2, dim=DIM, rows=ROWS,
+                   queries=QUERIES)
+    return {**d, "store": pruned_store(d["dir"] / "s.knn", d["x"], k=16, degree=16, shard_rows=700)}
 
 
 @pytest.fixture
 def loads(monkeypatch) -> list:
     """Every search-graph load a loaded index makes, counted."""
-    seen: list = []
-    real = search_index.load_index
-
-    def counted(*args, **kwargs):
-        seen.append(args)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(search_index, "load_index", counted)
-    return seen
+    return count_calls(monkeypatch, search_index, "load_index")
 
 
 def test_a_second_search_reuses_the_loaded_index_and_finds_what_a_fresh_load_finds(data, loads):
