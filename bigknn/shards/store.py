@@ -197,12 +197,12 @@ class Store(ArrayDir):
     def _reap(self) -> None:
         """Delete, in the background, the graph versions the last commit made stale that no live reader's
         lease names. Runs after the commit, so a reader either has its lease listed here or read the new
-        manifest (bigknn/shards/leases.py); nothing is deleted while a reader is still opening."""
+        manifest (bigknn/shards/leases.py); nothing is deleted while a reader is still opening. Dead readers'
+        leases are removed on the way at every commit, also one that made nothing stale (an ingest joined into
+        a new tail shard): otherwise they outlived their readers until some later commit replaced a version."""
         stale = [(sid, v) for sid, below in self._stale_below.items() for v in self._stale_graphs(sid, below)]
-        if not stale:
-            return
         pins = pinned(self.path)
-        if pins is None:
+        if not stale or pins is None:
             return
         for sid, version in stale:
             if (sid, version) not in pins:

@@ -100,3 +100,16 @@ def test_a_lease_from_the_future_is_reported_and_does_not_stop_cleanup(tmp_path,
     assert not future.exists() and on_disk(writer) == {2, 3}
     assert any(str(future) in r.getMessage() and "ahead" in r.getMessage() for r in caplog.records)
 
+
+
+def test_a_commit_that_makes_nothing_stale_still_removes_dead_leases(tmp_path):
+    """A dead reader's lease goes at the next commit whatever it changed: an ingest joined into a new tail shard
+    replaces no graph version, and the lease used to outlive its reader until some later commit did."""
+    rng = np.random.default_rng(3)
+    store = new_store(tmp_path / "s.knn", rng)
+    dead = lease_file(store, {"pid": 1 << 40, "host": socket.gethostname(), "graphs": {"0": 1}})
+    elsewhere = lease_file(store, {"pid": 7, "host": "elsewhere.example", "graphs": {"0": 1}})
+    store.manifest.seed = 1  # a commit that leaves every graph version in use
+    store.commit()
+    store.close()
+    assert not dead.exists() and elsewhere.exists() and on_disk(store) == {1}
