@@ -269,9 +269,12 @@ def resolve_partition(method: str, rows: int, shard_rows: int, width: int) -> st
 def automatic_shards(rows: int, fits: int, workers: int, width: int, method: str) -> tuple[int, str]:
     """(--shard-rows, partition) of a build whose shard size is automatic: ``fits`` (the largest shard the
     device takes), spread over ``workers`` for a contiguous build (``spread_for_workers``), the partition
-    resolved at that size (``resolve_partition``)."""
+    resolved at that size (``resolve_partition``); never smaller than the build accepts (limits.MAX_MERGES),
+    so that no default build is refused (where that is larger than ``fits``, no shard that fits is accepted:
+    ``bigknn plan`` says so)."""
     method = resolve_partition(method, rows, fits, width)
-    return (spread_for_workers(rows, fits, workers) if method == "contiguous" else fits), method
+    size = spread_for_workers(rows, fits, workers) if method == "contiguous" else fits
+    return max(size, smallest_shard_rows(rows, width, method)), method
 
 
 def spread_for_workers(rows: int, shard_rows: int, workers: int) -> int:
