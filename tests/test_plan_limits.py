@@ -11,7 +11,8 @@ from bigknn.core.errors import BadInput
 from bigknn.core.params import GnndParams
 from bigknn.engine.limits import MAX_MERGES, build_refusal, build_shards, smallest_shard_rows
 from bigknn.operations.plan_model import (CPU_SHARD_ROWS, auto_shard_rows, automatic_shards, fitting_shard_rows,
-                                          largest_shard_rows, plan, resolve_partition, spread_for_workers)
+                                          largest_shard_rows, plan, planned_shards, resolve_partition,
+                                          spread_for_workers)
 from bigknn.engine.pending import check_merge_count
 from bigknn.core.progress import Reporter
 
@@ -66,6 +67,7 @@ def test_no_default_plan_of_any_size_is_refused_by_build(gpu_mem, itemsize):
                 size, method = automatic_shards(rows, fits, workers, width, "auto")  # as build calls it
                 method = resolve_partition(method, rows, size, width)
                 assert build_refusal(rows, size, width, method) is None, (rows, dim, workers)
+                assert planned_shards(rows, None, fits, workers, width, "auto") == (min(size, rows), method, None)
                 assert build_accepts(rows, size, method) == build_shards(rows, size, width, method)
                 # larger than fits only where build refuses every size up to it (on the CPU: its default 1M rows)
                 assert size <= fits or smallest_shard_rows(rows, width, method) > fits
