@@ -115,9 +115,7 @@ def show(p: dict) -> None:
         f"{p['bound']}-bound",
         f"  disk floor   {human_duration(floor['s'])}: one read of the input ({human_bytes(floor['read_bytes'])}) "
         f"and one write of the store ({human_bytes(floor['written_bytes'])}) at the disk rates below",
-        "  projected    " + "; ".join(f"{q['workers']} worker{'s' * (q['workers'] > 1)}: "
-                                      f"{human_duration(q['estimate_s']['total'])} ({q['shards']:,} shard{'s' * (q['shards'] > 1)}, "
-                                      f"{q['bound']}-bound)" for q in p["projections"]),
+        "  projected    " + "; ".join(projected(q) for q in p["projections"]),
         f"  rates        GNND {rates['gnnd_rows_per_s']:,} rows/s, merges {rates['ggm_rows_per_s']:,} pair rows/s "
         f"at shards of {rates['at_rows']:,} rows",
         f"  measured     {rates['source']}: " + scaling(rates),
@@ -139,6 +137,12 @@ def show(p: dict) -> None:
         lines.append(f"  note         {human_duration(est['total'])} on the CPU: a GPU would take a small fraction of "
                      "that; run `bigknn plan` on a GPU machine (or with --store of a store built there) to see")
     click.echo("\n".join(lines))
+
+
+def projected(q: dict) -> str:
+    """One worker count's projection, for people."""
+    return (f"{q['workers']} worker{'s' * (q['workers'] > 1)}: {human_duration(q['estimate_s']['total'])} "
+            f"({q['shards']:,} shard{'s' * (q['shards'] > 1)}, {q['bound']}-bound)")
 
 
 def stored(parts: dict) -> str:
