@@ -127,13 +127,14 @@ def plan(input: PathLike | None = None, rows: int | None = None, dim: int | None
          calibrate_rows: int | None = None, disk_gbps: float | None = None, partition: str = DEFAULT_METHOD,
          pairs_per_shard: float | None = None, backend: str = "auto", gpus: Gpus = None, *,
          gpu_mem: int | None = None, host_mem: int | None = None, progress: bool = False,
-         output: PathLike | None = None) -> dict:
+         output: PathLike | None = None, vectors: str = "copy") -> dict:
     """Size a build before starting it (``bigknn plan``): shards, merges, disk, host and GPU memory per worker,
     and the estimated time, from a store's recorded rates (``store``) or a short calibration on this machine
-    (on ``input``'s rows, or synthetic ones of ``dtype`` given ``rows`` and ``dim``). The options are the CLI's;
+    (on ``input``'s rows, or synthetic ones of ``dtype`` given ``rows`` and ``dim``), with the same plan
+    projected to 1, 2, 4 and 8 workers (``projections``). The options are the CLI's;
     ``gpu_mem``: the device memory to size shards for (a GPU elsewhere, when planned on a CPU); ``output``: the
     store the build will write, whose file system's rate is measured (default: the input's, else the current
-    directory's).
+    directory's); ``vectors``: the build's (``reference``: no copy of the rows is written).
 
     Examples
     --------
@@ -150,4 +151,5 @@ def plan(input: PathLike | None = None, rows: int | None = None, dim: int | None
     backends = get_backends(backend, gpu_ids(gpus), gpu_mem)
     return size_build(None if input is None else Path(input), rows, dim, dtype, params, shard_rows,
                       None if store is None else Path(store), calibrate_rows, disk_gbps, partition, pairs_per_shard,
-                      backends, gpu_mem, host_mem, reporter(progress), None if output is None else Path(output))
+                      backends, gpu_mem, host_mem, reporter(progress), None if output is None else Path(output),
+                      vectors)

@@ -129,6 +129,7 @@ class BuildReport(_Report):
     recall_estimate: RecallEstimate | None
     search: dict | None = None
     written_bytes: int = 0  # what written_gb rounds: every byte the run put on disk, the manifest's included
+    read_bytes: int = 0  # what read_gb rounds (bigknn plan's read_bytes models it)
 
     @classmethod
     def from_summary(cls, summary: dict) -> BuildReport:

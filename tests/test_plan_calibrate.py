@@ -131,13 +131,13 @@ def test_the_plan_adds_the_first_shards_read_and_the_last_graphs_written():
     """No GPU starts before its first shard is read; the last merge's two graphs are written after it. Three
     shards on two workers merge one pair at a time (any two pairs share a shard): 3 merges of wall, not 1.5."""
     params, r = GnndParams(k=32), 10_000_000
-    width, row_bytes = params.width(), 96 * 4
+    row_bytes = 96 * 4
     rates = {"gnnd_rows_per_s": 1e6, "ggm_rows_per_s": 2e6, "source": "test"}
     p = plan(3 * r, 96, 4, params, r, 2, rates, DISK, host_mem=1 << 40)
     est = p["estimate_s"]
     assert merge_rounds(3, 2) == 3 and est["ggm"] == pytest.approx(3 * 2 * r / 2e6, abs=0.1)
     assert est["start"] == pytest.approx(2 * r * row_bytes / 2e9, abs=0.1)  # one shard per worker
-    assert est["end"] == pytest.approx(2 * r * width * 8 / 1e9, abs=0.1)  # the last merge's two graphs
+    assert est["end"] == pytest.approx(2 * r * params.k * 8 / 1e9, abs=0.1)  # the last merge's two graphs, k wide
     assert est["total"] == pytest.approx(est["start"] + est["gnnd"] + est["ggm"] + est["end"], abs=0.2)
     assert est["total"] > est["io"]
     slow_disk = {"read_gbps": 0.01, "write_gbps": 0.01, "source": "test"}  # I/O-bound: the ends are part of it

@@ -14,6 +14,7 @@ from bigknn.algorithms.partition import METHODS as PARTITIONS
 from bigknn.algorithms.partition.learn import DEFAULT_METHOD
 from bigknn.operations.calibrate import EXPONENT_RANGE
 from bigknn.operations.plan_model import ASSUMED_PAIRS_PER_SHARD
+from bigknn.shards.referenced import MODES as VECTOR_MODES
 
 DTYPES = ("float32", "float16", "uint8", "int8")
 SLOW_ON_CPU_S = 86400.0  # a CPU estimate above this gets a note that a GPU is the tool for the job
@@ -48,6 +49,8 @@ SLOW_ON_CPU_S = 86400.0  # a CPU estimate above this gets a note that a GPU is t
 @click.option("--pairs-per-shard", type=click.FloatRange(min=0.0, min_open=True), default=None,
               help="Merges per shard of a partitioned build (default: --store's committed plan, else "
                    f"{ASSUMED_PAIRS_PER_SHARD}, the clustered synth's; the JSON's assumptions say which).")
+@click.option("--vectors", type=click.Choice(VECTOR_MODES), default="copy", show_default=True,
+              help="The build's --vectors: reference plans a store that writes no copy of the rows.")
 @backend_option
 @gpus_option
 @gpu_mem_option
@@ -55,12 +58,15 @@ SLOW_ON_CPU_S = 86400.0  # a CPU estimate above this gets a note that a GPU is t
 @json_option
 def plan(input: Path | None, rows: int | None, dim: int | None, dtype: str, k: int, list_width: int,
          shard_rows: int | None, output: Path | None, store: Path | None, calibrate_rows: int | None,
-         disk_gbps: float | None, partition: str, pairs_per_shard: float | None, backend: str, gpus: str | None,
-         gpu_mem: str | None, host_mem: str | None, as_json: bool) -> None:
+         disk_gbps: float | None, partition: str, pairs_per_shard: float | None, vectors: str, backend: str,
+         gpus: str | None, gpu_mem: str | None, host_mem: str | None, as_json: bool) -> None:
     """Shards, merges, disk, host and GPU memory per worker, and the estimated time of a build.
 
     Rates come from a store's recorded timings (--store) or from a short calibration run on this
-    machine; the estimate scales them to the planned shard and merge sizes.
+    machine; the estimate scales them to the planned shard and merge sizes. The same plan is projected
+    to 1, 2, 4 and 8 workers of the kind measured (GPUs: --gpus picks the plan's own), sharing this
+    machine's disk; the disk floor (one read of the input, one write of what the store holds) says when
+    a build is bound by its disk.
 
     \b
     Examples:
@@ -70,12 +76,13 @@ def plan(input: Path | None, rows: int | None, dim: int | None, dtype: str, k: i
       bigknn plan --rows 1000000000 --dim 96 --k 32 --partition kmeans --store t2.knn
       bigknn plan big.fbin --host-mem 64G    # the shard cache of a build given --host-mem 64G
       bigknn plan big.fbin -o /data/big.knn  # the disk rate of the file system the store goes to
+      bigknn plan big.fbin --vectors reference --partition contiguous   # no copy of big.fbin written
     """
     if input is None and (rows is None or dim is None):
         raise click.UsageError("give INPUT, or --rows and --dim")
     result = api.plan(input, rows, dim, dtype, k, list_width, shard_rows, store, calibrate_rows, disk_gbps, partition,
                       pairs_per_shard, backend, gpus, gpu_mem=parse_bytes(gpu_mem), host_mem=parse_bytes(host_mem),
-                      progress=show_progress(as_json), output=output)
+                      progress=show_progress(as_json), output=output, vectors=vectors)
     if as_json:
         emit(result, as_json, "plan")
     else:
@@ -89,12 +96,14 @@ def show(p: dict) -> None:
     rates = p["rates"]
     assumed = p["assumptions"]
     disk = assumed["disk"]
+    floor = p["disk_floor"]
     lines = [
         f"plan: {p['rows']:,} rows x {p['dim']} ({dtype}), k {p['k']}, lists of {p['list_width']}",
         f"  shards       {p['shards']:,} of {p['shard_rows']:,} rows ({p['partition']}); {p['merges']:,} of "
         f"{p['all_pairs']:,} pairs merged, on {p['workers']} worker{'s' * (p['workers'] > 1)}",
-        f"  disk         {human_bytes(p['disk_bytes'])} for the store; {human_bytes(p['io_bytes'])} read and "
-        "written during the build",
+        f"  disk         {human_bytes(p['disk_bytes'])} for the store ({stored(p['store_bytes'])}); "
+        f"{human_bytes(p['read_bytes'])} read and {human_bytes(p['written_bytes'])} written during the build "
+        f"({human_bytes(p['rewritten_bytes'])} of graphs before they are final)",
         f"  host memory  {human_bytes(p['host_bytes_per_worker'])} per worker, {human_bytes(p['host_bytes_total'])} "
         f"in all; the shard cache holds {p['cached_shards']:,} of {p['shards']:,} shards",
         f"  read back    {p['merge_reads']:,} shards for merges: {assumed['merge_reads']}",
@@ -102,7 +111,11 @@ def show(p: dict) -> None:
         f"  GPU memory   {human_bytes(p['gpu_bytes_per_worker'])} per worker, if built on a GPU",
         f"  time         ≈ {human_duration(est['total'])} on {backend}: first shards read "
         f"{human_duration(est['start'])}, GNND {human_duration(est['gnnd'])}, merges {human_duration(est['ggm'])}, "
-        f"last graphs written {human_duration(est['end'])}; disk I/O {human_duration(est['io'])} (overlapped)",
+        f"last graphs written {human_duration(est['end'])}; disk I/O {human_duration(est['io'])} (overlapped): "
+        f"{p['bound']}-bound",
+        f"  disk floor   {human_duration(floor['s'])}: one read of the input ({human_bytes(floor['read_bytes'])}) "
+        f"and one write of the store ({human_bytes(floor['written_bytes'])}) at the disk rates below",
+        "  projected    " + "; ".join(projected(q) for q in p["projections"]),
         f"  rates        GNND {rates['gnnd_rows_per_s']:,} rows/s, merges {rates['ggm_rows_per_s']:,} pair rows/s "
         f"at shards of {rates['at_rows']:,} rows",
         f"  measured     {rates['source']}: " + scaling(rates),
@@ -116,13 +129,27 @@ def show(p: dict) -> None:
         lines.insert(1, "  refused      bigknn build refuses"
                         f" --shard-rows {refused['shard_rows']:,} ({refused['why']}); "
                         f"planned with --shard-rows {refused['planned_shard_rows']:,}: pass it to build")
-        if refused["over_gpu_fit"]:
-            lines.insert(2, "  note         shards that large do not fit a merge in this GPU's memory: no build of "
-                            "this size fits; use more GPU memory (--gpu-mem) or fewer rows")
+    if p["over_gpu_fit"]:
+        lines.insert(2 if refused else 1, "  note         shards as large as build takes do not fit a merge in this "
+                                          "GPU's memory: no build of this size fits; use more GPU memory (--gpu-mem) "
+                                          "or fewer rows")
     if not on_gpu and est["total"] > SLOW_ON_CPU_S:
         lines.append(f"  note         {human_duration(est['total'])} on the CPU: a GPU would take a small fraction of "
                      "that; run `bigknn plan` on a GPU machine (or with --store of a store built there) to see")
     click.echo("\n".join(lines))
+
+
+def projected(q: dict) -> str:
+    """One worker count's projection, for people."""
+    return (f"{q['workers']} worker{'s' * (q['workers'] > 1)}: {human_duration(q['estimate_s']['total'])} "
+            f"({q['shards']:,} shard{'s' * (q['shards'] > 1)}, {q['bound']}-bound)")
+
+
+def stored(parts: dict) -> str:
+    """What the store holds, for people: the rows' copy (or none: referenced), row ids, the final graph."""
+    vectors = human_bytes(parts["vectors"]) + " of vectors" if parts["vectors"] else "vectors referenced, not copied"
+    ids = f", {human_bytes(parts['row_ids'])} of row ids" if parts["row_ids"] else ""
+    return f"{vectors}{ids}, {human_bytes(parts['graph'])} of final graph"
 
 
 def scaling(rates: dict) -> str:

@@ -11,21 +11,23 @@ for S shards of R rows on W workers; a contiguous build merges all S(S-1)/2 pair
 side-by-side merges its Scheduler runs (``merge_rounds``: no two at once share a shard, so 3 shards on 2
 GPUs take 3 rounds, not 3 / 2); a partitioned build (bigknn/algorithms/partition/) merges S x pairs-per-shard pairs
 (the rate is a store's measured plan, or an assumption the plan states), W at a time. Disk reads and
-writes (at measured rates) overlap with compute, except at the ends: no GPU starts before its first shard
-is read (one shard per worker), and the last merge's two graphs are written after it ends, so
+writes (at measured rates, one disk shared by every worker) overlap with compute, except at the ends: no GPU
+starts before its first shard is read (one shard per worker; the whole input for a one-shard build, and a
+partitioned build's labelling pass reads every row first), and the last merge's two graphs are written after
+it ends, so
 
     total = max(start + compute + end, I/O)
 
-The I/O is what the pipeline does: the input read once (twice when partitioned and too large for host RAM:
-labelling, then sharding)
-and its rows written once; merges read shards back only where the host cache cannot hold them all: as many
-as the build's Scheduler makes an LRU cache of the planned size read, pairs of cached shards first
-(``replayed_reads``: 61 shards through 10 cached, all pairs, read 372 shards, not the 1,827 of merges hitting
-cached shards at random); each shard's graph is written once at its end, again at each checkpoint while
-merges change it (the cached graphs; checkpoints spaced to take at most a tenth of the time,
-writer.checkpoint_interval), and when it is evicted unwritten (each shard read back was). T2 (10 shards, all
-cached, shorter than a checkpoint): 3.84 GB read and 7.68 GB written, as measured; every merge reading and
-writing both shards would be 73 and 42 GB.
+The I/O is what the build's data path does (bigknn/engine/writer.py): the input read once (twice when
+partitioned and too large for host RAM: labelling, then sharding); the store written once: the vectors' copy
+(none with --vectors reference), a partitioned store's row ids, each shard's final graph k wide
+(``store_bytes``: with the input's read, the disk floor); merges read shards back only where the host cache
+cannot hold them all: as many as the build's Scheduler makes an LRU cache of the planned size read, pairs of
+cached shards first (``replayed_reads``: 61 shards through 10 cached, all pairs, read 372 shards, not the
+1,827 of merges hitting cached shards at random), each one written at the build's width when it was evicted
+unwritten; and checkpoints of the cached graphs while merges change them, only while they stay within a
+tenth of the bytes the run must write and of its time (``graph_rewrites``). Every plan is projected to 1, 2,
+4 and 8 workers by this same model (bigknn/operations/sizing.py).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from collections import OrderedDict
 import numpy as np
 
 from bigknn.backends import device_memory_model
+from bigknn.core.knn_graph import id_dtype
 from bigknn.core.params import GnndParams
 from bigknn.engine.limits import build_refusal, build_shards, smallest_shard_rows
 from bigknn.operations.calibrate import rate_at
@@ -43,7 +46,7 @@ from bigknn.engine.pair_order import pending_pairs, round_count
 from bigknn.engine.sharding_pass import shard_total
 from bigknn.engine.scheduler import Pair, Scheduler
 from bigknn.engine.pending import cache_parts, input_fits_host
-from bigknn.engine.writer import checkpoint_interval, checkpoint_s
+from bigknn.engine.writer import checkpoint_allowance, checkpoint_interval, checkpoint_s
 from bigknn.shards import Store
 
 CPU_SHARD_ROWS = 1_000_000  # shard size on the CPU backend, where no device memory bounds it
@@ -64,61 +67,109 @@ def pairs_per_shard_from_store(store: Store) -> float | None:
 
 def plan(rows: int, dim: int, itemsize: int, params: GnndParams, shard_rows: int, workers: int, rates: dict,
          disk: dict, partition: str = "contiguous", pairs_per_shard: float = ASSUMED_PAIRS_PER_SHARD,
-         assumptions: dict | None = None, host_mem: int | None = None) -> dict:
+         assumptions: dict | None = None, host_mem: int | None = None, vectors: str = "copy") -> dict:
     """The plan of a build; ``disk``: {"read_gbps", "write_gbps", "source"} (diskrate.measure_disk);
     ``assumptions``: what else it rests on (host RAM, GPU memory, where pairs-per-shard came from), reported;
-    ``host_mem``: the host cache's bytes (``--host-mem``; default half this machine's RAM)."""
+    ``host_mem``: the host cache's bytes (``--host-mem``; default half this machine's RAM); ``vectors``: the
+    build's --vectors (``reference``: the store writes no copy of the rows)."""
     width = params.width()
     shards = build_shards(rows, shard_rows, width, partition)  # as many as the build makes
-    if partition == "contiguous" or shards == 1:
+    partitioned = partition != "contiguous" and shards > 1
+    if not partitioned:
         merges = shards * (shards - 1) // 2
     else:
         merges = min(shards * (shards - 1) // 2, math.ceil(shards * pairs_per_shard))
     r = math.ceil(rows / shards)
     row_bytes = dim * itemsize
-    graph_row = width * 8
-    shard_bytes = r * (row_bytes + graph_row)
+    shard_bytes = r * (row_bytes + width * 8)  # in the host cache, as the build sizes it (pending.cache_shards)
+    entry = id_dtype(rows).itemsize + 4  # one list entry (id, distance), in memory and on disk
+    wide_graph = r * width * entry  # a shard's graph while merges change it: what checkpoints and evictions write
     gnnd_rate, ggm_rate = rate_at(rates, "gnnd", r), rate_at(rates, "ggm", r)
     gnnd_s = shards * r / gnnd_rate
     merge_s = 2 * r / ggm_rate  # one merge of two shards
-    merge_wall = (merge_rounds(shards, workers) * merge_s if partition == "contiguous"
+    merge_wall = (merge_rounds(shards, workers) * merge_s if not partitioned
                   else merges * merge_s / workers)
     gnnd_wall = gnnd_s / min(workers, shards)  # one shard's GNND runs on one worker
     compute_s = gnnd_wall + merge_wall
     # a partitioned build labels every row first, then shards them: from RAM where the input fits the host budget
-    input_passes = 1 if partition == "contiguous" or input_fits_host(rows * row_bytes, host_mem) else 2
+    kept = not partitioned or input_fits_host(rows * row_bytes, host_mem)
+    input_bytes = rows * row_bytes
     cached = cache_parts(shard_bytes, workers, host_mem)
-    misses, misses_how = merge_reads(shards, merges, cached, partition != "contiguous", workers)
-    # rewrites while merges change graphs: each checkpoint's (the clock starts at the first GNND result; a
-    # checkpoint writes the cached graphs, and the next waits until its writes are CHECKPOINT_SHARE of the time)
-    # and each eviction of an unwritten graph (one per shard read back: it was evicted before its last merge),
-    # at most one per merge result (what an interval of 0 writes)
-    read_bps, write_bps = disk["read_gbps"] * 1e9, disk["write_gbps"] * 1e9
     held = min(cached, shards)
-    interval = checkpoint_interval(checkpoint_s(), held * r * graph_row / write_bps)
-    checkpoints = int(max(0.0, compute_s - r / gnnd_rate) // interval) if interval > 0 else merges
-    graph_writes = shards + min(checkpoints * held + misses, 2 * merges)
-    read_bytes = input_passes * rows * row_bytes + misses * shard_bytes
-    written_bytes = rows * row_bytes + graph_writes * r * graph_row
+    misses, misses_how = merge_reads(shards, merges, cached, partitioned, workers)
+    store = store_bytes(rows, dim, itemsize, params.k, vectors, partitioned)
+    read_bps, write_bps = disk["read_gbps"] * 1e9, disk["write_gbps"] * 1e9
+    rewrites = graph_rewrites(merges, held, misses, wide_graph, compute_s - r / gnnd_rate, write_bps,
+                              rows * (row_bytes + params.k * entry))
+    read_bytes = (1 if kept else 2) * input_bytes + misses * (r * row_bytes + wide_graph)
+    written_bytes = store["total"] + rewrites
     io_s = read_bytes / read_bps + written_bytes / write_bps
-    start_s = min(workers, shards) * r * row_bytes / read_bps  # each worker's first shard, read before its GNND
-    end_s = (2 if merges else 1) * r * graph_row / write_bps  # the last merge's graphs (or the one GNND's)
+    # no GPU starts before its first shard is read (the whole input, for one shard), nor a partitioned build's
+    # before its labelling pass has read every row
+    start_s = (0 if not partitioned else input_bytes / read_bps) + (
+        0 if partitioned and kept else min(workers, shards) * r * row_bytes / read_bps)
+    end_s = (2 if merges else 1) * r * params.k * entry / write_bps  # the last merge's graphs (or the one GNND's)
     total_s = max(start_s + compute_s + end_s, io_s)
+    floor_s = input_bytes / read_bps + store["total"] / write_bps
     return {
         "rows": rows, "dim": dim, "k": params.k, "list_width": width, "partition": partition, "shards": shards,
         "shard_rows": r, "merges": merges, "all_pairs": shards * (shards - 1) // 2,
-        "rounds": round_count(shards), "workers": workers,
-        "disk_bytes": rows * row_bytes + 2 * rows * graph_row, "cached_shards": min(cached, shards),
+        "rounds": round_count(shards), "workers": workers, "vectors": vectors,
+        "disk_bytes": store["total"], "store_bytes": store, "cached_shards": held,
         "host_bytes_per_worker": 2 * shard_bytes, "host_bytes_total": (2 * workers + 2) * shard_bytes,
-        "gpu_bytes_per_worker": merge_gpu_bytes(r, dim, itemsize, params),
+        "gpu_bytes_per_worker": merge_gpu_bytes(r, dim, itemsize, params) if shards > 1 else
+        device_memory_model().whole_bytes(r, dim, itemsize, params),  # one shard: its GNND, no merge
         "io_bytes": round(read_bytes + written_bytes), "read_bytes": round(read_bytes),
-        "written_bytes": round(written_bytes), "merge_reads": round(misses),
+        "written_bytes": round(written_bytes), "rewritten_bytes": round(rewrites), "merge_reads": round(misses),
+        "disk_floor": {"read_bytes": input_bytes, "written_bytes": store["total"], "s": round(floor_s, 1)},
+        "bound": "disk" if io_s >= start_s + compute_s + end_s else "compute",
         "estimate_s": {"start": round(start_s, 1), "gnnd": round(gnnd_wall, 1), "ggm": round(merge_wall, 1),
                        "end": round(end_s, 1), "io": round(io_s, 1), "total": round(total_s, 1)},
         "estimate_h": round(total_s / 3600, 2),
         "rates": planned_rates(rates, r, gnnd_rate, ggm_rate),
         "assumptions": {"disk": disk, "merge_reads": misses_how, **(assumptions or {})},
     }
+
+
+def store_bytes(rows: int, dim: int, itemsize: int, k: int, vectors: str, partitioned: bool) -> dict:
+    """What the finished store holds, each written once by the build: the rows' copy (none with ``--vectors
+    reference``: the store reads the input's own bytes), a partitioned store's input row numbers (int64), and
+    the final graph, k wide (ids in the store's id dtype, float32 distances)."""
+    parts = {"vectors": 0 if vectors == "reference" else rows * dim * itemsize,
+             "row_ids": rows * 8 if partitioned else 0,
+             "graph": rows * k * (id_dtype(rows).itemsize + 4)}
+    return {**parts, "total": sum(parts.values())}
+
+
+def graph_rewrites(merges: int, held: int, misses: float, wide_graph: int, after_first_s: float, write_bps: float,
+                   must_write: int) -> float:
+    """Bytes of graphs written before they are final, as the build's Writer writes them: each shard read back
+    for a merge was evicted unwritten, so written once at the build's width first (the cache's pressure);
+    and checkpoints, each of the ``held`` cached graphs, due every interval after the first GNND result
+    (``after_first_s`` of compute follow it) and only while their writes stay within the allowance of
+    CHECKPOINT_SHARE of the bytes the run must write (``must_write``: vectors and final graphs; evictions spend
+    it first) and of its time (writer.checkpoint_interval). At most two writes a merge: one per result."""
+    evicted = misses * wide_graph
+    per_checkpoint = held * wide_graph
+    interval = checkpoint_interval(checkpoint_s(), per_checkpoint / write_bps)
+    checkpoints = int(max(0.0, after_first_s) // interval) if interval > 0 else merges
+    allowance = checkpoint_allowance(must_write)
+    if allowance is not None and per_checkpoint > 0:
+        checkpoints = min(checkpoints, int(max(0.0, allowance - evicted) // per_checkpoint))
+    return min(checkpoints * per_checkpoint + evicted, 2 * merges * wide_graph)
+
+
+def planned_shards(rows: int, shard_rows: int | None, fits: int, workers: int, width: int,
+                   partition: str) -> tuple[int, str, dict | None]:
+    """(shard rows, partition, what build refuses or None) of the plan of a build on ``workers`` workers: the
+    --shard-rows given, or the automatic size (``automatic_shards`` of ``fits``, as build picks it); where
+    build refuses the size given, the smallest it takes (``fitting_shard_rows``)."""
+    asked, method = (shard_rows, partition) if shard_rows is not None else automatic_shards(
+        rows, fits, workers, width, partition)
+    method = resolve_partition(method, rows, asked, width)
+    planned, refusal = fitting_shard_rows(rows, asked, width, method)
+    refused = None if refusal is None else {"shard_rows": asked, "why": refusal, "planned_shard_rows": planned}
+    return min(planned, rows), method, refused
 
 
 def fitting_shard_rows(rows: int, shard_rows: int, width: int, partition: str) -> tuple[int, str | None]:
@@ -269,9 +320,12 @@ def resolve_partition(method: str, rows: int, shard_rows: int, width: int) -> st
 def automatic_shards(rows: int, fits: int, workers: int, width: int, method: str) -> tuple[int, str]:
     """(--shard-rows, partition) of a build whose shard size is automatic: ``fits`` (the largest shard the
     device takes), spread over ``workers`` for a contiguous build (``spread_for_workers``), the partition
-    resolved at that size (``resolve_partition``)."""
+    resolved at that size (``resolve_partition``); never smaller than the build accepts (limits.MAX_MERGES),
+    so that no default build is refused (where that is larger than ``fits``, no shard that fits is accepted:
+    ``bigknn plan`` says so)."""
     method = resolve_partition(method, rows, fits, width)
-    return (spread_for_workers(rows, fits, workers) if method == "contiguous" else fits), method
+    size = spread_for_workers(rows, fits, workers) if method == "contiguous" else fits
+    return max(size, smallest_shard_rows(rows, width, method)), method
 
 
 def spread_for_workers(rows: int, shard_rows: int, workers: int) -> int:

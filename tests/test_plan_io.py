@@ -1,0 +1,174 @@
+"""Issue 35, item 4: `bigknn plan` follows the build's data path (the input read once, the vectors' copy and the
+final graph, k wide, written once, checkpoints within their allowance, evictions written and read back) and
+projects the same plan to 1, 2, 4 and 8 workers sharing one disk."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import pytest
+
+from bigknn import api
+from bigknn.backends import device_memory_model
+from bigknn.core.params import GnndParams
+from bigknn.engine.writer import CHECKPOINT_SHARE
+from bigknn.operations.calibrate import rates_from_store
+from bigknn.operations.plan_model import auto_shard_rows, plan, planned_shards
+from bigknn.operations.sizing import PROJECTED_WORKERS, projection
+from bigknn.shards import Store
+
+from conftest import write_synth
+
+DISK = {"read_gbps": 2.0, "write_gbps": 1.0, "source": "test"}
+ROWS, DIM, K, SHARD_ROWS = 20_000, 32, 10, 5_000  # 4 shards, 6 merges
+FAST = {"gnnd_rows_per_s": 2e8, "ggm_rows_per_s": 4e8}  # merges end long before a checkpoint is due
+TIGHT_SHARD_ROWS = 2_500  # 8 shards, of which the host cache holds 3 (lists 48 wide: 1.28 MB a shard)
+TIGHT_HOST_MEM = 3 * TIGHT_SHARD_ROWS * (DIM * 4 + GnndParams(k=K).width() * 8)
+RUNS = {"copy": {"shard_rows": SHARD_ROWS, "vectors": "copy"},
+        "reference": {"shard_rows": SHARD_ROWS, "vectors": "reference"},
+        "tight": {"shard_rows": TIGHT_SHARD_ROWS, "host_mem": TIGHT_HOST_MEM}}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> dict:
+    """A real CPU build of 4 shards for each --vectors mode: its JSON summary and its store."""
+    tmp = tmp_path_factory.mktemp("planio")
+    data = tmp / "x.fbin"
+    write_synth(data, ROWS, DIM)
+    runs = {}
+    for name, how in RUNS.items():  # in this process: the CLI tests' environment commits every merge
+        store = tmp / f"{name}.knn"
+        with api.build(data, k=K, store=store, backend="cpu", partition="contiguous", **how) as g:
+            runs[name] = (asdict(g.report), store)
+    return {"data": data, "runs": runs}
+
+
+@pytest.mark.parametrize("vectors", ["copy", "reference"])
+def test_planned_bytes_are_what_a_cpu_build_reads_and_writes(built, vectors):
+    """Every shard cached, no checkpoint due: the build reads its input once and writes the vectors' copy (none
+    when referenced) and each final graph, k wide, once; the plan of the same build says the same bytes (the
+    manifest's commits and the arrays' checksums are the small rest)."""
+    summary, store = built["runs"][vectors]
+    assert summary["shards"] == 4 and summary["merges_done"] == 6
+    p = api.plan(built["data"], k=K, shard_rows=SHARD_ROWS, store=store, disk_gbps=1.0, partition="contiguous",
+                 backend="cpu", vectors=vectors)
+    assert p["shards"] == 4 and p["merges"] == 6 and p["merge_reads"] == 0 and p["rewritten_bytes"] == 0
+    graph = ROWS * K * 8  # int32 ids and float32 distances, k wide
+    copy = ROWS * DIM * 4 if vectors == "copy" else 0
+    assert p["store_bytes"] == {"vectors": copy, "row_ids": 0, "graph": graph, "total": copy + graph}
+    assert p["written_bytes"] == p["disk_bytes"] == copy + graph
+    assert summary["written_bytes"] == pytest.approx(p["written_bytes"], rel=0.03)
+    assert summary["read_bytes"] == p["read_bytes"] == ROWS * DIM * 4
+    floor = p["disk_floor"]
+    assert floor == {"read_bytes": ROWS * DIM * 4, "written_bytes": copy + graph,
+                     "s": round(ROWS * DIM * 4 / 1e9 + (copy + graph) / 1e9, 1)}
+
+
+def test_planned_bytes_of_a_tight_cache_are_what_the_build_reads_and_writes(built):
+    """8 shards through a host cache of 3: merges read shards back, each written (48 wide) when it was evicted
+    unwritten. The plan replays the build's Scheduler through an LRU cache; the build's prefetch threads, as
+    they happen to run, read a few shards more (2026-11-28: 18 and 22 shards read back in two runs, 17
+    planned): the plan is held to the build's order of magnitude, not its exact count."""
+    summary, store = built["runs"]["tight"]
+    p = api.plan(built["data"], k=K, shard_rows=TIGHT_SHARD_ROWS, store=store, disk_gbps=1.0,
+                 partition="contiguous", backend="cpu", host_mem=TIGHT_HOST_MEM)
+    assert p["shards"] == 8 and p["cached_shards"] == 3 and p["merge_reads"] > 0
+    shard = TIGHT_SHARD_ROWS * (DIM * 4 + p["list_width"] * 8)
+    assert p["read_bytes"] == ROWS * DIM * 4 + p["merge_reads"] * shard
+    assert p["rewritten_bytes"] == p["merge_reads"] * TIGHT_SHARD_ROWS * p["list_width"] * 8
+    assert 0.75 * p["read_bytes"] <= summary["read_bytes"] <= 1.5 * p["read_bytes"]
+    assert 0.75 * p["written_bytes"] <= summary["written_bytes"] <= 1.5 * p["written_bytes"]
+    assert summary["read_bytes"] > 2 * ROWS * DIM * 4  # far from one read: what the plan must not leave out
+
+
+def test_projections_are_the_same_plan_for_each_worker_count(built):
+    """The plan's projections are plan() itself for 1, 2, 4 and 8 workers, each with the shards build would
+    make on that many (a billion rows sized for 80 GiB GPUs), one disk shared by all: the bytes do not shrink
+    with workers, only the compute does."""
+    _, store = built["runs"]["copy"]
+    params, gpu_mem = GnndParams(k=32), 80 << 30
+    p = api.plan(rows=10**9, dim=96, k=32, store=store, disk_gbps=1.5, backend="cpu", gpu_mem=gpu_mem,
+                 host_mem=64 << 30)
+    assert [q["workers"] for q in p["projections"]] == list(PROJECTED_WORKERS)
+    rates = rates_from_store(Store.open(store, pin=False))
+    fits = auto_shard_rows([], 96, 4, params, gpu_mem, 10**9)
+    for q in p["projections"]:
+        size, method, _ = planned_shards(10**9, None, fits, q["workers"], params.width(), "auto")
+        again = plan(10**9, 96, 4, params, size, q["workers"], rates, p["assumptions"]["disk"], method,
+                     host_mem=64 << 30)
+        assert q == projection(again)
+    one = p["projections"][0]
+    assert one == projection(p)  # the plan's own (one CPU worker) is the first projection
+    for q in p["projections"][1:]:
+        assert q["read_bytes"] == one["read_bytes"] and q["written_bytes"] == one["written_bytes"]
+        assert q["estimate_s"]["io"] == one["estimate_s"]["io"]
+        assert q["estimate_s"]["gnnd"] < one["estimate_s"]["gnnd"]
+
+
+def test_one_shard_reads_everything_before_its_gnnd_and_merges_nothing():
+    """Where one GNND of the whole input fits the GPU, the build makes one shard: no merge, no rewrite; its
+    GNND starts once every row is read, and its k-wide graph is written after it."""
+    params = GnndParams(k=32)
+    rows = 10**7
+    fits = auto_shard_rows([], 96, 4, params, 120 << 30, rows)
+    size, method, refused = planned_shards(rows, None, fits, 1, params.width(), "auto")
+    assert size == rows and method == "contiguous" and refused is None
+    p = plan(rows, 96, 4, params, size, 1, FAST, DISK, method)
+    assert p["shards"] == 1 and p["merges"] == 0 and p["merge_reads"] == 0 and p["rewritten_bytes"] == 0
+    assert p["gpu_bytes_per_worker"] == device_memory_model().whole_bytes(rows, 96, 4, params) <= 120 << 30
+    est, input_bytes, graph = p["estimate_s"], rows * 96 * 4, rows * 32 * 8
+    assert est["start"] == round(input_bytes / 2e9, 1) and est["ggm"] == 0
+    assert est["end"] == round(graph / 1e9, 1)
+    assert p["written_bytes"] == input_bytes + graph and p["read_bytes"] == input_bytes
+    assert est["total"] == round(max(input_bytes / 2e9 + rows / 2e8 + graph / 1e9, est["io"]), 1)
+    assert p["bound"] == "disk"  # the vectors' copy and the graph take longer to write than the GNND
+
+
+def test_checkpoints_stay_within_their_allowance():
+    """A long build checkpoints its cached graphs only while the checkpoints' bytes stay within
+    CHECKPOINT_SHARE of what the build must write: none where one checkpoint alone is more (dim 96: 10 graphs
+    48 wide outweigh a tenth of the vectors and final graphs), as many as fit where the vectors dominate
+    (dim 4096)."""
+    params, slow = GnndParams(k=32), {"gnnd_rows_per_s": 2e4, "ggm_rows_per_s": 1e4}  # 15 minutes of merges
+    rows, r = 10**6, 10**5
+    small = plan(rows, 96, 4, params, r, 1, slow, DISK, host_mem=1 << 40)
+    assert small["cached_shards"] == 10 and small["rewritten_bytes"] == 0
+    wide = plan(rows, 4096, 4, params, r, 1, slow, DISK, host_mem=1 << 40)
+    per_checkpoint = 10 * r * params.width() * 8
+    allowance = CHECKPOINT_SHARE * rows * (4096 * 4 + 32 * 8)
+    assert wide["rewritten_bytes"] == (allowance // per_checkpoint) * per_checkpoint > 0
+    assert wide["written_bytes"] == wide["disk_bytes"] + wide["rewritten_bytes"]
+
+
+def test_checkpoints_set_by_the_environment_have_no_byte_allowance(monkeypatch):
+    """BIGKNN_CHECKPOINT_S set: checkpoints at that interval, not held to the allowance; at most one write
+    per merge result."""
+    params, slow = GnndParams(k=32), {"gnnd_rows_per_s": 2e4, "ggm_rows_per_s": 1e4}
+    monkeypatch.setenv("BIGKNN_CHECKPOINT_S", "60")
+    p = plan(10**6, 96, 4, params, 10**5, 1, slow, DISK, host_mem=1 << 40)
+    assert p["rewritten_bytes"] == 2 * p["merges"] * 10**5 * params.width() * 8  # capped at two per merge
+    monkeypatch.setenv("BIGKNN_CHECKPOINT_S", "0")
+    assert plan(10**6, 96, 4, params, 10**5, 1, slow, DISK, host_mem=1 << 40)["rewritten_bytes"] == p[
+        "rewritten_bytes"]
+
+
+def test_reference_plan_of_a_partitioned_build_is_refused_as_build_refuses_it():
+    from conftest import run_cli
+
+    code, _, err = run_cli("plan", "--rows", 10**9, "--dim", 96, "--backend", "cpu", "--partition", "kmeans",
+                           "--vectors", "reference", "--disk-gbps", 1, "--calibrate-rows", 1000)
+    assert code == 2 and "--partition kmeans" in err and "--vectors copy" in err
+
+
+def test_a_partitioned_build_starts_after_its_labelling_pass():
+    """A partitioned build labels every row before its first GNND: that read is before the GPUs start, and
+    where host RAM cannot keep the rows, each worker's first shard is read again after it."""
+    params, rows, r = GnndParams(k=32), 10**8, 10**7
+    input_s, shard_s = rows * 96 * 4 / 2e9, r * 96 * 4 / 2e9  # at DISK's read rate
+    kept = plan(rows, 96, 4, params, r, 2, FAST, DISK, "kmeans", host_mem=1 << 40)
+    again = plan(rows, 96, 4, params, r, 2, FAST, DISK, "kmeans", host_mem=50 << 30)  # keeps at most 25 GiB
+    assert kept["read_bytes"] == rows * 96 * 4 and kept["estimate_s"]["start"] == round(input_s, 1)
+    assert again["read_bytes"] == 2 * rows * 96 * 4 + again["merge_reads"] * again["shard_rows"] * (96 * 4 + 48 * 8)
+    assert again["estimate_s"]["start"] == round(input_s + 2 * again["shard_rows"] * 96 * 4 / 2e9, 1) > round(
+        input_s + shard_s, 1)
+    assert kept["store_bytes"]["row_ids"] == rows * 8  # a partitioned store keeps each row's input number
