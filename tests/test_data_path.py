@@ -160,3 +160,15 @@ def test_checkpoints_within_the_allowance_are_taken(monkeypatch):
 def test_checkpoints_without_allowance_follow_the_interval(monkeypatch):
     writes = _checkpoints(monkeypatch, size=10 ** 12, allowance=None)
     assert len([w for w in writes if not w[1]]) >= 1
+
+
+def test_what_a_run_must_write_leaves_out_the_rows_it_references():
+    """The checkpoint allowance is a share of what the run must write: with --vectors reference that is the final
+    graphs alone (the rows are the input's), so that the disk beyond the input stays within graph + the share."""
+    from bigknn.engine.pending import must_write
+    from bigknn.shards import Manifest
+
+    m = Manifest(dim=16, dtype="<f4", metric="l2", k=10, shard_rows=100, params=GnndParams(k=10), seed=0)
+    graph = 10 * (m.id_dtype.itemsize + 4)
+    assert must_write(m, graph_rows=300, copied_rows=0) == 300 * graph
+    assert must_write(m, graph_rows=300, copied_rows=100) == 300 * graph + 100 * 16 * 4

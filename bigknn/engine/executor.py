@@ -70,7 +70,9 @@ class InProcess:
         cache = ShardCache(store, ledger, cache_shards(store.manifest, store.path, biggest, len(backends), host_mem),
                            acct, len(shards) + len(new_sizes))
         writer = Writer(store, ledger, acct, CacheSink(store, ledger, cache),
-                        checkpoint_allowance(must_write(store.manifest, [s.rows for s in shards] + new_sizes)))
+                        checkpoint_allowance(must_write(store.manifest, sum(s.rows for s in shards) + sum(new_sizes),
+                                                        sum(s.rows for s in shards if s.source is None)
+                                                        + sum(new_sizes))))
         # pairs of cached shards first only where the cache cannot hold them all: elsewhere the schedule's own
         # order, so that a build resumed before its first merge redoes the uninterrupted one bit for bit
         held = cache.holds if cache.tight else (lambda sid: False)

@@ -137,10 +137,10 @@ class StagedLedger(Ledger):
         m.pending = None
 
 
-def must_write(m: Manifest, sizes: list[int]) -> int:
-    """Bytes a run over shards of ``sizes`` rows must write: their vectors and their final graphs (k wide)."""
-    rows = sum(sizes)
-    return rows * (m.dim * np.dtype(m.dtype).itemsize + m.k * (m.id_dtype.itemsize + 4))
+def must_write(m: Manifest, graph_rows: int, copied_rows: int) -> int:
+    """Bytes a run must write: the final graphs (k wide) of ``graph_rows`` rows and the vectors of the
+    ``copied_rows`` the store holds a copy of (rows it references in the input are not written)."""
+    return copied_rows * m.dim * np.dtype(m.dtype).itemsize + graph_rows * m.k * (m.id_dtype.itemsize + 4)
 
 
 def run_build_steps(store: Store, backends: list[Backend], executor: Executor, reporter: Reporter,

@@ -99,8 +99,9 @@ def plan(rows: int, dim: int, itemsize: int, params: GnndParams, shard_rows: int
     misses, misses_how = merge_reads(shards, merges, cached, partitioned, workers)
     store = store_bytes(rows, dim, itemsize, params.k, vectors, partitioned)
     read_bps, write_bps = disk["read_gbps"] * 1e9, disk["write_gbps"] * 1e9
+    copied_bytes = 0 if vectors == "reference" else rows * row_bytes  # as the writer's must_write counts them
     rewrites = graph_rewrites(merges, held, misses, wide_graph, compute_s - r / gnnd_rate, write_bps,
-                              rows * (row_bytes + params.k * entry))
+                              copied_bytes + rows * params.k * entry)
     read_bytes = (1 if kept else 2) * input_bytes + misses * (r * row_bytes + wide_graph)
     written_bytes = store["total"] + rewrites
     io_s = read_bytes / read_bps + written_bytes / write_bps
