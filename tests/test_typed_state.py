@@ -15,6 +15,7 @@ from bigknn.backends.cuda.compile import kernel_metric as cuda_metric_id
 from bigknn.core.metric import COSINE, IP, L2, METRICS, metric
 from bigknn.core.params import GnndParams
 from bigknn.shards.manifest import Manifest
+from bigknn.shards.sections import PartitionSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 OLD = {"dim": 4, "dtype": "<f4", "metric": "l2", "k": 5, "shard_rows": 100, "seed": 0, "format": 2,
@@ -29,6 +30,32 @@ def test_params_read_back_typed_and_written_as_the_same_json():
     assert again["params"] == params.to_manifest() == {"k": 7, "recall": 0.95, "samples": 6, "iters": 9,
                                                        "min_update_frac": 0.1, "merge_iters": 4, "list_width": 64}
     assert Manifest.from_json(m.to_json()) == m
+
+
+def _written(raw: dict) -> str:
+    """A manifest as bigknn writes it (Manifest.to_json's layout), from its JSON object."""
+    return json.dumps(raw, indent=1)
+
+
+# every top-level field, in the order the dataclass writes them: what a store written today holds
+TODAY = {"dim": 4, "dtype": "<f4", "metric": "l2", "k": 5, "shard_rows": 100,
+         "params": {"k": 5, "recall": 0.99, "samples": 0, "iters": 12, "min_update_frac": 0.05, "merge_iters": 8,
+                    "list_width": 0},
+         "seed": 0, "format": 6, "inputs": [{"path": "/data/x.fbin", "size": 1608, "rows": 100, "first_id": 0}],
+         "shards": [{"id": 0, "offset": 0, "rows": 100, "graph": 3}], "merged": [], "timings": {"gnnd": 1.5},
+         "pending": None, "estimate": None, "search": None, "partition": None, "pairs": None, "ids": "int32"}
+
+
+def test_partition_section_read_back_typed_and_written_as_the_same_bytes():
+    raw = {"method": "kmeans", "arrays": ["centroids", "shard_of"], "shards": 3}
+    text = _written(dict(TODAY, partition=raw, pairs=[[0, 1]]))
+    m = Manifest.from_json(text)
+    assert m.partition == PartitionSpec("kmeans", ["centroids", "shard_of"], 3) and m.partition_method == "kmeans"
+    assert m.to_json() == text
+    assert Manifest.from_json(_written(TODAY)).partition is None and Manifest.from_json(_written(TODAY)).to_json() \
+        == _written(TODAY)
+    with pytest.raises(ValueError, match="partition"):  # refused as the schema's one line, not a KeyError
+        Manifest.from_json(_written(dict(TODAY, partition={"method": "kmeans", "arrays": []})))
 
 
 def test_params_an_older_store_left_out_take_their_defaults():

@@ -53,7 +53,7 @@ class IngestLedger(StagedLedger):
         near = self.pending.get("near")
         if near is None or i >= self.first_new:
             return j >= self.first_new
-        return j >= self.first_new and (i in near or i >= self.store.manifest.partition["shards"])
+        return j >= self.first_new and (i in near or i >= self.store.manifest.partition.shards)
 
     def ordered(self, pairs: list[tuple[int, int]]) -> list[tuple[int, int]]:
         """Old shards first, the largest first: a new shard's first merge (the paper's, the anchor of the
@@ -345,7 +345,7 @@ def _near(store: Store, vf: VectorSource) -> list[int] | None:
     primary = np.zeros(part.shards, np.int64)
     for _, block in vf.chunks(LABEL_CHUNK_ROWS):
         primary += np.bincount(part.cost(prepare_rows(block, m.metric)).argmin(axis=1), minlength=part.shards)
-    built = [p for p in m.pairs if max(p) < m.partition["shards"]]
+    built = [p for p in m.pairs if max(p) < m.partition.shards]
     return near_shards(primary, built, m.params.recall or GnndParams().recall)
 
 

@@ -188,7 +188,7 @@ class _Checker:
                 self._vectors(s.id, s.rows, REBUILD)
             if s.graph is not None:
                 self._graph(s.id, s.graph, s.rows, m.rows, GRAPH)
-        built = m.partition["shards"] if m.partition is not None else 0  # shards stored by the partition
+        built = m.partition.shards if m.partition is not None else 0  # shards stored by the partition
         for s in m.shards[:built]:
             self._array(row_ids_name(s.id), f"shard {s.id} row ids", (s.rows, 1), (np.dtype(np.int64),), REBUILD,
                         s.id, m.rows)

@@ -12,6 +12,7 @@ from bigknn.core.errors import BadInput
 from bigknn.core.knn_graph import id_dtype
 from bigknn.core.params import GnndParams
 from bigknn.shards.schema import check_manifest
+from bigknn.shards.sections import PartitionSpec
 from bigknn.shards.lock import running_writer
 
 FORMAT_VERSION = 6  # of the stores this bigknn creates
@@ -69,7 +70,7 @@ class Manifest:
     search: dict | None = None
     # a partitioned store (format 4): the method and the arrays stored under partition/ (bigknn/algorithms/partition/);
     # shard <id>'s input rows are shards/<id>/row_ids. None: contiguous, shard rows are input rows from offset
-    partition: dict | None = None
+    partition: PartitionSpec | None = None  # JSON: its to_dict() object
     # the shard pairs this store merges (bigknn/algorithms/partition/pairs.py), committed before the first merge so that a
     # resumed run merges the same ones. None: every pair
     pairs: list[list[int]] | None = None
@@ -113,7 +114,7 @@ class Manifest:
     @property
     def partition_method(self) -> str:
         """How the build's rows were split: kmeans, rptree or contiguous (bigknn/algorithms/partition/)."""
-        return self.partition["method"] if self.partition else "contiguous"
+        return self.partition.method if self.partition else "contiguous"
 
     def planned(self, i: int, j: int) -> bool:
         """Whether the pair (i, j), i < j, is one this store merges: every pair of a contiguous store; of a
@@ -150,6 +151,7 @@ class Manifest:
 
     def to_json(self) -> str:
         raw = asdict(self)
+        raw["partition"] = self.partition.to_dict() if self.partition is not None else None
         for shard in raw["shards"]:  # written only where set: a copied shard without a tail reads as before
             if shard["source"] is None:
                 del shard["source"]
@@ -165,5 +167,7 @@ class Manifest:
             raise ValueError(f"store format {raw.get('format')} is not supported (this bigknn reads formats "
                              f"{', '.join(map(str, READ_FORMATS))}); use the bigknn that wrote it")
         check_manifest(raw)
+        partition = raw.get("partition")
         return cls(**dict(raw, params=GnndParams.from_manifest(raw["params"]),
+                          partition=PartitionSpec.from_dict(partition) if partition is not None else None,
                           shards=[ShardEntry(**s) for s in raw.get("shards", [])]))
