@@ -84,7 +84,8 @@ class Info(_Report):
                    merges_pending=m.merges_pending, complete=m.complete,
                    partition=m.partition_method, inputs=[i["path"] for i in m.inputs],
                    disk_bytes=store.disk_bytes(), timings_s=m.timings,
-                   recall_estimate=RecallEstimate.from_manifest(m.estimate), search=m.search,
+                   recall_estimate=RecallEstimate.from_manifest(m.estimate),
+                   search=m.search.to_dict() if m.search is not None else None,
                    user_ids=_user_ids(store))
 
 

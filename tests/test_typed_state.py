@@ -15,7 +15,7 @@ from bigknn.backends.cuda.compile import kernel_metric as cuda_metric_id
 from bigknn.core.metric import COSINE, IP, L2, METRICS, metric
 from bigknn.core.params import GnndParams
 from bigknn.shards.manifest import Manifest
-from bigknn.shards.sections import PartitionSpec
+from bigknn.shards.sections import PartitionSpec, SearchEntry
 
 ROOT = Path(__file__).resolve().parents[1]
 OLD = {"dim": 4, "dtype": "<f4", "metric": "l2", "k": 5, "shard_rows": 100, "seed": 0, "format": 2,
@@ -56,6 +56,19 @@ def test_partition_section_read_back_typed_and_written_as_the_same_bytes():
         == _written(TODAY)
     with pytest.raises(ValueError, match="partition"):  # refused as the schema's one line, not a KeyError
         Manifest.from_json(_written(dict(TODAY, partition={"method": "kmeans", "arrays": []})))
+
+
+@pytest.mark.parametrize("made", [
+    {"alpha": 1.2, "lambda0": 4, "knn_k": 32, "mean_degree": 21.5, "seconds": 3.25},  # what prune records today
+    {"alpha": 1.2, "lambda0": 4, "knn_k": 32, "nn1": 0.5, "mean_degree": 21.5, "seconds": 3.25}])  # and before
+def test_search_section_read_back_typed_and_written_as_the_same_bytes(made):
+    raw = {"version": 2, "method": "tsdg", "degree": 24, "rows": 100, "graphs": [3], **made}
+    text = _written(dict(TODAY, format=3, search=raw))
+    m = Manifest.from_json(text)
+    assert m.search == SearchEntry(2, "tsdg", 24, 100, [3], made) and m.search.version == 2
+    assert m.to_json() == text
+    with pytest.raises(ValueError, match="search.degree"):  # what readers rely on is still checked
+        Manifest.from_json(_written(dict(TODAY, search=dict(raw, degree="24"))))
 
 
 def test_params_an_older_store_left_out_take_their_defaults():

@@ -135,7 +135,7 @@ def _mend(store: Store, problems: list[Problem]) -> list[str]:
         done.append("dropped the interrupted ingest of " + ", ".join(i["path"] for i in m.pending["inputs"]))
         m.pending = None
     if any(p.repair == SEARCH for p in problems):
-        done.append(f"dropped search graph version {m.search['version']}")
+        done.append(f"dropped search graph version {m.search.version}")
         m.search = None
     for sid in graphs:
         m.shards[sid].graph = None
@@ -200,13 +200,13 @@ class _Checker:
             if sid in rows_of:
                 self._graph(sid, version, rows_of[sid], rows_all, STAGED)
         search = m.search
-        if search is not None and search["rows"] == m.rows and search["graphs"] == [s.graph for s in m.shards]:
+        if search is not None and search.rows == m.rows and search.graphs == [s.graph for s in m.shards]:
             for s in m.shards:
-                where = f"search graph version {search['version']} shard {s.id}"
-                shape = (s.rows, search["degree"])
-                self._array(search_name(search["version"], f"shards/{s.id}/ids"), f"{where} ids", shape,
+                where = f"search graph version {search.version} shard {s.id}"
+                shape = (s.rows, search.degree)
+                self._array(search_name(search.version, f"shards/{s.id}/ids"), f"{where} ids", shape,
                             (SEARCH_ID_DTYPE,), SEARCH, s.id, m.rows)
-                self._array(search_name(search["version"], f"shards/{s.id}/lambdas"), f"{where} lambdas", shape,
+                self._array(search_name(search.version, f"shards/{s.id}/lambdas"), f"{where} lambdas", shape,
                             (np.dtype(np.uint8),), SEARCH, s.id)
         if self.contents:
             for damage in user_ids.check(self.store.path, m.rows):

@@ -12,7 +12,7 @@ from bigknn.core.errors import BadInput
 from bigknn.core.knn_graph import id_dtype
 from bigknn.core.params import GnndParams
 from bigknn.shards.schema import check_manifest
-from bigknn.shards.sections import PartitionSpec
+from bigknn.shards.sections import PartitionSpec, SearchEntry
 from bigknn.shards.lock import running_writer
 
 FORMAT_VERSION = 6  # of the stores this bigknn creates
@@ -65,9 +65,9 @@ class Manifest:
     # the build's recall estimate on its sample (bigknn/engine/recall_sample.py): recall, low, high, rows, at,
     # target, graph_rows (rows of the graph it was measured on: an ingest since leaves it about fewer rows)
     estimate: dict | None = None
-    # the committed search graph (bigknn/operations/search_arrays.py SearchEntry): its version under search/<v>/, how it
+    # the committed search graph (bigknn/operations/search_arrays.py): its version under search/<v>/, how it
     # was pruned, and the kNN graph versions it was pruned from (a search graph older than the graph is stale)
-    search: dict | None = None
+    search: SearchEntry | None = None  # JSON: its to_dict() object
     # a partitioned store (format 4): the method and the arrays stored under partition/ (bigknn/algorithms/partition/);
     # shard <id>'s input rows are shards/<id>/row_ids. None: contiguous, shard rows are input rows from offset
     partition: PartitionSpec | None = None  # JSON: its to_dict() object
@@ -151,6 +151,7 @@ class Manifest:
 
     def to_json(self) -> str:
         raw = asdict(self)
+        raw["search"] = self.search.to_dict() if self.search is not None else None
         raw["partition"] = self.partition.to_dict() if self.partition is not None else None
         for shard in raw["shards"]:  # written only where set: a copied shard without a tail reads as before
             if shard["source"] is None:
@@ -167,7 +168,8 @@ class Manifest:
             raise ValueError(f"store format {raw.get('format')} is not supported (this bigknn reads formats "
                              f"{', '.join(map(str, READ_FORMATS))}); use the bigknn that wrote it")
         check_manifest(raw)
-        partition = raw.get("partition")
+        search, partition = raw.get("search"), raw.get("partition")
         return cls(**dict(raw, params=GnndParams.from_manifest(raw["params"]),
+                          search=SearchEntry.from_dict(search) if search is not None else None,
                           partition=PartitionSpec.from_dict(partition) if partition is not None else None,
                           shards=[ShardEntry(**s) for s in raw.get("shards", [])]))
