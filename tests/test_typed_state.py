@@ -15,7 +15,7 @@ from bigknn.backends.cuda.compile import kernel_metric as cuda_metric_id
 from bigknn.core.metric import COSINE, IP, L2, METRICS, metric
 from bigknn.core.params import GnndParams
 from bigknn.shards.manifest import Manifest
-from bigknn.shards.sections import PartitionSpec, SearchEntry
+from bigknn.shards.sections import STORES_KEYS, PartitionSpec, PendingWrite, SearchEntry, ShardEntry
 
 ROOT = Path(__file__).resolve().parents[1]
 OLD = {"dim": 4, "dtype": "<f4", "metric": "l2", "k": 5, "shard_rows": 100, "seed": 0, "format": 2,
@@ -69,6 +69,35 @@ def test_search_section_read_back_typed_and_written_as_the_same_bytes(made):
     assert m.to_json() == text
     with pytest.raises(ValueError, match="search.degree"):  # what readers rely on is still checked
         Manifest.from_json(_written(dict(TODAY, search=dict(raw, degree="24"))))
+
+
+NEW_SHARD = {"id": 1, "offset": 100, "rows": 40, "graph": None, "source": None, "rows_with_graph": False}
+INGEST = {"inputs": [{"path": "/data/y.fbin", "size": 648, "rows": 40, "first_id": 100}], "shards": [NEW_SHARD],
+          "graphs": {"1": 0, "0": 4}, "merged": [[0, 1]], "near": None}
+# a merge of stores lays its keys out in another order and has no near shards
+STORES = {"inputs": [{"path": "/s/other.knn", "rows": 40, "first_id": 100, "store": "ab12"}], "shards": [NEW_SHARD],
+          "merged": [], "graphs": {"1": 2}}
+
+
+@pytest.mark.parametrize("raw", [INGEST, dict(INGEST, near=[0]), STORES], ids=["ingest", "near", "stores"])
+def test_pending_section_read_back_typed_and_written_as_the_same_bytes(raw):
+    text = _written(dict(TODAY, pending=raw))
+    m = Manifest.from_json(text)
+    assert m.pending.shards == [ShardEntry(1, 100, 40)] and m.pending.near == raw.get("near")
+    assert m.pending.graphs == {int(sid): v for sid, v in raw["graphs"].items()}  # shard ids as numbers
+    assert m.to_json() == text
+    with pytest.raises(ValueError, match="pending.graphs"):
+        Manifest.from_json(_written(dict(TODAY, pending=dict(raw, graphs={"x": 1}))))
+
+
+def test_pending_writes_made_here_lay_out_their_keys_as_before():
+    shard = ShardEntry(1, 100, 40)
+    ingest = PendingWrite(INGEST["inputs"], [shard], near=None)
+    ingest.graphs[1], ingest.graphs[0] = 0, 4
+    ingest.merged.append([0, 1])
+    assert json.dumps(ingest.to_dict()) == json.dumps(INGEST)
+    stores = PendingWrite(STORES["inputs"], [shard], {1: 2}, [], layout=STORES_KEYS)
+    assert json.dumps(stores.to_dict()) == json.dumps(STORES)
 
 
 def test_params_an_older_store_left_out_take_their_defaults():
