@@ -81,8 +81,8 @@ class Info(_Report):
         m = store.manifest
         return cls.of_manifest(m, store=str(store.path), shards=len(m.shards), shards_built=m.shards_built,
                                merges_done=len(m.merged), merges_pending=m.merges_pending,
-                               inputs=[i["path"] for i in m.inputs], disk_bytes=store.disk_bytes(), search=m.search,
-                               user_ids=_user_ids(store))
+                               inputs=[i["path"] for i in m.inputs], disk_bytes=store.disk_bytes(),
+                               search=m.search.to_dict() if m.search is not None else None, user_ids=_user_ids(store))
 
     @classmethod
     def of_manifest(cls, m: Manifest, **where: Any) -> Info:

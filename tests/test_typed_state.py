@@ -15,6 +15,7 @@ from bigknn.backends.cuda.compile import kernel_metric as cuda_metric_id
 from bigknn.core.metric import COSINE, IP, L2, METRICS, metric
 from bigknn.core.params import GnndParams
 from bigknn.shards.manifest import Manifest
+from bigknn.shards.sections import STORES_KEYS, PartitionSpec, PendingWrite, SearchEntry, ShardEntry
 
 ROOT = Path(__file__).resolve().parents[1]
 OLD = {"dim": 4, "dtype": "<f4", "metric": "l2", "k": 5, "shard_rows": 100, "seed": 0, "format": 2,
@@ -29,6 +30,74 @@ def test_params_read_back_typed_and_written_as_the_same_json():
     assert again["params"] == params.to_manifest() == {"k": 7, "recall": 0.95, "samples": 6, "iters": 9,
                                                        "min_update_frac": 0.1, "merge_iters": 4, "list_width": 64}
     assert Manifest.from_json(m.to_json()) == m
+
+
+def _written(raw: dict) -> str:
+    """A manifest as bigknn writes it (Manifest.to_json's layout), from its JSON object."""
+    return json.dumps(raw, indent=1)
+
+
+# every top-level field, in the order the dataclass writes them: what a store written today holds
+TODAY = {"dim": 4, "dtype": "<f4", "metric": "l2", "k": 5, "shard_rows": 100,
+         "params": {"k": 5, "recall": 0.99, "samples": 0, "iters": 12, "min_update_frac": 0.05, "merge_iters": 8,
+                    "list_width": 0},
+         "seed": 0, "format": 6, "inputs": [{"path": "/data/x.fbin", "size": 1608, "rows": 100, "first_id": 0}],
+         "shards": [{"id": 0, "offset": 0, "rows": 100, "graph": 3}], "merged": [], "timings": {"gnnd": 1.5},
+         "pending": None, "estimate": None, "search": None, "partition": None, "pairs": None, "ids": "int32"}
+
+
+def test_partition_section_read_back_typed_and_written_as_the_same_bytes():
+    raw = {"method": "kmeans", "arrays": ["centroids", "shard_of"], "shards": 3}
+    text = _written(dict(TODAY, partition=raw, pairs=[[0, 1]]))
+    m = Manifest.from_json(text)
+    assert m.partition == PartitionSpec("kmeans", ["centroids", "shard_of"], 3) and m.partition_method == "kmeans"
+    assert m.to_json() == text
+    assert Manifest.from_json(_written(TODAY)).partition is None and Manifest.from_json(_written(TODAY)).to_json() \
+        == _written(TODAY)
+    with pytest.raises(ValueError, match="partition"):  # refused as the schema's one line, not a KeyError
+        Manifest.from_json(_written(dict(TODAY, partition={"method": "kmeans", "arrays": []})))
+
+
+@pytest.mark.parametrize("made", [
+    {"alpha": 1.2, "lambda0": 4, "knn_k": 32, "mean_degree": 21.5, "seconds": 3.25},  # what prune records today
+    {"alpha": 1.2, "lambda0": 4, "knn_k": 32, "nn1": 0.5, "mean_degree": 21.5, "seconds": 3.25}])  # and before
+def test_search_section_read_back_typed_and_written_as_the_same_bytes(made):
+    raw = {"version": 2, "method": "tsdg", "degree": 24, "rows": 100, "graphs": [3], **made}
+    text = _written(dict(TODAY, format=3, search=raw))
+    m = Manifest.from_json(text)
+    assert m.search == SearchEntry(2, "tsdg", 24, 100, [3], made) and m.search.version == 2
+    assert m.to_json() == text
+    with pytest.raises(ValueError, match="search.degree"):  # what readers rely on is still checked
+        Manifest.from_json(_written(dict(TODAY, search=dict(raw, degree="24"))))
+
+
+NEW_SHARD = {"id": 1, "offset": 100, "rows": 40, "graph": None, "source": None, "rows_with_graph": False}
+INGEST = {"inputs": [{"path": "/data/y.fbin", "size": 648, "rows": 40, "first_id": 100}], "shards": [NEW_SHARD],
+          "graphs": {"1": 0, "0": 4}, "merged": [[0, 1]], "near": None}
+# a merge of stores lays its keys out in another order and has no near shards
+STORES = {"inputs": [{"path": "/s/other.knn", "rows": 40, "first_id": 100, "store": "ab12"}], "shards": [NEW_SHARD],
+          "merged": [], "graphs": {"1": 2}}
+
+
+@pytest.mark.parametrize("raw", [INGEST, dict(INGEST, near=[0]), STORES], ids=["ingest", "near", "stores"])
+def test_pending_section_read_back_typed_and_written_as_the_same_bytes(raw):
+    text = _written(dict(TODAY, pending=raw))
+    m = Manifest.from_json(text)
+    assert m.pending.shards == [ShardEntry(1, 100, 40)] and m.pending.near == raw.get("near")
+    assert m.pending.graphs == {int(sid): v for sid, v in raw["graphs"].items()}  # shard ids as numbers
+    assert m.to_json() == text
+    with pytest.raises(ValueError, match="pending.graphs"):
+        Manifest.from_json(_written(dict(TODAY, pending=dict(raw, graphs={"x": 1}))))
+
+
+def test_pending_writes_made_here_lay_out_their_keys_as_before():
+    shard = ShardEntry(1, 100, 40)
+    ingest = PendingWrite(INGEST["inputs"], [shard], near=None)
+    ingest.graphs[1], ingest.graphs[0] = 0, 4
+    ingest.merged.append([0, 1])
+    assert json.dumps(ingest.to_dict()) == json.dumps(INGEST)
+    stores = PendingWrite(STORES["inputs"], [shard], {1: 2}, [], layout=STORES_KEYS)
+    assert json.dumps(stores.to_dict()) == json.dumps(STORES)
 
 
 def test_params_an_older_store_left_out_take_their_defaults():

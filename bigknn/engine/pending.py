@@ -22,6 +22,7 @@ from bigknn.engine.pair_plan import plan_pairs
 from bigknn.engine.accounting import Accounting
 from bigknn.core.progress import Reporter
 from bigknn.shards import Manifest, ShardEntry, Store
+from bigknn.shards.sections import PendingWrite
 
 if TYPE_CHECKING:  # the executor runs what this module plans: it imports this one
     from bigknn.engine.executor import Executor
@@ -88,35 +89,33 @@ class StagedLedger(Ledger):
 
     def __init__(self, store: Store):
         super().__init__(store)
-        p = store.manifest.pending
-        self.new = [s if isinstance(s, ShardEntry) else ShardEntry(**s) for s in p["shards"]]
-        p["shards"] = self.new
+        self.new = store.manifest.pending.shards
         self.first_new = len(store.manifest.shards)
 
     @property
-    def pending(self) -> dict:
+    def pending(self) -> PendingWrite:
         return self.store.manifest.pending
 
     def shards(self) -> list[ShardEntry]:
         return self.store.manifest.shards + self.new
 
     def version(self, sid: int) -> int | None:
-        staged = self.pending["graphs"].get(str(sid))
+        staged = self.pending.graphs.get(sid)
         if staged is not None:
             return staged
         return self.store.manifest.shards[sid].graph if sid < self.first_new else None
 
     def set_version(self, sid: int, version: int) -> None:
-        self.pending["graphs"][str(sid)] = version
+        self.pending.graphs[sid] = version
 
     def done(self) -> set[tuple[int, int]]:
-        return {(a, b) for a, b in self.pending["merged"]}
+        return {(a, b) for a, b in self.pending.merged}
 
     def history(self) -> list:
-        return self.pending["merged"]
+        return self.pending.merged
 
     def add_pair(self, i: int, j: int) -> None:
-        self.pending["merged"].append([i, j])
+        self.pending.merged.append([i, j])
 
     def wanted(self, i: int, j: int) -> bool:
         return j >= self.first_new
@@ -124,16 +123,16 @@ class StagedLedger(Ledger):
     def finish(self) -> None:
         """Fold the staged write into the visible state (the caller commits)."""
         m = self.store.manifest
-        for sid, version in self.pending["graphs"].items():
-            if int(sid) < self.first_new:
-                m.shards[int(sid)].graph = version
+        for sid, version in self.pending.graphs.items():
+            if sid < self.first_new:
+                m.shards[sid].graph = version
         for shard in self.new:
-            shard.graph = self.pending["graphs"][str(shard.id)]
+            shard.graph = self.pending.graphs[shard.id]
         m.shards.extend(self.new)
-        m.merged.extend(self.pending["merged"])
+        m.merged.extend(self.pending.merged)
         if m.pairs is not None:  # a planned store's merges stay its plan plus what this write merged
-            m.pairs.extend(self.pending["merged"])
-        m.inputs.extend(self.pending["inputs"])
+            m.pairs.extend(self.pending.merged)
+        m.inputs.extend(self.pending.inputs)
         m.pending = None
 
 

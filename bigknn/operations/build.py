@@ -32,6 +32,7 @@ from bigknn.core.progress import Reporter
 from bigknn.shards import Manifest, Store, WriterLock
 from bigknn.shards.manifest import PARTITIONED_SINCE, REFERENCED_SINCE
 from bigknn.shards.referenced import MODES, refusal
+from bigknn.shards.sections import PartitionSpec
 from bigknn.shards.creation import NewStore
 
 
@@ -197,7 +198,7 @@ def _new_manifest(req: BuildRequest, vf: VectorSource, method: str) -> Manifest:
     if req.vectors == "reference":
         m.format, m.inputs[0]["vectors"] = max(m.format, REFERENCED_SINCE), "reference"
     if method != "contiguous":  # the arrays come with the sharding pass's commit (_record_partition)
-        m.format, m.partition = max(m.format, PARTITIONED_SINCE), {"method": method, "arrays": [], "shards": 0}
+        m.format, m.partition = max(m.format, PARTITIONED_SINCE), PartitionSpec(method, [], 0)
     m.hold_ids_of(vf.rows)
     return m
 
@@ -207,7 +208,7 @@ def _record_partition(store: Store, part: Partition) -> int:
     the shards) visible."""
     arrays = part.arrays()
     nbytes = sum(store.write_partition(name, data) for name, data in arrays.items())
-    store.manifest.partition = {"method": part.method, "arrays": sorted(arrays), "shards": part.shards}
+    store.manifest.partition = PartitionSpec(part.method, sorted(arrays), part.shards)
     return nbytes
 
 

@@ -18,7 +18,7 @@ from bigknn.backends import Backend
 from bigknn.core.errors import BadInput
 from bigknn.formats.read import check_rows
 from bigknn.core.knn_graph import id_dtype
-from bigknn.core.metric import kernel_metric, prepare_rows, stored_dtype
+from bigknn.core.metric import kernel_metric, metric as metric_of
 from bigknn.core.params import GnndParams
 from bigknn.algorithms.partition.learn import DEFAULT_METHOD
 from bigknn.engine.accounting import Accounting
@@ -63,10 +63,10 @@ def one_shard_rows(rows: int, dim: int, itemsize: int, params: GnndParams, backe
 def stored_rows(x: np.ndarray, metric: str) -> np.ndarray:
     """``x`` as a store holds it (kept dtype, checked, cosine rows normalised), in blocks on READ_THREADS threads
     as sharding.shard_vectors prepares a shard (NumPy's loops release the GIL); ``x`` itself where it is
-    already that (C-ordered, its dtype kept and stored as is, a metric other than cosine)."""
-    kept = kept_dtype(x.dtype)
-    dtype = stored_dtype(metric, kept)
-    same = metric != "cosine" and x.dtype == dtype and x.flags.c_contiguous
+    already that (C-ordered, its dtype kept and stored as is, rows the metric does not normalise)."""
+    kept, rule = kept_dtype(x.dtype), metric_of(metric)
+    dtype = rule.stored_dtype(kept)
+    same = not rule.normalised and x.dtype == dtype and x.flags.c_contiguous
     out = x if same else np.empty(x.shape, dtype)
     step = max(1, READ_BLOCK_BYTES // (x.shape[1] * dtype.itemsize))
 
@@ -74,7 +74,7 @@ def stored_rows(x: np.ndarray, metric: str) -> np.ndarray:
         part = np.asarray(x[a:a + step], dtype=kept)
         check_rows(ARRAY, a, part)
         if not same:
-            out[a:a + step] = prepare_rows(part, metric)
+            out[a:a + step] = rule.prepare(part)
 
     with ThreadPoolExecutor(READ_THREADS) as pool:
         for done in [pool.submit(block, a) for a in range(0, len(x), step)]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import time
 from contextlib import suppress
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +40,7 @@ from bigknn.engine.accounting import Accounting
 from bigknn.core.progress import Reporter
 from bigknn.shards import ShardEntry, Store, WriterLock
 from bigknn.shards import user_ids
+from bigknn.shards.sections import PendingWrite
 
 
 class IngestLedger(StagedLedger):
@@ -48,12 +48,12 @@ class IngestLedger(StagedLedger):
 
     def wanted(self, i: int, j: int) -> bool:
         """Pairs with a new shard (pairs among old shards were merged before); in a partitioned store only
-        the old shards near the batch (``pending["near"]``, chosen before the first merge) and every shard an
+        the old shards near the batch (``pending.near``, chosen before the first merge) and every shard an
         earlier ingest added."""
-        near = self.pending.get("near")
+        near = self.pending.near
         if near is None or i >= self.first_new:
             return j >= self.first_new
-        return j >= self.first_new and (i in near or i >= self.store.manifest.partition["shards"])
+        return j >= self.first_new and (i in near or i >= self.store.manifest.partition.shards)
 
     def ordered(self, pairs: list[tuple[int, int]]) -> list[tuple[int, int]]:
         """Old shards first, the largest first: a new shard's first merge (the paper's, the anchor of the
@@ -114,7 +114,7 @@ def ingest(store_path: Path, inputs: list[Path], backends: list[Backend], report
         store = Store.open(store_path, pin=False)  # re-read: another writer may have committed while we waited
         store.manifest.require_complete(store.path)
         if store.manifest.pending:
-            report["resumed"] = store.manifest.pending["inputs"][0]["path"]
+            report["resumed"] = store.manifest.pending.inputs[0]["path"]
             resume_pending(store, executor, reporter, acct, host_mem)
             report["ingested"].append(report["resumed"])
         for vf, fp in checked:
@@ -214,10 +214,10 @@ def _check_resources(store: Store, new: list[VectorSource], workers: int, host_m
     cannot finish (the new files' shards against every shard, a pending ingest's included)."""
     m = store.manifest
     width = m.params.width()
-    pending = m.pending["shards"] if m.pending else []
-    sizes = [s.rows for s in m.shards] + [s["rows"] for s in pending]
+    pending = m.pending.shards if m.pending else []
+    sizes = [s.rows for s in m.shards] + [s.rows for s in pending]
     shards, merges = len(sizes), len(pending) * len(m.shards) + len(pending) * (len(pending) - 1) // 2
-    merges -= len(m.pending["merged"]) if m.pending else 0
+    merges -= len(m.pending.merged) if m.pending else 0
     for vf in new:
         if joins(m, vf.rows):  # joins the graph: no shard of its own, no merge (bigknn/operations/ingest_join.py)
             continue
@@ -279,7 +279,7 @@ def _stage(store: Store, vf: VectorSource, fp: dict, watching: bool, report: dic
         for i, rows in enumerate(sizes):
             x = prepare_rows(vf.read(start, start + rows), m.metric)
             store.write_vectors(first + i, x.astype(np.dtype(m.dtype), copy=False))
-            new.append(asdict(ShardEntry(id=first + i, offset=offset + start, rows=rows)))
+            new.append(ShardEntry(id=first + i, offset=offset + start, rows=rows))
             start += rows
             advance(rows)
     new_ids = range(first, first + len(sizes))
@@ -293,7 +293,7 @@ def _stage(store: Store, vf: VectorSource, fp: dict, watching: bool, report: dic
     if not unchanged:
         _take_back(store, new_ids, offset)
         return False
-    m.pending = {"inputs": [fp], "shards": new, "graphs": {}, "merged": [], "near": _near(store, vf)}
+    m.pending = PendingWrite([fp], new, near=_near(store, vf))
     m.hold_ids_of(offset + vf.rows)  # past 2^31 rows: this ingest writes every graph it touches with int64 ids
     store.commit()
     acct.add("shard", time.perf_counter() - t, nbytes_written=vf.rows * vf.dim * vf.dtype.itemsize)
@@ -345,7 +345,7 @@ def _near(store: Store, vf: VectorSource) -> list[int] | None:
     primary = np.zeros(part.shards, np.int64)
     for _, block in vf.chunks(LABEL_CHUNK_ROWS):
         primary += np.bincount(part.cost(prepare_rows(block, m.metric)).argmin(axis=1), minlength=part.shards)
-    built = [p for p in m.pairs if max(p) < m.partition["shards"]]
+    built = [p for p in m.pairs if max(p) < m.partition.shards]
     return near_shards(primary, built, m.params.recall or GnndParams().recall)
 
 

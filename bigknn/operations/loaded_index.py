@@ -28,7 +28,7 @@ from bigknn.algorithms.search_params import SearchPlan
 from bigknn.operations.search_queries import load_queries
 from bigknn.operations.search_reports import SearchReport, SearchResult
 from bigknn.operations.search import make_plan, procedure_for
-from bigknn.operations.search_arrays import SearchEntry, load_index
+from bigknn.operations.search_arrays import load_index
 from bigknn.operations.search_stream import search_file
 from bigknn.shards import Store
 
@@ -197,5 +197,4 @@ def _search_key(store: Store) -> tuple:
     m = store.manifest
     if m.search is None:
         return (m.rows, None)
-    entry = SearchEntry.of(m.search)
-    return (m.rows, entry.version, tuple(entry.graphs))
+    return (m.rows, m.search.version, tuple(m.search.graphs))

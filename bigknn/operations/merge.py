@@ -54,5 +54,5 @@ def _check(store: Store, workers: int, host_mem: int | None) -> None:
     m = store.manifest
     if not m.shards:
         raise BadInput(store.path, "sharding never finished; rerun `bigknn build` with the same input")
-    pending = m.pending["shards"] if m.pending else []
-    cache_shards(m, store.path, max([s.rows for s in m.shards] + [s["rows"] for s in pending]), workers, host_mem)
+    pending = m.pending.shards if m.pending else []
+    cache_shards(m, store.path, max([s.rows for s in m.shards + pending]), workers, host_mem)

@@ -12,6 +12,7 @@ import numpy as np
 from bigknn.core.errors import BadInput
 from bigknn.core.knn_graph import id_dtype
 from bigknn.shards import Store, user_ids
+from bigknn.shards.sections import PendingWrite
 
 STORE_KEY = "store_sha256"  # an ``inputs`` record that stands for a merged store: its manifest's sha256
 # what must be equal for two stores' graphs to be one graph: rows of one dim and dtype, one ordering, lists of
@@ -29,13 +30,13 @@ def merged_digests(store: Store, staged: bool = True) -> set[str]:
     """The stores already merged into ``store`` (by ``digest``): committed, and with ``staged`` those of a
     pending merge."""
     m = store.manifest
-    records = m.inputs + (m.pending["inputs"] if m.pending and staged else [])
+    records = m.inputs + (m.pending.inputs if m.pending and staged else [])
     return {rec[STORE_KEY] for rec in records if STORE_KEY in rec}
 
 
-def staged(pending: dict | None) -> bool:
+def staged(pending: PendingWrite | None) -> bool:
     """Whether a store's pending section is a merge of stores (not an ingest)."""
-    return bool(pending) and any(STORE_KEY in rec for rec in pending["inputs"])
+    return pending is not None and any(STORE_KEY in rec for rec in pending.inputs)
 
 
 def check_store(store: Store) -> None:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
@@ -34,6 +33,7 @@ from bigknn.engine.executor import Executor, InProcess
 from bigknn.engine.pending import StagedLedger, cache_shards, check_merge_count, record_timings
 from bigknn.core.progress import Reporter
 from bigknn.shards import ShardEntry, Store, WriterLock, user_ids
+from bigknn.shards.sections import STORES_KEYS, PendingWrite
 
 COPY_THREADS = 4  # shards copied at once: reading, checking and writing chunks run on several cores
 
@@ -65,7 +65,7 @@ def merge_stores(store_path: Path, others: list[Path], backends: list[Backend], 
                 if digest(other) in before:
                     reporter.note(f"{other.path}: already merged into {store_path}; skipped")
             if store.manifest.pending:
-                report["resumed"] = store.manifest.pending["inputs"][0]["path"]
+                report["resumed"] = store.manifest.pending.inputs[0]["path"]
                 report["merges_run"] += resume(store, executor, reporter, acct, host_mem)
             if todo:
                 _stage(store, todo, reporter, acct)
@@ -113,7 +113,7 @@ def _check(store: Store, others: list[Store]) -> list[Store]:
 
 def _pending_rows(store: Store) -> int:
     pending = store.manifest.pending
-    return sum(s["rows"] if isinstance(s, dict) else s.rows for s in pending["shards"]) if pending else 0
+    return sum(s.rows for s in pending.shards) if pending else 0
 
 
 def _check_resources(store: Store, todo: list[Store], workers: int, host_mem: int | None,
@@ -121,8 +121,8 @@ def _check_resources(store: Store, todo: list[Store], workers: int, host_mem: in
     """Refuse, before anything is written, a merge whose shards do not fit ``host_mem`` or whose merges cannot
     finish: every pair across stores (a staged merge's counted whole)."""
     m = store.manifest
-    pending = m.pending["shards"] if m.pending else []
-    groups = [[s.rows for s in m.shards]] + ([[s["rows"] for s in pending]] if pending else [])
+    pending = m.pending.shards if m.pending else []
+    groups = [[s.rows for s in m.shards]] + ([[s.rows for s in pending]] if pending else [])
     groups += [[s.rows for s in o.manifest.shards] for o in todo]
     shards = sum(len(g) for g in groups)
     merges = (shards * shards - sum(len(g) ** 2 for g in groups)) // 2
@@ -158,9 +158,9 @@ def _stage(store: Store, others: list[Store], reporter: Reporter, acct: Accounti
     for other, row0 in starts:
         if user_ids.stored_kind(other.path, other.manifest.rows) is not None:
             user_ids.copy_parts(other.path, other.manifest.rows, store.path, row0)
-    new = [asdict(ShardEntry(id=sid, offset=row0 + s.offset, rows=s.rows)) for _, s, sid, row0 in copies]
-    m.pending = {"inputs": inputs, "shards": new, "merged": merged,
-                 "graphs": {str(c[2]): version for c, (version, _) in zip(copies, done)}}
+    new = [ShardEntry(id=sid, offset=row0 + s.offset, rows=s.rows) for _, s, sid, row0 in copies]
+    m.pending = PendingWrite(inputs, new, {c[2]: version for c, (version, _) in zip(copies, done)}, merged,
+                             layout=STORES_KEYS)
     store.commit()
     nbytes = sum(n for _, n in done)
     acct.add("copy", time.perf_counter() - t, nbytes_read=nbytes, nbytes_written=nbytes)

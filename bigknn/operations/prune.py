@@ -32,13 +32,14 @@ from bigknn.core.progress import Reporter
 from bigknn.algorithms.columns import take_columns
 from bigknn.algorithms.search_params import NO_LAMBDA, DiversifyRule, PruneParams
 from bigknn.operations.prune_scratch import Scratch
-from bigknn.operations.search_arrays import (SEARCH_DIR, SEARCH_ID_DTYPE, SearchEntry, drop_versions, drop_work, locate,
+from bigknn.operations.search_arrays import (SEARCH_DIR, SEARCH_ID_DTYPE, drop_versions, drop_work, locate,
                                  mark_format, next_version, shard_rows, work_path)
 from bigknn.operations.prune_vectors import VectorSource
 from bigknn.algorithms.tsdg_whole import resident_bytes
 from bigknn.shards import Store, safepaths
 from bigknn.shards.lock import WriterLock
 from bigknn.shards.manifest import CHECKSUMS_SINCE, SEARCH_SINCE
+from bigknn.shards.sections import SearchEntry
 
 MAX_ROWS = np.iinfo(SEARCH_ID_DTYPE).max + 1  # rows whose ids fit a search graph
 SCRATCH_BYTES_PER_EDGE = 8 + 12  # a forward edge (int32 id, float32 key) and its reverse (int32 dst, src, key)
@@ -234,13 +235,14 @@ class _Pruner:
     # ---- commit --------------------------------------------------------------------------------
     def _commit(self, seconds: float) -> dict:
         m, p = self.m, self.params
-        previous = m.search["version"] if m.search else None
+        previous = m.search.version if m.search else None
+        mean_degree = round(self.stats["edges"] / max(1, m.rows), 3)
         entry = SearchEntry(version=self.version, method=p.method, degree=p.degree, rows=m.rows,
-                            graphs=[s.graph for s in m.shards], alpha=p.alpha, lambda0=p.lambda0, knn_k=self.k,
-                            mean_degree=round(self.stats["edges"] / max(1, m.rows), 3),
-                            seconds=round(seconds, 3))
+                            graphs=[s.graph for s in m.shards],
+                            made={"alpha": p.alpha, "lambda0": p.lambda0, "knn_k": self.k, "mean_degree": mean_degree,
+                                  "seconds": round(seconds, 3)})
         with self.store.lock:
-            m.search = entry.__dict__.copy()
+            m.search = entry
             m.format = max(m.format, SEARCH_SINCE)
             m.timings["prune"] = round(m.timings.get("prune", 0.0) + seconds, 3)
             self.store.commit()
@@ -248,5 +250,5 @@ class _Pruner:
         drop_versions(self.store, {self.version} | ({previous} if previous else set()))
         return {"store": str(self.store.path), "version": self.version, "method": p.method, "degree": p.degree,
                 "alpha": p.alpha if p.method == "tsdg" else None, "rows": m.rows, "knn_k": self.k,
-                "mean_degree": entry.mean_degree, **self.stats, "backend": self.backend.name,
+                "mean_degree": mean_degree, **self.stats, "backend": self.backend.name,
                 "wall_s": round(seconds, 3)}

@@ -16,7 +16,6 @@ commit named stays for readers that opened it, older ones are deleted after the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +24,7 @@ from bigknn.core.errors import BadInput
 from bigknn.algorithms.search_index import SearchIndex
 from bigknn.shards import Store, safepaths, upgrade
 from bigknn.shards.manifest import ShardEntry
+from bigknn.shards.sections import SearchEntry
 
 SEARCH_DIR = "search"
 WORK = "work"
@@ -47,31 +47,10 @@ def locate(store: Store, global_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return pos, global_ids - starts[pos]
 
 
-@dataclass(frozen=True)
-class SearchEntry:
-    """The manifest's ``search`` entry: what a reader needs (version, rows, degree, the kNN graph versions it
-    was pruned from) and a record of how it was made."""
-
-    version: int
-    method: str
-    degree: int
-    rows: int
-    graphs: list  # the kNN graph version of each shard it was pruned from
-    alpha: float
-    lambda0: int
-    knn_k: int
-    mean_degree: float
-    seconds: float
-
-    @classmethod
-    def of(cls, raw: dict) -> SearchEntry:
-        return cls(**{f: raw[f] for f in cls.__dataclass_fields__})
-
-
 def next_version(store: Store) -> int:
     """Above the committed version and every version directory on disk (copy-on-write)."""
     on_disk = safepaths.versions(store.path, SEARCH_DIR)
-    current = store.manifest.search["version"] if store.manifest.search else 0
+    current = store.manifest.search.version if store.manifest.search else 0
     return max([current, *on_disk]) + 1
 
 
@@ -96,7 +75,7 @@ def current(store: Store) -> SearchEntry:
     m = store.manifest
     if m.search is None:
         raise BadInput(store.path, "has no search graph; run `bigknn prune` first")
-    entry = SearchEntry.of(m.search)
+    entry = m.search
     if entry.rows != m.rows or entry.graphs != [s.graph for s in m.shards]:
         raise BadInput(store.path, f"the search graph was pruned from an older graph ({entry.rows} rows; the graph "
                                    f"has {m.rows} now); run `bigknn prune` again")

@@ -110,10 +110,10 @@ def _advice(store: Store, problems: list[Problem]) -> list[str]:
     pending = store.manifest.pending
     if pending and any(p.repair in (GRAPH, PENDING) for p in problems):
         if staged(pending):  # the interrupted merge of stores, from the start
-            steps.append(" ".join([f"bigknn merge {at}", *(shlex.quote(str(i["path"])) for i in pending["inputs"]
+            steps.append(" ".join([f"bigknn merge {at}", *(shlex.quote(str(i["path"])) for i in pending.inputs
                                                             if STORE_KEY in i)]))
         else:
-            steps += [f"bigknn ingest {at} --input {shlex.quote(str(i['path']))}" for i in pending["inputs"]]
+            steps += [f"bigknn ingest {at} --input {shlex.quote(str(i['path']))}" for i in pending.inputs]
     return steps
 
 
@@ -132,10 +132,10 @@ def _mend(store: Store, problems: list[Problem]) -> list[str]:
         done.append(f"dropped {len(m.merged) - len(valid)} invalid merged pair(s)")
         m.merged = [list(p) for p in valid]
     if m.pending is not None and (graphs or any(p.repair == PENDING for p in problems)):
-        done.append("dropped the interrupted ingest of " + ", ".join(i["path"] for i in m.pending["inputs"]))
+        done.append("dropped the interrupted ingest of " + ", ".join(i["path"] for i in m.pending.inputs))
         m.pending = None
     if any(p.repair == SEARCH for p in problems):
-        done.append(f"dropped search graph version {m.search['version']}")
+        done.append(f"dropped search graph version {m.search.version}")
         m.search = None
     for sid in graphs:
         m.shards[sid].graph = None
@@ -143,8 +143,8 @@ def _mend(store: Store, problems: list[Problem]) -> list[str]:
         done.append(f"dropped shard {sid}'s graph and its merged pairs")
     for sid in sorted({p.shard for p in problems if p.repair == STAGED}):
         if m.pending is not None:
-            m.pending["graphs"].pop(str(sid), None)
-            m.pending["merged"] = [p for p in m.pending["merged"] if sid not in p]
+            m.pending.graphs.pop(sid, None)
+            m.pending.merged = [p for p in m.pending.merged if sid not in p]
             done.append(f"dropped the interrupted ingest's staged graph of shard {sid} and its merged pairs")
     return done
 
@@ -178,9 +178,8 @@ class _Checker:
         if len(_valid_pairs(self.store)) != len(m.merged):
             self._add("merged pairs", self.store.path / MANIFEST, "invalid or repeated merged pairs "
                       "(a pair of a shard without a graph, out of range, or listed twice)", PAIRS)
-        pending = m.pending or {}
-        new = pending.get("shards", [])
-        rows_all = m.rows + sum(s["rows"] for s in new)
+        new = m.pending.shards if m.pending else []
+        rows_all = m.rows + sum(s.rows for s in new)
         for index in sorted({s.source["input"] for s in m.shards if s.source is not None}):
             self._referenced(index)
         for s in m.shards:
@@ -188,25 +187,24 @@ class _Checker:
                 self._vectors(s.id, s.rows, REBUILD)
             if s.graph is not None:
                 self._graph(s.id, s.graph, s.rows, m.rows, GRAPH)
-        built = m.partition["shards"] if m.partition is not None else 0  # shards stored by the partition
+        built = m.partition.shards if m.partition is not None else 0  # shards stored by the partition
         for s in m.shards[:built]:
             self._array(row_ids_name(s.id), f"shard {s.id} row ids", (s.rows, 1), (np.dtype(np.int64),), REBUILD,
                         s.id, m.rows)
         for s in new:
-            self._vectors(s["id"], s["rows"], PENDING)
-        rows_of = {s.id: s.rows for s in m.shards} | {s["id"]: s["rows"] for s in new}
-        for sid, version in pending.get("graphs", {}).items():
-            sid = int(sid)
+            self._vectors(s.id, s.rows, PENDING)
+        rows_of = {s.id: s.rows for s in m.shards + new}
+        for sid, version in (m.pending.graphs if m.pending else {}).items():
             if sid in rows_of:
                 self._graph(sid, version, rows_of[sid], rows_all, STAGED)
         search = m.search
-        if search is not None and search["rows"] == m.rows and search["graphs"] == [s.graph for s in m.shards]:
+        if search is not None and search.rows == m.rows and search.graphs == [s.graph for s in m.shards]:
             for s in m.shards:
-                where = f"search graph version {search['version']} shard {s.id}"
-                shape = (s.rows, search["degree"])
-                self._array(search_name(search["version"], f"shards/{s.id}/ids"), f"{where} ids", shape,
+                where = f"search graph version {search.version} shard {s.id}"
+                shape = (s.rows, search.degree)
+                self._array(search_name(search.version, f"shards/{s.id}/ids"), f"{where} ids", shape,
                             (SEARCH_ID_DTYPE,), SEARCH, s.id, m.rows)
-                self._array(search_name(search["version"], f"shards/{s.id}/lambdas"), f"{where} lambdas", shape,
+                self._array(search_name(search.version, f"shards/{s.id}/lambdas"), f"{where} lambdas", shape,
                             (np.dtype(np.uint8),), SEARCH, s.id)
         if self.contents:
             for damage in user_ids.check(self.store.path, m.rows):
@@ -214,10 +212,9 @@ class _Checker:
 
     def _shards_add_up(self) -> bool:
         m = self.store.manifest
-        new = (m.pending or {}).get("shards", [])
+        new = m.pending.shards if m.pending else []
         offset = 0
-        for i, (sid, first, rows) in enumerate([(s.id, s.offset, s.rows) for s in m.shards] +
-                                               [(s["id"], s["offset"], s["rows"]) for s in new]):
+        for i, (sid, first, rows) in enumerate([(s.id, s.offset, s.rows) for s in m.shards + new]):
             if sid != i or first != offset or rows < 1:
                 self._add(f"shard {sid}", self.store.path / MANIFEST,
                           f"shard at position {i} has id {sid}, first row {first}, {rows} rows; expected id {i}, "

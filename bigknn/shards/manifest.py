@@ -12,6 +12,7 @@ from bigknn.core.errors import BadInput
 from bigknn.core.knn_graph import id_dtype
 from bigknn.core.params import GnndParams
 from bigknn.shards.schema import check_manifest
+from bigknn.shards.sections import PartitionSpec, PendingWrite, SearchEntry, ShardEntry
 from bigknn.shards.lock import running_writer
 
 FORMAT_VERSION = 6  # of the stores this bigknn creates
@@ -31,20 +32,6 @@ MANIFEST = "manifest.json"
 
 
 @dataclass
-class ShardEntry:
-    id: int
-    offset: int  # global id of the shard's first row
-    rows: int
-    graph: int | None = None  # committed graph version, None until GNND has run
-    # vectors referenced, not copied: {"input": index into Manifest.inputs, "byte_offset": of its first row}
-    # (bigknn/shards/referenced.py); None: shards/<id>/vectors holds them
-    source: dict | None = None
-    # the rows live in the graph version's directory (shards/<id>/graph/<v>/vectors), not in shards/<id>/vectors:
-    # a tail shard that small ingests append to, whose rows are then copy-on-write with its lists (format 7)
-    rows_with_graph: bool = False
-
-
-@dataclass
 class Manifest:
     dim: int
     dtype: str  # dtype of the stored vectors
@@ -60,16 +47,16 @@ class Manifest:
     timings: dict = field(default_factory=dict)  # seconds per phase, summed over runs
     # an ingest in progress: its inputs, new shards, staged graph versions and merged pairs; invisible to
     # readers until the ingest's final commit folds it into the fields above
-    pending: dict | None = None
+    pending: PendingWrite | None = None  # JSON: its to_dict() object
     # the build's recall estimate on its sample (bigknn/engine/recall_sample.py): recall, low, high, rows, at,
     # target, graph_rows (rows of the graph it was measured on: an ingest since leaves it about fewer rows)
     estimate: dict | None = None
-    # the committed search graph (bigknn/operations/search_arrays.py SearchEntry): its version under search/<v>/, how it
+    # the committed search graph (bigknn/operations/search_arrays.py): its version under search/<v>/, how it
     # was pruned, and the kNN graph versions it was pruned from (a search graph older than the graph is stale)
-    search: dict | None = None
+    search: SearchEntry | None = None  # JSON: its to_dict() object
     # a partitioned store (format 4): the method and the arrays stored under partition/ (bigknn/algorithms/partition/);
     # shard <id>'s input rows are shards/<id>/row_ids. None: contiguous, shard rows are input rows from offset
-    partition: dict | None = None
+    partition: PartitionSpec | None = None  # JSON: its to_dict() object
     # the shard pairs this store merges (bigknn/algorithms/partition/pairs.py), committed before the first merge so that a
     # resumed run merges the same ones. None: every pair
     pairs: list[list[int]] | None = None
@@ -113,7 +100,7 @@ class Manifest:
     @property
     def partition_method(self) -> str:
         """How the build's rows were split: kmeans, rptree or contiguous (bigknn/algorithms/partition/)."""
-        return self.partition["method"] if self.partition else "contiguous"
+        return self.partition.method if self.partition else "contiguous"
 
     def planned(self, i: int, j: int) -> bool:
         """Whether the pair (i, j), i < j, is one this store merges: every pair of a contiguous store; of a
@@ -150,6 +137,9 @@ class Manifest:
 
     def to_json(self) -> str:
         raw = asdict(self)
+        raw["pending"] = self.pending.to_dict() if self.pending is not None else None
+        raw["search"] = self.search.to_dict() if self.search is not None else None
+        raw["partition"] = self.partition.to_dict() if self.partition is not None else None
         for shard in raw["shards"]:  # written only where set: a copied shard without a tail reads as before
             if shard["source"] is None:
                 del shard["source"]
@@ -165,5 +155,9 @@ class Manifest:
             raise ValueError(f"store format {raw.get('format')} is not supported (this bigknn reads formats "
                              f"{', '.join(map(str, READ_FORMATS))}); use the bigknn that wrote it")
         check_manifest(raw)
+        pending, search, partition = raw.get("pending"), raw.get("search"), raw.get("partition")
         return cls(**dict(raw, params=GnndParams.from_manifest(raw["params"]),
+                          pending=PendingWrite.from_dict(pending) if pending is not None else None,
+                          search=SearchEntry.from_dict(search) if search is not None else None,
+                          partition=PartitionSpec.from_dict(partition) if partition is not None else None,
                           shards=[ShardEntry(**s) for s in raw.get("shards", [])]))

@@ -52,8 +52,8 @@ TOP: dict[str, Check] = {
     "estimate": (lambda v: v is None or isinstance(v, dict), "an object or null"),
     "search": (lambda v: v is None or isinstance(v, dict), "an object or null"),
     "partition": (lambda v: v is None or (isinstance(v, dict) and isinstance(v.get("method"), str)
-                                          and isinstance(v.get("arrays"), list)),
-                  "null or an object with a method and its arrays"),
+                                          and isinstance(v.get("arrays"), list) and _int(v.get("shards"))),
+                  "null or an object with a method, its arrays and its shard count"),
     "pairs": (lambda v: v is None or PAIRS[0](v), "null or a list of [i, j] shard pairs"),
     "ids": (lambda v: v in ("int32", "int64"), "int32 or int64"),
 }

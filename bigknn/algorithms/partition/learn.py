@@ -121,4 +121,4 @@ def load(store) -> Partition | None:
     spec = store.manifest.partition
     if spec is None:
         return None
-    return Partition.from_arrays(spec["method"], {name: store.read_partition(name) for name in spec["arrays"]})
+    return Partition.from_arrays(spec.method, {name: store.read_partition(name) for name in spec.arrays})

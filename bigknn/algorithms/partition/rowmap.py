@@ -24,7 +24,7 @@ class RowMap:
         m = store.manifest
         if m.partition is None:
             return cls(None)
-        parts = [store.read_row_ids(s.id) if s.id < m.partition["shards"] else
+        parts = [store.read_row_ids(s.id) if s.id < m.partition.shards else
                  np.arange(s.offset, s.offset + s.rows, dtype=np.int64) for s in m.shards]
         return cls(np.concatenate(parts) if parts else np.zeros(0, np.int64))
 
