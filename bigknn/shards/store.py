@@ -200,6 +200,8 @@ class Store(ArrayDir):
         manifest (bigknn/shards/leases.py); nothing is deleted while a reader is still opening. Dead readers'
         leases are removed on the way at every commit, also one that made nothing stale (an ingest joined into
         a new tail shard): otherwise they outlived their readers until some later commit replaced a version."""
+        if not self._stale_below:  # no commit by this object (a reader): no lease of ours to judge
+            return
         stale = [(sid, v) for sid, below in self._stale_below.items() for v in self._stale_graphs(sid, below)]
         pins = pinned(self.path)
         if not stale or pins is None:
