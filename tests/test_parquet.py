@@ -91,6 +91,30 @@ def test_a_thread_holds_one_decoded_row_group_of_a_whole_dataset(tmp_path):
     assert len(group[2]) <= GROUP_ROWS
 
 
+def test_a_contiguous_shard_decodes_each_row_group_once(tmp_path, monkeypatch):
+    """The sharding pass's blocks begin at row groups (and parts), so no group is decoded by two threads."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from bigknn.engine import sharding_pass
+    from bigknn.formats import columnar
+    x = vectors()
+    src = open_source(write_dataset(tmp_path / "ds", x, list(range(ROWS))))
+    decoded: list[tuple[str, int]] = []
+    real = columnar._vectors
+    monkeypatch.setattr(columnar, "_vectors", lambda f, g, col: decoded.append((f.path, g)) or real(f, g, col))
+    monkeypatch.setattr(sharding_pass, "READ_BLOCK_BYTES", 100 * DIM * 2)  # 100-row blocks: groups of 70 straddle
+    starts = src.block_starts(50, 850, 100)
+    part_rows = ROWS // PARTS
+    assert starts[0] == 50 and all(s % part_rows % GROUP_ROWS == 0 for s in starts[1:])  # at groups' starts
+    assert starts == sorted(set(starts)) and len(starts) < 800 // GROUP_ROWS  # groups merged into blocks
+    with ThreadPoolExecutor(4) as pool:
+        got = sharding_pass.shard_vectors(src, pool, "l2", np.dtype(np.float16), 50, 800)
+    np.testing.assert_array_equal(got, x[50:850])
+    assert len(decoded) == len(set(decoded))  # each (part, group) once
+    write_vectors(tmp_path / "x.f16bin", x)
+    assert src.read_threads >= open_source(tmp_path / "x.f16bin").read_threads  # decoding: every core
+
+
 def test_arrow_ipc_and_float64_read_as_float32(tmp_path):
     x = vectors(200, seed=2, dtype=np.float64)
     path = tmp_path / "a.feather"

@@ -14,7 +14,6 @@ end, so a crash mid-pass leaves no half-sharded store (the rerun shards again).
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
 import time
@@ -32,7 +31,6 @@ from bigknn.shards.user_ids import part_bytes as user_id_bytes
 from bigknn.shards.user_ids import write_part as write_user_ids
 
 WRITES_IN_FLIGHT = 2  # shards being written while the next is read
-READ_THREADS = min(8, os.cpu_count() or 1)  # blocks of a shard read, checked and prepared at once
 READ_BLOCK_BYTES = 32 << 20  # input bytes per block
 
 
@@ -71,7 +69,7 @@ def stream_shards(store: Store, vf: VectorSource, sizes: list[int], acct: Accoun
     def produce() -> None:
         try:
             with store.deferred_commits(), ThreadPoolExecutor(2) as hasher, \
-                    ThreadPoolExecutor(WRITES_IN_FLIGHT) as writers, ThreadPoolExecutor(READ_THREADS) as readers:
+                    ThreadPoolExecutor(WRITES_IN_FLIGHT) as writers, ThreadPoolExecutor(vf.read_threads) as readers:
                 digest = hasher.submit(vf.sha256)
                 m = store.manifest
                 offset, first, start = m.rows, len(m.shards), 0
@@ -142,15 +140,15 @@ def shard_vectors(vf: VectorSource, pool: ThreadPoolExecutor, metric: str, dtype
                   layout: np.ndarray | None = None, kept: np.ndarray | None = None) -> np.ndarray:
     """A shard's vectors as stored: input rows [start, start + rows), checked and prepared for ``metric``, or
     the input rows ``layout`` (a partitioned shard: the labelling pass checked them), read in blocks by
-    ``pool``. One thread took 3.9 s for 10M x 96 float32 on the device, about 1 GB/s; the first bad row in
-    file order is the one named. A partitioned shard of a source without cheap scattered reads (Parquet) is
+    ``pool``, in blocks that begin where the source's decoding units do (``block_starts``: whole row groups
+    of Parquet, so that no group is decoded twice); the first bad row in file order is the one named. A partitioned shard of a source without cheap scattered reads (Parquet) is
     read in blocks of input ranges, so that each row group is decoded once per shard, not once per block.
     ``kept``: the input's rows as prepared, in host RAM (``stream_shards``): the blocks gather from it."""
     x = np.empty((rows, vf.dim), dtype)
-    step = vf.block_rows(max(1, READ_BLOCK_BYTES // (vf.dim * vf.read_dtype.itemsize)))
-    starts = np.arange(0, rows, step)
+    step = max(1, READ_BLOCK_BYTES // (vf.dim * vf.read_dtype.itemsize))
+    starts = np.asarray(vf.block_starts(start, start + rows, step)) - start
     if layout is not None and kept is None and not vf.random_access:  # input ranges: a row group decoded once
-        starts = np.unique(np.searchsorted(layout, np.arange(0, vf.rows, step)))
+        starts = np.unique(np.searchsorted(layout, vf.block_starts(0, vf.rows, step)))
         starts = starts[starts < rows]
     ends = np.append(starts[1:], rows)
 

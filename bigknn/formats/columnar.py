@@ -20,8 +20,9 @@ import numpy as np
 
 from bigknn.core.errors import BadInput
 from bigknn.formats.read import FileState, check_rows, file_state
-from bigknn.formats.source import read_rows
-from bigknn.formats.spec import CHECK_CHUNK_ROWS, HASH_BLOCK_BYTES, NPY_DTYPES, PARQUET_EXTENSIONS
+from bigknn.formats.source import merged_starts, read_rows
+from bigknn.formats.spec import (CHECK_CHUNK_ROWS, DECODE_READ_THREADS, HASH_BLOCK_BYTES, NPY_DTYPES,
+                                 PARQUET_EXTENSIONS)
 
 _THREAD = threading.local()  # each thread's one open reader and one decoded group (ColumnarFile._reader, _group)
 INSTALL_HINT = "reading Parquet and Arrow files needs pyarrow: pip install 'bigknn[parquet]'"
@@ -59,14 +60,16 @@ class ColumnarFile:
         self.dim, self.dtype = _shape_of(self, schema.field(self.column).type)
 
     random_access = False  # a scattered row costs decoding its whole row group
+    read_threads = DECODE_READ_THREADS
 
     @property
     def read_dtype(self) -> np.dtype:
         return np.dtype(np.float32) if self.dtype == np.float64 else self.dtype
 
-    def block_rows(self, default: int) -> int:
-        """Rows per read block: whole groups, so that two threads do not decode the same group."""
-        return max(default, int(max(self.group_rows)))
+    def block_starts(self, start: int, stop: int, rows: int) -> list[int]:
+        """Blocks of whole row groups (of at least ``rows`` rows where they allow), so that no group is
+        decoded by two threads."""
+        return merged_starts(start, stop, self.group_starts, rows)
 
     def read(self, start: int, stop: int) -> np.ndarray:
         return read_rows(self, start, stop)

@@ -17,7 +17,7 @@ import numpy as np
 from bigknn.core.errors import BadInput
 from bigknn.formats.spec import (BIN_DTYPES, CHECK_CHUNK_ROWS, HASH_BLOCK_BYTES, HEADER, HEADER_BYTES,
                                  MAX_SQUARED_NORM, MIN_ROW_PEAK, NPY_DTYPES, SCAN_ROWS, TRUTH_EXTENSION, VECS_DIM,
-                                 VECS_DTYPES, VECTOR_EXTENSIONS)
+                                 VECS_DTYPES, VECTOR_EXTENSIONS, FLAT_READ_THREADS)
 
 _WILL_NEED = getattr(mmap, "MADV_WILLNEED", None)  # not on every platform: there, no hint is given
 WILL_NEED_MAX_RUNS = 1 << 16  # more separate page runs than this: the rows are dense, readahead serves them
@@ -76,6 +76,7 @@ class VectorFile:
     state: FileState
     column = id_column = None  # a flat file holds vectors only (vector sources' fields: bigknn/formats/source.py)
     random_access = True  # a scattered row costs one page fault
+    read_threads = FLAT_READ_THREADS
 
     @property
     def read_dtype(self) -> np.dtype:
@@ -97,9 +98,9 @@ class VectorFile:
         """Rows [start, start + len(out)) cast into ``out``: one copy straight from the mapping."""
         out[...] = self.data[start:start + len(out)]
 
-    def block_rows(self, default: int) -> int:
-        """Rows per read block of a parallel pass (any count suits a memory map)."""
-        return default
+    def block_starts(self, start: int, stop: int, rows: int) -> list[int]:
+        """Where the blocks of ``rows`` rows of a parallel pass over [start, stop) begin (any cut suits a map)."""
+        return list(range(start, stop, rows)) or [start]
 
     def check(self, start: int, block: np.ndarray) -> None:
         """Refuse bad rows of ``block`` (rows ``start``... of this file), naming the first (``check_rows``)."""

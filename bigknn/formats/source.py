@@ -23,7 +23,7 @@ from bigknn.formats.read import FileState, open_vectors
 from bigknn.formats.spec import CHECK_CHUNK_ROWS, COLUMNAR_EXTENSIONS, INPUT_EXTENSIONS
 
 GLOB_CHARS = frozenset("*?[")
-TAKE_THREADS = min(8, os.cpu_count() or 1)  # parts decoded at once by a scattered take (one row group each)
+TAKE_THREADS = min(8, os.cpu_count() or 1)  # parts decoded (or hashed) at once by a scattered take (a sha256)
 
 
 class VectorSource(Protocol):
@@ -37,6 +37,7 @@ class VectorSource(Protocol):
     column: str | None  # the column of the vectors (Parquet/Arrow)
     id_column: str | None  # the column of the user's ids, if the source has one
     random_access: bool  # whether scattered rows are cheap (a memory map) or cost decoding their row groups
+    read_threads: int  # threads a parallel pass reads blocks on (formats/spec.py: disk-bound or decode-bound)
 
     @property
     def read_dtype(self) -> np.dtype: ...
@@ -44,12 +45,22 @@ class VectorSource(Protocol):
     def read_into(self, start: int, out: np.ndarray) -> None: ...
     def take(self, rows: np.ndarray) -> np.ndarray: ...
     def chunks(self, chunk_rows: int) -> Iterator[tuple[int, np.ndarray]]: ...
-    def block_rows(self, default: int) -> int: ...
+    def block_starts(self, start: int, stop: int, rows: int) -> list[int]: ...
     def check(self, start: int, block: np.ndarray) -> None: ...
     def sha256(self) -> str: ...
     def check_and_hash(self, chunk_rows: int = CHECK_CHUNK_ROWS) -> str: ...
     def changed(self) -> str | None: ...
     def check_unchanged(self) -> None: ...
+
+
+def merged_starts(start: int, stop: int, cuts: np.ndarray, rows: int) -> list[int]:
+    """Block starts in [start, stop), each at one of ``cuts`` (where decoding units begin), blocks of at least
+    ``rows`` rows where the cuts allow (the last may be shorter): ``start`` first."""
+    starts = [start]
+    for cut in cuts[(cuts > start) & (cuts < stop)].tolist():
+        if cut - starts[-1] >= rows:
+            starts.append(int(cut))
+    return starts
 
 
 def read_rows(source: VectorSource, start: int, stop: int) -> np.ndarray:
@@ -118,6 +129,7 @@ class PartedSource:
         self.path, self.parts = path, parts
         self.dim, self.dtype, self.column, self.id_column = first.dim, first.dtype, first.column, first.id_column
         self.random_access = all(p.random_access for p in parts)
+        self.read_threads = max(p.read_threads for p in parts)
         self.starts = np.concatenate([[0], np.cumsum([p.rows for p in parts])]).astype(np.int64)
         self.rows = int(self.starts[-1])
         self.state = FileState(size=sum(p.state.size for p in parts),
@@ -127,8 +139,10 @@ class PartedSource:
     def read_dtype(self) -> np.dtype:
         return self.parts[0].read_dtype
 
-    def block_rows(self, default: int) -> int:
-        return max(p.block_rows(default) for p in self.parts)
+    def block_starts(self, start: int, stop: int, rows: int) -> list[int]:
+        """Each part's own block starts (a block never spans two parts)."""
+        return [int(self.starts[i]) + b for i, lo, hi, _ in self._spans(start, stop - start)
+                for b in self.parts[i].block_starts(lo, hi, rows)]
 
     def read(self, start: int, stop: int) -> np.ndarray:
         return read_rows(self, start, stop)
@@ -167,8 +181,11 @@ class PartedSource:
             self.parts[i].check(lo, block[at:at + hi - lo])
 
     def sha256(self) -> str:
-        """sha256 of the parts' sha256s in order: the same parts give the same hash wherever they lie."""
-        return _combine(p.sha256() for p in self.parts)
+        """sha256 of the parts' sha256s in order: the same parts give the same hash wherever they lie. The
+        parts are hashed on ``TAKE_THREADS`` threads (hashlib lets go of the GIL), so that a dataset of many
+        parts is not hashed at one core's pace while its rows are decoded on every core."""
+        with ThreadPoolExecutor(TAKE_THREADS, thread_name_prefix="hash") as pool:
+            return _combine(pool.map(lambda part: part.sha256(), self.parts))
 
     def check_and_hash(self, chunk_rows: int = CHECK_CHUNK_ROWS) -> str:
         return _combine(p.check_and_hash(chunk_rows) for p in self.parts)

@@ -25,7 +25,8 @@ from bigknn.engine.accounting import Accounting
 from bigknn.engine.recall_sample import SampleTruth, sample_rows
 from bigknn.engine.limits import k_refusal
 from bigknn.operations.plan_model import auto_shard_rows, automatic_shards
-from bigknn.engine.sharding_pass import READ_BLOCK_BYTES, READ_THREADS, shard_sizes
+from bigknn.engine.sharding_pass import READ_BLOCK_BYTES, shard_sizes
+from bigknn.formats.spec import FLAT_READ_THREADS
 from bigknn.engine.workers import seed_for
 from bigknn.algorithms.recall_target import RECALL_AT
 
@@ -61,7 +62,7 @@ def one_shard_rows(rows: int, dim: int, itemsize: int, params: GnndParams, backe
 
 
 def stored_rows(x: np.ndarray, metric: str) -> np.ndarray:
-    """``x`` as a store holds it (kept dtype, checked, cosine rows normalised), in blocks on READ_THREADS threads
+    """``x`` as a store holds it (kept dtype, checked, cosine rows normalised), in blocks on FLAT_READ_THREADS threads
     as sharding.shard_vectors prepares a shard (NumPy's loops release the GIL); ``x`` itself where it is
     already that (C-ordered, its dtype kept and stored as is, rows the metric does not normalise)."""
     kept, rule = kept_dtype(x.dtype), metric_of(metric)
@@ -76,7 +77,7 @@ def stored_rows(x: np.ndarray, metric: str) -> np.ndarray:
         if not same:
             out[a:a + step] = rule.prepare(part)
 
-    with ThreadPoolExecutor(READ_THREADS) as pool:
+    with ThreadPoolExecutor(FLAT_READ_THREADS) as pool:
         for done in [pool.submit(block, a) for a in range(0, len(x), step)]:
             done.result()  # in row order, so that an error names the first bad row
     return out
