@@ -115,6 +115,24 @@ def test_a_contiguous_shard_decodes_each_row_group_once(tmp_path, monkeypatch):
     assert src.read_threads >= open_source(tmp_path / "x.f16bin").read_threads  # decoding: every core
 
 
+def test_a_one_shard_build_takes_its_recall_sample_from_the_shard_not_the_files(tmp_path, monkeypatch):
+    """A scattered take decodes nearly every row group; a one-shard build's sample comes from its only shard,
+    and its estimate is the one the same rows give as a flat file."""
+    from bigknn.formats import columnar
+    x = vectors()
+    folder = write_dataset(tmp_path / "ds", x, list(range(ROWS)))
+    write_vectors(tmp_path / "x.f16bin", x)
+    taken: list[int] = []
+    real = columnar.ColumnarFile.take
+    monkeypatch.setattr(columnar.ColumnarFile, "take", lambda self, rows: taken.append(len(rows)) or real(self, rows))
+    opts = dict(k=K, backend="cpu", shard_rows=ROWS, partition="contiguous")
+    with bigknn.build(folder, store=tmp_path / "ds.knn", **opts) as g:
+        from_parquet = g.info.recall_estimate
+    assert taken == []
+    with bigknn.build(tmp_path / "x.f16bin", store=tmp_path / "x.knn", **opts) as g:
+        assert g.info.recall_estimate == from_parquet and from_parquet.rows > 0
+
+
 def test_arrow_ipc_and_float64_read_as_float32(tmp_path):
     x = vectors(200, seed=2, dtype=np.float64)
     path = tmp_path / "a.feather"

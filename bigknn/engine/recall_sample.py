@@ -13,6 +13,7 @@ and ``bigknn info``. A resumed build folds in the shards the killed run had not 
 from __future__ import annotations
 
 import threading
+from typing import Iterator
 
 import numpy as np
 
@@ -23,13 +24,13 @@ from bigknn.core.metric import kernel_metric, prepare_rows
 from bigknn.algorithms.partition.rowmap import RowMap
 from bigknn.algorithms.recall_target import (ESTIMATE_ROWS, PROBE_ROWS, RECALL_AT, Estimate, Probe, held_out_estimate, probe_m,
                            row_recalls, without_self)
-from bigknn.shards import Manifest, Store
+from bigknn.shards import Manifest, ShardEntry, Store
 
 
 class SampleTruth:
     """Exact top-(m+1) of ``rows`` (global ids, sorted) over the shards folded in so far."""
 
-    def __init__(self, rows: np.ndarray, vectors: np.ndarray, metric: str, k: int, seed: int,
+    def __init__(self, rows: np.ndarray, vectors: np.ndarray | None, metric: str, k: int, seed: int,
                  positional: bool = False):
         self.rows = rows
         self.held_out = held_out_rows(len(rows), seed)  # (rows,) bool: the rows the estimate is measured on
@@ -43,12 +44,25 @@ class SampleTruth:
         self._lock = threading.Lock()
 
     @classmethod
-    def draw(cls, vf: VectorSource, m: Manifest, seed: int) -> "SampleTruth":
-        """A seeded sample of the input's rows, read (their pages asked for at once) and prepared as stored."""
+    def draw(cls, vf: VectorSource, m: Manifest, seed: int, from_stream: bool = False) -> "SampleTruth":
+        """A seeded sample of the input's rows, read (their pages asked for at once) and prepared as stored.
+        ``from_stream``: not read here; ``taken_from`` fills it from a one-shard build's only shard (a source
+        without cheap scattered reads, Parquet, would decode nearly every row group for a few thousand rows)."""
         rows = sample_rows(vf.rows, seed)
-        raw = vf.take(rows)
-        x = prepare_rows(raw, m.metric).astype(np.dtype(m.dtype), copy=False)
-        return cls(rows, np.ascontiguousarray(x), m.metric, m.k, seed, positional=m.partition is None)
+        x = None
+        if not from_stream:
+            x = np.ascontiguousarray(prepare_rows(vf.take(rows), m.metric).astype(np.dtype(m.dtype), copy=False))
+        return cls(rows, x, m.metric, m.k, seed, positional=m.partition is None)
+
+    def taken_from(self, shards: Iterator[tuple[ShardEntry, np.ndarray]]) -> Iterator[tuple[ShardEntry, np.ndarray]]:
+        """The sharding pass's shards, passed on unchanged once the sample's vectors are taken from the first:
+        the whole input, prepared as stored (``draw(from_stream=True)`` of a one-shard build)."""
+        for entry, x in shards:
+            if self.vectors is None:
+                if entry.offset != 0 or len(x) <= int(self.rows[-1]):
+                    raise ValueError("a sample taken from the stream needs the whole input in its first shard")
+                self.vectors = np.ascontiguousarray(x[self.rows])
+            yield entry, x
 
     @classmethod
     def from_store(cls, store: Store) -> "SampleTruth":

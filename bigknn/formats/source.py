@@ -23,7 +23,7 @@ from bigknn.formats.read import FileState, open_vectors
 from bigknn.formats.spec import CHECK_CHUNK_ROWS, COLUMNAR_EXTENSIONS, INPUT_EXTENSIONS
 
 GLOB_CHARS = frozenset("*?[")
-TAKE_THREADS = min(8, os.cpu_count() or 1)  # parts decoded (or hashed) at once by a scattered take (a sha256)
+HASH_THREADS = min(8, os.cpu_count() or 1)  # parts hashed at once (a dataset's sha256)
 
 
 class VectorSource(Protocol):
@@ -153,7 +153,7 @@ class PartedSource:
 
     def take(self, rows: np.ndarray) -> np.ndarray:
         """Scattered rows, part by part; parts that decode row groups to take rows (Parquet, Arrow) are taken
-        from on ``TAKE_THREADS`` threads, so a sample spread over a whole dataset is decoded in parallel."""
+        from on ``read_threads`` threads, so a sample spread over a whole dataset is decoded in parallel."""
         rows = np.asarray(rows, dtype=np.int64)
         out = np.empty((len(rows), self.dim), self.read_dtype)
         which = np.searchsorted(self.starts, rows, side="right") - 1
@@ -167,7 +167,7 @@ class PartedSource:
             for i in touched:
                 part(i)
         else:
-            with ThreadPoolExecutor(TAKE_THREADS, thread_name_prefix="take") as pool:
+            with ThreadPoolExecutor(self.read_threads, thread_name_prefix="take") as pool:
                 list(pool.map(part, touched))
         return out
 
@@ -182,9 +182,9 @@ class PartedSource:
 
     def sha256(self) -> str:
         """sha256 of the parts' sha256s in order: the same parts give the same hash wherever they lie. The
-        parts are hashed on ``TAKE_THREADS`` threads (hashlib lets go of the GIL), so that a dataset of many
+        parts are hashed on ``HASH_THREADS`` threads (hashlib lets go of the GIL), so that a dataset of many
         parts is not hashed at one core's pace while its rows are decoded on every core."""
-        with ThreadPoolExecutor(TAKE_THREADS, thread_name_prefix="hash") as pool:
+        with ThreadPoolExecutor(HASH_THREADS, thread_name_prefix="hash") as pool:
             return _combine(pool.map(lambda part: part.sha256(), self.parts))
 
     def check_and_hash(self, chunk_rows: int = CHECK_CHUNK_ROWS) -> str:

@@ -112,13 +112,18 @@ def build(req: BuildRequest, backends: list[Backend], reporter: Reporter, execut
             store = Store.create(req.store, manifest)
         try:
             incoming = None
-            sample = SampleTruth.draw(vf, store.manifest, req.seed) if (
+            streaming = not store.manifest.shards  # shard, with GNND running on each shard as it is written
+            sample = SampleTruth.draw(vf, store.manifest, req.seed,
+                                      from_stream=streaming and part is None and sizes == [vf.rows]
+                                      and not vf.random_access) if (
                 req.params.recall > 0 and store.manifest.estimate is None) else None
-            if not store.manifest.shards:  # shard, with GNND running on each shard as it is written
+            if streaming:
                 if part is not None:
                     acct.add_written(_record_partition(store, part))
-                incoming = (stream_shards(store, vf, sizes, acct, layout=rows_of, kept=kept,
-                                          reference=store.manifest.inputs[0].get("vectors") == "reference"), sizes)
+                shards = stream_shards(store, vf, sizes, acct, layout=rows_of, kept=kept,
+                                       reference=store.manifest.inputs[0].get("vectors") == "reference")
+                incoming = (shards if sample is None or sample.vectors is not None else sample.taken_from(shards),
+                            sizes)
                 kept = None  # the sharding pass holds the rows while it needs them
             run_build_steps(store, backends, executor, reporter, acct, req.host_mem, incoming, sample)
             if sample is not None:
