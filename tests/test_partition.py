@@ -102,6 +102,26 @@ def test_rptree_leaves_are_balanced_and_rows_stay_within_the_cap(tmp_path):
     np.testing.assert_array_equal(again.cost(x[:50]), part.cost(x[:50]))
 
 
+@pytest.mark.parametrize("metric,dtype", [("l2", np.uint8), ("l2", np.float32), ("cosine", np.float32)])
+def test_the_labelling_keeps_every_row_as_prepared_and_labels_as_without(tmp_path, monkeypatch, metric, dtype):
+    """Rows kept for the sharding pass (read straight into the kept array where the metric leaves them as
+    they are) equal the file's rows as prepared, over several chunks, and the labels do not change."""
+    from bigknn.algorithms.partition import labelling
+    from bigknn.core.metric import prepare_rows
+    monkeypatch.setattr(labelling, "LABEL_CHUNK_ROWS", 700)  # 3 chunks, the last short
+    x = synth(2000, DIM, clusters=20, seed=7)
+    x = np.clip(x * 20 + 128, 0, 255).astype(dtype) if dtype == np.uint8 else x
+    path = tmp_path / ("x.u8bin" if dtype == np.uint8 else "x.fbin")
+    write_vectors(path, x)
+    vf = open_vectors(path)
+    part = learn_from_file(vf, "kmeans", 4, metric, seed=0)
+    keep = np.empty((2000, DIM), np.float32 if metric == "cosine" else dtype)
+    kept = layout(vf, part, metric, shard_rows=700, min_rows=16, keep=keep)
+    plain = layout(vf, part, metric, shard_rows=700, min_rows=16)
+    np.testing.assert_array_equal(keep, prepare_rows(x, metric))
+    assert [r.tolist() for r in kept] == [r.tolist() for r in plain]
+
+
 @pytest.fixture(scope="module")
 def stores(tmp_path_factory):
     d = tmp_path_factory.mktemp("partition")

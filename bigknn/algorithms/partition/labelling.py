@@ -16,7 +16,7 @@ import numpy as np
 
 from bigknn.core.errors import BadInput
 from bigknn.formats import CHECK_CHUNK_ROWS, VectorSource, check_rows
-from bigknn.core.metric import prepare_rows
+from bigknn.core.metric import metric as metric_of, prepare_rows
 from bigknn.algorithms.partition.balance import assign_balanced, take_first_choices
 from bigknn.algorithms.partition.learn import SLACK, Partition, learn
 from bigknn.algorithms.partition.nearest import Nearest
@@ -66,14 +66,16 @@ def layout(vf: VectorSource, part: Partition, metric: str, shard_rows: int, min_
     ``progress(rows)``: called as rows are labelled (the first pass only). ``keep``: (rows, dim) in the stored
     dtype, filled with every row as prepared, so that the sharding pass gathers shards from host RAM instead of
     reading the file a second time (and a relabelling after a dropped shard reads it from there too)."""
-    chunks, filling = _checked_chunks(vf, metric), keep is not None
+    filling = keep is not None
+    direct = filling and keep.dtype == vf.read_dtype and not metric_of(metric).normalised  # kept as read
+    chunks = _checked_chunks(vf, metric, keep if direct else None)
     while True:
         share = -(-vf.rows // part.shards)  # an equal share: the room every row needs, whatever --shard-rows says
         cap = max(share, min(shard_rows, int(np.ceil(SLACK * vf.rows / part.shards))))
         room = np.full(part.shards, cap, np.int64)
         labels = np.empty(vf.rows, np.int16 if part.shards <= np.iinfo(np.int16).max else np.int64)
         for start, x in chunks:
-            if filling:
+            if filling and not direct:
                 keep[start:start + len(x)] = x
             labels[start:start + len(x)] = _label(part, x, room, nearest)
             if progress is not None:
@@ -100,17 +102,22 @@ def _label(part: Partition, x: np.ndarray, room: np.ndarray, nearest: Nearest) -
     return labels
 
 
-def _checked_chunks(vf: VectorSource, metric: str) -> Iterator[tuple[int, np.ndarray]]:
+def _checked_chunks(vf: VectorSource, metric: str, into: np.ndarray | None = None
+                    ) -> Iterator[tuple[int, np.ndarray]]:
     """(start, rows prepared for ``metric``) of every ``LABEL_CHUNK_ROWS`` chunk, bad rows refused (the first
     in file order named). The next chunk is read and checked by ``READ_THREADS`` threads, ``CHECK_CHUNK_ROWS``
     rows each (page faults of a cold file and NumPy's checks release the GIL), while this one is labelled;
     two buffers take turns (fresh arrays of a chunk's size cost a page fault per 4 KiB: measured, that
-    tripled the reading and checking)."""
+    tripled the reading and checking). ``into``: an array of every row (read dtype, a metric that leaves rows
+    as they are) that the chunks are read straight into instead: no copy, and its first-touch page faults
+    fall on the reading threads."""
     starts = range(0, vf.rows, LABEL_CHUNK_ROWS)
-    buffers = [np.empty((min(LABEL_CHUNK_ROWS, vf.rows), vf.dim), vf.read_dtype) for _ in range(2)]
+    buffers = [] if into is not None else [
+        np.empty((min(LABEL_CHUNK_ROWS, vf.rows), vf.dim), vf.read_dtype) for _ in range(2)]
     with ThreadPoolExecutor(READ_THREADS, thread_name_prefix="label-read") as pool:
         def load(i: int) -> tuple[np.ndarray, list[Future]]:
-            block = buffers[i % 2][:min(LABEL_CHUNK_ROWS, vf.rows - starts[i])]
+            rows = min(LABEL_CHUNK_ROWS, vf.rows - starts[i])
+            block = into[starts[i]:starts[i] + rows] if into is not None else buffers[i % 2][:rows]
             return block, [pool.submit(_read_checked, vf, starts[i] + lo, block[lo:lo + CHECK_CHUNK_ROWS])
                            for lo in range(0, len(block), CHECK_CHUNK_ROWS)]
 
