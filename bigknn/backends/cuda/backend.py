@@ -197,7 +197,8 @@ class CudaBackend(SearchReference):
     def _make_room(self, error: Exception) -> None:
         """After a call ran out of device memory its plan counted on: stop the uploads ahead, wait for the one
         in flight, drop every copy kept between calls, and let the call run once more on what that frees."""
-        log.warning("GPU %s: %s; retrying without the copies kept between calls", self.gpu.device, error)
+        log.warning("GPU %s: %s; retrying without the copies kept between calls", self.gpu.device,
+                    str(error).rstrip("."))
         self._ahead_paused = True
         if self._ahead is not None:
             self._ahead.submit(lambda: None).result()  # the uploads queued before it have ended
