@@ -147,3 +147,55 @@ def test_a_copy_on_its_way_is_waited_for_not_made_again():
     copies.expect(other)
     copies.settle(other)
     assert copies.get(other, stream=None) is None and not copies.has(other)
+
+
+def test_a_copy_on_its_way_is_not_yet_held():
+    """``has`` counts a copy on its way (``stage`` queues no second upload of it); ``holds`` only a copy kept,
+    which is what the upload ahead skips."""
+    import numpy as np
+
+    from bigknn.backends.cuda.resident import ResidentCopies
+
+    copies, host = ResidentCopies(), np.zeros((4, 2), np.float32)
+    copies.expect(host)
+    assert copies.has(host) and not copies.holds(host)
+    copies.put(host, np.zeros_like(host))
+    assert copies.has(host) and copies.holds(host) and not copies.holds(host[:])  # a view is another array
+    assert copies.take(host, stream=None) is not None
+    assert not copies.has(host) and not copies.holds(host)
+
+
+def test_an_upload_ahead_skips_rows_a_call_copied_after_they_were_staged(monkeypatch):
+    """Rows staged while a call that found no copy yet uploads its own and keeps it (``ResidentCopies.get``
+    checked before ``expect``) are not uploaded a second time: the copy kept stays the call's, and only the
+    other rows are uploaded. Runs ``_upload_ahead`` on stand-ins for CuPy and the device."""
+    import contextlib
+    import sys
+    import types
+
+    import numpy as np
+
+    from bigknn.backends.cuda import CudaBackend
+
+    backend = CudaBackend()
+    gpu = backend.gpu
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(empty=np.empty))
+    monkeypatch.setattr(gpu, "context", contextlib.nullcontext)
+    monkeypatch.setattr(gpu, "budget", lambda: 1 << 40)
+    backend._copy_stream = types.SimpleNamespace(record=lambda: None)
+    uploaded: list[np.ndarray] = []
+
+    def h2d(src, dst, stream=None, ahead=False):
+        dst[...] = src
+        uploaded.append(src)
+
+    monkeypatch.setattr(gpu.transfer, "h2d", h2d)
+    copied, other = np.ones((3, 4), np.float32), np.full((2, 4), 2.0, np.float32)
+    for a in (copied, other):
+        gpu.resident.expect(a)  # as stage does
+    own = copied.copy()  # the call's own copy
+    gpu.resident.put(copied, own)
+    backend._upload_ahead([copied, other])
+    assert len(uploaded) == 1 and uploaded[0] is other
+    assert gpu.resident.get(copied, stream=None) is own
+    np.testing.assert_array_equal(gpu.resident.get(other, stream=None), other)
