@@ -10,7 +10,11 @@ from pathlib import Path
 import pytest
 
 from bigknn.backends.cuda import compile as cuda_compile
+from bigknn.algorithms.recall_target import MAX_WIDTH, WIDEN_STEP
+from bigknn.backends.cuda import memory
 from bigknn.backends.cuda.memory import LOG_SLOTS, plan_slots
+from bigknn.backends.cuda.rows import HALF_MIN_DIM
+from bigknn.core.params import GnndParams
 
 CUDA_DIR = Path(cuda_compile.__file__).parent
 
@@ -32,6 +36,38 @@ def test_kernel_source_defines_every_launched_kernel():
     globs = pyproject["tool"]["setuptools"]["package-data"]["bigknn.backends.cuda"]
     for name in cuda_compile.SOURCES:
         assert any(fnmatch(name, g) for g in globs), f"{name} is not package data"
+
+
+def _merge_bytes_before(shard_rows: int, dim: int, itemsize: int, params: GnndParams) -> int:
+    """merge_bytes as it was written before its terms were shared with whole_bytes (the reference)."""
+    w = params.width()
+    wide = min(MAX_WIDTH, w + WIDEN_STEP) if params.recall > 0 else w
+    n = 2 * shard_rows
+    halves = n * dim * 2 if itemsize == 4 and dim >= HALF_MIN_DIM else 0
+    return memory.ggm_bytes(n, dim, itemsize, wide, w, params.sample_count(wide), 1 << LOG_SLOTS) + halves
+
+
+def _whole_bytes_before(rows: int, dim: int, itemsize: int, params: GnndParams) -> int:
+    """whole_bytes as it was written before, likewise."""
+    w = params.width()
+    wide = min(MAX_WIDTH, w + WIDEN_STEP) if params.recall > 0 else w
+    halves = rows * dim * 2 if itemsize == 4 and dim >= HALF_MIN_DIM else 0
+    return memory.gnnd_bytes(rows, dim, itemsize, wide, params.sample_count(wide), 1 << LOG_SLOTS) + halves
+
+
+def test_merge_and_whole_bytes_count_as_before():
+    """The room for a widening step and the half-precision copy, now computed once for both models, give the
+    bytes the two separate formulas gave, on every side of their thresholds (recall target or none, lists near
+    MAX_WIDTH, float32 rows either side of HALF_MIN_DIM, other element sizes, fixed samples)."""
+    params = [GnndParams(k=k, recall=recall, list_width=lw, samples=p)
+              for k in (1, 10, 32, MAX_WIDTH - WIDEN_STEP + 1, MAX_WIDTH) for recall in (0.0, 0.99)
+              for lw in (0, 64) for p in (0, 12)]
+    for rows in (1, 1001, 25_000_000):
+        for dim in (1, 37, HALF_MIN_DIM - 1, HALF_MIN_DIM, 384):
+            for itemsize in (1, 2, 4):
+                for q in params:
+                    assert memory.merge_bytes(rows, dim, itemsize, q) == _merge_bytes_before(rows, dim, itemsize, q)
+                    assert memory.whole_bytes(rows, dim, itemsize, q) == _whole_bytes_before(rows, dim, itemsize, q)
 
 
 class _Copies:
@@ -111,3 +147,55 @@ def test_a_copy_on_its_way_is_waited_for_not_made_again():
     copies.expect(other)
     copies.settle(other)
     assert copies.get(other, stream=None) is None and not copies.has(other)
+
+
+def test_a_copy_on_its_way_is_not_yet_held():
+    """``has`` counts a copy on its way (``stage`` queues no second upload of it); ``holds`` only a copy kept,
+    which is what the upload ahead skips."""
+    import numpy as np
+
+    from bigknn.backends.cuda.resident import ResidentCopies
+
+    copies, host = ResidentCopies(), np.zeros((4, 2), np.float32)
+    copies.expect(host)
+    assert copies.has(host) and not copies.holds(host)
+    copies.put(host, np.zeros_like(host))
+    assert copies.has(host) and copies.holds(host) and not copies.holds(host[:])  # a view is another array
+    assert copies.take(host, stream=None) is not None
+    assert not copies.has(host) and not copies.holds(host)
+
+
+def test_an_upload_ahead_skips_rows_a_call_copied_after_they_were_staged(monkeypatch):
+    """Rows staged while a call that found no copy yet uploads its own and keeps it (``ResidentCopies.get``
+    checked before ``expect``) are not uploaded a second time: the copy kept stays the call's, and only the
+    other rows are uploaded. Runs ``_upload_ahead`` on stand-ins for CuPy and the device."""
+    import contextlib
+    import sys
+    import types
+
+    import numpy as np
+
+    from bigknn.backends.cuda import CudaBackend
+
+    backend = CudaBackend()
+    gpu = backend.gpu
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(empty=np.empty))
+    monkeypatch.setattr(gpu, "context", contextlib.nullcontext)
+    monkeypatch.setattr(gpu, "budget", lambda: 1 << 40)
+    backend._copy_stream = types.SimpleNamespace(record=lambda: None)
+    uploaded: list[np.ndarray] = []
+
+    def h2d(src, dst, stream=None, ahead=False):
+        dst[...] = src
+        uploaded.append(src)
+
+    monkeypatch.setattr(gpu.transfer, "h2d", h2d)
+    copied, other = np.ones((3, 4), np.float32), np.full((2, 4), 2.0, np.float32)
+    for a in (copied, other):
+        gpu.resident.expect(a)  # as stage does
+    own = copied.copy()  # the call's own copy
+    gpu.resident.put(copied, own)
+    backend._upload_ahead([copied, other])
+    assert len(uploaded) == 1 and uploaded[0] is other
+    assert gpu.resident.get(copied, stream=None) is own
+    np.testing.assert_array_equal(gpu.resident.get(other, stream=None), other)

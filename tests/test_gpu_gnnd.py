@@ -451,6 +451,46 @@ def test_gnnd_reads_the_rows_its_recall_sample_uploaded(cuda_backend):
         _check_graph(x, staged, params.width(), "l2")
 
 
+def test_staged_rows_a_call_copied_meanwhile_are_not_uploaded_again(cuda_backend, monkeypatch):
+    """Rows a call copied and kept after ``stage`` queued them (it asked for a copy before the stage) are not
+    uploaded a second time by the upload ahead: the copy kept stays the call's, the other rows staged with them
+    are uploaded."""
+    import threading
+
+    import cupy as cp
+
+    from bigknn.backends.cuda import CudaBackend
+
+    backend = CudaBackend()  # a fresh one: its upload-ahead thread is held back below
+    first = synth(1001, 16, seed=1).astype(np.float32)
+    backend.stage([first])  # starts the upload-ahead thread
+    backend._ahead.submit(lambda: None).result()  # and lets it finish that upload
+    uploaded: list[np.ndarray] = []
+    real = backend.gpu.transfer.h2d
+
+    def h2d(src, *args, **kwargs):
+        uploaded.append(src)
+        return real(src, *args, **kwargs)
+
+    monkeypatch.setattr(backend.gpu.transfer, "h2d", h2d)
+    gate = threading.Event()
+    try:
+        backend._ahead.submit(gate.wait)  # the uploads staged next wait for the gate
+        copied, other = synth(2001, 16, seed=2).astype(np.float32), synth(1003, 16, seed=3).astype(np.float32)
+        backend.stage([copied, other])
+        with backend.gpu.context():
+            own = cp.asarray(copied)  # the call's own copy, kept as a call keeps it
+            backend.gpu.resident.put(copied, own)
+    finally:
+        gate.set()
+    backend._ahead.submit(lambda: None).result()  # the uploads queued before it have ended
+    assert len(uploaded) == 1 and uploaded[0] is other
+    with backend.gpu.context():
+        stream = cp.cuda.get_current_stream()
+        assert backend.gpu.resident.get(copied, stream) is own
+        np.testing.assert_array_equal(cp.asnumpy(backend.gpu.resident.get(other, stream)), other)
+
+
 def test_the_warm_up_runs_beside_the_caller_and_the_first_call_waits_for_it(cuda_backend):
     """warm_up returns at once (the kernels of calls like the build's compile on a thread of their own), starts
     one warm-up however often it is asked, and a call made meanwhile waits for it and is right (odd size)."""

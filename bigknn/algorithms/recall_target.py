@@ -292,7 +292,7 @@ class Stopper:
         if self.width >= self.max_width:
             if not stalled:  # slow but climbing, and no wider lists to try: on at this width
                 return "go"
-            self.reason = "stalled at the widest lists" + (f" ({self.limit})" if self.limit else "")
+            self.reason = self._stalled_at_widest()
             return "stop"
         self._undo = (self.width, self.history, stalled)
         self.width = min(self.max_width, self.width + WIDEN_STEP)
@@ -308,9 +308,13 @@ class Stopper:
         self.widened -= 1
         self.limit = why
         if stalled:
-            self.reason = f"stalled at the widest lists ({why})"
+            self.reason = self._stalled_at_widest()
             return "stop"
         return "go"
+
+    def _stalled_at_widest(self) -> str:
+        """The stop reason of a stall at the widest lists, with why they are no wider where the caller said."""
+        return "stalled at the widest lists" + (f" ({self.limit})" if self.limit else "")
 
     def start_wider(self, width: int) -> None:
         """The caller widened the lists before any stall (a hard set, known from its first estimate): judge

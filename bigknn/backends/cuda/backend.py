@@ -240,6 +240,8 @@ class CudaBackend(SearchReference):
                 if self._copy_stream is None:
                     self._copy_stream = cp.cuda.Stream(non_blocking=True)
                 for a in arrays:
+                    if gpu.resident.holds(a):  # copied since stage queued it (by a call that found no copy)
+                        continue
                     with gpu.plan_lock:  # no call plans on these bytes meanwhile (memory.plan_slots)
                         if self._ahead_paused or gpu.budget() - a.nbytes < gpu.last_need + (256 << 20):
                             return

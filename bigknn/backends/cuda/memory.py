@@ -67,23 +67,28 @@ def ggm_bytes(n: int, d: int, itemsize: int, w: int, wo: int, p: int, slots: int
 
 def merge_bytes(shard_rows: int, dim: int, itemsize: int, params: GnndParams) -> int:
     """The MemoryModel of this backend (bigknn/backends/base.py): device bytes of one GGM of two shards of
-    ``shard_rows`` rows, at its full candidate slots (a merge that must halve them converges slower), with room
-    for one widening step when a recall target is set (a merge that cannot widen at a stall ends below its
-    target), and the half-precision copy wide float32 rows descend on."""
-    w = params.width()
-    wide = min(MAX_WIDTH, w + WIDEN_STEP) if params.recall > 0 else w
+    ``shard_rows`` rows, at its full candidate slots (a merge that must halve them converges slower), with the
+    room ``_room`` adds."""
     n = 2 * shard_rows
-    halves = n * dim * 2 if itemsize == 4 and dim >= HALF_MIN_DIM else 0
-    return ggm_bytes(n, dim, itemsize, wide, w, params.sample_count(wide), 1 << LOG_SLOTS) + halves
+    wide, halves = _room(n, dim, itemsize, params)
+    return ggm_bytes(n, dim, itemsize, wide, params.width(), params.sample_count(wide), 1 << LOG_SLOTS) + halves
 
 
 def whole_bytes(rows: int, dim: int, itemsize: int, params: GnndParams) -> int:
     """The MemoryModel of this backend: device bytes of one GNND of ``rows`` rows, as ``merge_bytes`` counts a
-    merge's (full slots, room for one widening step, the half-precision copy)."""
+    merge's (full slots, the room ``_room`` adds)."""
+    wide, halves = _room(rows, dim, itemsize, params)
+    return gnnd_bytes(rows, dim, itemsize, wide, params.sample_count(wide), 1 << LOG_SLOTS) + halves
+
+
+def _room(rows: int, dim: int, itemsize: int, params: GnndParams) -> tuple[int, int]:
+    """(list width, extra bytes) a planned call of ``rows`` rows is sized for: lists one widening step wider
+    when a recall target is set (a call that cannot widen at a stall ends below its target), and the
+    half-precision copy wide float32 rows descend on."""
     w = params.width()
     wide = min(MAX_WIDTH, w + WIDEN_STEP) if params.recall > 0 else w
     halves = rows * dim * 2 if itemsize == 4 and dim >= HALF_MIN_DIM else 0
-    return gnnd_bytes(rows, dim, itemsize, wide, params.sample_count(wide), 1 << LOG_SLOTS) + halves
+    return wide, halves
 
 
 def plan_slots(gpu: Gpu, need: Callable[[int], int], width: int, what: str) -> tuple[int, int]:

@@ -68,8 +68,13 @@ class ResidentCopies:
     def has(self, host: np.ndarray) -> bool:
         """Whether ``host`` has a copy, or one on its way."""
         with self._lock:
-            entry = self._entries.get(id(host))
-            return id(host) in self._expected or (entry is not None and entry[0]() is host)
+            return id(host) in self._expected or self._held(host)
+
+    def holds(self, host: np.ndarray) -> bool:
+        """Whether a copy of ``host`` is kept now (one on its way is not): what an upload ahead checks, since
+        ``has`` is true of every array it was queued for."""
+        with self._lock:
+            return self._held(host)
 
     def put(self, host: np.ndarray, dev, event=None) -> None:
         """Remember ``dev`` as the device copy of ``host`` (ready once ``event`` fired, if given)."""
@@ -92,6 +97,10 @@ class ResidentCopies:
         with self._lock:
             self._prune()
             return sum(dev.nbytes for _, dev, _ in self._entries.values())
+
+    def _held(self, host: np.ndarray) -> bool:
+        entry = self._entries.get(id(host))
+        return entry is not None and entry[0]() is host
 
     def _prune(self) -> None:
         for key in [k for k, (ref, _, _) in self._entries.items() if ref() is None]:
