@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from bigknn.core.metric import Metric, metric as metric_of
+from bigknn.core.metric import Metric, metric as metric_of, pairwise_keys
 from bigknn.algorithms.partition.rowmap import RowMap
 from bigknn.core.progress import log
 from bigknn.shards import Store
@@ -160,7 +160,7 @@ class Scan:
             if not len(a):
                 return None
         b = np.concatenate([self.leaves.members(o) for o in others])
-        d = self.metric.distance(self.metric.pairwise_keys(self.x[a], self.x[b]))
+        d = self.metric.distance(pairwise_keys(self.x[a], self.x[b], self.metric.name))
         mr = np.maximum(np.maximum(d, self.core[a][:, None]), self.core[b][None, :])
         self.measured += mr.size
         i, j = np.unravel_index(np.argmin(mr), mr.shape)
