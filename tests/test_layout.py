@@ -16,6 +16,7 @@ import bigknn
 from bigknn.backends.base import Backend
 from bigknn.backends.cpu import CpuBackend
 from bigknn.backends.cuda import CudaBackend
+from bigknn.core.metric import L2
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -159,13 +160,13 @@ def test_cuda_backend_keeps_the_declared_contract():
     x = synth(6001, 24, seed=11)  # shards above EXACT_ROWS, so both descend
     for backend in (CpuBackend(), CudaBackend()):
         counts: list[int] = []
-        ga = backend.gnnd(x[:3000], "l2", params, seed=1, on_iter=counts.append)
+        ga = backend.gnnd(x[:3000], L2, params, seed=1, on_iter=counts.append)
         assert 1 <= len(counts) <= params.iters and all(int(c) >= 0 for c in counts), (backend.name, counts)
-        gb = backend.gnnd(x[3000:], "l2", params, seed=2)
+        gb = backend.gnnd(x[3000:], L2, params, seed=2)
         gb.ids[gb.ids >= 0] += 3000
         merged: list[int] = []
         backend.stage([x[3000:]])
-        backend.ggm(ShardPart(0, x[:3000], ga), ShardPart(3000, x[3000:], gb), "l2", params, seed=3,
+        backend.ggm(ShardPart(0, x[:3000], ga), ShardPart(3000, x[3000:], gb), L2, params, seed=3,
                     on_iter=merged.append)
         assert 1 <= len(merged) <= params.merge_iters, (backend.name, merged)
     assert isinstance(CudaBackend().memory_budget(), int) and CudaBackend().memory_budget() > 0
