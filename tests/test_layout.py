@@ -108,6 +108,34 @@ def test_the_name_probe_catches_what_it_forbids():
     assert not NAME_PROBE.search('"backend": backend.name,')
 
 
+# the kernels' metric names as literals in code (comments and docstrings are not code): what a comparison with a
+# metric's name (``metric == "l2"``, ``metric in ("l2", "ip")``) or a lookup by it needs
+METRIC_NAMES = {"l2", "ip"}
+METRIC_BLIND = ("backends", "algorithms")  # folders of bigknn/ that get the Metric object and ask it
+
+
+def metric_name_literals(source: str) -> list[int]:
+    """Lines of ``source`` holding the string literal "l2" or "ip" in code."""
+    return sorted({node.lineno for node in ast.walk(ast.parse(source))
+                   if isinstance(node, ast.Constant) and node.value in METRIC_NAMES})
+
+
+def test_backends_and_algorithms_ask_the_metric_never_its_name():
+    """The backend contract carries the Metric object (bigknn/core/metric.py): the backends and the algorithms
+    ask its ``dot_keys`` or ``kernel_id`` and never compare or look up its name, so that cosine (ip's kernels
+    on normalised rows) or a new metric needs no branch there (issue 34)."""
+    named = [f"{path.relative_to(ROOT)}:{n}" for folder in METRIC_BLIND
+             for path in (ROOT / "bigknn" / folder).rglob("*.py") for n in metric_name_literals(path.read_text())]
+    assert not named, named
+
+
+def test_the_metric_name_scan_catches_what_it_forbids():
+    for line in ('if metric == "l2": pass', 'x = "ip" != kind', 'ok = metric in ("l2", "ip")',
+                 'key = {"l2": 0, "ip": 1}[metric]', 'keys = pairwise_keys(a, b, "l2")'):
+        assert metric_name_literals(line) == [1], line
+    assert not metric_name_literals('"""Keys: squared l2, or -dot for "ip"."""  # not "l2"\nif metric.dot_keys: pass')
+
+
 def public_callables():
     for name in bigknn.__all__:
         obj = getattr(bigknn, name)
