@@ -32,7 +32,8 @@ _M2 = np.uint64(0x94D049BB133111EB)
 @dataclass
 class SearchIndex:
     """Everything a batch search reads: the rows, each row's edges ordered by (occlusion factor, distance),
-    their occlusion factors and the metric (the kernel's keys: backends ask ``metric.dot_keys``)."""
+    their occlusion factors and the store's metric (cosine's too: a search asks it only ``dot_keys`` and
+    ``kernel_id``)."""
 
     vectors: np.ndarray  # (n, d) as stored (cosine rows normalised)
     ids: np.ndarray  # (n, degree) int32 global row ids, EMPTY-padded at the end

@@ -97,11 +97,11 @@ def calibrate(backend: Backend, x: np.ndarray, sizes: tuple[int, ...], params: G
     of two shards of the smaller size; ``advance(1)`` after each of ``calibration_steps(sizes)`` steps (a
     progress bar or log line: on the CPU this takes a while). Returns the rates at the largest size (``at_rows``), every
     size's (``points``) and the exponents through them."""
-    kernel = metric_of(metric)
-    _time_pair(backend, x, sizes[0], kernel, params, advance)  # warm-up: what runs at the sizes timed
+    kind = metric_of(metric)
+    _time_pair(backend, x, sizes[0], kind, params, advance)  # warm-up: what runs at the sizes timed
     points = []
     for rows in sizes:
-        gnnd, ggm = _time_pair(backend, x, rows, kernel, params, advance)
+        gnnd, ggm = _time_pair(backend, x, rows, kind, params, advance)
         points.append({"rows": rows, "gnnd_rows_per_s": gnnd, "ggm_rows_per_s": ggm})
     last = points[-1]
     return {"gnnd_rows_per_s": last["gnnd_rows_per_s"], "ggm_rows_per_s": last["ggm_rows_per_s"],
