@@ -20,7 +20,7 @@ from bigknn.operations.input_arrays import host_array, input_file
 from bigknn.backends import get_backend, get_backends
 from bigknn.core.extras import install_hint
 from bigknn.graph_quality import QualityMethods
-from bigknn.core.metric import kernel_metric, prepare_rows, user_distance
+from bigknn.core.metric import metric as metric_of, prepare_rows, user_distance
 from bigknn.operations.export import ID_KINDS, export as run_export
 from bigknn.operations.ingest import ingest as run_ingest
 from bigknn.algorithms.partition.rowmap import RowMap
@@ -196,7 +196,7 @@ class Graph(SearchMethods, ProductMethods, QualityMethods):
             raise ValueError(f"k must be 1..{m.rows} (the graph's rows), got {k}")
         q = prepare_rows(host_array(x).astype(np.float32, copy=False), m.metric)
         blocks = ((s.offset, store.read_vectors(s.id)) for s in m.shards)
-        found = get_backend(backend, gpu_mem).exact_knn(q, k, kernel_metric(m.metric), blocks)
+        found = get_backend(backend, gpu_mem).exact_knn(q, k, metric_of(m.metric), blocks)
         return Neighbors(RowMap.of(store).to_input(found.ids), user_distance(found.dists, m.metric))
 
     # ---- writing ----------------------------------------------------------------------------------

@@ -40,6 +40,7 @@ def main() -> None:
 
     from bigknn.backends.cuda import CudaBackend, exact
     from bigknn.backends.cuda.compile import compile_kernels, source
+    from bigknn.core.metric import L2
 
     backend = CudaBackend()
     gpu = backend.gpu
@@ -48,9 +49,9 @@ def main() -> None:
     for d in (int(v) for v in args.dims.split(",")):
         x = cp.random.default_rng(d).standard_normal((args.rows, d), dtype=cp.float32)
         with gpu.context():
-            exact.exact_graph(gpu, x[:50_000], args.k, "l2")  # compile, warm up
+            exact.exact_graph(gpu, x[:50_000], args.k, L2)  # compile, warm up
             t0 = time.perf_counter()
-            g = exact.exact_graph(gpu, x, args.k, "l2")
+            g = exact.exact_graph(gpu, x, args.k, L2)
             whole = time.perf_counter() - t0
             Q = x
             qn = (Q * Q).sum(axis=1)

@@ -20,7 +20,7 @@ from dataclasses import replace
 import numpy as np
 
 from bigknn.formats import open_vectors
-from bigknn.core.metric import kernel_metric, prepare_rows, row_keys
+from bigknn.core.metric import Metric, metric as metric_of, prepare_rows
 from bigknn.core.params import GnndParams
 from bigknn.algorithms.recall_target import estimate
 
@@ -36,7 +36,7 @@ def load(path: str, metric: str) -> np.ndarray:
 class Truth:
     """Exact top-10 of sampled rows, and recall@10 of any graph's ids on them (keys recomputed exactly)."""
 
-    def __init__(self, backend, x: np.ndarray, metric: str, seed: int = 0):
+    def __init__(self, backend, x: np.ndarray, metric: Metric, seed: int = 0):
         self.x, self.metric = x, metric
         self.rows = np.sort(np.random.default_rng(seed).choice(len(x), min(SAMPLE, len(x)), replace=False))
         g = backend.exact_knn(x[self.rows], 11, metric, [(0, x)])
@@ -44,14 +44,14 @@ class Truth:
         for r, row in zip(self.rows, g.ids):
             ids.append([v for v in row if v != r][:10])
         self.ids = np.array(ids)
-        self.kth = row_keys(x[self.rows], x[self.ids[:, -1]], metric)
+        self.kth = metric.row_keys(x[self.rows], x[self.ids[:, -1]])
 
     def recall(self, graph_ids: np.ndarray, self_included: bool = False) -> dict:
         got = np.asarray(graph_ids)[self.rows]
         if self_included:  # drop the row itself wherever a tool lists it
             got = np.array([[v for v in row if v != r][:10] for r, row in zip(self.rows, got)])
         got = got[:, :10].astype(np.int64)
-        keys = row_keys(self.x[self.rows][:, None, :], self.x[np.where(got >= 0, got, 0)], self.metric)
+        keys = self.metric.row_keys(self.x[self.rows][:, None, :], self.x[np.where(got >= 0, got, 0)])
         return estimate(got, keys, self.ids, self.kth).to_dict()
 
 
@@ -88,7 +88,7 @@ def bench_bigknn(backend, x, metric, truth, family, device, out, k: int, variant
         backend.tensor_cores = None
         st = backend.last_stats
         emit({"workload": "t1", "family": family, "tool": "bigknn", "variant": variant, "rows": len(x),
-              "dim": x.shape[1], "dtype": str(x.dtype), "metric": metric, "k": k, "device": device,
+              "dim": x.shape[1], "dtype": str(x.dtype), "metric": metric.kernel, "k": k, "device": device,
               "time_s": round(dt, 3), "recall@10": truth.recall(g.ids), "estimate": g.report,
               "iters_run": st.get("iters_run"), "p": st.get("p"), "half": st.get("half"), "mma": st.get("mma"),
               "iter_s": round(st.get("iter_s", 0), 3)}, out)
@@ -98,7 +98,7 @@ def bench_nnd(x, metric, truth, family, device, out) -> None:
     import cupy as cp
     from cuvs.neighbors import nn_descent
 
-    cuvs_metric = {"l2": "sqeuclidean", "ip": "inner_product"}[metric]
+    cuvs_metric = "inner_product" if metric.dot_keys else "sqeuclidean"
     warm = nn_descent.IndexParams(metric=cuvs_metric, graph_degree=32, intermediate_graph_degree=64, max_iterations=2)
     nn_descent.build(warm, x[:100_000])
     for gd, igd, it in NND_SETTINGS:
@@ -110,7 +110,7 @@ def bench_nnd(x, metric, truth, family, device, out) -> None:
         cp.cuda.Device().synchronize()
         dt = time.perf_counter() - t0
         emit({"workload": "t1", "family": family, "tool": "cuvs_nn_descent", "rows": len(x), "dim": x.shape[1],
-              "dtype": str(x.dtype), "metric": metric, "graph_degree": gd, "intermediate_graph_degree": igd,
+              "dtype": str(x.dtype), "metric": metric.kernel, "graph_degree": gd, "intermediate_graph_degree": igd,
               "max_iterations": it, "device": device, "time_s": round(dt, 3),
               "recall@10": truth.recall(graph, self_included=True)}, out)
         del idx, graph
@@ -120,7 +120,7 @@ def bench_bf(x, metric, family, device, out) -> None:
     import cupy as cp
     from cuvs.neighbors import brute_force
 
-    cuvs_metric = {"l2": "sqeuclidean", "ip": "inner_product"}[metric]
+    cuvs_metric = "inner_product" if metric.dot_keys else "sqeuclidean"
     t0 = time.perf_counter()
     xd = cp.asarray(x) if x.dtype in (np.float32, np.float16) else cp.asarray(x, dtype=cp.float32)  # its dtypes
     index = brute_force.build(xd, metric=cuvs_metric)
@@ -128,7 +128,7 @@ def bench_bf(x, metric, family, device, out) -> None:
     ids = cp.asnumpy(cp.asarray(nbrs))
     dt = time.perf_counter() - t0
     emit({"workload": "t1", "family": family, "tool": "cuvs_brute_force", "rows": len(x), "dim": x.shape[1],
-          "dtype": str(x.dtype), "metric": metric, "k": 11, "device": device, "time_s": round(dt, 3),
+          "dtype": str(x.dtype), "metric": metric.kernel, "k": 11, "device": device, "time_s": round(dt, 3),
           "recall@10": 1.0, "note": "exact graph (self included, k=11)", "rows_out": int(ids.shape[0])}, out)
     del xd, index, nbrs
 
@@ -149,7 +149,7 @@ def bench_exact(backend, x, metric, truth, family, device, out, k: int, tiled: b
     finally:
         exact.FUSED_MIN_QUERIES = fused_min
     emit({"workload": "t1", "family": family, "tool": "bigknn_exact_tiled" if tiled else "bigknn_exact",
-          "rows": len(x), "dim": x.shape[1], "dtype": str(x.dtype), "metric": metric, "k": k, "device": device,
+          "rows": len(x), "dim": x.shape[1], "dtype": str(x.dtype), "metric": metric.kernel, "k": k, "device": device,
           "time_s": round(dt, 3), "recall@10": truth.recall(g.ids),
           "predicted_s": round(exact.exact_seconds(len(x), len(x), x.shape[1]), 3)}, out)
 
@@ -180,7 +180,7 @@ def main(argv=None) -> int:
         path, metric = spec.rsplit(":", 1)
         family = path.rsplit("/", 1)[-1].split(".")[0]
         x = load(path, metric)
-        km = kernel_metric(metric)
+        km = metric_of(metric)
         truth = Truth(backend, x, km)
         bench_bigknn(backend, x, km, truth, family, device, out, args.k, args.variants.split(";"))
         if "nnd" in peers:

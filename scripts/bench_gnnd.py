@@ -19,6 +19,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from bigknn.core.metric import IP, L2
 from bigknn.core.params import GnndParams
 from bigknn.core.synth import synth
 
@@ -64,7 +65,7 @@ def bench_gnnd(backend, x, metric, workload, k, iters_list, p_list, out, min_upd
         stats = dict(backend.last_stats)
         rec = {
             "workload": workload, "rows": int(x.shape[0]), "dim": int(x.shape[1]), "dtype": str(x.dtype),
-            "metric": metric, "k": k, "p": stats.get("p", p), "iters": params.iters,
+            "metric": metric.name, "k": k, "p": stats.get("p", p), "iters": params.iters,
             "min_update_frac": params.min_update_frac,
             "device": _device_name(), "time_s": round(dt, 4),
             "recall@10": round(recall_at10(backend, x, g.ids, metric), 4),
@@ -85,29 +86,29 @@ def bench_ggm(backend, rows, dim, k, list_width, repeats, out, seed=0, variants=
 
     x = synth(2 * rows, dim, seed=seed)
     params = GnndParams(k=k, list_width=list_width)
-    ga = backend.gnnd(x[:rows], "l2", params, seed=1)
+    ga = backend.gnnd(x[:rows], L2, params, seed=1)
     gnnd_s = backend.last_stats.get("total_s")
-    gb = backend.gnnd(x[rows:], "l2", params, seed=2)
+    gb = backend.gnnd(x[rows:], L2, params, seed=2)
     gb = KnnGraph(np.where(gb.ids >= 0, gb.ids + rows, -1).astype(np.int32), gb.dists)
     a, b = ShardPart(0, x[:rows], ga), ShardPart(rows, x[rows:], gb)
     # warm-up on slices: compiles the GGM kernels of this dtype / dim / p class, allocates the staging
     wa = KnnGraph(np.where(ga.ids[:50000] < 50000, ga.ids[:50000], -1).astype(np.int32), ga.dists[:50000])
     wb = KnnGraph(np.where(gb.ids[:50000] < rows + 50000, gb.ids[:50000], -1).astype(np.int32), gb.dists[:50000])
-    backend.ggm(ShardPart(0, x[:50000], wa), ShardPart(rows, x[rows:rows + 50000], wb), "l2", params, seed=0)
+    backend.ggm(ShardPart(0, x[:50000], wa), ShardPart(rows, x[rows:rows + 50000], wb), L2, params, seed=0)
     before = np.concatenate([ga.ids, gb.ids])
-    r_before = recall_at10(backend, x, before, "l2")
+    r_before = recall_at10(backend, x, before, L2)
     del before
     for variant, rep in [(v, r) for v in variants for r in range(repeats)]:
         params = replace(GnndParams(k=k, list_width=list_width), **json.loads(variant))
         t0 = time.perf_counter()
-        ma, mb = backend.ggm(a, b, "l2", params, seed=3 + rep)
+        ma, mb = backend.ggm(a, b, L2, params, seed=3 + rep)
         dt = time.perf_counter() - t0
         stats = dict(backend.last_stats)
         ids = np.concatenate([ma.ids, mb.ids])
         _emit({"workload": "ggm_2x1m", "rows": [rows, rows], "dim": dim, "dtype": "float32", "metric": "l2",
                "k": k, "list_width": params.width(), "p": stats.get("p"), "merge_iters": params.merge_iters,
                "min_update_frac": params.min_update_frac, "device": _device_name(), "repeat": rep,
-               "time_s": round(dt, 4), "recall@10": round(recall_at10(backend, x, ids, "l2"), 4),
+               "time_s": round(dt, 4), "recall@10": round(recall_at10(backend, x, ids, L2), 4),
                "recall@10_before": round(r_before, 4), "gnnd_shard_s": round(gnnd_s or 0.0, 4),
                "variant": variant, "report": ma.report,
                "iters_run": stats.get("iters_run"), "updates": stats.get("updates"),
@@ -142,9 +143,9 @@ def bench_exact(backend, rows, nq, dim, k, out, block=1_000_000):
     # queries: rows of the set itself (so the nearest one is the query: a sanity check)
     qidx = np.sort(rng.choice(rows, nq, replace=False))
     queries = np.concatenate([blocks[i // block][1][i % block][None] for i in qidx])
-    backend.exact_knn(queries[:64], k, "l2", [blocks[0]])  # warm-up: compile, cuBLAS handle
+    backend.exact_knn(queries[:64], k, L2, [blocks[0]])  # warm-up: compile, cuBLAS handle
     t0 = time.perf_counter()
-    g = backend.exact_knn(queries, k, "l2", blocks)
+    g = backend.exact_knn(queries, k, L2, blocks)
     dt = time.perf_counter() - t0
     self_first = float(np.mean(g.ids[:, 0] == qidx))
     _emit({"workload": "exact_knn", "rows": rows, "dim": dim, "dtype": "float32", "metric": "l2", "k": k,
@@ -185,24 +186,24 @@ def main(argv=None):
     if "t1" in work or "t1default" in work:
         x = synth(args.rows, 96, seed=0)
         if "t1" in work:
-            bench_gnnd(backend, x, "l2", "t1_f32_l2", args.k, iters, ps, out, min_update_frac=args.min_update_frac,
+            bench_gnnd(backend, x, L2, "t1_f32_l2", args.k, iters, ps, out, min_update_frac=args.min_update_frac,
                        widths=widths)
         if "t1default" in work:
             # GnndParams defaults for everything but k (p, iters, stop rule), lists of k and of 1.5 k
-            bench_gnnd(backend, x, "l2", "t1_f32_l2_defaults", args.k, [0], [0], out, min_update_frac=None,
+            bench_gnnd(backend, x, L2, "t1_f32_l2_defaults", args.k, [0], [0], out, min_update_frac=None,
                        widths=[0, args.k * 3 // 2])
         del x
     if "u8" in work:
         x = synth(args.rows, 128, seed=1)
         lo, hi = np.percentile(x[:100000], 0.5), np.percentile(x[:100000], 99.5)
         x = np.clip(np.round((x - lo) / (hi - lo) * 255), 0, 255).astype(np.uint8)
-        bench_gnnd(backend, x, "l2", "u8_l2", args.k, [max(iters)], [ps[-1]], out,
+        bench_gnnd(backend, x, L2, "u8_l2", args.k, [max(iters)], [ps[-1]], out,
                    min_update_frac=args.min_update_frac, widths=widths)
         del x
     if "cos" in work:
         x = synth(args.rows, 384, seed=2)
         x /= np.linalg.norm(x, axis=1, keepdims=True)
-        bench_gnnd(backend, x, "ip", "f32_cosine", args.k, [max(iters)], [ps[-1]], out,
+        bench_gnnd(backend, x, IP, "f32_cosine", args.k, [max(iters)], [ps[-1]], out,
                    min_update_frac=args.min_update_frac, widths=widths)
         del x
     if "exact" in work:

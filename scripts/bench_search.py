@@ -28,7 +28,7 @@ from bench_families import emit  # scripts/ is on the path of a script run from 
 from search_bench import cagra_build, cagra_search, device_name, held_out, timed
 from bigknn.backends import get_backend
 from bigknn.formats import read_truth
-from bigknn.core.metric import kernel_metric
+from bigknn.core.metric import metric as metric_of
 from bigknn.api import DEFAULTS
 from bigknn.algorithms.search_params import SearchPlan
 from bigknn.operations.search_queries import load_queries
@@ -53,7 +53,7 @@ def bench_bigknn(backend, backend_name: str, store: Path, q, truth, base: dict, 
                 report = g.prune(method, degree=degree, backend=backend_name)
                 prune_s = time.perf_counter() - t0
             st = Store.open(store)
-            index, _ = load_index(st, kernel_metric(st.manifest.metric))
+            index, _ = load_index(st, metric_of(st.manifest.metric))
             st.close()
             for batch in BATCHES:
                 for procedure in ("small", "large"):
@@ -145,10 +145,10 @@ def main(argv=None) -> int:
         bench_bigknn(backend, args.backend, store, q, truth, base, degrees, out, args.batch1_seconds)
         if have_cuvs:
             st = Store.open(store)
-            index, _ = load_index(st, kernel_metric(metric))
+            index, _ = load_index(st, metric_of(metric))
             rows = index.vectors
             st.close()
-            bench_cagra(rows, q, truth, index, kernel_metric(metric), base, out, args.batch1_seconds)
+            bench_cagra(rows, q, truth, index, metric_of(metric).kernel, base, out, args.batch1_seconds)
         del x, q, held
     return 0
 

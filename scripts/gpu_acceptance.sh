@@ -32,23 +32,24 @@ import numpy as np
 from bigknn.backends.cuda import CudaBackend
 from bigknn.core.knn_graph import ShardPart
 from bigknn.core.knn_graph import KnnGraph
+from bigknn.core.metric import IP, L2
 from bigknn.core.params import GnndParams
 from bigknn.core.synth import synth
 # shards of more than EXACT_ROWS (2048) rows, so gnnd runs the NN-descent kernels, not the exact path
 x = synth(5201, 100, seed=3); be = CudaBackend(); p = GnndParams(k=10, iters=4, merge_iters=3)
-ga = be.gnnd(x[:2600], "l2", p, 0); gb = be.gnnd(x[2600:], "l2", p, 1)
+ga = be.gnnd(x[:2600], L2, p, 0); gb = be.gnnd(x[2600:], L2, p, 1)
 assert be.last_stats.get("iters_run"), "gnnd took the exact path"
 gb = KnnGraph(np.where(gb.ids >= 0, gb.ids + 2600, -1).astype(np.int32), gb.dists)
-ma, mb = be.ggm(ShardPart(0, x[:2600], ga), ShardPart(2600, x[2600:], gb), "l2", p, 2)
+ma, mb = be.ggm(ShardPart(0, x[:2600], ga), ShardPart(2600, x[2600:], gb), L2, p, 2)
 # a seeded merge (an ingest's): a batch of 601 rows (d 100, not a multiple of 32) into shard c through a
-y = synth(3101, 100, seed=4); gc = be.gnnd(y[:2500], "l2", p, 5); gn = be.gnnd(y[2500:], "l2", p, 6)
+y = synth(3101, 100, seed=4); gc = be.gnnd(y[:2500], L2, p, 5); gn = be.gnnd(y[2500:], L2, p, 6)
 gc = KnnGraph(np.where(gc.ids >= 0, gc.ids + 5201, -1).astype(np.int32), gc.dists)
 gn = KnnGraph(np.where(gn.ids >= 0, gn.ids + 7701, -1).astype(np.int32), gn.dists)
-sa, sn = be.ggm(ShardPart(0, x[:2600], ma), ShardPart(7701, y[2500:], gn), "l2", p, 7)
-be.ggm(ShardPart(5201, y[:2500], gc), ShardPart(7701, y[2500:], sn), "l2", p, 8, vias=[ShardPart(0, x[:2600], sa)])
+sa, sn = be.ggm(ShardPart(0, x[:2600], ma), ShardPart(7701, y[2500:], gn), L2, p, 7)
+be.ggm(ShardPart(5201, y[:2500], gc), ShardPart(7701, y[2500:], sn), L2, p, 8, vias=[ShardPart(0, x[:2600], sa)])
 assert be.last_stats["seeded"]
-be.gnnd(x[:2600].astype(np.uint8), "ip", GnndParams(k=40, iters=3), 4)
-be.exact_knn(x[:37], 11, "l2", [(0, x[:2000]), (2000, x[2000:])])
+be.gnnd(x[:2600].astype(np.uint8), IP, GnndParams(k=40, iters=3), 4)
+be.exact_knn(x[:37], 11, L2, [(0, x[:2000]), (2000, x[2000:])])
 print("memcheck workload done")
 PY
   note "compute-sanitizer memcheck exit=$? $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1)" ;;

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from bigknn.formats import write_vectors
+from bigknn.core.metric import L2, Metric
 from bigknn.core.synth import synth
 
 CLI_TIMEOUT_S = 300
@@ -144,9 +145,9 @@ def pruned_store(path: Path, x: np.ndarray, k: int, degree: int, shard_rows: int
     return path
 
 
-def stored_index(path: Path, metric: str = "l2"):
+def stored_index(path: Path, metric: Metric = L2):
     """The committed search graph and rows of the store at ``path`` as a search reads them (``metric``: the
-    kernel's, l2 or ip), loaded as a loaded index loads them."""
+    store's), loaded as a loaded index loads them."""
     from bigknn.operations.search_arrays import load_index
     from bigknn.shards import Store
 
@@ -267,7 +268,7 @@ def read_manifest(store: Path) -> dict:
     return json.loads((Path(store) / "manifest.json").read_text())
 
 
-def merged_shards(backend, x: np.ndarray, shard_rows: int, params, metric: str = "l2") -> list:
+def merged_shards(backend, x: np.ndarray, shard_rows: int, params, metric: Metric = L2) -> list:
     """ShardParts of x's rows in shards of ``shard_rows``: GNND each, then GGM of every pair (a built store)."""
     from bigknn.core.knn_graph import ShardPart
     from bigknn.core.knn_graph import KnnGraph
@@ -285,7 +286,7 @@ def merged_shards(backend, x: np.ndarray, shard_rows: int, params, metric: str =
     return parts
 
 
-def fold_in(backend, old: list, batch, params, seeded: bool, metric: str = "l2") -> tuple[list, object, list]:
+def fold_in(backend, old: list, batch, params, seeded: bool, metric: Metric = L2) -> tuple[list, object, list]:
     """An ingest's merges: the batch part against each old part in turn, each merge after the first seeded
     through the old parts merged before it (the last SEED_SHARDS) when ``seeded``. Returns (old parts, batch
     part, update counts per merge)."""

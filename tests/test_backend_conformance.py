@@ -16,6 +16,7 @@ from bigknn.core.params import EXACT_ROWS, GnndParams
 from bigknn.algorithms.search_index import SearchIndex
 from bigknn.algorithms.search_params import NO_LAMBDA, PruneParams, SearchPlan
 from bigknn.core.synth import synth
+from bigknn.core.metric import L2, metric as metric_of
 
 from conftest import check_graph, exact_keys, exact_neighbours, recall_at
 
@@ -66,7 +67,7 @@ def test_exact_knn_matches_numpy_over_streamed_blocks(backend, rows, metric, que
     x = rows[:1001].copy()
     x[500] = q[0]  # a row equal to a query: key 0 (l2)
     cuts = [0, 333, 334, 1001]  # blocks of odd sizes, one of a single row, at their global offsets
-    g = backend.exact_knn(q, k, metric, [(lo, x[lo:hi]) for lo, hi in zip(cuts, cuts[1:])])
+    g = backend.exact_knn(q, k, metric_of(metric), [(lo, x[lo:hi]) for lo, hi in zip(cuts, cuts[1:])])
     assert g.ids.shape == g.dists.shape == (queries, k)
     truth = exact_keys(q, x, metric)
     got = np.take_along_axis(truth, g.ids.astype(np.int64), axis=1)
@@ -90,7 +91,7 @@ def test_nearest_centroids_are_the_numpy_nearest(backend, rows, count):
 # ---- GNND and GGM ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("k", [1, 10])
 def test_gnnd_reaches_its_recall_target(backend, rows, k):
-    g = backend.gnnd(rows, "l2", GnndParams(k=k), seed=1)
+    g = backend.gnnd(rows, L2, GnndParams(k=k), seed=1)
     check_graph(g.ids, g.dists, rows)
     assert g.ids.shape == (len(rows), GnndParams(k=k).width())
     sample = np.random.default_rng(k).choice(len(rows), 300, replace=False)
@@ -98,7 +99,7 @@ def test_gnnd_reaches_its_recall_target(backend, rows, k):
 
 
 def test_gnnd_of_fewer_rows_than_k_pads_with_empty_slots(backend, rows):
-    g = backend.gnnd(rows[:7], "l2", GnndParams(k=10), seed=1)
+    g = backend.gnnd(rows[:7], L2, GnndParams(k=10), seed=1)
     listed = g.ids[:, :6]
     assert (np.sort(listed, axis=1) == [[c for c in range(7) if c != r] for r in range(7)]).all()
     assert (g.ids[:, 6:] == EMPTY).all() and np.isinf(g.dists[:, 6:]).all()  # every other row, nothing more
@@ -110,10 +111,10 @@ def test_ggm_merges_two_shards_into_the_graph_of_their_union(backend, rows):
     k, cut = 10, 1501  # shards of odd, unequal sizes, both above EXACT_ROWS / 2
     params = GnndParams(k=k)
     a, b = rows[:cut], rows[cut:]
-    ga = backend.gnnd(a, "l2", params, seed=2)
-    gb = backend.gnnd(b, "l2", params, seed=3)
+    ga = backend.gnnd(a, L2, params, seed=2)
+    gb = backend.gnnd(b, L2, params, seed=3)
     gb = KnnGraph(np.where(gb.ids >= 0, gb.ids + cut, gb.ids), gb.dists)
-    ma, mb = backend.ggm(ShardPart(0, a, ga), ShardPart(cut, b, gb), "l2", params, seed=4)
+    ma, mb = backend.ggm(ShardPart(0, a, ga), ShardPart(cut, b, gb), L2, params, seed=4)
     ids = np.concatenate([ma.ids, mb.ids])
     check_graph(ids, np.concatenate([ma.dists, mb.dists]), rows)
     sample = np.random.default_rng(5).choice(len(rows), 300, replace=False)
@@ -137,7 +138,7 @@ def reference_prune(rows, knn):
 
     def prune(degree: int) -> tuple[np.ndarray, np.ndarray, int]:
         if degree not in made:
-            made[degree] = CpuBackend(reference=True).prune_tsdg(*knn, rows, "l2", PruneParams("tsdg", degree))
+            made[degree] = CpuBackend(reference=True).prune_tsdg(*knn, rows, L2, PruneParams("tsdg", degree))
         return made[degree]
     return prune
 
@@ -145,7 +146,7 @@ def reference_prune(rows, knn):
 @pytest.mark.parametrize("degree", [2, 17])
 def test_tsdg_prune_keeps_its_invariants(backend, rows, knn, reference_prune, degree):
     params = PruneParams("tsdg", degree)
-    ids, lambdas, forward = backend.prune_tsdg(*knn, rows, "l2", params)
+    ids, lambdas, forward = backend.prune_tsdg(*knn, rows, L2, params)
     assert ids.shape == lambdas.shape == (len(rows), degree)
     assert ids.dtype == np.int32 and lambdas.dtype == np.uint8
     kept = ids >= 0
@@ -165,7 +166,7 @@ def test_tsdg_prune_keeps_its_invariants(backend, rows, knn, reference_prune, de
                                                       ("small", 8, 10, 17)])
 def test_search_finds_the_nearest_rows(backend, rows, reference_prune, procedure, budget, k, batch):
     ids, lambdas, _ = reference_prune(24)
-    index = SearchIndex(rows, ids, lambdas, "l2")
+    index = SearchIndex(rows, ids, lambdas, L2)
     q = synth(101, DIM, seed=35)
     found = backend.graph_search(index, q, SearchPlan(procedure, budget, k), batch)
     assert found.ids.shape == found.dists.shape == (len(q), k)

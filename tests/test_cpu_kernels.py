@@ -20,6 +20,7 @@ from bigknn.core.errors import BadInput
 from bigknn.core.knn_graph import EMPTY, ShardPart
 from bigknn.core.params import GnndParams
 from bigknn.core.synth import synth
+from bigknn.core.metric import IP, L2, metric as metric_of
 
 from conftest import check_graph, recall_at
 
@@ -55,15 +56,15 @@ def test_iterations_equal_the_reference(metric, cross_shard):
     """Same draws, same lists: at most a few slots apart, where float32 rounding decided a near tie."""
     x = rows_with_twins(1237, 13, seed=5 + cross_shard, twins=False)
     sq = np.einsum("ij,ij->i", x, x)
-    ref = random_init(x, 21, metric, np.random.default_rng(1), compiled=False)
+    ref = random_init(x, 21, metric_of(metric), np.random.default_rng(1), compiled=False)
     part = None
     if cross_shard:  # GGM's set-up: entries into the other shard are the NEW fill, the own shard's are OLD
         part = (np.arange(len(x)) >= 600).astype(np.int8)
         ref.is_new = part[ref.ids] != part[:, None]
     fast = copy.deepcopy(ref)
     for it in range(4):
-        want = descent._iteration(x, sq, ref, metric, 5, np.random.default_rng(it), part)
-        got = compiled.iteration(x, sq, fast, metric, 5, np.random.default_rng(it), part)
+        want = descent._iteration(x, sq, ref, metric_of(metric), 5, np.random.default_rng(it), part)
+        got = compiled.iteration(x, sq, fast, metric_of(metric), 5, np.random.default_rng(it), part)
         assert want > 0 and abs(got - want) <= 0.002 * want
         assert (fast.ids != ref.ids).mean() <= 0.001
         same = fast.ids == ref.ids
@@ -123,10 +124,10 @@ def test_cross_match_chooses_the_references_candidates(metric, cross_only):
             old.sort()
         new_s[i, np.sort(rng.choice(w, nn, replace=False))] = new  # ascending, EMPTY gaps anywhere
         old_s[i, np.sort(rng.choice(w, no, replace=False))] = old
-    keys_all = descent._keys(x[None], x[None], sq, np.arange(n)[None], np.arange(n)[None], metric)[0]
+    keys_all = descent._keys(x[None], x[None], sq, np.arange(n)[None], np.arange(n)[None], metric_of(metric))[0]
     near = np.sort(keys_all, axis=1)[:, n // 5:n // 5 + 2]
     bound = near.mean(axis=1).astype(np.float32)  # halfway between two keys: rounding cannot decide a side
-    want_t, want_c, want_k = descent._match_lists(x, sq, new_s, old_s, metric, cross_only)
+    want_t, want_c, want_k = descent._match_lists(x, sq, new_s, old_s, metric_of(metric), cross_only)
     keep = want_k < bound[want_t]
     got_t, got_c, got_k = compiled.kernels.cross_match(x, sq, new_s, old_s, bound, metric == "l2", cross_only)
     used = got_t != EMPTY
@@ -159,7 +160,7 @@ def test_candidates_group_by_target_in_slot_order_whatever_the_ranges():
 def test_exact_l2_keys_and_row_keys_equal_the_reference():
     x = rows_with_twins(503, 11, seed=3, twins=False)
     x[1:500:2] = x[0:500:2]  # rows 2i and 2i + 1 are twins, and list each other
-    state = random_init(x, 9, "l2", np.random.default_rng(2), compiled=True)
+    state = random_init(x, 9, L2, np.random.default_rng(2), compiled=True)
     state.ids[:500, 0] = np.arange(500) ^ 1
     state.ids[::5, -3:] = EMPTY
     ref = copy.deepcopy(state)
@@ -170,7 +171,7 @@ def test_exact_l2_keys_and_row_keys_equal_the_reference():
     np.testing.assert_array_equal(np.sort(state.ids, axis=1), np.sort(ref.ids, axis=1))
     sq = np.einsum("ij,ij->i", x, x)
     rows = np.arange(0, len(x), 3)
-    for metric in ("l2", "ip"):
+    for metric in (L2, IP):
         np.testing.assert_allclose(compiled.row_keys(x, sq, rows, state.ids[rows], metric),
                                    descent.row_keys_local(x, sq, rows, state.ids[rows], metric), rtol=1e-4, atol=1e-4)
 
@@ -185,10 +186,10 @@ def test_gnnd_and_ggm_reach_the_reference_recall(metric, k):
     rows = np.arange(0, len(x), 5)
     got = {}
     for name, be in (("fast", CpuBackend(threads=2)), ("ref", CpuBackend(reference=True))):
-        ga = be.gnnd(x[:half], metric, params, seed=4)
-        gb = be.gnnd(x[half:], metric, params, seed=5)
+        ga = be.gnnd(x[:half], metric_of(metric), params, seed=4)
+        gb = be.gnnd(x[half:], metric_of(metric), params, seed=5)
         gb.ids[gb.ids >= 0] += half
-        ma, mb = be.ggm(ShardPart(0, x[:half], ga), ShardPart(half, x[half:], gb), metric, params, seed=6)
+        ma, mb = be.ggm(ShardPart(0, x[:half], ga), ShardPart(half, x[half:], gb), metric_of(metric), params, seed=6)
         got[name] = recall_at(np.concatenate([ma.ids, mb.ids])[rows], x, rows, min(k, 10), metric)
     assert got["fast"] >= 0.99 and abs(got["fast"] - got["ref"]) <= 0.005, got
 
@@ -199,9 +200,9 @@ def test_threads_are_checked_and_used():
 
     be = get_backends("cpu", threads=1)[0]
     assert be.threads == 1
-    be.gnnd(rows_with_twins(100, 4, seed=1), "l2", GnndParams(k=3), seed=0)
+    be.gnnd(rows_with_twins(100, 4, seed=1), L2, GnndParams(k=3), seed=0)
     assert numba.get_num_threads() == 1
-    CpuBackend().gnnd(rows_with_twins(100, 4, seed=1), "l2", GnndParams(k=3), seed=0)
+    CpuBackend().gnnd(rows_with_twins(100, 4, seed=1), L2, GnndParams(k=3), seed=0)
     assert numba.get_num_threads() == numba.config.NUMBA_NUM_THREADS
     with pytest.raises(BadInput, match="--threads 0"):
         CpuBackend(threads=0)
@@ -212,17 +213,17 @@ def test_tree_init_seeds_near_neighbours():
     hyperplane separates them) still end in leaves; without trees the lists fill with random rows."""
     x = synth(3001, 24, seed=8)
     x[:400] = x[0]  # one clump of identical rows
-    state = tree_init(x, 16, "l2", 4, np.random.default_rng(0))
+    state = tree_init(x, 16, L2, 4, np.random.default_rng(0))
     check_graph(state.ids, state.dists, x, "l2", rtol=1e-2)
     assert state.is_new.all()
     rows = np.arange(400, len(x), 3)
     assert recall_at(state.ids[rows], x, rows, 10) >= 0.5
-    assert recall_at(random_init(x, 16, "l2", np.random.default_rng(0)).ids[rows], x, rows, 10) < 0.05
-    rand = tree_init(x[400:901], 16, "ip", 0, np.random.default_rng(1))  # no trees: random rows only
+    assert recall_at(random_init(x, 16, L2, np.random.default_rng(0)).ids[rows], x, rows, 10) < 0.05
+    rand = tree_init(x[400:901], 16, IP, 0, np.random.default_rng(1))  # no trees: random rows only
     check_graph(rand.ids, rand.dists, x[400:901], "ip", rtol=1e-2)
     for _ in range(3):  # the random rows follow the seed alone, whichever thread fills a list and whatever it drew
-        tree_init(x[:700], 16, "l2", 0, np.random.default_rng(5))
-        again = tree_init(x[400:901], 16, "ip", 0, np.random.default_rng(1))
+        tree_init(x[:700], 16, L2, 0, np.random.default_rng(5))
+        again = tree_init(x[400:901], 16, IP, 0, np.random.default_rng(1))
         np.testing.assert_array_equal(again.ids, rand.ids)
 
 

@@ -11,6 +11,7 @@ from bigknn.core.params import EXACT_ROWS, GnndParams
 from bigknn.operations.build import BuildRequest, build
 from bigknn.core.progress import Reporter
 from bigknn.core.synth import synth
+from bigknn.core.metric import COSINE
 
 
 def test_a_cold_kernel_cache_is_announced_and_compiled_before_the_first_task(tmp_path, monkeypatch, caplog):
@@ -56,7 +57,8 @@ def test_the_kernel_cache_check_names_every_kernel_a_build_calls():
 
 def test_a_build_warms_its_backends_up_for_the_calls_it_will_make(tmp_path, monkeypatch):
     """The GPU's kernels are compiled per element type, row width, metric and sample count: the build hands its
-    own to warm_up: a cosine store of float16 rows keeps them as float32 and calls the ip kernels."""
+    own to warm_up: a cosine store of float16 rows keeps them as float32 and hands on cosine's Metric as it is
+    (its kernels are ip's)."""
     from bigknn.backends import CallShape
     from bigknn.core.synth import as_dtype
     from bigknn.shards import Store
@@ -69,7 +71,7 @@ def test_a_build_warms_its_backends_up_for_the_calls_it_will_make(tmp_path, monk
     build(BuildRequest(input=path, store=tmp_path / "s.knn", metric="cosine", shard_rows=EXACT_ROWS + 100,
                        params=params, partition="contiguous"), [CpuBackend()], Reporter(every_s=0))
     m = Store.open(tmp_path / "s.knn").manifest
-    assert seen == [CallShape(12, m.dtype, "ip", m.params)] and m.dtype == "<f4" and m.params == params
+    assert seen == [CallShape(12, m.dtype, COSINE, m.params)] and m.dtype == "<f4" and m.params == params
 
 
 def test_a_cold_cupy_cache_is_told_apart_from_a_warm_one(tmp_path, monkeypatch):

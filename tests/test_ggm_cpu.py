@@ -12,6 +12,7 @@ from bigknn.algorithms.merge_setup import seeds_through
 from bigknn.core.knn_graph import KnnGraph
 from bigknn.core.params import GnndParams
 from bigknn.core.synth import synth
+from bigknn.core.metric import IP, L2
 
 from conftest import check_graph, exact_neighbours, fold_in, merged_shards, recall_at
 
@@ -31,9 +32,9 @@ def test_two_shard_merge_matches_one_shard_build(backend, k):
     n, half = 20_000, 10_000
     x = synth(n, 32, seed=100 + k)
     params = GnndParams(k=k)
-    ga = backend.gnnd(x[:half], "l2", params, seed=1)
-    gb = shifted(backend.gnnd(x[half:], "l2", params, seed=2), half)
-    ma, mb = backend.ggm(ShardPart(0, x[:half], ga), ShardPart(half, x[half:], gb), "l2", params, seed=3)
+    ga = backend.gnnd(x[:half], L2, params, seed=1)
+    gb = shifted(backend.gnnd(x[half:], L2, params, seed=2), half)
+    ma, mb = backend.ggm(ShardPart(0, x[:half], ga), ShardPart(half, x[half:], gb), L2, params, seed=3)
     merged_ids = np.concatenate([ma.ids, mb.ids])
     merged_d = np.concatenate([ma.dists, mb.dists])
     assert merged_ids.shape == (n, ga.ids.shape[1])
@@ -43,7 +44,7 @@ def test_two_shard_merge_matches_one_shard_build(backend, k):
     # lists now reach into the other shard
     assert (ma.ids >= half).mean() > 0.3 and (mb.ids < half).mean() > 0.3
 
-    whole = backend.gnnd(x, "l2", params, seed=4)
+    whole = backend.gnnd(x, L2, params, seed=4)
     rows = np.sort(np.random.default_rng(k).choice(n, 1000, replace=False))
     truth = exact_neighbours(x, rows, 10)
     r_merged = recall_at(merged_ids[rows], x, rows, 10, truth=truth)
@@ -59,14 +60,14 @@ def test_merge_keeps_entries_of_a_third_shard(backend):
     offs = {"a": 0, "b": rows, "c": 2 * rows}
     xs = {s: x[o:o + rows] for s, o in offs.items()}
     params = GnndParams(k=16)
-    g = {s: shifted(backend.gnnd(xs[s], "l2", params, seed=i), offs[s]) for i, s in enumerate("abc")}
+    g = {s: shifted(backend.gnnd(xs[s], L2, params, seed=i), offs[s]) for i, s in enumerate("abc")}
     part = lambda s: ShardPart(offs[s], xs[s], g[s])  # noqa: E731
 
-    a1, c1 = backend.ggm(part("a"), part("c"), "l2", params, seed=10)
+    a1, c1 = backend.ggm(part("a"), part("c"), L2, params, seed=10)
     in_c = (a1.ids >= offs["c"])
     assert in_c.mean() > 0.2  # the setup is meaningful: a's lists do point into c
     g["a"], g["c"] = a1, c1
-    a2, b2 = backend.ggm(part("a"), part("b"), "l2", params, seed=11)
+    a2, b2 = backend.ggm(part("a"), part("b"), L2, params, seed=11)
 
     check_graph(a2.ids, a2.dists, x, "l2", first_id=0)
     check_graph(b2.ids, b2.dists, x, "l2", first_id=rows)
@@ -85,7 +86,7 @@ def test_merge_keeps_entries_of_a_third_shard(backend):
 
     # after a-c, a-b and b-c, every row holds its top-k over all three shards
     g["a"], g["b"] = a2, b2
-    b3, c3 = backend.ggm(part("b"), part("c"), "l2", params, seed=12)
+    b3, c3 = backend.ggm(part("b"), part("c"), L2, params, seed=12)
     ids = np.concatenate([a2.ids, b3.ids, c3.ids])
     sample = np.sort(np.random.default_rng(0).choice(3 * rows, 600, replace=False))
     r = recall_at(ids[sample], x, sample, 10)
@@ -97,9 +98,9 @@ def test_merge_ip_metric(backend):
     x = synth(n, 32, seed=9)
     x = x / np.linalg.norm(x, axis=1, keepdims=True)
     params = GnndParams(k=16)
-    ga = backend.gnnd(x[:half], "ip", params, seed=1)
-    gb = shifted(backend.gnnd(x[half:], "ip", params, seed=2), half)
-    ma, mb = backend.ggm(ShardPart(0, x[:half], ga), ShardPart(half, x[half:], gb), "ip", params, seed=3)
+    ga = backend.gnnd(x[:half], IP, params, seed=1)
+    gb = shifted(backend.gnnd(x[half:], IP, params, seed=2), half)
+    ma, mb = backend.ggm(ShardPart(0, x[:half], ga), ShardPart(half, x[half:], gb), IP, params, seed=3)
     ids, d = np.concatenate([ma.ids, mb.ids]), np.concatenate([ma.dists, mb.dists])
     check_graph(ids, d, x, "ip")
     rows = np.sort(np.random.default_rng(1).choice(n, 500, replace=False))
@@ -136,7 +137,7 @@ def test_seeded_merges_fold_in_a_small_batch_as_well_as_the_paper_merge_for_less
     params = GnndParams(k=16, list_width=48, recall=0)  # the fixed rules: a targeted paper merge here may
     # fall back to the exact lists (bigknn/algorithms/merge_setup.py exact_merge), which a seeded merge is not measured against
     old = merged_shards(backend, x[:3 * rows], rows, params)
-    g = backend.gnnd(x[3 * rows:], "l2", params, seed=9)
+    g = backend.gnnd(x[3 * rows:], L2, params, seed=9)
     batch = ShardPart(3 * rows, x[3 * rows:], shifted(g, 3 * rows))
     rng = np.random.default_rng(2)
     old_rows = np.sort(rng.choice(3 * rows, 500, replace=False))

@@ -9,6 +9,7 @@ import bigknn.backends.cpu.exact as exact_mod
 from bigknn.backends.cpu import CpuBackend
 from bigknn.core.params import GnndParams
 from bigknn.core.synth import synth
+from bigknn.core.metric import IP, L2, metric as metric_of
 
 from conftest import check_graph, exact_keys, exact_neighbours, recall_at
 
@@ -50,7 +51,7 @@ def test_exact_knn_matches_numpy_argsort(monkeypatch, metric, small_tiles, refer
     # queries: some rows of the set (their own row is a neighbour at key ~0 for l2) and some new points
     q = np.concatenate([all_x[[3, 1001, 1005, 2000, 3511]], rng.standard_normal((32, 19)).astype(np.float32)])
     k = 15
-    g = backend.exact_knn(q, k, metric, iter(blocks))
+    g = backend.exact_knn(q, k, metric_of(metric), iter(blocks))
     want_ids, want_keys = numpy_topk(q, all_x, all_ids, k, metric)
     assert g.ids.shape == (len(q), k) and g.dists.shape == (len(q), k)
     assert g.ids.dtype == np.int32 and g.dists.dtype == np.float32
@@ -63,7 +64,7 @@ def test_exact_knn_pads_when_fewer_rows_than_k(backend):
     blocks = [(10, rng.standard_normal((3, 8)).astype(np.float32)),
               (40, rng.standard_normal((2, 8)).astype(np.float32))]
     q = rng.standard_normal((4, 8)).astype(np.float32)
-    g = backend.exact_knn(q, 8, "l2", blocks)
+    g = backend.exact_knn(q, 8, L2, blocks)
     all_x = np.concatenate([b for _, b in blocks])
     want_ids, want_keys = numpy_topk(q, all_x, np.array([10, 11, 12, 40, 41]), 5, "l2")
     np.testing.assert_array_equal(g.ids[:, :5], want_ids)
@@ -75,7 +76,7 @@ def test_exact_knn_of_uint8_blocks(backend):
     rng = np.random.default_rng(4)
     x = rng.integers(0, 256, size=(3000, 24), dtype=np.uint8)
     q = x[:50]
-    g = backend.exact_knn(q, 10, "l2", [(0, x[:1234]), (1234, x[1234:])])
+    g = backend.exact_knn(q, 10, L2, [(0, x[:1234]), (1234, x[1234:])])
     want = exact_keys(q, x)
     np.testing.assert_allclose(g.dists, np.sort(want, axis=1)[:, :10], rtol=1e-5)
     np.testing.assert_allclose(g.dists, np.take_along_axis(want, g.ids.astype(np.int64), axis=1), rtol=1e-5)
@@ -86,7 +87,7 @@ def test_exact_knn_of_uint8_blocks(backend):
 @pytest.mark.parametrize("dim,k", [(32, 32), (96, 16)])
 def test_gnnd_l2_recall_and_invariants(backend, sample_rows, dim, k):
     x = synth(N, dim, seed=dim)
-    g = backend.gnnd(x, "l2", GnndParams(k=k), seed=1)
+    g = backend.gnnd(x, L2, GnndParams(k=k), seed=1)
     assert g.ids.shape[0] == N and g.ids.shape[1] >= k
     check_graph(g.ids, g.dists, x, "l2")
     r = recall_at(g.ids[sample_rows], x, sample_rows, 10, "l2")
@@ -95,8 +96,8 @@ def test_gnnd_l2_recall_and_invariants(backend, sample_rows, dim, k):
 
 def test_gnnd_is_deterministic_given_the_seed(backend):
     x = synth(3000, 16, seed=8)
-    a = backend.gnnd(x, "l2", GnndParams(k=16), seed=5)
-    b = backend.gnnd(x, "l2", GnndParams(k=16), seed=5)
+    a = backend.gnnd(x, L2, GnndParams(k=16), seed=5)
+    b = backend.gnnd(x, L2, GnndParams(k=16), seed=5)
     np.testing.assert_array_equal(a.ids, b.ids)
     np.testing.assert_array_equal(a.dists, b.dists)
 
@@ -106,7 +107,7 @@ def test_gnnd_ip_on_rows_of_similar_norm(backend, sample_rows):
     x = synth(N, 32, seed=21)
     x = x / np.linalg.norm(x, axis=1, keepdims=True)
     x = (x * np.random.default_rng(3).uniform(0.9, 1.1, size=(N, 1))).astype(np.float32)
-    g = backend.gnnd(x, "ip", GnndParams(k=32), seed=2)
+    g = backend.gnnd(x, IP, GnndParams(k=32), seed=2)
     check_graph(g.ids, g.dists, x, "ip")
     assert np.all(g.dists[:, 0] < 0)  # keys are -dot: the nearest rows have a large positive dot
     r = recall_at(g.ids[sample_rows], x, sample_rows, 10, "ip")
@@ -117,7 +118,7 @@ def test_gnnd_ip_on_raw_clustered_rows(backend, sample_rows):
     """Raw synth rows (norms vary a lot): MIPS is harder for NN-descent; a floor far above chance, and keys
     that are -dot (an l2 ordering would fail both)."""
     x = synth(N, 64, seed=22)
-    g = backend.gnnd(x, "ip", GnndParams(k=32), seed=3)
+    g = backend.gnnd(x, IP, GnndParams(k=32), seed=3)
     check_graph(g.ids, g.dists, x, "ip")
     r = recall_at(g.ids[sample_rows], x, sample_rows, 10, "ip")
     assert r >= 0.85, f"ip recall@10 {r:.4f}"
@@ -125,7 +126,7 @@ def test_gnnd_ip_on_raw_clustered_rows(backend, sample_rows):
 
 def test_gnnd_k1_finds_the_nearest_row(backend, sample_rows):
     x = synth(N, 32, seed=31)
-    g = backend.gnnd(x, "l2", GnndParams(k=1), seed=4)
+    g = backend.gnnd(x, L2, GnndParams(k=1), seed=4)
     assert g.ids.shape[0] == N and g.ids.shape[1] >= 1
     check_graph(g.ids, g.dists, x, "l2")
     r = recall_at(g.ids[sample_rows], x, sample_rows, 1, "l2")
@@ -138,7 +139,7 @@ def test_gnnd_with_repeated_rows(backend):
     perm = np.random.default_rng(5).permutation(15000)
     x = np.repeat(base, 3, axis=0)[perm]
     origin = np.repeat(np.arange(5000), 3)[perm]
-    g = backend.gnnd(x, "l2", GnndParams(k=16), seed=6)
+    g = backend.gnnd(x, L2, GnndParams(k=16), seed=6)
     check_graph(g.ids, g.dists, x, "l2")
     rows = np.sort(np.random.default_rng(6).choice(15000, SAMPLE, replace=False))
     r = recall_at(g.ids[rows], x, rows, 10, "l2")
@@ -154,7 +155,7 @@ def test_identical_rows_have_key_zero(backend):
     float32 rounding residue of |a|^2 + |b|^2 - 2ab."""
     base = synth(3000, 32, seed=42)
     x = np.repeat(base, 2, axis=0)  # rows 2i and 2i+1 are identical
-    g = backend.gnnd(x, "l2", GnndParams(k=16), seed=6)
+    g = backend.gnnd(x, L2, GnndParams(k=16), seed=6)
     twin = np.arange(len(x)) ^ 1
     assert np.all(g.ids[:, 0] == twin)
     bad = g.dists[:, 0] != 0
@@ -165,7 +166,7 @@ def test_identical_rows_have_key_zero(backend):
 def test_gnnd_uint8_input(backend, sample_rows):
     xf = synth(N, 48, seed=51)
     x = np.clip(np.rint(xf * 10 + 128), 0, 255).astype(np.uint8)
-    g = backend.gnnd(x, "l2", GnndParams(k=32), seed=7)
+    g = backend.gnnd(x, L2, GnndParams(k=32), seed=7)
     check_graph(g.ids, g.dists, x.astype(np.float32), "l2")
     r = recall_at(g.ids[sample_rows], x.astype(np.float32), sample_rows, 10, "l2")
     assert r >= 0.95, f"uint8 recall@10 {r:.4f}"
@@ -175,7 +176,7 @@ def test_reference_helpers_agree_with_exact_knn(backend, sample_rows):
     """The NumPy reference used above and CpuBackend.exact_knn give the same neighbours."""
     x = synth(N, 32, seed=61)
     ids, keys = exact_neighbours(x, sample_rows, 10)
-    g = backend.exact_knn(x[sample_rows], 11, "l2", [(0, x[:7777]), (7777, x[7777:])])
+    g = backend.exact_knn(x[sample_rows], 11, L2, [(0, x[:7777]), (7777, x[7777:])])
     assert np.all(g.ids[:, 0] == sample_rows)
     np.testing.assert_allclose(g.dists[:, 1:], keys, rtol=1e-3, atol=1e-3)
     assert (g.ids[:, 1:] == ids).mean() > 0.999

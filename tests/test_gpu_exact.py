@@ -11,6 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from bigknn.core.metric import L2, metric as metric_of
+
 pytestmark = pytest.mark.gpu
 
 
@@ -79,7 +81,7 @@ def test_fused_exact_knn_matches_numpy(cuda_backend, fused, d, k, dtype, metric)
     data = _data(rng, sum(sizes), d, dtype)
     offs = np.concatenate([[0], np.cumsum(sizes)[:-1]])
     queries = data[rng.choice(len(data), 333, replace=False)]
-    g = cuda_backend.exact_knn(queries, k, metric, [(int(o), data[o:o + s]) for o, s in zip(offs, sizes)])
+    g = cuda_backend.exact_knn(queries, k, metric_of(metric), [(int(o), data[o:o + s]) for o, s in zip(offs, sizes)])
     assert len(fused) == 3  # one add per block: the fused path ran
     assert g.ids.shape == (333, k) and g.ids.dtype == np.int32 and g.dists.dtype == np.float32
     assert _check_exact(g, _keys64(queries, data, metric), k) == 1.0
@@ -89,7 +91,7 @@ def test_fused_widest_lists_without_margin(cuda_backend, fused):
     """k = 128 leaves the fused lists no margin over k: the halves' rounding may swap only near-equal keys."""
     rng = np.random.default_rng(128)
     data = rng.normal(size=(3000, 96)).astype(np.float32)
-    g = cuda_backend.exact_knn(data[:500], 128, "l2", [(0, data)])
+    g = cuda_backend.exact_knn(data[:500], 128, L2, [(0, data)])
     assert _check_exact(g, _keys64(data[:500], data, "l2"), 128) > 0.999
 
 
@@ -100,7 +102,7 @@ def test_fused_duplicates_and_self(cuda_backend, fused):
     rng = np.random.default_rng(5)
     base = rng.normal(size=(700, 48)).astype(np.float32)
     data = np.concatenate([base, base[:300], base[:50]])  # rows 0..49 thrice, 50..299 twice
-    g = cuda_backend.exact_knn(data[:100], 4, "l2", [(0, cp.asarray(data[:1000])), (1000, cp.asarray(data[1000:]))])
+    g = cuda_backend.exact_knn(data[:100], 4, L2, [(0, cp.asarray(data[:1000])), (1000, cp.asarray(data[1000:]))])
     assert (g.dists[:50, :3] == 0).all() and (g.dists[50:, :2] == 0).all()
     assert {0, 700, 1000} <= set(g.ids[0, :3].tolist())
     assert _check_exact(g, _keys64(data[:100], data, "l2"), 4) == 1.0
@@ -117,7 +119,7 @@ def test_exact_graph_takes_the_fused_kernel_for_large_sets(cuda_backend):
     rng = np.random.default_rng(11)
     x = rng.normal(size=(n, 64)).astype(np.float32)
     with cuda_backend.gpu.context():
-        g = exact.exact_graph(cuda_backend.gpu, x, 32, "l2")
+        g = exact.exact_graph(cuda_backend.gpu, x, 32, L2)
     rows = rng.choice(n, 200, replace=False)
     keys = _keys64(x[rows], x, "l2")
     keys[np.arange(200), rows] = np.inf
@@ -138,7 +140,7 @@ def test_exact_graph_fills_lists_max_k_wide(cuda_backend, n):
     x = _data(rng, n, 24, np.float32)
     x[5:10] = x[0:5]
     with cuda_backend.gpu.context():
-        g = exact.exact_graph(cuda_backend.gpu, x, MAX_K, "l2")
+        g = exact.exact_graph(cuda_backend.gpu, x, MAX_K, L2)
     assert g.ids.shape == (n, MAX_K) and (g.ids >= 0).all() and (g.ids < n).all()
     assert not (g.ids == np.arange(n)[:, None]).any()
     assert (g.ids[0:5] == np.arange(5, 10)[:, None]).any(axis=1).all()  # each row's duplicate is a neighbour

@@ -14,6 +14,7 @@ from bigknn.core.knn_graph import ShardPart
 from bigknn.core.knn_graph import KnnGraph
 from bigknn.core.params import GnndParams
 from bigknn.core.synth import synth
+from bigknn.core.metric import IP, L2, metric as metric_of
 
 from conftest import check_graph, exact_neighbours, fold_in, merged_shards, recall_at
 
@@ -63,11 +64,11 @@ def test_ggm_matches_cpu_and_one_shard_build(cuda_backend):
     x = synth(n, 96, seed=21)
     params = GnndParams(k=32)
     w = params.width()
-    ga = cuda_backend.gnnd(x[:half], "l2", params, seed=1)
-    gb = shifted(cuda_backend.gnnd(x[half:], "l2", params, seed=2), half)
+    ga = cuda_backend.gnnd(x[:half], L2, params, seed=1)
+    gb = shifted(cuda_backend.gnnd(x[half:], L2, params, seed=2), half)
     a, b = ShardPart(0, x[:half], ga), ShardPart(half, x[half:], gb)
 
-    ma, mb = cuda_backend.ggm(a, b, "l2", params, seed=3)
+    ma, mb = cuda_backend.ggm(a, b, L2, params, seed=3)
     stats = dict(cuda_backend.last_stats)
     ids = np.concatenate([ma.ids, mb.ids])
     dists = np.concatenate([ma.dists, mb.dists])
@@ -76,8 +77,8 @@ def test_ggm_matches_cpu_and_one_shard_build(cuda_backend):
     assert np.all(ma.dists <= ga.dists) and np.all(mb.dists <= gb.dists), "a merge only improves lists"
     assert (ma.ids >= half).mean() > 0.3 and (mb.ids < half).mean() > 0.3, "lists reach the other shard"
 
-    ca, cb = CpuBackend(reference=True).ggm(a, b, "l2", params, seed=3)
-    whole = cuda_backend.gnnd(x, "l2", params, seed=4)
+    ca, cb = CpuBackend(reference=True).ggm(a, b, L2, params, seed=3)
+    whole = cuda_backend.gnnd(x, L2, params, seed=4)
 
     rows = np.sort(np.random.default_rng(7).choice(n, 1000, replace=False))
     truth = exact_neighbours(x, rows, 10)
@@ -98,13 +99,13 @@ def test_unbalanced_merge_matches_cpu(cuda_backend):
     big, small = 20_000, 2_000
     x = synth(big + small, 64, seed=int(np.random.default_rng().integers(1 << 30)))
     params = GnndParams(k=32)
-    ga = cuda_backend.gnnd(x[:big], "l2", params, seed=1)
-    gb = shifted(cuda_backend.gnnd(x[big:], "l2", params, seed=2), big)
+    ga = cuda_backend.gnnd(x[:big], L2, params, seed=1)
+    gb = shifted(cuda_backend.gnnd(x[big:], L2, params, seed=2), big)
     a, b = ShardPart(0, x[:big], ga), ShardPart(big, x[big:], gb)
-    ma, mb = cuda_backend.ggm(a, b, "l2", params, seed=3)
+    ma, mb = cuda_backend.ggm(a, b, L2, params, seed=3)
     ids = np.concatenate([ma.ids, mb.ids])
     check_graph(ids, np.concatenate([ma.dists, mb.dists]), x, "l2")
-    ca, cb = CpuBackend(reference=True).ggm(a, b, "l2", params, seed=3)
+    ca, cb = CpuBackend(reference=True).ggm(a, b, L2, params, seed=3)
     cpu_ids = np.concatenate([ca.ids, cb.ids])
     rng = np.random.default_rng(5)
     for name, rows in (("old", rng.choice(big, 500, replace=False)), ("new", big + rng.choice(small, 500, replace=False))):
@@ -123,19 +124,19 @@ def test_merges_reuse_device_copies_and_staged_shards_upload_nothing(cuda_backen
     x = synth(4 * rows, dim, seed=int(np.random.default_rng().integers(1 << 30)))
     params = GnndParams(k=16)
     a, b, c, d = [ShardPart(i * rows, x[i * rows:(i + 1) * rows],
-                            shifted(cuda_backend.gnnd(x[i * rows:(i + 1) * rows], "l2", params, seed=i), i * rows))
+                            shifted(cuda_backend.gnnd(x[i * rows:(i + 1) * rows], L2, params, seed=i), i * rows))
                   for i in range(4)]
     shard_bytes = a.vectors.nbytes + a.graph.ids.nbytes + a.graph.dists.nbytes
-    ma, mb = cuda_backend.ggm(a, b, "l2", params, seed=1)
+    ma, mb = cuda_backend.ggm(a, b, L2, params, seed=1)
     assert cuda_backend.last_stats["h2d_bytes"] == 2 * shard_bytes  # nothing of a or b was on the GPU
     a2 = ShardPart(a.offset, a.vectors, ma)
-    ma2, mc = cuda_backend.ggm(a2, c, "l2", params, seed=2)
+    ma2, mc = cuda_backend.ggm(a2, c, L2, params, seed=2)
     assert cuda_backend.last_stats["resident_hits"] == 3  # a's vectors, ids and keys came from the first merge
     assert cuda_backend.last_stats["h2d_bytes"] == shard_bytes  # c only
     b2 = ShardPart(b.offset, b.vectors, mb)
     cuda_backend.stage([d.vectors, d.graph.ids, d.graph.dists])
     cuda_backend._ahead.submit(lambda: None).result()  # the upload-ahead thread has finished
-    mb2, md = cuda_backend.ggm(b2, d, "l2", params, seed=3)
+    mb2, md = cuda_backend.ggm(b2, d, L2, params, seed=3)
     assert cuda_backend.last_stats["h2d_bytes"] == 0 and cuda_backend.last_stats["resident_hits"] == 6
     for before, after, first in ((a2, ma2, 0), (c, mc, 2 * rows), (b2, mb2, rows), (d, md, 3 * rows)):
         assert np.all(after.dists <= before.graph.dists), "a merge only improves lists"
@@ -158,15 +159,15 @@ def test_ggm_ip_metric(cuda_backend):
     x = synth(n, 64, seed=9)
     x = x / np.linalg.norm(x, axis=1, keepdims=True)
     params = GnndParams(k=16)
-    ga = cuda_backend.gnnd(x[:half], "ip", params, seed=1)
-    gb = shifted(cuda_backend.gnnd(x[half:], "ip", params, seed=2), half)
+    ga = cuda_backend.gnnd(x[:half], IP, params, seed=1)
+    gb = shifted(cuda_backend.gnnd(x[half:], IP, params, seed=2), half)
     a, b = ShardPart(0, x[:half], ga), ShardPart(half, x[half:], gb)
     fixed = GnndParams(k=16, merge_iters=8, min_update_frac=0.0)
-    ma, mb = cuda_backend.ggm(a, b, "ip", fixed, seed=3)
+    ma, mb = cuda_backend.ggm(a, b, IP, fixed, seed=3)
     stats = dict(cuda_backend.last_stats)
     ids, d = np.concatenate([ma.ids, mb.ids]), np.concatenate([ma.dists, mb.dists])
     check_graph(ids, d, x, "ip")
-    ca, cb = CpuBackend(reference=True).ggm(a, b, "ip", fixed, seed=3)
+    ca, cb = CpuBackend(reference=True).ggm(a, b, IP, fixed, seed=3)
     rows = np.sort(np.random.default_rng(1).choice(n, 1000, replace=False))
     truth = exact_neighbours(x, rows, 10, "ip")
     r = recall_at(ids[rows], x, rows, 10, "ip", truth=truth)
@@ -205,10 +206,10 @@ def test_three_shards_keep_other_shard_entries(cuda_backend, sizes, dim, k, lw, 
     w = params.width()
     # rows of a shard of at most w rows start from a list that is not full; a merge need not fill it
     small = {s: n <= w for s, n in zip("abc", sizes)}
-    g = {s: shifted(cuda_backend.gnnd(xs[s], "l2", params, seed=i), offs[s]) for i, s in enumerate("abc")}
+    g = {s: shifted(cuda_backend.gnnd(xs[s], L2, params, seed=i), offs[s]) for i, s in enumerate("abc")}
     part = lambda s: ShardPart(offs[s], xs[s], g[s])  # noqa: E731
 
-    a1, c1 = cuda_backend.ggm(part("a"), part("c"), "l2", params, seed=10)
+    a1, c1 = cuda_backend.ggm(part("a"), part("c"), L2, params, seed=10)
     assert a1.ids.shape == (sizes[0], w) and c1.ids.shape == (sizes[2], w)
     _check(a1.ids, a1.dists, x, "l2", first_id=offs["a"], allow_empty=small["a"])
     _check(c1.ids, c1.dists, x, "l2", first_id=offs["c"], allow_empty=small["c"])
@@ -216,7 +217,7 @@ def test_three_shards_keep_other_shard_entries(cuda_backend, sizes, dim, k, lw, 
     assert in_c.any(), "a's lists point into c after the a-c merge"
     g["a"], g["c"] = a1, c1
 
-    a2, b2 = cuda_backend.ggm(part("a"), part("b"), "l2", params, seed=11)
+    a2, b2 = cuda_backend.ggm(part("a"), part("b"), L2, params, seed=11)
     _check(a2.ids, a2.dists, x, "l2", first_id=offs["a"], allow_empty=small["a"])
     _check(b2.ids, b2.dists, x, "l2", first_id=offs["b"], allow_empty=small["b"])
     assert a2.ids.shape == (sizes[0], w) and b2.ids.shape == (sizes[1], w)
@@ -236,7 +237,7 @@ def test_three_shards_keep_other_shard_entries(cuda_backend, sizes, dim, k, lw, 
 
     # after a-c, a-b and b-c, every row holds its top-W over all three shards
     g["a"], g["b"] = a2, b2
-    b3, c3 = cuda_backend.ggm(part("b"), part("c"), "l2", params, seed=12)
+    b3, c3 = cuda_backend.ggm(part("b"), part("c"), L2, params, seed=12)
     _check(b3.ids, b3.dists, x, "l2", first_id=offs["b"], allow_empty=small["b"])
     _check(c3.ids, c3.dists, x, "l2", first_id=offs["c"], allow_empty=small["c"])
     ids = np.concatenate([a2.ids, b3.ids, c3.ids])
@@ -254,8 +255,8 @@ def test_ggm_narrow_old_lists_and_third_shard_only_rows(cuda_backend):
     x = synth(na + nb + 500, 48, seed=3)
     params = GnndParams(k=8)
     w = params.width()
-    ga = cuda_backend.gnnd(x[:na], "l2", params, seed=1)
-    gb = shifted(cuda_backend.gnnd(x[na:na + nb], "l2", params, seed=2), na)
+    ga = cuda_backend.gnnd(x[:na], L2, params, seed=1)
+    gb = shifted(cuda_backend.gnnd(x[na:na + nb], L2, params, seed=2), na)
     # a: keep 20 columns; rows 0..99 point only into the third shard [na + nb, na + nb + 500)
     ga = KnnGraph(ga.ids[:, :20].copy(), ga.dists[:, :20].copy())
     third = na + nb + np.arange(20)
@@ -264,7 +265,7 @@ def test_ggm_narrow_old_lists_and_third_shard_only_rows(cuda_backend):
     ga.dists[:100] = np.sort((diff ** 2).sum(-1), axis=1).astype(np.float32)
     order = np.argsort((diff ** 2).sum(-1), axis=1)
     ga.ids[:100] = third[order]
-    ma, mb = cuda_backend.ggm(ShardPart(0, x[:na], ga), ShardPart(na, x[na:na + nb], gb), "l2", params, seed=5)
+    ma, mb = cuda_backend.ggm(ShardPart(0, x[:na], ga), ShardPart(na, x[na:na + nb], gb), L2, params, seed=5)
     assert ma.ids.shape == (na, w) and mb.ids.shape == (nb, w)
     check_graph(ma.ids, ma.dists, x, "l2", first_id=0)
     check_graph(mb.ids, mb.dists, x, "l2", first_id=na)
@@ -323,7 +324,7 @@ def _ingest_case(rows: int, nb: int, dim: int, params: GnndParams, dtype=np.floa
         x = _quantise_u8(x)
     cpu = CpuBackend(reference=True)
     old = merged_shards(cpu, x[:3 * rows], rows, params)
-    batch = ShardPart(3 * rows, x[3 * rows:], shifted(cpu.gnnd(x[3 * rows:], "l2", params, seed=9), 3 * rows))
+    batch = ShardPart(3 * rows, x[3 * rows:], shifted(cpu.gnnd(x[3 * rows:], L2, params, seed=9), 3 * rows))
     return x, old, batch
 
 
@@ -342,10 +343,10 @@ def test_seeded_setup_takes_the_cpu_seeds(cuda_backend, dim, dtype):
     # b has met old[0] and old[2] (as after an ingest's first merges)
     vias, b = [], batch
     for k, old_part in enumerate((old[0], old[2])):
-        g_old, g_b = CpuBackend(reference=True).ggm(old_part, b, "l2", built, seed=1 + k)
+        g_old, g_b = CpuBackend(reference=True).ggm(old_part, b, L2, built, seed=1 + k)
         vias.append(ShardPart(old_part.offset, old_part.vectors, g_old))
         b = ShardPart(b.offset, b.vectors, g_b)
-    ga, gb = cuda_backend.ggm(a, b, "l2", params, seed=2, vias=vias)
+    ga, gb = cuda_backend.ggm(a, b, L2, params, seed=2, vias=vias)
     assert cuda_backend.last_stats["seeded"] == 2
     np.testing.assert_array_equal(ga.dists, a.graph.dists)  # ids of equal keys may swap places
     np.testing.assert_array_equal(np.sort(ga.ids, axis=1), np.sort(a.graph.ids, axis=1))
@@ -408,9 +409,9 @@ def test_targeted_merge_meets_target_and_matches_cpu(cuda_backend, dim, metric):
     if metric == "ip":
         x = (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
     params = GnndParams(k=10)
-    a = ShardPart(0, x[:na], cuda_backend.gnnd(x[:na], metric, params, seed=1))
-    b = ShardPart(na, x[na:], shifted(cuda_backend.gnnd(x[na:], metric, params, seed=2), na))
-    ma, mb = cuda_backend.ggm(a, b, metric, params, seed=3)
+    a = ShardPart(0, x[:na], cuda_backend.gnnd(x[:na], metric_of(metric), params, seed=1))
+    b = ShardPart(na, x[na:], shifted(cuda_backend.gnnd(x[na:], metric_of(metric), params, seed=2), na))
+    ma, mb = cuda_backend.ggm(a, b, metric_of(metric), params, seed=3)
     assert cuda_backend.last_stats["half"] == (dim >= cuda_module.HALF_MIN_DIM)
     # a merge of small 96-d shards can stall at the widest lists; it then returns the pair's exact lists
     assert ma.report["stop"].startswith("target met") or ma.report["stop"].startswith("exact graph"), ma.report
@@ -419,7 +420,7 @@ def test_targeted_merge_meets_target_and_matches_cpu(cuda_backend, dim, metric):
     rows = np.sort(np.random.default_rng(7).choice(na + nb, 1000, replace=False))
     truth = exact_neighbours(x, rows, 10, metric)
     r_gpu = recall_at(ids[rows], x, rows, 10, metric, truth=truth)
-    ca, cb = CpuBackend(reference=True).ggm(a, b, metric, params, seed=3)
+    ca, cb = CpuBackend(reference=True).ggm(a, b, metric_of(metric), params, seed=3)
     r_cpu = recall_at(np.concatenate([ca.ids, cb.ids])[rows], x, rows, 10, metric, truth=truth)
     assert r_gpu >= 0.985 and abs(r_gpu - r_cpu) <= 0.01, (r_gpu, r_cpu, ma.report)
 
@@ -437,11 +438,11 @@ def test_merge_that_falls_short_gives_the_pairs_exact_lists(cuda_backend, dim, d
     cpu = CpuBackend(reference=True)
     parts = []
     for off, part in ((0, x[:na]), (na, x[na:])):
-        g = cpu.exact_knn(part, 11, "l2", [(off, part)])
+        g = cpu.exact_knn(part, 11, L2, [(off, part)])
         parts.append(ShardPart(off, part, KnnGraph(g.ids[:, 1:], g.dists[:, 1:])))
     params = GnndParams(k=10, recall=0.99, merge_iters=2)
-    ga, gb = cuda_backend.ggm(parts[0], parts[1], "l2", params, seed=4)
+    ga, gb = cuda_backend.ggm(parts[0], parts[1], L2, params, seed=4)
     assert ga.report["stop"].startswith("exact graph"), ga.report
-    truth = cpu.exact_knn(x, 11, "l2", [(0, x)])
+    truth = cpu.exact_knn(x, 11, L2, [(0, x)])
     got = np.concatenate([ga.dists, gb.dists])  # lists of params.width(): the first 10 are the answer
     np.testing.assert_allclose(got[:, :10], truth.dists[:, 1:], rtol=1e-4, atol=1e-3)

@@ -12,6 +12,7 @@ import pytest
 from bigknn.core.params import MIN_LIST, GnndParams
 from bigknn.algorithms.recall_target import MAX_WIDTH
 from bigknn.core.synth import synth
+from bigknn.core.metric import L2, metric as metric_of
 
 pytestmark = pytest.mark.gpu
 
@@ -103,7 +104,7 @@ def test_gnnd_recall_20k(cuda_backend, metric):
     if metric == "ip":
         x = _normalise(x)  # cosine as the pipeline hands it over
     params = GnndParams(k=32, iters=12, min_update_frac=0.001)
-    g = cuda_backend.gnnd(x, metric, params, seed=5)
+    g = cuda_backend.gnnd(x, metric_of(metric), params, seed=5)
     _check_graph(x, g, params.width(), metric)
     rows = np.random.default_rng(0).choice(len(x), 1000, replace=False)
     exact = _exact_top(x, rows, 10, metric)
@@ -133,7 +134,7 @@ def test_gnnd_invariants(cuda_backend, n, d, k, dtype, metric):
         x = _normalise(x)
     x = _quantise(x, dtype)
     params = GnndParams(k=k, iters=10, min_update_frac=0.001)
-    g = cuda_backend.gnnd(x, metric, params, seed=3)
+    g = cuda_backend.gnnd(x, metric_of(metric), params, seed=3)
     w = params.width()  # lists are built and returned w >= k wide; the first k are the answer
     assert w == max(k, MIN_LIST)
     _check_graph(x, g, w, metric)
@@ -153,7 +154,7 @@ def test_gnnd_duplicate_rows(cuda_backend):
     x = np.concatenate([base, base, base, same])
     x = x[np.random.default_rng(1).permutation(len(x))]
     params = GnndParams(k=10, iters=10, min_update_frac=0.001)
-    g = cuda_backend.gnnd(x, "l2", params, seed=9)
+    g = cuda_backend.gnnd(x, L2, params, seed=9)
     _check_graph(x, g, params.width(), "l2")
     # rows of base have at least 2 exact copies (3 for the first row): both found at key 0
     zero2 = (g.dists[:, :2] == 0).all(axis=1)
@@ -164,7 +165,7 @@ def test_gnnd_returns_lists_of_width(cuda_backend):
     """Lists are built and returned GnndParams.width() wide (list_width > k): the first k are the answer."""
     x = synth(3000, 32, seed=6)
     params = GnndParams(k=10, list_width=48, iters=10, min_update_frac=0.001)
-    g = cuda_backend.gnnd(x, "l2", params, seed=2)
+    g = cuda_backend.gnnd(x, L2, params, seed=2)
     assert params.width() == 48
     _check_graph(x, g, 48, "l2")
     exact = _exact_top(x, np.arange(500), 10, "l2")
@@ -174,7 +175,7 @@ def test_gnnd_returns_lists_of_width(cuda_backend):
 def test_gnnd_small_n_is_exact(cuda_backend):
     x = synth(20, 16, seed=2)
     params = GnndParams(k=32)
-    g = cuda_backend.gnnd(x, "l2", params, seed=0)
+    g = cuda_backend.gnnd(x, L2, params, seed=0)
     assert g.ids.shape == (20, params.width())
     assert (g.ids[:, 19:] == -1).all() and np.isinf(g.dists[:, 19:]).all()
     _check_graph(x, type(g)(g.ids[:, :19].copy(), g.dists[:, :19].copy()), 19, "l2")
@@ -188,7 +189,6 @@ def test_iterate_respects_labels(cuda_backend):
     entries OLD and its other-label entries NEW, as GGM's set-up hands them over."""
     import cupy as cp
 
-    from bigknn.backends.cuda.compile import kernel_metric
     from bigknn.backends.cuda.descent import init_graph, iterate
     from bigknn.backends.cuda.rows import prepare_rows
 
@@ -196,7 +196,7 @@ def test_iterate_respects_labels(cuda_backend):
     x = synth(n, d, seed=4)
     labels = (np.arange(n) % 2).astype(np.int32)
     xd, ctype, d, dpad = prepare_rows(x, cuda_backend.gpu.transfer)
-    m = kernel_metric("l2")
+    m = L2.kernel_id
     ids, keys, flags = init_graph(xd, ctype, d, dpad, m, k, seed=1)
     ids0 = ids.get()
     lab_d = cp.asarray(labels)
@@ -235,7 +235,7 @@ def test_exact_knn_matches_numpy(cuda_backend, d, k, dtype, metric):
     qrows = rng.choice(len(data), 333, replace=False)
     queries = data[qrows]
     blocks = [(int(o), data[o:o + s]) for o, s in zip(offs, sizes)]
-    g = cuda_backend.exact_knn(queries, k, metric, blocks)
+    g = cuda_backend.exact_knn(queries, k, metric_of(metric), blocks)
     assert g.ids.shape == (333, k) and g.ids.dtype == np.int32 and g.dists.dtype == np.float32
     keys = _keys64(queries, data, metric)
     ref = np.sort(keys, axis=1)[:, :k]
@@ -256,7 +256,7 @@ def test_exact_knn_matches_numpy(cuda_backend, d, k, dtype, metric):
 def test_exact_knn_more_k_than_rows(cuda_backend):
     rng = np.random.default_rng(3)
     data = rng.normal(size=(20, 24)).astype(np.float32)
-    g = cuda_backend.exact_knn(data[:5], 30, "l2", [(100, data[:12]), (112, data[12:])])
+    g = cuda_backend.exact_knn(data[:5], 30, L2, [(100, data[:12]), (112, data[12:])])
     assert (g.ids[:, 20:] == -1).all() and np.isinf(g.dists[:, 20:]).all()
     assert (g.ids[:, 0] == 100 + np.arange(5)).all()  # self first (key 0), global ids
     assert sorted(g.ids[0, :20]) == list(range(100, 120))
@@ -266,7 +266,7 @@ def test_exact_knn_device_blocks_and_self(cuda_backend):
     import cupy as cp
 
     x = synth(5000, 64, seed=8)
-    g = cuda_backend.exact_knn(x[:100], 11, "l2", [(0, cp.asarray(x[:2048])), (2048, cp.asarray(x[2048:]))])
+    g = cuda_backend.exact_knn(x[:100], 11, L2, [(0, cp.asarray(x[:2048])), (2048, cp.asarray(x[2048:]))])
     assert (g.ids[:, 0] == np.arange(100)).all()
     exact = _exact_top(x, np.arange(100), 10, "l2")
     assert _recall(g.ids[:, 1:], exact, 10) == 1.0
@@ -297,7 +297,7 @@ def test_gnnd_meets_recall_target(cuda_backend, d, dtype, metric):
         x = _normalise(x)
     x = _quantise(x, dtype)
     params = GnndParams(k=10)
-    g = cuda_backend.gnnd(x, metric, params, seed=4)
+    g = cuda_backend.gnnd(x, metric_of(metric), params, seed=4)
     assert cuda_backend.last_stats["half"] == (dtype == np.float32 and d >= cuda_module.HALF_MIN_DIM)
     assert g.report["stop"].startswith("target met"), g.report
     _check_graph(x, g, params.width(), metric)
@@ -306,7 +306,7 @@ def test_gnnd_meets_recall_target(cuda_backend, d, dtype, metric):
     r = _recall(g.ids[rows], exact, 10)
     assert r >= 0.985, f"recall@10 {r:.4f} ({g.report})"
     assert abs(r - g.report["estimate"]["recall"]) <= 0.012, (r, g.report)
-    ref = CpuBackend(reference=True).gnnd(x, metric, params, seed=4)
+    ref = CpuBackend(reference=True).gnnd(x, metric_of(metric), params, seed=4)
     assert abs(_recall(ref.ids[rows], exact, 10) - r) <= 0.01
 
 
@@ -321,7 +321,7 @@ def test_gnnd_widens_where_it_stalls(cuda_backend, monkeypatch, n, d):
     monkeypatch.setattr(target, "exact_seconds", lambda *shape: float("inf"))
     x = np.random.default_rng().standard_normal((n, d)).astype(np.float32)
     params = GnndParams(k=8)
-    g = cuda_backend.gnnd(x, "l2", params, seed=2)
+    g = cuda_backend.gnnd(x, L2, params, seed=2)
     _check_graph(x, g, params.width(), "l2")
     assert g.report["widened"] >= 1 and g.report["width"] > params.width(), g.report
     assert g.report["stop"].startswith(("target met", "stalled at the widest lists")), g.report
@@ -349,7 +349,7 @@ def test_probe_measures_float32_keys_in_order(cuda_backend, dtype, metric):
         ids[rng.random(ids.shape) < 0.2] = -1
         probe = Probe(rows, np.zeros((301, 1), np.int32), np.zeros(301, np.float32))
         target = DeviceTarget(probe, Stopper(0.99, width), GnndParams(k=8), lambda w, p: True, cp.asarray(x),
-                              "ip" if metric == "ip" else "l2")
+                              metric_of(metric))
         got_ids, got_keys = target.exact_lists(cp.asarray(ids))
         for r in range(301):
             listed = ids[r][ids[r] >= 0]
@@ -363,7 +363,7 @@ def test_gnnd_takes_the_exact_graph_early_where_descent_would_cost_more(cuda_bac
     """iid rows climb slowly: the descent gives way to the exact graph after a few iterations (cheaper than
     the rest of the descent at its pace), not after widening to the widest lists; the graph is exact."""
     x = np.random.default_rng().standard_normal((40009, 96)).astype(np.float32)
-    g = cuda_backend.gnnd(x, "l2", GnndParams(k=10), seed=3)
+    g = cuda_backend.gnnd(x, L2, GnndParams(k=10), seed=3)
     assert g.report["stop"].startswith("exact graph: cheaper than the descent"), g.report
     assert g.report["widened"] == 0 and len(g.report["trace"]) <= 12, g.report
     _check_graph(x, g, GnndParams(k=10).width(), "l2")
@@ -400,11 +400,11 @@ def test_tensor_core_cross_match_matches_fma_and_cpu(n, d, k, dtype, metric):
     got = {}
     for mma in (True, False):
         be = CudaBackend(tensor_cores=mma)
-        g = be.gnnd(x, metric, params, seed=5)
+        g = be.gnnd(x, metric_of(metric), params, seed=5)
         assert be.last_stats["mma"] == mma
         _check_graph(x, g, params.width(), metric)
         got[mma] = _recall(g.ids[rows], exact, min(k, 10))
-    ref = CpuBackend(reference=True).gnnd(x, metric, params, seed=5)
+    ref = CpuBackend(reference=True).gnnd(x, metric_of(metric), params, seed=5)
     r_cpu = _recall(ref.ids[rows], exact, min(k, 10))
     assert got[True] >= 0.9, got
     assert abs(got[True] - got[False]) <= 0.01 and abs(got[True] - r_cpu) <= 0.02, (got, r_cpu)
@@ -423,7 +423,7 @@ def test_gnnd_descends_on_a_probe_it_is_given(cuda_backend):
     sample = SampleTruth(rows, x[rows], "l2", 10, seed, positional=True)
     probe = sample.probe(0, len(x), sample.add(cuda_backend, 0, 0, x), GnndParams(k=10).width(), 1.0)
     assert probe is not None and len(probe.rows) == PROBE_ROWS
-    g = cuda_backend.gnnd(x, "l2", GnndParams(k=10), seed=5, probe=probe)
+    g = cuda_backend.gnnd(x, L2, GnndParams(k=10), seed=5, probe=probe)
     assert g.report["estimate"]["rows"] == PROBE_ROWS and g.report["stop"].startswith("target met"), g.report
     _check_graph(x, g, GnndParams(k=10).width(), "l2")
     check = np.random.default_rng().choice(len(x), 300, replace=False)
@@ -437,12 +437,12 @@ def test_gnnd_reads_the_rows_its_recall_sample_uploaded(cuda_backend):
     queries = x[:: 997].copy()
     for k in (1, 10):
         params = GnndParams(k=k)
-        plain = cuda_backend.gnnd(x, "l2", params, seed=1)
+        plain = cuda_backend.gnnd(x, L2, params, seed=1)
         assert cuda_backend.last_stats["rows_kept"] is False
         cuda_backend.stage([x])
-        truth = cuda_backend.exact_knn(queries, k, "l2", [(0, x)])
+        truth = cuda_backend.exact_knn(queries, k, L2, [(0, x)])
         np.testing.assert_array_equal(truth.ids[:, 0], np.arange(0, len(x), 997))  # each query finds itself
-        staged = cuda_backend.gnnd(x, "l2", params, seed=1)
+        staged = cuda_backend.gnnd(x, L2, params, seed=1)
         assert cuda_backend.last_stats["rows_kept"] is True
         assert not cuda_backend.gpu.resident.has(x)  # taken by the GNND, not kept past it
         rows = np.arange(0, len(x), 67)
@@ -498,12 +498,12 @@ def test_the_warm_up_runs_beside_the_caller_and_the_first_call_waits_for_it(cuda
     from bigknn.backends.cuda import CudaBackend
 
     backend, said = CudaBackend(), []  # a fresh one (the fixture's, shared, may have warmed up before)
-    like = CallShape(37, "float32", "l2", GnndParams(k=10))
+    like = CallShape(37, "float32", L2, GnndParams(k=10))
     assert backend.warm_up(said.append, like) == 0.0
     first = backend._warming
     assert backend.warm_up(said.append, like) == 0.0 and backend._warming is first
     x = synth(5003, 37, seed=9).astype(np.float32)
-    g = backend.gnnd(x, "l2", GnndParams(k=10), seed=2)
+    g = backend.gnnd(x, L2, GnndParams(k=10), seed=2)
     assert not first.is_alive()
     _check_graph(x, g, GnndParams(k=10).width(), "l2")
 
@@ -530,10 +530,10 @@ def test_a_call_out_of_device_memory_drops_the_kept_copies_and_runs_once_more(cu
 
     monkeypatch.setattr(gnnd_module, "gnnd", runs_out_once)
     x = synth(3001, 16, seed=5).astype(np.float32)
-    g = backend.gnnd(x, "l2", GnndParams(k=5), seed=1)
+    g = backend.gnnd(x, L2, GnndParams(k=5), seed=1)
     assert kept_bytes == [kept.nbytes, 0]
     _check_graph(x, g, GnndParams(k=5).width(), "l2")
     monkeypatch.setattr(gnnd_module, "gnnd", lambda gpu, *a: (_ for _ in ()).throw(
         cp.cuda.memory.OutOfMemoryError(1 << 40, 0, 0)))
     with pytest.raises(cp.cuda.memory.OutOfMemoryError):
-        backend.gnnd(x, "l2", GnndParams(k=5), seed=1)
+        backend.gnnd(x, L2, GnndParams(k=5), seed=1)

@@ -14,6 +14,7 @@ from bigknn.core.knn_graph import EMPTY
 from bigknn.algorithms.search_params import DiversifyRule
 from bigknn.operations.search_arrays import load_index
 from bigknn.shards import Store
+from bigknn.core.metric import L2, metric as metric_of
 
 pytestmark = pytest.mark.gpu
 
@@ -44,8 +45,8 @@ def test_gpu_diversify_matches_the_reference(cuda_backend, metric, rule, rows, w
     rng = np.random.default_rng(rows * 1000 + width)
     table, cands, keys, twin = _lists(rng, metric, rows, width)
     cut = max(1, width // 2)  # lists cut short of the candidates: the device's sort must rank before it cuts
-    want = CpuBackend().diversify_lists(cands, keys, table, metric, rule, cut)
-    got = cuda_backend.diversify_lists(cands, keys, table, metric, rule, cut)
+    want = CpuBackend().diversify_lists(cands, keys, table, metric_of(metric), rule, cut)
+    got = cuda_backend.diversify_lists(cands, keys, table, metric_of(metric), rule, cut)
     for g, w in zip(got, want):
         assert g.dtype == w.dtype and g.shape == w.shape
     cols = got[0]
@@ -56,7 +57,7 @@ def test_gpu_diversify_matches_the_reference(cuda_backend, metric, rule, rows, w
     assert same >= 0.98, same  # float32 pair keys may decide a near-tie the other way
     # and the table stays on the device for the next call with the same table
     arrays = cuda_backend._prune_table.arrays
-    cuda_backend.diversify_lists(cands[:1], keys[:1], table, metric, rule, cut)
+    cuda_backend.diversify_lists(cands[:1], keys[:1], table, metric_of(metric), rule, cut)
     assert cuda_backend._prune_table.arrays is arrays
 
 
@@ -65,10 +66,10 @@ def test_a_capped_gpu_diversifies_alike_with_the_rows_each_block_names(cuda_back
     from bigknn.backends.cuda import diversify as prune
 
     table, cands, keys, _ = _lists(np.random.default_rng(11), "l2", 700, 48)
-    whole = cuda_backend.diversify_lists(cands, keys, table, "l2", rule, 40)
+    whole = cuda_backend.diversify_lists(cands, keys, table, L2, rule, 40)
     monkeypatch.setattr(prune, "BLOCK_BYTES", 48 * (12 + 4 * 29) * 100)  # blocks of 100 rows
     monkeypatch.setattr(cuda_backend.gpu, "budget", lambda: 4 * table.size)  # half of it holds half the table
-    capped = cuda_backend.diversify_lists(cands, keys, table.copy(), "l2", rule, 40)  # a table the device lacks
+    capped = cuda_backend.diversify_lists(cands, keys, table.copy(), L2, rule, 40)  # a table the device lacks
     for c, w in zip(capped, whole):
         np.testing.assert_array_equal(c, w)
 
@@ -85,7 +86,7 @@ def test_gpu_prune_matches_the_cpu_prune(tmp_path, cuda_backend, method):
         with bigknn.build(x, k=20, store=path, backend="cpu", shard_rows=900, seed=1) as g:
             g.prune(method, degree=20, backend=backend, host_mem=host_mem)
         st = Store.open(path)
-        graphs[backend, host_mem] = load_index(st, "l2")[0]
+        graphs[backend, host_mem] = load_index(st, L2)[0]
         st.close()
     for way in (("cuda", None), ("cuda", 1)):
         same = (graphs["cpu", None].ids == graphs[way].ids).all(axis=1).mean()

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from bigknn.backends.cpu import CpuBackend
-from bigknn.core.metric import kernel_metric, prepare_rows
+from bigknn.core.metric import metric as metric_of, prepare_rows
 from bigknn.algorithms.search_params import PARENTS, SearchPlan
 
 from conftest import pruned_store, stored_index
@@ -32,7 +32,7 @@ def _index(tmp_path, rng, dtype, metric: str, method: str, n: int = 1999, d: int
         q = np.clip(q * 20 + 128, 0, 255).astype(np.float32)
     path = tmp_path / f"{method}-{metric}.knn"
     index = stored_index(pruned_store(path, x, k=24, degree=24, shard_rows=800, method=method, metric=metric),
-                         kernel_metric(metric))
+                         metric_of(metric))
     return index, prepare_rows(q, metric).astype(np.float32)
 
 
@@ -168,9 +168,9 @@ def test_gpu_entry_points_match_the_reference(metric, sample_rows, queries):
     ids = np.sort(rng.choice(10 * sample_rows, sample_rows, replace=False))  # ascending, as entry_sample's
     q = rng.integers(-3, 4, (queries, 11)).astype(np.float32)
     q[-1:] = rows[:1]
-    want = nearest_entries(np, rows, ids, q, metric)
+    want = nearest_entries(np, rows, ids, q, metric_of(metric))
     d_rows = cp.asarray(rows)
     sample = (cp.asarray(ids, dtype=cp.int32), d_rows, (d_rows * d_rows).sum(axis=1, dtype=cp.float32))
-    got = device_entries(sample, cp.asarray(q), metric).get()
+    got = device_entries(sample, cp.asarray(q), metric_of(metric)).get()
     assert got.shape == want.shape == (queries, min(32, sample_rows))
     np.testing.assert_array_equal(got, want)

@@ -16,6 +16,7 @@ import bigknn
 from bigknn.backends.base import Backend
 from bigknn.backends.cpu import CpuBackend
 from bigknn.backends.cuda import CudaBackend
+from bigknn.core.metric import L2
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -107,6 +108,34 @@ def test_the_name_probe_catches_what_it_forbids():
     assert not NAME_PROBE.search('"backend": backend.name,')
 
 
+# the kernels' metric names as literals in code (comments and docstrings are not code): what a comparison with a
+# metric's name (``metric == "l2"``, ``metric in ("l2", "ip")``) or a lookup by it needs
+METRIC_NAMES = {"l2", "ip"}
+METRIC_BLIND = ("backends", "algorithms")  # folders of bigknn/ that get the Metric object and ask it
+
+
+def metric_name_literals(source: str) -> list[int]:
+    """Lines of ``source`` holding the string literal "l2" or "ip" in code."""
+    return sorted({node.lineno for node in ast.walk(ast.parse(source))
+                   if isinstance(node, ast.Constant) and node.value in METRIC_NAMES})
+
+
+def test_backends_and_algorithms_ask_the_metric_never_its_name():
+    """The backend contract carries the Metric object (bigknn/core/metric.py): the backends and the algorithms
+    ask its ``dot_keys`` or ``kernel_id`` and never compare or look up its name, so that cosine (ip's kernels
+    on normalised rows) or a new metric needs no branch there (issue 34)."""
+    named = [f"{path.relative_to(ROOT)}:{n}" for folder in METRIC_BLIND
+             for path in (ROOT / "bigknn" / folder).rglob("*.py") for n in metric_name_literals(path.read_text())]
+    assert not named, named
+
+
+def test_the_metric_name_scan_catches_what_it_forbids():
+    for line in ('if metric == "l2": pass', 'x = "ip" != kind', 'ok = metric in ("l2", "ip")',
+                 'key = {"l2": 0, "ip": 1}[metric]', 'keys = pairwise_keys(a, b, "l2")'):
+        assert metric_name_literals(line) == [1], line
+    assert not metric_name_literals('"""Keys: squared l2, or -dot for "ip"."""  # not "l2"\nif metric.dot_keys: pass')
+
+
 def public_callables():
     for name in bigknn.__all__:
         obj = getattr(bigknn, name)
@@ -159,13 +188,13 @@ def test_cuda_backend_keeps_the_declared_contract():
     x = synth(6001, 24, seed=11)  # shards above EXACT_ROWS, so both descend
     for backend in (CpuBackend(), CudaBackend()):
         counts: list[int] = []
-        ga = backend.gnnd(x[:3000], "l2", params, seed=1, on_iter=counts.append)
+        ga = backend.gnnd(x[:3000], L2, params, seed=1, on_iter=counts.append)
         assert 1 <= len(counts) <= params.iters and all(int(c) >= 0 for c in counts), (backend.name, counts)
-        gb = backend.gnnd(x[3000:], "l2", params, seed=2)
+        gb = backend.gnnd(x[3000:], L2, params, seed=2)
         gb.ids[gb.ids >= 0] += 3000
         merged: list[int] = []
         backend.stage([x[3000:]])
-        backend.ggm(ShardPart(0, x[:3000], ga), ShardPart(3000, x[3000:], gb), "l2", params, seed=3,
+        backend.ggm(ShardPart(0, x[:3000], ga), ShardPart(3000, x[3000:], gb), L2, params, seed=3,
                     on_iter=merged.append)
         assert 1 <= len(merged) <= params.merge_iters, (backend.name, merged)
     assert isinstance(CudaBackend().memory_budget(), int) and CudaBackend().memory_budget() > 0

@@ -19,6 +19,7 @@ from bigknn.backends.cpu import CpuBackend
 from bigknn.backends.cpu.diversify import diversify, reach_back
 from bigknn.core.errors import BadInput
 from bigknn.core.knn_graph import EMPTY
+from bigknn.core.metric import L2, metric as metric_of
 from bigknn.operations.verify import repair, verify
 from bigknn.algorithms.search_params import NO_LAMBDA, SYM_MIDPOINT, DiversifyRule
 from bigknn.operations.search_arrays import load_index
@@ -71,7 +72,7 @@ def _occludes(table, row, i, j, metric, alpha, rule):
 @pytest.mark.parametrize("rule", [DiversifyRule("rng"), DiversifyRule("gd", 1.0), DiversifyRule("gd", 1.2)])
 def test_sequential_rules_keep_exactly_the_unoccluded(metric, rule):
     table, cands, keys = _candidate_lists(np.random.default_rng(1), metric)
-    kept = diversify(cands, keys, table, metric, rule).astype(bool)
+    kept = diversify(cands, keys, table, metric_of(metric), rule).astype(bool)
     assert not kept[cands < 0].any()
     for r in range(len(cands)):
         for j in np.flatnonzero(cands[r] >= 0):
@@ -90,8 +91,8 @@ def test_a_twin_of_the_row_occludes_nothing(rule):
     table, cands, keys = _candidate_lists(np.random.default_rng(4), "l2")
     table[cands[:, 0]] = table[:len(cands)]  # each row's nearest candidate becomes its twin
     keys[:, 0] = 0.0
-    with_twin = diversify(cands, keys, table, "l2", rule)
-    without = diversify(cands[:, 1:], keys[:, 1:], table, "l2", rule)
+    with_twin = diversify(cands, keys, table, L2, rule)
+    without = diversify(cands[:, 1:], keys[:, 1:], table, L2, rule)
     if rule.sequential:
         assert with_twin[:, 0].all()
     np.testing.assert_array_equal(with_twin[:, 1:], without)
@@ -104,8 +105,8 @@ def test_diversified_lists_are_the_verdicts_columns_in_rank_order(rule, width):
     column by (factor capped at NO_LAMBDA - 1, column); cut to width, -1 / NO_LAMBDA padded (width 40 > the
     lists' 14 columns pads)."""
     table, cands, keys = _candidate_lists(np.random.default_rng(5), "l2")
-    verdict = diversify(cands, keys, table, "l2", rule)
-    cols, ranks = CpuBackend().diversify_lists(cands, keys, table, "l2", rule, width)
+    verdict = diversify(cands, keys, table, L2, rule)
+    cols, ranks = CpuBackend().diversify_lists(cands, keys, table, L2, rule, width)
     assert cols.shape == ranks.shape == (len(cands), width) and cols.dtype == np.int32 and ranks.dtype == np.uint8
     for r in range(len(cands)):
         valid = np.flatnonzero(cands[r] >= 0)
@@ -131,14 +132,14 @@ def test_verdict_columns_cap_the_factors_and_skip_empty_slots():
 
 def test_a_larger_alpha_keeps_more():
     table, cands, keys = _candidate_lists(np.random.default_rng(2), "l2")
-    kept = [diversify(cands, keys, table, "l2", DiversifyRule("gd", a)).sum() for a in (1.0, 1.2, 1.5)]
+    kept = [diversify(cands, keys, table, L2, DiversifyRule("gd", a)).sum() for a in (1.0, 1.2, 1.5)]
     assert kept[0] < kept[1] < kept[2]
 
 
 @pytest.mark.parametrize("metric", ["l2", "ip"])
 def test_occlusion_factors_count_every_closer_occluder(metric):
     table, cands, keys = _candidate_lists(np.random.default_rng(3), metric)
-    lam = diversify(cands, keys, table, metric, DiversifyRule("occlusion"))
+    lam = diversify(cands, keys, table, metric_of(metric), DiversifyRule("occlusion"))
     for r in range(len(cands)):
         valid = np.flatnonzero(cands[r] >= 0)
         for j in valid:
@@ -194,7 +195,7 @@ def test_prune_commits_a_search_graph_and_keeps_the_knn_graph(store, method):
     with bigknn.open(path) as g:
         assert g.info.search == m["search"] and g.info.format == m["format"]
     st = Store.open(path)
-    index, entry = load_index(st, "l2")
+    index, entry = load_index(st, L2)
     st.close()
     assert index.ids.shape == (ROWS, 16) and entry.degree == 16
     valid = index.ids >= 0
@@ -211,7 +212,7 @@ def test_prune_commits_a_search_graph_and_keeps_the_knn_graph(store, method):
         assert (index.lambdas[valid] == 0).all() and r.symmetric_links > 0
         # every forward edge left is one the RNG rule keeps in the row's kNN list
         keys = ((x[:, None, :] - x[ids]) ** 2).sum(-1)
-        kept = diversify(ids.astype(np.int64), keys, x, "l2", DiversifyRule("rng")).astype(bool)
+        kept = diversify(ids.astype(np.int64), keys, x, L2, DiversifyRule("rng")).astype(bool)
         forward = np.zeros((ROWS, ROWS), bool)
         forward[np.repeat(np.arange(ROWS), K)[kept.ravel()], ids[kept]] = True
         in_knn = np.zeros((ROWS, ROWS), bool)
@@ -303,7 +304,7 @@ def test_a_killed_prune_leaves_the_last_commit_and_its_leftovers_are_dropped(sto
         read_manifest(path)["search"]["version"] == committed["version"] + 1  # killed after its commit
     m = read_manifest(path)
     st = Store.open(path)
-    index, entry = load_index(st, "l2")  # whichever commit stands, it reads whole
+    index, entry = load_index(st, L2)  # whichever commit stands, it reads whole
     st.close()
     assert entry.version == m["search"]["version"] and index.ids.shape[0] == ROWS
     with bigknn.open(path) as g:  # the next prune takes a fresh version and drops what the killed one left

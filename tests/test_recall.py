@@ -16,6 +16,7 @@ from bigknn.algorithms import recall_target as recall
 from bigknn.algorithms.recall_target import (ESTIMATE_ROWS, EXACT_AFFORD, PROBE_ROWS, MAX_WIDTH, STALL_ITERS, Estimate, Stopper, estimate,
                            held_out_estimate, interval, make_merge_probe, make_probe)
 from bigknn.core.synth import synth
+from bigknn.core.metric import L2
 from conftest import exact_neighbours, recall_at, run_json, write_synth
 
 
@@ -50,7 +51,7 @@ def test_make_probe_drops_self_even_among_duplicates():
     backend = CpuBackend()
 
     def exact(rows, m):
-        g = backend.exact_knn(x[rows], m, "l2", [(0, x)])
+        g = backend.exact_knn(x[rows], m, L2, [(0, x)])
         return g.ids, g.dists
 
     probe = make_probe(len(x), 3, exact, np.random.default_rng(1), size=len(x))
@@ -231,8 +232,8 @@ def test_cpu_gnnd_meets_its_target_where_fixed_rules_fall_short():
     x = np.random.default_rng(int(np.random.default_rng().integers(1 << 30))).normal(size=(6007, 48)).astype(np.float32)
     rows = np.sort(np.random.default_rng(2).choice(len(x), 500, replace=False))
     truth = exact_neighbours(x, rows, 10)
-    fixed = CpuBackend().gnnd(x, "l2", GnndParams(k=10, recall=0, iters=2), seed=1)
-    g = CpuBackend().gnnd(x, "l2", GnndParams(k=10, recall=0.99), seed=1)
+    fixed = CpuBackend().gnnd(x, L2, GnndParams(k=10, recall=0, iters=2), seed=1)
+    g = CpuBackend().gnnd(x, L2, GnndParams(k=10, recall=0.99), seed=1)
     r_fixed = recall_at(fixed.ids[rows], x, rows, 10, truth=truth)
     r = recall_at(g.ids[rows], x, rows, 10, truth=truth)
     assert fixed.report is None and g.report["stop"].startswith("target met")
@@ -244,7 +245,7 @@ def test_cpu_gnnd_meets_its_target_where_fixed_rules_fall_short():
 def test_cpu_gnnd_falls_back_to_the_exact_graph_where_descent_stalls():
     x = np.random.default_rng().standard_normal((3001, 96)).astype(np.float32)  # iid: no structure to descend
     params = GnndParams(k=5, recall=0.999, iters=200)
-    g = CpuBackend().gnnd(x, "l2", params, seed=3)
+    g = CpuBackend().gnnd(x, L2, params, seed=3)
     rows = np.arange(300)
     truth = exact_neighbours(x, rows, 10)
     assert g.ids.shape == (len(x), params.width())
@@ -270,7 +271,7 @@ def test_cpu_gnnd_keeps_its_lists_where_the_exact_graph_is_dear(monkeypatch):
     # other jobs) took long enough to afford the slowed search
     monkeypatch.setattr(recall, "EXACT_AFFORD", 0.1)
     x = np.random.default_rng(7).standard_normal((4001, 32)).astype(np.float32)
-    g = CpuBackend().gnnd(x, "l2", GnndParams(k=10, recall=0.999, iters=2), seed=3)
+    g = CpuBackend().gnnd(x, L2, GnndParams(k=10, recall=0.999, iters=2), seed=3)
     rep = g.report
     assert rep["stop"] == "iteration cap" and rep["estimate"]["high"] < 0.999, rep  # fell short, lists kept
     assert rep["exact_s"] >= 0.3 * len(x) / PROBE_ROWS and rep["exact_s"] > 0.1 * rep["spent_s"] > 0, rep
@@ -284,12 +285,12 @@ def test_cpu_merge_that_falls_short_gives_the_pairs_exact_lists():
     exact = CpuBackend().exact_knn
     halves = []
     for off, part in ((0, x[:na]), (na, x[na:])):
-        g = exact(part, 11, "l2", [(off, part)])  # each shard's exact graph (self first, dropped)
+        g = exact(part, 11, L2, [(off, part)])  # each shard's exact graph (self first, dropped)
         halves.append(ShardPart(off, part, KnnGraph(g.ids[:, 1:], g.dists[:, 1:])))
     params = GnndParams(k=10, recall=0.99, merge_iters=2)
-    ga, gb = CpuBackend().ggm(halves[0], halves[1], "l2", params, seed=4)
+    ga, gb = CpuBackend().ggm(halves[0], halves[1], L2, params, seed=4)
     assert ga.report["stop"].startswith("exact graph: the descent ran out of iterations"), ga.report
-    truth = exact(x, 11, "l2", [(0, x)])
+    truth = exact(x, 11, L2, [(0, x)])
     got = np.concatenate([ga.dists, gb.dists])
     np.testing.assert_allclose(got, truth.dists[:, 1:], rtol=1e-5, atol=1e-4)  # keys: ties may swap ids
     assert (np.concatenate([ga.ids, gb.ids]) == truth.ids[:, 1:]).mean() > 0.999
@@ -302,12 +303,12 @@ def test_merge_probe_draws_half_from_each_shard_so_a_small_batch_is_measured():
     parts = []
     for off, n in ((0, 3000), (3000, 60)):
         x = rng.standard_normal((n, 8)).astype(np.float32)
-        g = CpuBackend().exact_knn(x, 6, "l2", [(off, x)])
+        g = CpuBackend().exact_knn(x, 6, L2, [(off, x)])
         parts.append(ShardPart(off, x, KnnGraph(g.ids[:, 1:], g.dists[:, 1:])))
 
     def probe(a, b):
         def exact(rows, m, other_is_b):
-            g = CpuBackend().exact_knn(np.concatenate([a.vectors, b.vectors])[rows], m, "l2",
+            g = CpuBackend().exact_knn(np.concatenate([a.vectors, b.vectors])[rows], m, L2,
                                        [((b if other_is_b else a).offset, (b if other_is_b else a).vectors)])
             return g.ids, g.dists
         return make_merge_probe(a, b, 5, exact, np.random.default_rng(1))

@@ -10,6 +10,7 @@ import pytest
 
 import bigknn
 from bigknn.formats import read_truth, write_truth, write_vectors
+from bigknn.core.metric import metric as metric_of
 
 from conftest import (assert_one_line_error, clustered, pruned_store, run_cli, run_json, search_set, stored_index,
                       tree_hashes)
@@ -192,7 +193,7 @@ def test_entry_points_are_the_sample_rows_nearest_each_query():
     assert len(sample) > 3000 and (np.diff(sample) > 0).all() and sample[-1] < len(x)
     assert not np.array_equal(sample, entry_sample(4, len(x)))  # the seed draws the sample
     for metric, keys in (("l2", ((q[:, None] - x[sample][None]) ** 2).sum(-1)), ("ip", -(q @ x[sample].T))):
-        got = nearest_entries(np, x[sample], sample, q, metric)
+        got = nearest_entries(np, x[sample], sample, q, metric_of(metric))
         np.testing.assert_array_equal(got, sample[np.argsort(keys, axis=1)[:, :32]])
 
 

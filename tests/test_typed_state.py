@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bigknn.backends.cuda.compile import kernel_metric as cuda_metric_id
 from bigknn.core.metric import COSINE, IP, L2, METRICS, metric
 from bigknn.core.params import GnndParams
 from bigknn.shards.manifest import Manifest
@@ -112,9 +111,8 @@ def test_every_metric_says_its_kernel_and_its_kernel_id_is_the_kernels():
                                                                (ROOT / "bigknn/backends/cuda/common.cuh").read_text()))
     assert documented == {"l2": 0, "ip": 1}
     for m in (L2, IP, COSINE):
-        assert m.kernel_id == documented[m.kernel] == cuda_metric_id(m.kernel)
-    with pytest.raises(ValueError, match="cosine arrives as ip"):
-        cuda_metric_id("cosine")
+        assert m.kernel_id == documented[m.kernel] and m.dot_keys == (m.kernel == "ip")
+    assert (COSINE.kernel_id, COSINE.dot_keys) == (IP.kernel_id, IP.dot_keys)  # cosine runs ip's kernels as it is
     with pytest.raises(ValueError, match="unknown metric 'l1'"):
         metric("l1")
 

@@ -21,6 +21,7 @@ from bigknn.core.progress import Reporter
 from bigknn.shards import Manifest, ShardEntry, Store
 from bigknn.shards.manifest import FORMAT_VERSION, WIDE_IDS_SINCE
 from bigknn.core.synth import synth
+from bigknn.core.metric import L2
 
 from conftest import tree_hashes
 
@@ -54,8 +55,8 @@ def test_merge_lists_orders_and_dedups_ids_past_int32():
 def test_exact_knn_ids_follow_the_offsets():
     x = synth(300, 8, seed=5)
     q = x[::30]
-    narrow = CpuBackend().exact_knn(q, 5, "l2", [(0, x[:100]), (100, x[100:])])
-    wide = CpuBackend().exact_knn(q, 5, "l2", [(0, x[:100]), (BIG - 100, x[100:])])
+    narrow = CpuBackend().exact_knn(q, 5, L2, [(0, x[:100]), (100, x[100:])])
+    wide = CpuBackend().exact_knn(q, 5, L2, [(0, x[:100]), (BIG - 100, x[100:])])
     assert narrow.ids.dtype == np.int32 and wide.ids.dtype == np.int64
     np.testing.assert_array_equal(np.where(wide.ids >= BIG - 100, wide.ids - BIG + 200, wide.ids), narrow.ids)
 
@@ -67,12 +68,12 @@ def test_ggm_past_int32_gives_the_same_merge_as_at_small_offsets():
     x = synth(2 * rows, 16, seed=3)
     params = GnndParams(k=10)
     backend = CpuBackend()
-    local = [backend.gnnd(x[i * rows:(i + 1) * rows], "l2", params, seed=i) for i in range(2)]
+    local = [backend.gnnd(x[i * rows:(i + 1) * rows], L2, params, seed=i) for i in range(2)]
 
     def merge(off_a: int, off_b: int) -> list[KnnGraph]:
         a, b = (ShardPart(off, x[i * rows:(i + 1) * rows], shard_graph_to_global(KnnGraph(g.ids.copy(), g.dists), off))
                 for i, (off, g) in enumerate(zip((off_a, off_b), local)))
-        return list(backend.ggm(a, b, "l2", params, seed=3))
+        return list(backend.ggm(a, b, L2, params, seed=3))
 
     small, wide = merge(0, rows), merge(BIG, HUGE)
     for s, w in zip(small, wide):

@@ -20,7 +20,7 @@ from typing import Callable, Protocol
 import numpy as np
 
 from bigknn.core.knn_graph import EMPTY, KnnGraph, drop_self, merge_lists
-from bigknn.core.metric import row_keys
+from bigknn.core.metric import Metric
 
 ENTRY_ROWS = 1024  # old rows every new row is compared with for its entry points
 ENTRIES = 16  # of them, the nearest a search starts from
@@ -65,7 +65,7 @@ class Joined:
     changed_lists: KnnGraph  # their new lists
 
 
-def join(x: np.ndarray, first_id: int, old: OldRows, width: int, metric: str, exact: ExactFn, seed: int,
+def join(x: np.ndarray, first_id: int, old: OldRows, width: int, metric: Metric, exact: ExactFn, seed: int,
          cost: JoinCost) -> Joined:
     """The lists of the batch ``x`` (global ids first_id..) and the old lists it enters (module docstring)."""
     x = np.ascontiguousarray(x, dtype=np.float32)
@@ -95,7 +95,7 @@ def _entry_sample(rows: int, seed: int) -> np.ndarray:
     return np.sort(np.random.default_rng(seed).choice(rows, ENTRY_ROWS, replace=False)).astype(np.int64)
 
 
-def _search(q: np.ndarray, seeds: np.ndarray, seed_keys: np.ndarray, old: OldRows, metric: str,
+def _search(q: np.ndarray, seeds: np.ndarray, seed_keys: np.ndarray, old: OldRows, metric: Metric,
             cost: JoinCost) -> tuple[np.ndarray, np.ndarray]:
     """Best-first search of the old graph for each query: (rows, BEAM) ids and keys of the nearest old rows met.
     A row dropped from a search list never comes back (the list's last key only falls), so the list itself,
@@ -127,7 +127,7 @@ def _search(q: np.ndarray, seeds: np.ndarray, seed_keys: np.ndarray, old: OldRow
     return ids, keys
 
 
-def _keys(q: np.ndarray, cand: np.ndarray, old: OldRows, metric: str, cost: JoinCost) -> np.ndarray:
+def _keys(q: np.ndarray, cand: np.ndarray, old: OldRows, metric: Metric, cost: JoinCost) -> np.ndarray:
     """Keys from each query to its candidates (+inf where EMPTY); each distinct old row read once."""
     out = np.full(cand.shape, np.inf, dtype=np.float32)
     valid = cand != EMPTY
@@ -137,12 +137,12 @@ def _keys(q: np.ndarray, cand: np.ndarray, old: OldRows, metric: str, cost: Join
     rows = old.vectors(uniq)
     cost.rows_gathered += len(uniq)
     r = np.nonzero(valid)[0]
-    out[valid] = row_keys(q[r], rows[inverse], metric)
+    out[valid] = metric.row_keys(q[r], rows[inverse])
     cost.distances += int(valid.sum())
     return out
 
 
-def _among_batch(x: np.ndarray, first_id: int, width: int, metric: str, exact: ExactFn,
+def _among_batch(x: np.ndarray, first_id: int, width: int, metric: Metric, exact: ExactFn,
                  cost: JoinCost) -> KnnGraph:
     """The new rows' exact neighbours among themselves, self dropped (width columns, EMPTY padded)."""
     m = min(width + 1, len(x))

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from bigknn.core.metric import half_scale
+from bigknn.core.metric import Metric, half_scale
 from bigknn.algorithms import reach
 from bigknn.algorithms.edge_lists import key_bits
 from bigknn.algorithms.search_params import ENTRY_SAMPLE, LAMBDA_VISIT, SEEDS, WALK_HALF_MIN_DIM
@@ -32,12 +32,13 @@ _M2 = np.uint64(0x94D049BB133111EB)
 @dataclass
 class SearchIndex:
     """Everything a batch search reads: the rows, each row's edges ordered by (occlusion factor, distance),
-    their occlusion factors and the kernel metric (l2 or ip)."""
+    their occlusion factors and the store's metric (cosine's too: a search asks it only ``dot_keys`` and
+    ``kernel_id``)."""
 
     vectors: np.ndarray  # (n, d) as stored (cosine rows normalised)
     ids: np.ndarray  # (n, degree) int32 global row ids, EMPTY-padded at the end
     lambdas: np.ndarray  # (n, degree) uint8 occlusion factors, NO_LAMBDA in empty slots
-    metric: str
+    metric: Metric
     _entries: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # seed -> entry_rows
 
     @property
@@ -101,13 +102,13 @@ def entry_table(index: SearchIndex, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return table
 
 
-def nearest_entries(xp: Any, sample: Any, sample_ids: Any, queries: Any, metric: str) -> Any:
+def nearest_entries(xp: Any, sample: Any, sample_ids: Any, queries: Any, metric: Metric) -> Any:
     """(queries, min(SEEDS, sample rows)) ids of the sample rows nearest each query, nearest first (the lower
     sample position on equal keys), for NumPy or CuPy arrays (``xp``): one GEMM. Keys drop the query's own
     norm (the same for every row of the sample). The CUDA backend keeps the same words' smallest in a warp
     instead of sorting whole rows (backends/cuda/graph_search.py nearest_entries)."""
     dots = xp.asarray(queries, dtype=xp.float32) @ xp.asarray(sample, dtype=xp.float32).T
-    keys = -dots if metric == "ip" else (sample * sample).sum(axis=1, dtype=xp.float32)[None, :] - 2 * dots
+    keys = -dots if metric.dot_keys else (sample * sample).sum(axis=1, dtype=xp.float32)[None, :] - 2 * dots
     w = min(SEEDS, keys.shape[1])
     col = xp.arange(keys.shape[1], dtype=xp.int64)[None, :]
     word = ((key_bits(xp, keys) - (1 << 31)) << 32) | col  # distinct (no tie left to the sort), within int64

@@ -10,6 +10,7 @@ from typing import Callable, Iterable, Protocol
 import numpy as np
 
 from bigknn.core.knn_graph import KnnGraph, ShardPart
+from bigknn.core.metric import Metric
 from bigknn.core.params import GnndParams
 from bigknn.algorithms.recall_target import Probe
 from bigknn.algorithms.search_index import SearchIndex
@@ -24,7 +25,7 @@ class CallShape:
 
     dim: int
     dtype: str
-    metric: str
+    metric: Metric
     params: GnndParams
 
 
@@ -44,20 +45,21 @@ class MemoryModel(Protocol):
 class Backend(Protocol):
     name: str
 
-    def gnnd(self, x: np.ndarray, metric: str, params: GnndParams, seed: int,
+    def gnnd(self, x: np.ndarray, metric: Metric, params: GnndParams, seed: int,
              on_iter: OnIter | None = None, probe: Probe | None = None) -> KnnGraph:
         """k-NN graph of the rows of ``x`` among themselves; ids are local row numbers 0..n-1. ``probe``: the
         rows the recall target measures, with their exact top-10 among ``x`` and the pace that search ran
         at (a build's recall sample, bigknn/engine/recall_sample.py); None: the backend draws its own."""
 
-    def ggm(self, a: ShardPart, b: ShardPart, metric: str, params: GnndParams, seed: int,
+    def ggm(self, a: ShardPart, b: ShardPart, metric: Metric, params: GnndParams, seed: int,
             on_iter: OnIter | None = None, vias: list[ShardPart] | None = None) -> tuple[KnnGraph, KnnGraph]:
         """Merge two shard graphs (GGM: Alg. 3 of Wang et al., "Fast k-NN Graph Construction by GPU based
         NN-Descent", docs/design.md): every row of a and b gets its top-k over its old list (which may hold
         rows of other shards) and a ∪ b. Ids in and out are global. ``vias``: a seeded merge of a small
         batch b into an old shard a, through shards already merged with b (bigknn/algorithms/merge_setup.py)."""
 
-    def exact_knn(self, queries: np.ndarray, k: int, metric: str, blocks: Iterable[tuple[int, np.ndarray]]) -> KnnGraph:
+    def exact_knn(self, queries: np.ndarray, k: int, metric: Metric,
+                  blocks: Iterable[tuple[int, np.ndarray]]) -> KnnGraph:
         """Exact top-k of each query over all rows of ``blocks`` ((global offset, vectors) pairs, streamed)."""
 
     def nearest_centroids(self, x: np.ndarray, count: int, centroids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -87,7 +89,7 @@ class Backend(Protocol):
         returns at once. A no-op without a device."""
 
     # ---- search graphs (bigknn/operations/: prune, search) -------------------------------------------
-    def diversify_lists(self, cands: np.ndarray, keys: np.ndarray, table: np.ndarray, metric: str,
+    def diversify_lists(self, cands: np.ndarray, keys: np.ndarray, table: np.ndarray, metric: Metric,
                         rule: DiversifyRule, width: int) -> tuple[np.ndarray, np.ndarray]:
         """Per row, its candidates ``cands`` (rows, c) (rows of ``table``, EMPTY-padded at the end) with their keys
         to the row ``keys`` (ascending) diversified by ``rule`` (bigknn/algorithms/search_params.py DiversifyRule): the
@@ -101,7 +103,7 @@ class Backend(Protocol):
         repeated) and of its entries in ``lists`` ((rows, m) ids and keys), ascending by key, a repeated id with
         its smaller key: (rows, width) int64 ids, float32 keys, EMPTY / inf padded (bigknn/algorithms/edge_lists.py)."""
 
-    def prune_tsdg(self, ids: np.ndarray, keys: np.ndarray, table: np.ndarray, metric: str,
+    def prune_tsdg(self, ids: np.ndarray, keys: np.ndarray, table: np.ndarray, metric: Metric,
                    params: PruneParams) -> tuple[np.ndarray, np.ndarray, int]:
         """TSDG's two stages on a whole kNN graph held at once (bigknn/algorithms/tsdg_whole.py): ``ids`` / ``keys``
         (rows, k), ids global = rows of ``table``. Returns (rows, degree) int32 ids and uint8 occlusion factors

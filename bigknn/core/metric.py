@@ -2,9 +2,11 @@
 reported.
 
 Graphs store the metric's *ordering key*, smaller is closer: squared L2 for ``l2`` and ``-dot`` for ``ip``.
-``cosine`` is ``ip`` on rows normalised when they enter the store, so backends only ever see ``l2`` or ``ip``
-(a Metric's ``kernel``), and the CUDA kernels a compile-time ``METRIC`` (its ``kernel_id``, common.cuh). The
-functions below the class are the call sites' shorthand for ``metric(name).<method>``.
+``cosine`` is ``ip`` on rows normalised when they enter the store. The Metric object itself travels through the
+backend contract (bigknn/backends/base.py), and backends ask it only ``dot_keys`` (which keys to compute) and
+``kernel_id`` (the CUDA kernels' compile-time ``METRIC``, common.cuh), never its name: cosine computes as ip.
+The user-facing names stay in the CLI, the API and the manifest. The functions below the class are the call
+sites' shorthand for ``metric(name).<method>``.
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ HALF_RANGE = 2.0 ** 14  # largest magnitude of rows scaled for half precision (h
 
 @dataclass(frozen=True)
 class Metric:
-    """``name``: what users ask for. ``kernel``: the metric backends compute (``l2`` or ``ip``). ``kernel_id``:
-    the CUDA kernels' compile-time METRIC (common.cuh: 0 squared L2, 1 -dot). ``normalised``: rows are scaled
-    to unit length when they enter the store (and queries when they are searched)."""
+    """``name``: what users ask for. ``kernel``: the metric whose keys are computed (``l2`` or ``ip``; backends
+    ask ``dot_keys``). ``kernel_id``: the CUDA kernels' compile-time METRIC (common.cuh: 0 squared L2, 1 -dot).
+    ``normalised``: rows are scaled to unit length when they enter the store (and queries when they are
+    searched)."""
 
     name: str
     kernel: str
@@ -110,11 +113,6 @@ def metric(name: str) -> Metric:
         return BY_NAME[name]
     except KeyError:
         raise ValueError(f"unknown metric {name!r}; choose one of {', '.join(METRICS)}") from None
-
-
-def kernel_metric(name: str) -> str:
-    """The metric the backends compute for a user-facing metric."""
-    return metric(name).kernel
 
 
 def stored_dtype(name: str, input_dtype: np.dtype) -> np.dtype:

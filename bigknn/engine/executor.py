@@ -8,7 +8,7 @@ from itertools import chain
 from typing import Callable, Iterable, Protocol
 
 from bigknn.backends import Backend, CallShape
-from bigknn.core.metric import kernel_metric
+from bigknn.core.metric import metric as metric_of
 from bigknn.core.human import human_duration
 from bigknn.engine.accounting import Accounting
 from bigknn.engine.shard_cache import ShardCache
@@ -59,7 +59,7 @@ class InProcess:
         GNND: the shards' graphs are neither written nor read back in between."""
         backends = self.backends
         m = store.manifest
-        warm_up(backends, reporter, CallShape(m.dim, m.dtype, kernel_metric(m.metric), m.params))
+        warm_up(backends, reporter, CallShape(m.dim, m.dtype, metric_of(m.metric), m.params))
         shards = ledger.shards()
         new_sizes = incoming[1] if incoming else []
         todo = [s for s in shards if ledger.version(s.id) is None]

@@ -20,7 +20,7 @@ import numpy as np
 from bigknn.backends import Backend
 from bigknn.formats import VectorSource
 from bigknn.core.knn_graph import EMPTY, KnnGraph, merge_lists
-from bigknn.core.metric import kernel_metric, prepare_rows
+from bigknn.core.metric import metric as metric_of, prepare_rows
 from bigknn.algorithms.partition.rowmap import RowMap
 from bigknn.algorithms.recall_target import (ESTIMATE_ROWS, PROBE_ROWS, RECALL_AT, Estimate, Probe, held_out_estimate, probe_m,
                            row_recalls, without_self)
@@ -36,7 +36,7 @@ class SampleTruth:
         self.held_out = held_out_rows(len(rows), seed)  # (rows,) bool: the rows the estimate is measured on
         self.positional = positional  # the rows are store positions too (a contiguous store): probes can be made
         self.vectors = vectors
-        self.metric = kernel_metric(metric)
+        self.metric = metric_of(metric)
         self.m = min(RECALL_AT, k)
         self.ids = np.full((len(rows), self.m + 1), EMPTY, np.int32)
         self.keys = np.full((len(rows), self.m + 1), np.inf, np.float32)

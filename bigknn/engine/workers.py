@@ -29,7 +29,7 @@ import numpy as np
 
 from bigknn.backends import Backend
 from bigknn.core.knn_graph import ShardPart, shard_graph_to_global
-from bigknn.core.metric import kernel_metric
+from bigknn.core.metric import metric as metric_of
 from bigknn.engine.accounting import Accounting
 from bigknn.engine.shard_cache import ShardCache
 from bigknn.engine.scheduler import TASK_NAMES, Scheduler, task_parts
@@ -60,7 +60,7 @@ def run_tasks(store: Store, ledger, backends: list[Backend], reporter: Reporter,
     arrives, and the merges. A GNND result goes into the cache with its vectors (its merges need no disk
     read) and is written at once; a shard whose last pair is merged is written at once too (it is final)."""
     m = store.manifest
-    params, metric = m.params, kernel_metric(m.metric)
+    params, metric = m.params, metric_of(m.metric)
     feed_error: list[BaseException] = []
     merged_with: dict[int, list[int]] = {}  # the shards each shard was merged with, in order (seeded merges)
 

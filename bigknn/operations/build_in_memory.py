@@ -18,7 +18,7 @@ from bigknn.backends import Backend
 from bigknn.core.errors import BadInput
 from bigknn.formats.read import check_rows
 from bigknn.core.knn_graph import id_dtype
-from bigknn.core.metric import kernel_metric, metric as metric_of
+from bigknn.core.metric import metric as metric_of
 from bigknn.core.params import GnndParams
 from bigknn.algorithms.partition.learn import DEFAULT_METHOD
 from bigknn.engine.accounting import Accounting
@@ -100,7 +100,7 @@ def build_in_memory(x: np.ndarray, metric: str, params: GnndParams, seed: int, b
         sample = SampleTruth(rows, vectors[rows], metric, k, seed, positional=True)
         truth = sample.add(backend, 0, 0, vectors)
         probe = sample.probe(0, n, truth, params.width(), time.perf_counter() - t)
-    g = backend.gnnd(vectors, kernel_metric(metric), params, seed=seed_for(seed, 0, 0), probe=probe)
+    g = backend.gnnd(vectors, metric_of(metric), params, seed=seed_for(seed, 0, 0), probe=probe)
     acct.add_task(backend.name, "gnnd", t, time.perf_counter(), g.report)
     ids = np.asarray(g.ids, dtype=id_dtype(n))
     keys = np.asarray(g.dists, dtype=np.float32)

@@ -23,7 +23,7 @@ from bigknn.backends import Backend
 from bigknn.core.errors import BadInput
 from bigknn.formats import VectorSource
 from bigknn.core.knn_graph import ShardPart, shard_graph_to_global
-from bigknn.core.metric import kernel_metric, prepare_rows, stored_dtype
+from bigknn.core.metric import Metric, metric as metric_of, prepare_rows, stored_dtype
 from bigknn.core.params import GnndParams
 from bigknn.shards import Store
 from bigknn.core.synth import as_dtype, synth
@@ -55,7 +55,7 @@ def sample_rows(vf: VectorSource | None, rows: int, dim: int, dtype: str, metric
     return np.ascontiguousarray(x), f"the first {rows:,} rows x {dim} ({x.dtype.name}) of {vf.path}"
 
 
-def _time_pair(backend: Backend, x: np.ndarray, rows: int, metric: str, params: GnndParams,
+def _time_pair(backend: Backend, x: np.ndarray, rows: int, metric: Metric, params: GnndParams,
                advance: Callable[[int], None]) -> tuple[float, float]:
     """GNND rows/s of two shards of ``rows`` rows of ``x`` and GGM pair rows/s of their merge."""
     t_gnnd, graphs = 0.0, []
@@ -97,11 +97,11 @@ def calibrate(backend: Backend, x: np.ndarray, sizes: tuple[int, ...], params: G
     of two shards of the smaller size; ``advance(1)`` after each of ``calibration_steps(sizes)`` steps (a
     progress bar or log line: on the CPU this takes a while). Returns the rates at the largest size (``at_rows``), every
     size's (``points``) and the exponents through them."""
-    metric = kernel_metric(metric)
-    _time_pair(backend, x, sizes[0], metric, params, advance)  # warm-up: what runs at the sizes timed
+    kind = metric_of(metric)
+    _time_pair(backend, x, sizes[0], kind, params, advance)  # warm-up: what runs at the sizes timed
     points = []
     for rows in sizes:
-        gnnd, ggm = _time_pair(backend, x, rows, metric, params, advance)
+        gnnd, ggm = _time_pair(backend, x, rows, kind, params, advance)
         points.append({"rows": rows, "gnnd_rows_per_s": gnnd, "ggm_rows_per_s": ggm})
     last = points[-1]
     return {"gnnd_rows_per_s": last["gnnd_rows_per_s"], "ggm_rows_per_s": last["ggm_rows_per_s"],

@@ -17,7 +17,7 @@ from bigknn.backends import Backend
 from bigknn.core.errors import BadInput
 from bigknn.formats import read_truth
 from bigknn.core.knn_graph import EMPTY, drop_self
-from bigknn.core.metric import kernel_metric, row_keys
+from bigknn.core.metric import metric as metric_of
 from bigknn.algorithms.partition.rowmap import RowMap
 from bigknn.shards import Store
 
@@ -40,7 +40,7 @@ def recall_rows(store: Store, backend: Backend, sample: int = SAMPLE_ROWS, k: in
     m.require_complete(store.path)  # the recall of an unfinished graph is no measure of anything
     if k > m.k:
         raise BadInput(store.path, f"--k {k} exceeds the graph's k = {m.k}")
-    metric = kernel_metric(m.metric)
+    metric = metric_of(m.metric)
     t0 = time.perf_counter()
     if truth is not None:
         truth_ids, _ = read_truth(truth)
@@ -67,11 +67,11 @@ def recall_rows(store: Store, backend: Backend, sample: int = SAMPLE_ROWS, k: in
         blocks = ((s.offset, store.read_vectors(s.id)) for s in m.shards)
         exact_ids = without_self(backend.exact_knn(q, k + 1, metric, blocks).ids, positions, k)
     t_exact = time.perf_counter() - t0
-    kth_key = row_keys(q, store.vectors_of(exact_ids[:, -1]), metric)
+    kth_key = metric.row_keys(q, store.vectors_of(exact_ids[:, -1]))
     graph_ids = graph_rows(store, positions)[:, :k]
     valid = graph_ids != EMPTY
     nb = store.vectors_of(np.where(valid, graph_ids, 0).ravel()).reshape(len(rows), k, -1)
-    keys = row_keys(q[:, None, :], nb, metric)
+    keys = metric.row_keys(q[:, None, :], nb)
     correct = valid & (keys <= kth_key[:, None] + TIE_RTOL * np.maximum(1.0, np.abs(kth_key[:, None])))
     per_row = correct.sum(axis=1) / k
     summary = {"store": str(store.path), "recall": round(float(per_row.mean()), 5), "k": k, "sample": len(rows),

@@ -33,7 +33,7 @@ from bigknn.backends import Backend
 from bigknn.formats import VectorSource
 from bigknn.core.knn_graph import KnnGraph, final_columns, widened
 from bigknn.algorithms.graph_join import JoinCost, Joined, join
-from bigknn.core.metric import kernel_metric, prepare_rows
+from bigknn.core.metric import metric as metric_of, prepare_rows
 from bigknn.engine.accounting import Accounting
 from bigknn.core.progress import Reporter
 from bigknn.shards import ShardEntry, Store
@@ -124,7 +124,7 @@ def join_batch(store: Store, vf: VectorSource, fp: dict, backend: Backend, repor
     m.hold_ids_of(offset + b)
     old = StoreRows(store)
     cost = JoinCost()
-    metric = kernel_metric(m.metric)
+    metric = metric_of(m.metric)
     with reporter.phase("join", b, "rows") as advance:
         got = join(x, offset, old, m.params.width(), metric,
                    lambda q, count, blocks: backend.exact_knn(q, count, metric, blocks), m.seed, cost)

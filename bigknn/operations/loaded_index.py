@@ -21,7 +21,7 @@ import numpy as np
 
 from bigknn.backends import Backend, get_backend
 from bigknn.core.errors import BadInput
-from bigknn.core.metric import kernel_metric, user_distance
+from bigknn.core.metric import metric as metric_of, user_distance
 from bigknn.algorithms.partition.rowmap import RowMap
 from bigknn.algorithms.search_index import SearchIndex, entry_rows
 from bigknn.algorithms.search_params import SearchPlan
@@ -61,7 +61,7 @@ class LoadedIndex:
         self.manifest = m
         self.store_path = str(store.path)
         self._index: SearchIndex | None
-        self._index, self.entry = load_index(store, kernel_metric(m.metric))
+        self._index, self.entry = load_index(store, metric_of(m.metric))
         self.rowmap = RowMap.of(store)  # the index searches store positions; users see input rows
         self._backend = backend
         self._lock = threading.Lock()

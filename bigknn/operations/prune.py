@@ -27,7 +27,7 @@ import numpy as np
 from bigknn.backends import Backend
 from bigknn.core.errors import BadInput
 from bigknn.core.knn_graph import EMPTY, id_dtype
-from bigknn.core.metric import kernel_metric
+from bigknn.core.metric import metric as metric_of
 from bigknn.core.progress import Reporter
 from bigknn.algorithms.columns import take_columns
 from bigknn.algorithms.search_params import NO_LAMBDA, DiversifyRule, PruneParams
@@ -77,7 +77,7 @@ class _Pruner:
     def __init__(self, store: Store, params: PruneParams, backend: Backend, host_bytes: int):
         self.store, self.params, self.backend, self.host_bytes = store, params, backend, host_bytes
         self.m = store.manifest
-        self.metric = kernel_metric(self.m.metric)
+        self.metric = metric_of(self.m.metric)
         self.k = self.m.k
         self.vectors = VectorSource(store, host_bytes)
         self.version = next_version(store)

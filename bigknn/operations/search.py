@@ -15,7 +15,7 @@ from bigknn.backends import Backend
 from bigknn.core.errors import BadInput
 from bigknn.formats import TRUTH_EXTENSION, read_truth, write_truth
 from bigknn.core.knn_graph import EMPTY
-from bigknn.core.metric import kernel_metric, row_keys, user_distance
+from bigknn.core.metric import metric as metric_of, user_distance
 from bigknn.algorithms.partition.rowmap import RowMap
 from bigknn.operations.evaluate import TIE_RTOL
 from bigknn.algorithms.search_index import SearchIndex
@@ -66,7 +66,7 @@ def truth(store: Store, queries: np.ndarray, backend: Backend, k: int, out: Path
         raise BadInput(f"--k {k}", f"is outside 1..{m.rows} (the store's rows)")
     t0 = time.perf_counter()
     blocks = ((s.offset, store.read_vectors(s.id)) for s in m.shards)
-    g = backend.exact_knn(queries, k, kernel_metric(m.metric), blocks)
+    g = backend.exact_knn(queries, k, metric_of(m.metric), blocks)
     write_truth(out, RowMap.of(store).to_input(g.ids), user_distance(g.dists, m.metric))
     return TruthReport(store=str(store.path), queries=len(queries), k=k, out=str(out), backend=backend.name,
                        wall_s=round(time.perf_counter() - t0, 3))
@@ -75,10 +75,10 @@ def truth(store: Store, queries: np.ndarray, backend: Backend, k: int, out: Path
 def recall_against(index: SearchIndex, queries: np.ndarray, found: np.ndarray, truth_ids: np.ndarray,
                    k: int) -> float:
     """Mean recall@k: a found row counts when its key is within the k-th true neighbour's (ties count)."""
-    kth = row_keys(queries, index.vectors[truth_ids[:, k - 1]], index.metric)
+    kth = index.metric.row_keys(queries, index.vectors[truth_ids[:, k - 1]])
     got = found[:, :k].astype(np.int64)
     valid = got != EMPTY
-    keys = row_keys(queries[:, None, :], index.vectors[np.where(valid, got, 0)], index.metric)
+    keys = index.metric.row_keys(queries[:, None, :], index.vectors[np.where(valid, got, 0)])
     correct = valid & (keys <= (kth + TIE_RTOL * np.maximum(1.0, np.abs(kth)))[:, None])
     return float(correct.sum(axis=1).mean() / k)
 

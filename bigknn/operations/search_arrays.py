@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from bigknn.core.errors import BadInput
+from bigknn.core.metric import Metric
 from bigknn.algorithms.search_index import SearchIndex
 from bigknn.shards import Store, safepaths, upgrade
 from bigknn.shards.manifest import ShardEntry
@@ -82,7 +83,7 @@ def current(store: Store) -> SearchEntry:
     return entry
 
 
-def load_index(store: Store, metric: str) -> tuple[SearchIndex, SearchEntry]:
+def load_index(store: Store, metric: Metric) -> tuple[SearchIndex, SearchEntry]:
     """The whole search graph and every row's vector in memory, in global id order (what a search reads)."""
     m = store.manifest
     entry = current(store)

@@ -11,6 +11,7 @@ import numpy as np
 
 from bigknn.backends import Backend, CallShape
 from bigknn.formats import open_source
+from bigknn.core.metric import L2
 from bigknn.core.params import GnndParams
 from bigknn.operations.calibrate import calibrate, calibration_sizes, calibration_steps, rates_from_store, sample_rows
 from bigknn.operations.diskrate import measure_disk
@@ -79,7 +80,7 @@ def size_build(input: Path | None, rows: int | None, dim: int | None, dtype: str
         sizes = calibration_sizes(c_rows, params.width())
         x, what = sample_rows(vf, 2 * c_rows, dim, dtype)
         # a first run's compile: said, and outside the calibration (its first, untimed calls wait for it)
-        backends[0].warm_up(reporter.note, CallShape(dim, str(x.dtype), "l2", params))
+        backends[0].warm_up(reporter.note, CallShape(dim, str(x.dtype), L2, params))
         with reporter.phase("calibrate", calibration_steps(sizes), "steps") as advance:
             rates = calibrate(backends[0], x, sizes, params, what, advance=advance)
     over_fit = bool(budgets[0]) and size > fits_gpu

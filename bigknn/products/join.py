@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from bigknn.core.metric import kernel_metric, metric as metric_of, pairwise_keys, user_distance
+from bigknn.core.metric import Metric, metric as metric_of, pairwise_keys
 from bigknn.algorithms.partition.rowmap import RowMap
 from bigknn.core.progress import log
 from bigknn.shards import Store
@@ -54,7 +54,7 @@ def join_components(store: Store, graph: Any, core: np.ndarray, labels: np.ndarr
 
     x = all_vectors(store)
     leaves = leaves_of(x, labels, core)
-    scan = Scan(x, core, store.manifest.metric, leaves)
+    scan = Scan(x, core, metric_of(store.manifest.metric), leaves)
     a_all, b_all, w_all = [], [], []
     start = count
     while count > 1:
@@ -122,11 +122,10 @@ def leaves_of(x: np.ndarray, labels: np.ndarray, core: np.ndarray) -> Leaves:
 class Scan:
     """Each Borůvka round's exact cheapest edge out of each component but the largest, by bounded leaf pairs."""
 
-    def __init__(self, x: np.ndarray, core: np.ndarray, metric: str, leaves: Leaves) -> None:
+    def __init__(self, x: np.ndarray, core: np.ndarray, metric: Metric, leaves: Leaves) -> None:
         self.x, self.core, self.metric, self.leaves = x, core, metric, leaves
-        self.kernel = kernel_metric(metric)
         self.norm = np.sqrt((leaves.centre ** 2).sum(axis=1))
-        self.clip = self.kernel == "l2" or metric_of(metric).normalised  # distances never below 0
+        self.clip = not metric.dot_keys or metric.normalised  # distances never below 0
         self.scale = 1e-3 * float(self.norm.max(initial=0.0))  # absolute part of the rounding slack
         self.measured = 0
 
@@ -136,7 +135,7 @@ class Scan:
         lv = self.leaves
         norm = np.sqrt((centre ** 2).sum(axis=1))
         dots = centre @ lv.centre[to].T
-        if self.kernel == "l2":
+        if not self.metric.dot_keys:
             gap = np.sqrt(np.maximum(norm[:, None] ** 2 + self.norm[None, to] ** 2 - 2 * dots, 0.0))
             least = gap - radius[:, None] - lv.radius[None, to]
         else:  # a.b <= cq.cm + rq |cm| + (|cq| + rq) rm for a in ball (cq, rq), b in ball (cm, rm)
@@ -161,7 +160,7 @@ class Scan:
             if not len(a):
                 return None
         b = np.concatenate([self.leaves.members(o) for o in others])
-        d = user_distance(pairwise_keys(self.x[a], self.x[b], self.kernel), self.metric)
+        d = self.metric.distance(pairwise_keys(self.x[a], self.x[b], self.metric.name))
         mr = np.maximum(np.maximum(d, self.core[a][:, None]), self.core[b][None, :])
         self.measured += mr.size
         i, j = np.unravel_index(np.argmin(mr), mr.shape)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bigknn.core.metric import pairwise_keys
+from bigknn.core.metric import L2
 from bigknn.algorithms.partition.nearest import Nearest, nearest_numpy
 
 
@@ -36,7 +36,7 @@ def learn_kmeans(sample: np.ndarray, shards: int, seed: int, slack: float,
     fine = _lloyd(x, np.ones(len(x)), min(len(x), fine_count(shards)), rng, nearest)
     weight = np.bincount(nearest(x, 1, fine)[0][:, 0], minlength=len(fine)).astype(np.float64)
     coarse = _lloyd(fine, weight, shards, rng, nearest_numpy)
-    return fine, _group(pairwise_keys(fine, coarse, "l2"), weight, slack * weight.sum() / shards)
+    return fine, _group(L2.pairwise_keys(fine, coarse), weight, slack * weight.sum() / shards)
 
 
 def _group(cost: np.ndarray, weight: np.ndarray, cap: float) -> np.ndarray:

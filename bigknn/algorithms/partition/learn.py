@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bigknn.core.metric import pairwise_keys
+from bigknn.core.metric import L2
 from bigknn.algorithms.partition.kmeans import learn_kmeans
 from bigknn.algorithms.partition.nearest import Nearest, nearest_numpy
 from bigknn.algorithms.partition.rp_partition import RPTree, learn_rptree
@@ -56,7 +56,7 @@ class Partition:
             means = np.stack([self.centroids[self.shard_of == s].mean(axis=0) for s in range(self.shards)])
             # every mean's distance: one (n, S) product, no larger than ``out``; a k-NN over all S means
             # (the backend's, x sent again) sorted what is only indexed (a fifth of the labelling, CPU)
-            by_mean = pairwise_keys(x, means.astype(np.float32), "l2")
+            by_mean = L2.pairwise_keys(x, means.astype(np.float32))
             nearest_max = np.where(far, -np.inf, out).max(axis=1, keepdims=True)
             nearest_max[np.isinf(nearest_max)] = 0.0  # no near shard kept (all dropped): by the means alone
             out = np.where(far, nearest_max + by_mean - by_mean.min(axis=1, keepdims=True), out)

@@ -17,6 +17,7 @@ from bigknn.backends.cpu.threads import use_threads
 from bigknn.core.errors import BadInput
 from bigknn.algorithms.merge_setup import exact_merge, finish_merge, merge_stop_frac, start_merge
 from bigknn.core.knn_graph import EMPTY, LOCAL_ID_DTYPE, KnnGraph, ShardPart, drop_self, merge_lists
+from bigknn.core.metric import Metric
 from bigknn.algorithms.partition.nearest import nearest_numpy
 from bigknn.core.params import (CPU_AUTO_SAMPLES, CPU_HARD_BELOW, CPU_HARD_SAMPLES, CPU_HARD_WIDTH, EXACT_ROWS,
                            GnndParams)
@@ -51,12 +52,12 @@ def exact_l2_keys(x: np.ndarray, state: DescentState, compiled: bool) -> None:
         descent.exact_l2_keys(x, state)
 
 
-def exact_graph(x: np.ndarray, width: int, metric: str, compiled: bool = False) -> KnnGraph:
+def exact_graph(x: np.ndarray, width: int, metric: Metric, compiled: bool = False) -> KnnGraph:
     """The exact graph of a small set: every row's ``width`` nearest others (EMPTY-padded if fewer)."""
     n = len(x)
     g = exact_knn(x, min(width + 1, n), metric, [(0, x)], compiled)
     ids, dists = drop_self(g.ids, g.dists, np.arange(n))
-    if metric == "l2":
+    if not metric.dot_keys:
         state = DescentState(ids.copy(), dists.copy(), np.zeros(ids.shape, bool))
         exact_l2_keys(x, state, compiled)
         ids, dists = state.ids, state.dists
@@ -65,7 +66,8 @@ def exact_graph(x: np.ndarray, width: int, metric: str, compiled: bool = False) 
                     np.pad(dists, ((0, 0), (0, pad)), constant_values=np.inf))
 
 
-def random_init(x: np.ndarray, k: int, metric: str, rng: np.random.Generator, compiled: bool = False) -> DescentState:
+def random_init(x: np.ndarray, k: int, metric: Metric, rng: np.random.Generator,
+                compiled: bool = False) -> DescentState:
     """k random neighbours per row (never itself), keys computed, sorted, all NEW.
 
     Repeated draws within a row are dropped by the merge; the empty slots fill during descent.
@@ -80,7 +82,7 @@ def random_init(x: np.ndarray, k: int, metric: str, rng: np.random.Generator, co
     return DescentState(ids, dists, np.ones_like(ids, dtype=bool))
 
 
-def recall_target(xf: np.ndarray, metric: str, params: GnndParams, seed: int, pad_key: np.ndarray | float = np.inf,
+def recall_target(xf: np.ndarray, metric: Metric, params: GnndParams, seed: int, pad_key: np.ndarray | float = np.inf,
                   pair: tuple[ShardPart, ShardPart] | None = None, compiled: bool = False,
                   probe: Probe | None = None) -> Target | None:
     """The recall target of a descent over the rows of ``xf`` (None without one): a probe of its rows with
@@ -148,7 +150,7 @@ class CpuBackend(SearchReference):
         self.threads = threads
         self.compiled = not reference
 
-    def gnnd(self, x: np.ndarray, metric: str, params: GnndParams, seed: int, on_iter=None,
+    def gnnd(self, x: np.ndarray, metric: Metric, params: GnndParams, seed: int, on_iter=None,
              probe: Probe | None = None) -> KnnGraph:
         use_threads(self.threads)
         xf = as_float(x)
@@ -174,11 +176,11 @@ class CpuBackend(SearchReference):
             g = exact_graph(xf, width, metric, self.compiled)
             return KnnGraph(g.ids, g.dists, target.stopper.report())
         cut(state, width)
-        if metric == "l2":
+        if not metric.dot_keys:
             exact_l2_keys(xf, state, self.compiled)
         return KnnGraph(state.ids, state.dists, target.stopper.report() if target else None)
 
-    def ggm(self, a: ShardPart, b: ShardPart, metric: str, params: GnndParams, seed: int,
+    def ggm(self, a: ShardPart, b: ShardPart, metric: Metric, params: GnndParams, seed: int,
             on_iter=None, vias: list[ShardPart] | None = None) -> tuple[KnnGraph, KnnGraph]:
         use_threads(self.threads)
         rng = np.random.default_rng(seed)
@@ -203,13 +205,13 @@ class CpuBackend(SearchReference):
                 own.vectors, m, metric, [(other.offset, other.vectors)], self.compiled))
         else:
             cut(state, width)
-            if metric == "l2":
+            if not metric.dot_keys:
                 exact_l2_keys(xf, state, self.compiled)
             ga, gb = finish_merge(a, b, state.ids, state.dists)
         ga.report = gb.report = target.stopper.report() if target else None
         return ga, gb
 
-    def exact_knn(self, queries: np.ndarray, k: int, metric: str,
+    def exact_knn(self, queries: np.ndarray, k: int, metric: Metric,
                   blocks: Iterable[tuple[int, np.ndarray]]) -> KnnGraph:
         return exact_knn(queries, k, metric, blocks, self.compiled)
 

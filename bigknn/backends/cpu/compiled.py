@@ -8,9 +8,10 @@ import numpy as np
 
 from bigknn.backends.cpu import kernels, keypass
 from bigknn.backends.cpu.descent import reverse_salt
+from bigknn.core.metric import Metric
 
 
-def iteration(x: np.ndarray, sq: np.ndarray, state, metric: str, p: int, rng: np.random.Generator,
+def iteration(x: np.ndarray, sq: np.ndarray, state, metric: Metric, p: int, rng: np.random.Generator,
               part: np.ndarray | None) -> int:
     """Sample, cross-match and insert (descent._sample, _cross_match, _insert); return entries inserted."""
     cross_only = part is not None
@@ -19,7 +20,7 @@ def iteration(x: np.ndarray, sq: np.ndarray, state, metric: str, p: int, rng: np
     new_s = _with_reverse(fwd_new, p, rng)
     old_s = _with_reverse(fwd_old, p, rng)
     bound = np.ascontiguousarray(state.dists[:, -1])
-    targets, cands, keys = kernels.cross_match(x, sq, new_s, old_s, bound, metric == "l2", cross_only)
+    targets, cands, keys = kernels.cross_match(x, sq, new_s, old_s, bound, not metric.dot_keys, cross_only)
     return int(kernels.insert(state.ids, state.dists, state.is_new, targets, cands, keys, numba.get_num_threads()))
 
 
@@ -28,9 +29,9 @@ def _with_reverse(fwd: np.ndarray, p: int, rng: np.random.Generator) -> np.ndarr
     return kernels.reverse_fill(fwd, reverse_salt(rng), p, numba.get_num_threads())
 
 
-def row_keys(x: np.ndarray, sq: np.ndarray, rows: np.ndarray, ids: np.ndarray, metric: str) -> np.ndarray:
+def row_keys(x: np.ndarray, sq: np.ndarray, rows: np.ndarray, ids: np.ndarray, metric: Metric) -> np.ndarray:
     """descent.row_keys_local, compiled."""
-    return keypass.row_keys(x, sq, rows.astype(np.int64), np.ascontiguousarray(ids, np.int32), metric == "l2")
+    return keypass.row_keys(x, sq, rows.astype(np.int64), np.ascontiguousarray(ids, np.int32), not metric.dot_keys)
 
 
 def exact_l2_keys(x: np.ndarray, state) -> None:

@@ -20,6 +20,7 @@ import numpy as np
 
 from bigknn.backends.cpu.kernels import mix64
 from bigknn.core.knn_graph import EMPTY, LOCAL_ID_DTYPE, sortable_float_bits
+from bigknn.core.metric import Metric
 from bigknn.algorithms.recall_target import Probe, Stopper
 
 GATHER_BYTES = 32 << 20  # bytes of gathered sample vectors per cross-matching batch
@@ -35,7 +36,7 @@ class DescentState:
     is_new: np.ndarray
 
 
-def row_keys_local(x: np.ndarray, sq: np.ndarray, rows: np.ndarray, ids: np.ndarray, metric: str) -> np.ndarray:
+def row_keys_local(x: np.ndarray, sq: np.ndarray, rows: np.ndarray, ids: np.ndarray, metric: Metric) -> np.ndarray:
     """Keys between each row and each id of its (rows, m) id block (EMPTY ids get +inf), in batches."""
     out = np.empty(ids.shape, np.float32)
     step = max(1, GATHER_BYTES // (ids.shape[1] * x.shape[1] * 4))
@@ -80,7 +81,7 @@ class Target:
     hard_width: int = 0  # and lists this wide (they would stall at the narrower width and widen later)
 
 
-def descend(x: np.ndarray, state: DescentState, metric: str, samples: int, iters: int,
+def descend(x: np.ndarray, state: DescentState, metric: Metric, samples: int, iters: int,
             min_update_frac: float, rng: np.random.Generator, part: np.ndarray | None = None,
             on_iter=None, target: Target | None = None, compiled: bool = False) -> list[int]:
     """Refine ``state`` in place; return the update count of each iteration.
@@ -123,7 +124,7 @@ def descend(x: np.ndarray, state: DescentState, metric: str, samples: int, iters
     return history
 
 
-def _iteration(x: np.ndarray, sq: np.ndarray, state: DescentState, metric: str, p: int,
+def _iteration(x: np.ndarray, sq: np.ndarray, state: DescentState, metric: Metric, p: int,
                rng: np.random.Generator, part: np.ndarray | None) -> int:
     """Sample, cross-match, insert: one iteration in NumPy; return entries inserted."""
     new_s, old_s = _sample(state, p, rng, part)
@@ -254,7 +255,7 @@ def _match_lists(x, sq, ns, os_, metric, cross_only):
 
 def _keys(xa, xb, sq, ia, ib, metric):
     dots = np.matmul(xa, xb.transpose(0, 2, 1))
-    if metric == "ip":
+    if metric.dot_keys:
         return np.negative(dots, out=dots)
     d = sq[ia][:, :, None] + sq[ib][:, None, :] - 2.0 * dots
     return np.maximum(d, 0.0, out=d)

@@ -11,24 +11,25 @@ from typing import Any
 
 import numpy as np
 
+from bigknn.core.metric import Metric
 from bigknn.algorithms.search_params import SYM_MIDPOINT, DiversifyRule
 
 CHUNK_BYTES = 64 << 20  # float64 temporaries of one block of rows
 
 
-def rule_less(a: np.ndarray, b: np.ndarray, metric: str, alpha: float = 1.0) -> np.ndarray:
+def rule_less(a: np.ndarray, b: np.ndarray, metric: Metric, alpha: float = 1.0) -> np.ndarray:
     """alpha d(a) < d(b) for keys a, b: d = sqrt(key) for l2 (so alpha^2 key), d = 1 + key for ip."""
-    if metric == "l2":
+    if not metric.dot_keys:
         return alpha * alpha * a < b
     return alpha * (1.0 + a) < 1.0 + b
 
 
-def candidate_keys(table: np.ndarray, cands: np.ndarray, metric: str) -> np.ndarray:
+def candidate_keys(table: np.ndarray, cands: np.ndarray, metric: Metric) -> np.ndarray:
     """(rows, c, c) float64 keys between the candidates of each row (rows of ``table``; EMPTY entries get inf)."""
     valid = cands >= 0
     v = np.asarray(table, dtype=np.float64)[np.where(valid, cands, 0)]
     dots = np.matmul(v, v.transpose(0, 2, 1))
-    if metric == "ip":
+    if metric.dot_keys:
         keys = -dots
     else:
         sq = np.einsum("rcd,rcd->rc", v, v)
@@ -37,7 +38,8 @@ def candidate_keys(table: np.ndarray, cands: np.ndarray, metric: str) -> np.ndar
     return keys
 
 
-def diversify(cands: np.ndarray, keys: np.ndarray, table: np.ndarray, metric: str, rule: DiversifyRule) -> np.ndarray:
+def diversify(cands: np.ndarray, keys: np.ndarray, table: np.ndarray, metric: Metric,
+              rule: DiversifyRule) -> np.ndarray:
     """Per row, its candidates ``cands`` (rows, c) (indices into ``table``, EMPTY-padded at the end) with their
     keys to the row ``keys`` (ascending): the kept mask as uint8 for a sequential rule (rng, gd), else each
     candidate's occlusion factor (int32; 0 for EMPTY slots)."""
@@ -59,8 +61,8 @@ def _diversify_block(cands, k0, table, metric, rule):
     else:
         occludes = rule_less(ki, kj, metric, rule.alpha) & rule_less(pair, kj, metric, rule.alpha)
     occludes &= valid[:, :, None] & valid[:, None, :]
-    if metric == "l2":  # a twin of the row (key 0) occludes nothing: d(twin, j) = d(row, j) for every j, an exact
-        occludes &= ki > 0  # tie that rounding would decide, and that "<=" would settle by dropping all but the twin
+    if not metric.dot_keys:  # a twin of the row (key 0) occludes nothing: d(twin, j) = d(row, j) for every j,
+        occludes &= ki > 0  # an exact tie that rounding would decide, and "<=" would settle dropping all but the twin
     c = cands.shape[1]
     if not rule.sequential:
         occludes &= ~np.eye(c, dtype=bool)[None]

@@ -12,13 +12,13 @@ from typing import Iterable
 import numpy as np
 
 from bigknn.core.knn_graph import EMPTY, LOCAL_ID_DTYPE, KnnGraph, id_dtype, merge_lists
-from bigknn.core.metric import pairwise_keys
+from bigknn.core.metric import Metric
 
 QUERY_ROWS = 2048  # queries per pass over a block
 TILE_COLS = 8192  # block rows per key tile (QUERY_ROWS x TILE_COLS float32 = 64 MiB)
 
 
-def exact_knn(queries: np.ndarray, k: int, metric: str, blocks: Iterable[tuple[int, np.ndarray]],
+def exact_knn(queries: np.ndarray, k: int, metric: Metric, blocks: Iterable[tuple[int, np.ndarray]],
               compiled: bool = False) -> KnnGraph:
     """Each query's exact top-k among the blocks' rows, ids ``offset`` + row: int32 while they fit, int64 from
     the first block whose rows pass int32 (bigknn/core/knn_graph.py id_dtype). ``compiled``: keys and the running
@@ -35,7 +35,7 @@ def exact_knn(queries: np.ndarray, k: int, metric: str, blocks: Iterable[tuple[i
             tile = np.ascontiguousarray(block[c0:c0 + TILE_COLS], dtype=np.float32)
             for q0 in range(0, nq, QUERY_ROWS):
                 rows = slice(q0, q0 + QUERY_ROWS)
-                keys = pairwise_keys(q[rows], tile, metric)
+                keys = metric.pairwise_keys(q[rows], tile)
                 if np.isinf(best_d[rows, -1]).any():  # lists still filling: take each row's k best
                     _merge_tile_topk(best_ids, best_d, rows, keys, offset + c0, k)
                     continue
@@ -45,7 +45,7 @@ def exact_knn(queries: np.ndarray, k: int, metric: str, blocks: Iterable[tuple[i
     return KnnGraph(best_ids, best_d)
 
 
-def _compiled_knn(q: np.ndarray, k: int, metric: str, blocks: Iterable[tuple[int, np.ndarray]],
+def _compiled_knn(q: np.ndarray, k: int, metric: Metric, blocks: Iterable[tuple[int, np.ndarray]],
                   best_ids: np.ndarray, best_d: np.ndarray) -> KnnGraph:
     """exact_knn's compiled path: dot products by BLAS into one reused buffer (a fresh 64 MiB tile per matmul
     cost 5x the matmul in page faults), folded into the running top-k in place by keypass.tile_merge. Smaller
@@ -54,7 +54,7 @@ def _compiled_knn(q: np.ndarray, k: int, metric: str, blocks: Iterable[tuple[int
     from bigknn.backends.cpu import keypass  # here: the NumPy reference never loads numba
 
     nq = len(q)
-    is_l2 = metric != "ip"
+    is_l2 = not metric.dot_keys
     q_sq = np.einsum("ij,ij->i", q, q)  # as metrics.pairwise_keys
     step = QUERY_ROWS
     buf = np.empty(min(step, nq) * TILE_COLS, np.float32)  # shaped per tile: C order

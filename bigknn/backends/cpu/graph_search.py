@@ -32,6 +32,7 @@ from __future__ import annotations
 import numpy as np
 
 from bigknn.core.knn_graph import EMPTY, KnnGraph, merge_lists
+from bigknn.core.metric import Metric
 from bigknn.algorithms.search_index import SearchIndex, entry_table, nearest_entries
 from bigknn.algorithms.search_params import PARENTS, RERANK, SEARCH_K_MAX, SearchPlan
 
@@ -43,7 +44,7 @@ def query_keys(index: SearchIndex, q: np.ndarray, rows: np.ndarray) -> np.ndarra
     return _keys(index.vectors, index.metric, q, rows)
 
 
-def _keys(vectors: np.ndarray, metric: str, q: np.ndarray, rows: np.ndarray) -> np.ndarray:
+def _keys(vectors: np.ndarray, metric: Metric, q: np.ndarray, rows: np.ndarray) -> np.ndarray:
     out = np.full(rows.shape, np.inf, np.float32)
     valid = rows >= 0
     width = rows.shape[1] if rows.ndim > 1 else 1
@@ -52,7 +53,7 @@ def _keys(vectors: np.ndarray, metric: str, q: np.ndarray, rows: np.ndarray) -> 
         sl = slice(r0, r0 + step)
         v = vectors[np.where(valid[sl], rows[sl], 0)].astype(np.float32)
         qq = q[sl][:, None, :]
-        keys = -np.einsum("qcd,qcd->qc", v, np.broadcast_to(qq, v.shape)) if metric == "ip" else \
+        keys = -np.einsum("qcd,qcd->qc", v, np.broadcast_to(qq, v.shape)) if metric.dot_keys else \
             np.einsum("qcd,qcd->qc", v - qq, v - qq)
         out[sl] = np.where(valid[sl], keys, np.inf)
     return out

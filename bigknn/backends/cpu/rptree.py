@@ -21,6 +21,7 @@ from numba import njit, prange
 
 from bigknn.backends.cpu.descent import DescentState
 from bigknn.core.knn_graph import LOCAL_ID_DTYPE
+from bigknn.core.metric import Metric
 
 from bigknn.backends.cpu.kernels import _holds, _sift_in, mix64, place
 from bigknn.backends.cpu.keyblock import EMPTY, FAST, _key, keys_block, prefetch_per_pair
@@ -31,7 +32,7 @@ SPLIT_CLIP = 4.0  # the splits' int8 rows span +-this many standard deviations o
 SPLIT_AHEAD = 4  # a split prefetches the row this many places ahead in its (random) row order
 
 
-def tree_init(x: np.ndarray, width: int, metric: str, trees: int, rng: np.random.Generator) -> DescentState:
+def tree_init(x: np.ndarray, width: int, metric: Metric, trees: int, rng: np.random.Generator) -> DescentState:
     """Lists of ``width`` entries, all NEW: the nearest leaf-mates of ``trees`` RP trees, then random rows
     where a list is not full."""
     n = len(x)
@@ -44,8 +45,8 @@ def tree_init(x: np.ndarray, width: int, metric: str, trees: int, rng: np.random
     # so they grow on a thread each (_leaves releases the GIL), and join the lists in order as before
     with ThreadPoolExecutor(max(1, min(trees, numba.get_num_threads()))) as pool:
         for order, bounds in pool.map(lambda seed: _leaves(rows, max(8, width), seed), seeds):
-            _join_leaves(x, sq, order, bounds, state.ids, state.dists, state.is_new, metric == "l2")
-    fill_random(x, sq, state.ids, state.dists, state.is_new, int(rng.integers(2 ** 31)), metric == "l2")
+            _join_leaves(x, sq, order, bounds, state.ids, state.dists, state.is_new, not metric.dot_keys)
+    fill_random(x, sq, state.ids, state.dists, state.is_new, int(rng.integers(2 ** 31)), not metric.dot_keys)
     return state
 
 

@@ -8,6 +8,7 @@ import numpy as np
 from bigknn.backends.cpu import graph_search
 from bigknn.backends.cpu import diversify as prune
 from bigknn.core.knn_graph import KnnGraph
+from bigknn.core.metric import Metric
 from bigknn.algorithms import tsdg_whole as whole
 from bigknn.algorithms.search_index import SearchIndex
 from bigknn.algorithms.edge_lists import nearest_lists, verdict_columns
@@ -15,7 +16,7 @@ from bigknn.algorithms.search_params import NO_LAMBDA, DiversifyRule, PruneParam
 
 
 class SearchReference:
-    def diversify_lists(self, cands: np.ndarray, keys: np.ndarray, table: np.ndarray, metric: str,
+    def diversify_lists(self, cands: np.ndarray, keys: np.ndarray, table: np.ndarray, metric: Metric,
                         rule: DiversifyRule, width: int) -> tuple[np.ndarray, np.ndarray]:
         verdict = prune.diversify(cands, keys, table, metric, rule)
         return verdict_columns(np, verdict, cands >= 0, rule.sequential, width, NO_LAMBDA)
@@ -24,7 +25,7 @@ class SearchReference:
                       lists: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
         return nearest_lists(np, rows, width, row, ids, keys, lists)
 
-    def prune_tsdg(self, ids: np.ndarray, keys: np.ndarray, table: np.ndarray, metric: str,
+    def prune_tsdg(self, ids: np.ndarray, keys: np.ndarray, table: np.ndarray, metric: Metric,
                    params: PruneParams) -> tuple[np.ndarray, np.ndarray, int]:
         return whole.tsdg(np, ids, keys, params, lambda c, k, rule, width: self.diversify_lists(
             c, k, table, metric, rule, width))

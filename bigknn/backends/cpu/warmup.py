@@ -17,6 +17,7 @@ import numpy as np
 from numba.core.registry import CPUDispatcher
 
 from bigknn.core.knn_graph import ShardPart, shard_graph_to_global
+from bigknn.core.metric import L2
 from bigknn.core.params import EXACT_ROWS, GnndParams
 
 COMPILE_NOTE = "about 2 min on 2 cores"  # what a cold cache costs (docs/perf-notes.md, numba's compile cost)
@@ -60,8 +61,8 @@ def warm_up(backend, say: Callable[[str], None]) -> float:
     rows, dim = EXACT_ROWS + 256, 8
     x = np.random.default_rng(0).standard_normal((2 * rows, dim), dtype=np.float32)
     params = GnndParams(k=4, iters=2)
-    a, b = (ShardPart(at, x[at:at + rows], shard_graph_to_global(backend.gnnd(x[at:at + rows], "l2", params, 0), at))
+    a, b = (ShardPart(at, x[at:at + rows], shard_graph_to_global(backend.gnnd(x[at:at + rows], L2, params, 0), at))
             for at in (0, rows))
-    backend.ggm(a, b, "l2", params, seed=0)
+    backend.ggm(a, b, L2, params, seed=0)
     _warm = True
     return time.perf_counter() - t

@@ -37,6 +37,7 @@ from bigknn.backends.cuda.gpu import Gpu
 from bigknn.backends.cuda.kept import KeptCopy
 from bigknn.core.errors import BadInput
 from bigknn.core.knn_graph import LOCAL_ID_DTYPE, KnnGraph, ShardPart, id_dtype
+from bigknn.core.metric import L2, Metric
 from bigknn.core.params import GnndParams
 from bigknn.core.progress import log
 from bigknn.algorithms.recall_target import Probe
@@ -118,11 +119,11 @@ class CudaBackend(SearchReference):
         with self.gpu.context():
             return self.gpu.budget()
 
-    def gnnd(self, x: np.ndarray, metric: str, params: GnndParams, seed: int, on_iter=None,
+    def gnnd(self, x: np.ndarray, metric: Metric, params: GnndParams, seed: int, on_iter=None,
              probe: Probe | None = None) -> KnnGraph:
         return self._call(gnnd.gnnd, x, metric, params, seed, on_iter, probe)
 
-    def ggm(self, a: ShardPart, b: ShardPart, metric: str, params: GnndParams, seed: int,
+    def ggm(self, a: ShardPart, b: ShardPart, metric: Metric, params: GnndParams, seed: int,
             on_iter=None, vias: list[ShardPart] | None = None) -> tuple[KnnGraph, KnnGraph]:
         """GGM (GNND paper §5.1, Alg. 3) of shards a and b on the GPU; ids in and out are global.
 
@@ -137,14 +138,15 @@ class CudaBackend(SearchReference):
             _require_int32_ids(part.offset + part.graph.rows, part.graph.ids.dtype)
         return self._call(ggm.ggm, a, b, metric, params, seed, on_iter, vias)
 
-    def exact_knn(self, queries: np.ndarray, k: int, metric: str, blocks: Iterable[tuple[int, np.ndarray]]) -> KnnGraph:
+    def exact_knn(self, queries: np.ndarray, k: int, metric: Metric,
+                  blocks: Iterable[tuple[int, np.ndarray]]) -> KnnGraph:
         return self._call(exact.exact_knn, queries, k, metric, _int32_blocks(blocks))
 
     def nearest_centroids(self, x: np.ndarray, count: int, centroids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        g = self.exact_knn(np.ascontiguousarray(x, np.float32), count, "l2", [(0, centroids)])
+        g = self.exact_knn(np.ascontiguousarray(x, np.float32), count, L2, [(0, centroids)])
         return g.ids.astype(np.int64), g.dists
 
-    def diversify_lists(self, cands: np.ndarray, keys: np.ndarray, table: np.ndarray, metric: str,
+    def diversify_lists(self, cands: np.ndarray, keys: np.ndarray, table: np.ndarray, metric: Metric,
                         rule: DiversifyRule, width: int) -> tuple[np.ndarray, np.ndarray]:
         return self._call(prune.diversify_lists, self._prune_table, cands, keys, table, metric, rule, width)
 
@@ -152,7 +154,7 @@ class CudaBackend(SearchReference):
                       lists: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
         return self._call(prune.nearest_lists, rows, width, row, ids, keys, lists)
 
-    def prune_tsdg(self, ids: np.ndarray, keys: np.ndarray, table: np.ndarray, metric: str,
+    def prune_tsdg(self, ids: np.ndarray, keys: np.ndarray, table: np.ndarray, metric: Metric,
                    params: PruneParams) -> tuple[np.ndarray, np.ndarray, int]:
         return self._call(prune.prune_tsdg, self._prune_table, ids, keys, table, metric, params)
 

@@ -13,7 +13,6 @@ from pathlib import Path
 import numpy as np
 
 from bigknn.core import envvars
-from bigknn.core.metric import metric as metric_of
 
 SOURCES = ("common.cuh", "gnnd.cu", "cross.cu", "ggm.cu", "exact.cu", "search.cu", "prune.cu")
 CTYPES = {
@@ -69,14 +68,6 @@ def sync_check(cp) -> None:
     """With BIGKNN_CUDA_CHECK set, wait for each kernel, so that a fault names the launch that caused it."""
     if envvars.flag("BIGKNN_CUDA_CHECK", False):
         cp.cuda.get_current_stream().synchronize()
-
-
-def kernel_metric(metric: str) -> int:
-    """The kernels' compile-time METRIC (common.cuh) of a kernel metric: its Metric's ``kernel_id``."""
-    m = metric_of(metric)
-    if m.name != m.kernel:
-        raise ValueError(f"CUDA backend computes metric 'l2' or 'ip', got {metric!r} (cosine arrives as ip)")
-    return m.kernel_id
 
 
 def dtype_of(x) -> np.dtype:

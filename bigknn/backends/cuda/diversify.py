@@ -11,11 +11,12 @@ from contextlib import nullcontext
 
 import numpy as np
 
-from bigknn.backends.cuda.compile import compile_kernels, kernel_metric, sync_check
+from bigknn.backends.cuda.compile import compile_kernels, sync_check
 from bigknn.backends.cuda.gpu import Gpu
 from bigknn.backends.cuda.kept import KeptCopy
 from bigknn.backends.cuda.mapped import mapped
 from bigknn.backends.cpu import diversify as reference
+from bigknn.core.metric import Metric
 from bigknn.algorithms import tsdg_whole as whole
 from bigknn.algorithms.edge_lists import EDGE_BYTES, MERGE_ENTRY_BYTES, verdict_columns
 from bigknn.algorithms.edge_lists import nearest_lists as lists_of_edges
@@ -74,7 +75,7 @@ def reach_back(gpu: Gpu, kept: KeptCopy, table: np.ndarray, lists: np.ndarray, l
     return out.get()
 
 
-def diversify_lists(gpu: Gpu, kept: KeptCopy, cands: np.ndarray, keys: np.ndarray, table: np.ndarray, metric: str,
+def diversify_lists(gpu: Gpu, kept: KeptCopy, cands: np.ndarray, keys: np.ndarray, table: np.ndarray, metric: Metric,
                     rule: DiversifyRule, width: int) -> tuple[np.ndarray, np.ndarray]:
     """Backend.diversify_lists: each block's verdict (prune.cu) turned into columns on the device, so that only
     the ``width`` columns kept (int32) and their factors (uint8) come back, not the (rows, c) verdict."""
@@ -103,12 +104,12 @@ def diversify_lists(gpu: Gpu, kept: KeptCopy, cands: np.ndarray, keys: np.ndarra
     return cols, ranks
 
 
-def _diversify_block(x, cands, keys, metric: str, rule: DiversifyRule, width: int) -> tuple:
+def _diversify_block(x, cands, keys, metric: Metric, rule: DiversifyRule, width: int) -> tuple:
     """One launch over device arrays (rows of table ``x``: int32 ``cands``, float32 ``keys``): the kept columns
     and their factors (lists.verdict_columns), on the device."""
     import cupy as cp
 
-    m = kernel_metric(metric)
+    m = metric.kernel_id
     name = f"diversify_kept<{m}, {RULES[rule.kind]}>" if rule.sequential else f"diversify_occlusion<{m}>"
     kernel = compile_kernels((name,)).get_function(name)
     n, c = cands.shape
@@ -119,7 +120,7 @@ def _diversify_block(x, cands, keys, metric: str, rule: DiversifyRule, width: in
     return verdict_columns(cp, out, cands >= 0, rule.sequential, width, NO_LAMBDA)
 
 
-def prune_tsdg(gpu: Gpu, kept: KeptCopy, ids: np.ndarray, keys: np.ndarray, table: np.ndarray, metric: str,
+def prune_tsdg(gpu: Gpu, kept: KeptCopy, ids: np.ndarray, keys: np.ndarray, table: np.ndarray, metric: Metric,
                params: PruneParams) -> tuple[np.ndarray, np.ndarray, int]:
     """Backend.prune_tsdg: bigknn/algorithms/tsdg_whole.py on the device, the graph and the table uploaded once and only
     the search graph downloaded."""

@@ -21,11 +21,12 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from bigknn.backends.cuda.compile import MAX_K, compile_kernels, kernel_metric, sync_check
+from bigknn.backends.cuda.compile import MAX_K, compile_kernels, sync_check
 from bigknn.backends.cuda.gpu import Gpu
 from bigknn.backends.cuda.memory import free_pools
 from bigknn.backends.cuda.rows import half_rows
 from bigknn.core.knn_graph import EMPTY, KnnGraph, merge_lists
+from bigknn.core.metric import Metric
 
 FUSED_MAX_DIM = 256  # widest rows (padded to 16 dims) whose query fragments fit the fused kernel's registers
 FUSED_MIN_DIM = 16  # narrower rows have too few terms to average out the halves' rounding: tiled (float32)
@@ -74,7 +75,7 @@ def _dims16(d: int) -> int:
     return -(-d // 16) * 16
 
 
-def exact_graph(gpu: Gpu, x, k: int, metric: str) -> KnnGraph:
+def exact_graph(gpu: Gpu, x, k: int, metric: Metric) -> KnnGraph:
     """Exact k-NN graph of x among itself, self excluded (small sets, descents that cannot reach their
     target)."""
     n = x.shape[0]
@@ -86,7 +87,7 @@ def exact_graph(gpu: Gpu, x, k: int, metric: str) -> KnnGraph:
         free_pools()  # as at the end of every call of the backend
 
 
-def _exact_widest(gpu: Gpu, x, k: int, metric: str) -> KnnGraph:
+def _exact_widest(gpu: Gpu, x, k: int, metric: Metric) -> KnnGraph:
     """The exact graph k = MAX_K wide, a width whose top-(k + 1) with the row itself the kernels cannot hold:
     each half's rows take their top k among the other half and their top k - 1 among their own half (self
     dropped), and keep the nearest k of the two (disjoint) lists (graph.merge_lists)."""
@@ -100,18 +101,18 @@ def _exact_widest(gpu: Gpu, x, k: int, metric: str) -> KnnGraph:
     return KnnGraph(ids, dists)
 
 
-def exact_knn(gpu: Gpu, queries, k: int, metric: str, blocks: Iterable[tuple[int, np.ndarray]]) -> KnnGraph:
+def exact_knn(gpu: Gpu, queries, k: int, metric: Metric, blocks: Iterable[tuple[int, np.ndarray]]) -> KnnGraph:
     """Exact top-k of each query over all rows of ``blocks`` ((global offset, vectors), host or device)."""
     return _exact(gpu, queries, k, metric, blocks)
 
 
-def _exact(gpu: Gpu, queries, k: int, metric: str, blocks: Iterable[tuple[int, np.ndarray]],
+def _exact(gpu: Gpu, queries, k: int, metric: Metric, blocks: Iterable[tuple[int, np.ndarray]],
            self_base: int | None = None) -> KnnGraph:
     """Exact top-k as exact_knn; with ``self_base`` (queries are the rows themselves, ids from self_base) each
     row's own id is dropped, leaving k - 1 (graph.drop_self's rule)."""
     import cupy as cp
 
-    m = kernel_metric(metric)
+    m = metric.kernel_id
     k = int(k)
     if k < 1 or k > MAX_K:
         raise ValueError(f"CUDA exact_knn supports 1 <= k <= {MAX_K}, got k={k}")

@@ -20,7 +20,7 @@ import time
 import numpy as np
 
 from bigknn.core.knn_graph import ShardPart
-from bigknn.backends.cuda.compile import (CTYPES, MAX_K, MAX_P, compile_kernels, cross_name, kernel_metric,
+from bigknn.backends.cuda.compile import (CTYPES, MAX_K, MAX_P, compile_kernels, cross_name,
                                           padded_dim, sync_check, uses_mma)
 from bigknn.backends.cuda.descent import iterate
 from bigknn.backends.cuda.exact import exact_knn
@@ -31,6 +31,7 @@ from bigknn.backends.cuda.target import device_target
 from bigknn.backends.cuda.transfer import Transfer
 from bigknn.algorithms.merge_setup import exact_merge, fill_count, merge_stop_frac
 from bigknn.core.knn_graph import EMPTY, KnnGraph
+from bigknn.core.metric import Metric
 from bigknn.core.params import GnndParams
 
 MAX_VIAS = 8  # shards a seeded merge may draw seeds through (ggm_setup numbers them in a byte; a loop per entry)
@@ -85,13 +86,13 @@ def _upload_lists(transfer: Transfer, ga: KnnGraph, gb: KnnGraph, wo: int, stats
     return ids, keys
 
 
-def ggm(gpu: Gpu, a: ShardPart, b: ShardPart, metric: str, params: GnndParams, seed: int, on_iter=None,
+def ggm(gpu: Gpu, a: ShardPart, b: ShardPart, metric: Metric, params: GnndParams, seed: int, on_iter=None,
         vias: list[ShardPart] | None = None) -> tuple[KnnGraph, KnnGraph]:
     """The merged lists of a and b (CudaBackend.ggm states the contract)."""
     import cupy as cp
 
     t0 = time.perf_counter()
-    m = kernel_metric(metric)
+    m = metric.kernel_id
     na, nb = int(a.vectors.shape[0]), int(b.vectors.shape[0])
     if a.graph.rows != na or b.graph.rows != nb:
         raise ValueError(f"ggm: graphs of {a.graph.rows} / {b.graph.rows} rows for shards of {na} / {nb} rows")

@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 from bigknn.backends.cuda.compile import (MAX_K, MAX_P, compile_kernels, cross_name, ctype_of, dpad_of, dtype_of,
-                                          kernel_metric, sync_check, uses_mma)
+                                          sync_check, uses_mma)
 from bigknn.backends.cuda.descent import init_graph, iterate
 from bigknn.backends.cuda.exact import exact_graph
 from bigknn.backends.cuda.gpu import Gpu
@@ -27,17 +27,19 @@ from bigknn.backends.cuda.memory import gnnd_bytes, plan_slots
 from bigknn.backends.cuda.rows import cut, descends_on_halves, half_rows, numeric, prepare_rows
 from bigknn.backends.cuda.target import device_target
 from bigknn.core.knn_graph import EMPTY, KnnGraph
+from bigknn.core.metric import Metric
 from bigknn.core.params import EXACT_ROWS, GnndParams
 from bigknn.algorithms.recall_target import Probe
 
 
-def gnnd(gpu: Gpu, x, metric: str, params: GnndParams, seed: int, on_iter=None, probe: Probe | None = None) -> KnnGraph:
+def gnnd(gpu: Gpu, x, metric: Metric, params: GnndParams, seed: int, on_iter=None,
+         probe: Probe | None = None) -> KnnGraph:
     """k-NN graph (lists params.width() wide) of the rows of ``x`` (host or device) among themselves;
     ``probe``: the recall target's rows and truth where the caller has them (Backend.gnnd)."""
     import cupy as cp
 
     t0 = time.perf_counter()
-    m = kernel_metric(metric)
+    m = metric.kernel_id
     n, d = x.shape
     k = int(params.width())
     if k < 1 or k > MAX_K:

@@ -14,10 +14,11 @@ import functools
 
 import numpy as np
 
-from bigknn.backends.cuda.compile import compile_kernels, kernel_metric, sync_check
+from bigknn.backends.cuda.compile import compile_kernels, sync_check
 from bigknn.backends.cuda.gpu import Gpu
 from bigknn.backends.cuda.kept import KeptCopy
 from bigknn.core.knn_graph import EMPTY, KnnGraph, merge_lists
+from bigknn.core.metric import Metric
 from bigknn.algorithms.search_index import SearchIndex, entry_rows
 from bigknn.algorithms.search_params import PARENTS, SEARCH_K_MAX, SEEDS, SearchPlan
 
@@ -83,7 +84,7 @@ def _entry_sample(index: SearchIndex, x, samples: dict, seed: int) -> tuple:
     return samples[seed]
 
 
-def nearest_entries(sample: tuple, queries, metric: str):
+def nearest_entries(sample: tuple, queries, metric: Metric):
     """algorithms/search_index.py nearest_entries on the device: one GEMM, then a warp a query keeps the nearest SEEDS
     (search.cu entry_nearest) instead of sorting each query's whole row of keys (10K x 4,096 words a batch).
     (nq, min(SEEDS, sample rows)) int32 ids, nearest first."""
@@ -95,7 +96,7 @@ def nearest_entries(sample: tuple, queries, metric: str):
     w = min(SEEDS, s)
     out = cp.empty((nq, w), cp.int32)
     if nq:
-        name = f"entry_nearest<{kernel_metric(metric)}>"
+        name = f"entry_nearest<{metric.kernel_id}>"
         compile_kernels((name,)).get_function(name)((-(-nq // WARPS),), (32 * WARPS,), (
             dots, norms, np.int32(s), np.int32(nq), ids, np.int32(w), out))
     return out
@@ -105,7 +106,7 @@ def graph_search(gpu: Gpu, kept: KeptCopy, index: SearchIndex, queries: np.ndarr
                  batch: int) -> KnnGraph:
     import cupy as cp
 
-    m = kernel_metric(index.metric)
+    m = index.metric.kernel_id
     x, edges, lambdas, samples, walk = kept.of(index, _upload)
     n, dim = x.shape
     deg = edges.shape[1]

@@ -9,7 +9,7 @@ from typing import Callable
 import numpy as np
 
 from bigknn.core.knn_graph import ShardPart
-from bigknn.core.metric import kernel_metric
+from bigknn.core.metric import Metric
 from bigknn.backends.cuda.compile import MAX_P
 from bigknn.backends.cuda.exact import exact_knn, exact_seconds
 from bigknn.backends.cuda.gpu import Gpu
@@ -30,7 +30,7 @@ class DeviceTarget:
     keys, and the tie rule compares keys with the exact 10th key (1000 x width distances: milliseconds)."""
 
     def __init__(self, probe: Probe, stopper: Stopper, params: GnndParams, fits: Callable[[int, int], bool],
-                 rows, metric: str):
+                 rows, metric: Metric):
         import cupy as cp
 
         self.probe = probe
@@ -38,7 +38,7 @@ class DeviceTarget:
         self.params = params
         self.fits = fits
         self.all_rows = rows  # (n, d) device rows, numeric (rows.numeric)
-        self.metric = metric  # the kernel metric: "l2" or "ip"
+        self.metric = metric
         self.rows = cp.asarray(probe.rows)
         self.p = self.samples(stopper.width)
         self.clock = time.perf_counter()  # when the last iteration (or the descent) started
@@ -68,7 +68,7 @@ class DeviceTarget:
         for i in range(0, p, step):
             q = self.all_rows[self.rows[i:i + step]].astype(cp.float32)[:, None, :]
             nb = self.all_rows[cp.maximum(ids[i:i + step], 0)].astype(cp.float32)
-            keys[i:i + step] = -(nb * q).sum(axis=2) if self.metric == "ip" else ((nb - q) ** 2).sum(axis=2)
+            keys[i:i + step] = -(nb * q).sum(axis=2) if self.metric.dot_keys else ((nb - q) ** 2).sum(axis=2)
         keys[ids < 0] = np.inf
         order = cp.argsort(keys, axis=1)
         return cp.take_along_axis(ids, order, axis=1).get(), cp.take_along_axis(keys, order, axis=1).get()
@@ -87,7 +87,7 @@ class DeviceTarget:
         return out
 
 
-def device_target(gpu: Gpu, xd, d: int, metric: str, params: GnndParams, seed: int, fits: Callable[[int, int], bool],
+def device_target(gpu: Gpu, xd, d: int, metric: Metric, params: GnndParams, seed: int, fits: Callable[[int, int], bool],
                   pair: tuple[ShardPart, ShardPart] | None = None, probe: Probe | None = None) -> DeviceTarget | None:
     """The recall target of a descent over the device rows ``xd`` (local ids; None without a target):
     a probe of its rows with their exact neighbours among ``xd``, or for the merge of ``pair`` (xd = [a | b])
@@ -121,5 +121,4 @@ def device_target(gpu: Gpu, xd, d: int, metric: str, params: GnndParams, seed: i
             return g.ids, g.dists
 
         probe = make_merge_probe(a, b, params.width(), exact, rng)
-    return DeviceTarget(probe, Stopper(params.recall, params.width(), exact_s), params, fits, rows_all,
-                        kernel_metric(metric))
+    return DeviceTarget(probe, Stopper(params.recall, params.width(), exact_s), params, fits, rows_all, metric)

@@ -33,7 +33,7 @@ import numpy as np
 from bigknn.backends import Backend, get_backend
 from bigknn.engine.dask.part_cache import PartCache
 from bigknn.core.knn_graph import KnnGraph, ShardPart, shard_graph_to_global, widened
-from bigknn.core.metric import kernel_metric
+from bigknn.core.metric import metric as metric_of
 from bigknn.shards import Manifest, Store
 
 # held by a task's backend calls: one task computes at a time on a worker's GPU (its memory budget is planned
@@ -205,7 +205,7 @@ def gnnd(spec: StoreSpec, shard: ShardRef, seed: int, sample: np.ndarray | None,
     """GNND of one shard from its stored vectors; with ``sample`` (the build's recall sample), also the
     sample's exact top-``sample_k`` among the shard's rows, while they are in memory."""
     store = Store(Path(spec.path), spec.header)
-    backend, metric = worker_backend(spec), kernel_metric(spec.header.metric)
+    backend, metric = worker_backend(spec), metric_of(spec.header.metric)
     part, nread = _part(store, shard)
     with COMPUTE_LOCK:
         t = time.perf_counter()
@@ -239,7 +239,7 @@ def merge(spec: StoreSpec, a: ShardRef, b: ShardRef, vias: list[ShardRef], seed:
     backend.stage([arr for p in (pa, pb) for arr in (p.vectors, p.graph.ids, p.graph.dists)])
     with COMPUTE_LOCK:
         t = time.perf_counter()
-        ga, gb = backend.ggm(pa, pb, kernel_metric(spec.header.metric), spec.header.params,
+        ga, gb = backend.ggm(pa, pb, metric_of(spec.header.metric), spec.header.params,
                              seed=seed, vias=[p for p, _ in via_parts])
         seconds = time.perf_counter() - t
     versions = {a.id: _keep(store, a, ga, pa.vectors), b.id: _keep(store, b, gb, pb.vectors)}
