@@ -12,7 +12,6 @@ on CPU), mean pooled, unit norm. torch and sentence-transformers are needed here
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import json
 import os

@@ -88,6 +88,17 @@ def test_nearest_centroids_are_the_numpy_nearest(backend, rows, count):
     np.testing.assert_allclose(d2[:, -1], np.sort(truth, axis=1)[:, count - 1], rtol=1e-3, atol=1e-3)
 
 
+def test_nearest_centroids_of_uint8_rows_are_those_of_the_same_rows_as_float32(backend, rows):
+    """The labelling pass hands uint8 rows over as they are; the answer is that of their float32 values."""
+    x8 = np.clip(rows[:501] * 20 + 128, 0, 255).astype(np.uint8)
+    centroids = x8[::37][:12].astype(np.float32)
+    ids, d2 = backend.nearest_centroids(x8, 3, centroids)
+    want_ids, want_d2 = backend.nearest_centroids(x8.astype(np.float32), 3, centroids)
+    np.testing.assert_allclose(d2, want_d2, rtol=1e-5, atol=1e-3)
+    truth = exact_keys(x8.astype(np.float32), centroids)
+    np.testing.assert_allclose(d2, np.take_along_axis(truth, ids, axis=1), rtol=1e-4, atol=1e-2)
+
+
 # ---- GNND and GGM ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("k", [1, 10])
 def test_gnnd_reaches_its_recall_target(backend, rows, k):

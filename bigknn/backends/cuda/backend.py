@@ -143,7 +143,9 @@ class CudaBackend(SearchReference):
         return self._call(exact.exact_knn, queries, k, metric, _int32_blocks(blocks))
 
     def nearest_centroids(self, x: np.ndarray, count: int, centroids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        g = self.exact_knn(np.ascontiguousarray(x, np.float32), count, L2, [(0, centroids)])
+        # the rows go up as they are (uint8: a quarter of the bytes) and are made float32 on the device: a host
+        # conversion took a fresh float32 array per chunk of the labelling pass, page faults and all
+        g = self.exact_knn(np.ascontiguousarray(x), count, L2, [(0, centroids)])
         return g.ids.astype(np.int64), g.dists
 
     def diversify_lists(self, cands: np.ndarray, keys: np.ndarray, table: np.ndarray, metric: Metric,
