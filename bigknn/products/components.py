@@ -1,22 +1,24 @@
 """Near-duplicate groups: the connected components of the graph's edges at or under a distance, by
-union-find streamed over the shards' lists (memory: one int64 per row, plus a shard's lists).
+union-find over the near pairs streamed from the store (``near_pairs``; memory: one int64 per row, plus the
+blocks in flight).
 
 Each union hangs the larger root under the smaller, so a group's root is its lowest row id: that row is the
 group's id and the row it keeps (a deterministic rule that needs no vectors, and the first occurrence in
-input order). Distances are the graph's (``Graph.neighbors``): Euclidean for l2, 1 - cos for cosine."""
+input order). Distances are the graph's (``Graph.neighbors``): Euclidean for l2, 1 - cos for cosine. The union
+runs over store positions; a partitioned store's groups are then relabelled by their lowest input row."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numba
 import numpy as np
 
+from bigknn.algorithms.partition.rowmap import RowMap
 from bigknn.core.atomic import atomic_path
 from bigknn.core.errors import BadInput, disk_full_named
-from bigknn.operations.readout import neighbours_per_row
-from bigknn.products.edges import shard_edges
+from bigknn.products.near_pairs import near_pairs
 from bigknn.shards import Store
 
 GROUP_FORMATS = ("parquet", "csv", "npy")
@@ -44,11 +46,45 @@ def _unite(parent: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
 
 
 @numba.njit(cache=True)
-def _roots(parent: np.ndarray) -> np.ndarray:
-    out = np.empty_like(parent)
+def _flatten(parent: np.ndarray) -> None:
+    """Every row's parent made its root, in place: parents are never above their row (unions hang the larger
+    root, path halving skips to a lower parent), so in row order each parent's root is already set."""
     for i in range(len(parent)):
-        out[i] = _find(parent, i)
-    return out
+        parent[i] = parent[parent[i]]
+
+
+@numba.njit(cache=True)
+def _input_labels(root: np.ndarray, input_of: np.ndarray) -> np.ndarray:
+    """Each input row's group as its lowest input row, from each store position's root position."""
+    lowest = np.full(len(root), len(root), np.int64)
+    for p in range(len(root)):
+        lowest[root[p]] = min(lowest[root[p]], input_of[p])
+    labels = np.empty(len(root), np.int64)
+    for p in range(len(root)):
+        labels[input_of[p]] = lowest[root[p]]
+    return labels
+
+
+@numba.njit(cache=True)
+def _group_columns(labels: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(row, group, kept, group_size) of the rows in groups of two or more, by group, then row: a counting
+    sort by label (rows are visited in order, so each group's rows come out ascending)."""
+    start = np.empty(len(counts), np.int64)
+    total = 0
+    for g in range(len(counts)):
+        start[g] = total
+        if counts[g] >= 2:
+            total += counts[g]
+    rows = np.empty(total, np.int64)
+    for i in range(len(labels)):
+        g = labels[i]
+        if counts[g] >= 2:
+            rows[start[g]] = i
+            start[g] += 1
+    group = labels[rows]
+    kept = group == rows
+    size = counts[group]
+    return rows, group, kept, size
 
 
 @dataclass
@@ -57,40 +93,47 @@ class Components:
 
     labels: np.ndarray  # (rows,) int64: the group's lowest row id
     max_distance: float
+    counts: np.ndarray = field(init=False, repr=False)  # (rows,) rows whose group is each row (0: not a group id)
+
+    def __post_init__(self) -> None:
+        self.counts = np.bincount(self.labels, minlength=len(self.labels))
 
     @property
     def sizes(self) -> np.ndarray:
         """(rows,) the size of each row's group (1: no near duplicate)."""
-        return np.bincount(self.labels, minlength=len(self.labels))[self.labels]
+        return self.counts[self.labels]
 
     @property
     def kept(self) -> np.ndarray:
         """(rows,) bool: the row a deduplication keeps, one per group (its lowest id), and every single row."""
-        return self.labels == np.arange(len(self.labels))
+        return self.counts > 0
 
     def write(self, out: str | Path, keep: str | Path | None = None) -> dict:
         """Write the groups (``write_groups``) and return the summary ``bigknn dedup`` prints."""
         return write_groups(self, Path(out), None if keep is None else Path(keep))
 
     def summary(self) -> dict:
-        per_group = np.bincount(self.labels, minlength=len(self.labels))
-        groups = int((per_group >= 2).sum())
-        kept = int((per_group >= 1).sum())
-        return {"rows": len(self.labels), "max_distance": self.max_distance, "groups": groups,
-                "rows_in_groups": int(per_group[per_group >= 2].sum()), "largest_group": int(per_group.max(initial=0)),
+        per_group = self.counts
+        grouped = per_group >= 2
+        kept = int(np.count_nonzero(per_group))
+        return {"rows": len(self.labels), "max_distance": self.max_distance, "groups": int(grouped.sum()),
+                "rows_in_groups": int(per_group[grouped].sum()), "largest_group": int(per_group.max(initial=0)),
                 "rows_kept": kept, "rows_removed": len(self.labels) - kept}
 
 
 def components(store: Store, max_distance: float, k: int | None = None) -> Components:
-    """Union-find over every list entry at distance <= ``max_distance``, one shard at a time."""
+    """Union-find over every list entry at distance <= ``max_distance``, block by block."""
     if not np.isfinite(max_distance) or max_distance < 0:
         raise BadInput(store.path, f"max_distance must be a finite distance >= 0, got {max_distance}")
-    k = neighbours_per_row(store, k)
-    parent = np.arange(store.manifest.rows, dtype=np.int64)
-    for rows, ids, dists in shard_edges(store, k):
-        near = (dists <= max_distance) & (ids >= 0)
-        _unite(parent, np.repeat(rows, k)[near.ravel()], ids[near].astype(np.int64))
-    return Components(_roots(parent), float(max_distance))
+    rows = store.manifest.rows
+    parent = np.arange(rows, dtype=np.int64)
+    for a, b in near_pairs(store, max_distance, k):
+        _unite(parent, a, b)
+    _flatten(parent)
+    rowmap = RowMap.of(store)
+    if not rowmap.identity:
+        parent = _input_labels(parent, np.asarray(rowmap.to_input(np.arange(rows, dtype=np.int64)), np.int64))
+    return Components(parent, float(max_distance))
 
 
 def write_groups(comp: Components, out: Path, keep: Path | None = None) -> dict:
@@ -105,15 +148,12 @@ def write_groups(comp: Components, out: Path, keep: Path | None = None) -> dict:
         except ImportError:
             raise BadInput(out, "writing Parquet needs pyarrow: pip install 'bigknn[parquet]', or write .csv "
                                 "or .npy") from None
-    sizes = comp.sizes
-    grouped = np.nonzero(sizes >= 2)[0]
-    grouped = grouped[np.lexsort((grouped, comp.labels[grouped]))]
-    columns = (grouped, comp.labels[grouped], comp.labels[grouped] == grouped, sizes[grouped])
+    columns = _group_columns(comp.labels, comp.counts)
     with atomic_path(out) as tmp, disk_full_named(out, None):
         {"parquet": _parquet, "csv": _csv, "npy": _npy}[fmt](tmp, columns)
     files = [str(out)]
     if keep is not None:
-        kept = np.nonzero(comp.kept)[0]
+        kept = np.flatnonzero(comp.counts)
         with atomic_path(keep) as tmp, disk_full_named(keep, None):
             with open(tmp, "wb") as f:
                 if keep_fmt == "npy":
