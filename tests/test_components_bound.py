@@ -44,8 +44,9 @@ def test_key_bound_selects_what_the_distance_selects(name, max_distance):
     np.testing.assert_array_equal(keys <= bound, by_distance)
     if np.isfinite(bound):  # the bound itself is in, the next key out: it is the largest that qualifies
         assert m.distance(np.array([bound]))[0] <= max_distance
-        above = np.nextafter(bound, np.float32(np.inf))
-        assert not m.distance(np.array([above]))[0] <= max_distance
+        with np.errstate(over="ignore"):  # the largest finite key's next is infinity
+            above = np.nextafter(bound, np.float32(np.inf))
+            assert not m.distance(np.array([above]))[0] <= max_distance
 
 
 @pytest.mark.parametrize("name", METRICS)
@@ -108,3 +109,32 @@ def test_components_equal_the_reference_at_distances_the_graph_holds(tmp_path, n
                 np.testing.assert_array_equal(g.components(max_distance, k=kk).labels, want,
                                               err_msg=f"{name} k={k} first {kk} at {max_distance!r}")
         assert (g.components(0.0).counts >= 2).any()  # the duplicates: a threshold of 0 has work to do
+
+
+def test_unions_from_many_threads_give_the_lowest_row_of_each_component():
+    """Blocks of random near entries united on 8 threads at once (the lock-free links racing on shared roots)
+    give scipy's components, each labelled by its lowest row, as one thread does."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from bigknn.products.unionfind import flatten, unite_near
+
+    rng = np.random.default_rng(3)
+    n, k = 20_000, 4
+    ids = rng.integers(-1, n, size=(n, k)).astype(np.int32)  # -1: EMPTY, skipped
+    keys = rng.uniform(0, 1, size=(n, k)).astype(np.float32)
+    keys[rng.random((n, k)) < 0.1] = 0.3  # entries exactly at the bound are in
+    keys.sort(axis=1)  # ascending along each list, as stores hold them
+    bound = np.float32(0.3)
+    near = (keys <= bound) & (ids >= 0)
+    rows = np.repeat(np.arange(n), k).reshape(n, k)
+    _, scipy_labels = csgraph.connected_components(
+        sp.csr_matrix((np.ones(near.sum()), (rows[near], ids[near])), shape=(n, n)), directed=False)
+    lowest = np.full(n, n)
+    np.minimum.at(lowest, scipy_labels, np.arange(n))
+    for threads, block in ((1, n), (8, 97)):
+        parent = np.arange(n, dtype=np.int64)
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(lambda lo: unite_near(parent, ids[lo:lo + block], keys[lo:lo + block], k, bound, lo),
+                          range(0, n, block)))
+        flatten(parent)
+        np.testing.assert_array_equal(parent, lowest[scipy_labels], err_msg=f"{threads} threads")

@@ -1,14 +1,19 @@
 """Near-duplicate groups: the connected components of the graph's edges at or under a distance, by
-union-find over the near pairs streamed from the store (``near_pairs``; memory: one int64 per row, plus the
-blocks in flight).
+union-find over the lists (memory: one int64 per row, plus a graph chunk per read thread).
 
-Each union hangs the larger root under the smaller, so a group's root is its lowest row id: that row is the
-group's id and the row it keeps (a deterministic rule that needs no vectors, and the first occurrence in
-input order). Distances are the graph's (``Graph.neighbors``): Euclidean for l2, 1 - cos for cosine. The union
-runs over store positions; a partitioned store's groups are then relabelled by their lowest input row."""
+Each read thread takes one graph chunk of a shard at a time (so each chunk file is read and checked once),
+compares its stored keys with the threshold turned into a key once (``Metric.key_at_most``: no distance is
+computed, no mask or repeated row array is made) and unites every near entry's rows in the shared parent
+array (``unionfind``). A union hangs the larger root under the smaller, so a group's root is its lowest row
+id: that row is the group's id and the row it keeps (a deterministic rule that needs no vectors, and the
+first occurrence in input order). Distances are the graph's (``Graph.neighbors``): Euclidean for l2, 1 - cos
+for cosine. The union runs over store positions; a partitioned store's groups are then relabelled by their
+lowest input row."""
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,39 +23,16 @@ import numpy as np
 from bigknn.algorithms.partition.rowmap import RowMap
 from bigknn.core.atomic import atomic_path
 from bigknn.core.errors import BadInput, disk_full_named
-from bigknn.products.near_pairs import near_pairs
+from bigknn.core.metric import metric
+from bigknn.operations.readout import neighbours_per_row
+from bigknn.products.unionfind import flatten, unite_near
 from bigknn.shards import Store
 
 GROUP_FORMATS = ("parquet", "csv", "npy")
 KEEP_FORMATS = ("npy", "txt", "ids")  # .txt and .ids: one row id a line
 WRITE_ROWS = 1 << 20  # rows per Parquet row group / text chunk
 GROUP_COLUMNS = (("row", np.int64), ("group", np.int64), ("kept", np.bool_), ("group_size", np.int64))
-
-
-@numba.njit(cache=True)
-def _find(parent: np.ndarray, a: int) -> int:
-    while parent[a] != a:
-        parent[a] = parent[parent[a]]  # path halving
-        a = parent[a]
-    return a
-
-
-@numba.njit(cache=True)
-def _unite(parent: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
-    for i in range(len(a)):
-        ra, rb = _find(parent, a[i]), _find(parent, b[i])
-        if ra < rb:
-            parent[rb] = ra
-        elif rb < ra:
-            parent[ra] = rb
-
-
-@numba.njit(cache=True)
-def _flatten(parent: np.ndarray) -> None:
-    """Every row's parent made its root, in place: parents are never above their row (unions hang the larger
-    root, path halving skips to a lower parent), so in row order each parent's root is already set."""
-    for i in range(len(parent)):
-        parent[i] = parent[parent[i]]
+READ_THREADS = min(16, os.cpu_count() or 1)  # graph chunks read, checked and united at once
 
 
 @numba.njit(cache=True)
@@ -122,17 +104,34 @@ class Components:
 
 
 def components(store: Store, max_distance: float, k: int | None = None) -> Components:
-    """Union-find over every list entry at distance <= ``max_distance``, block by block."""
+    """Union-find over every list entry (of each row's first ``k``) at distance <= ``max_distance``."""
     if not np.isfinite(max_distance) or max_distance < 0:
         raise BadInput(store.path, f"max_distance must be a finite distance >= 0, got {max_distance}")
-    rows = store.manifest.rows
-    parent = np.arange(rows, dtype=np.int64)
-    for a, b in near_pairs(store, max_distance, k):
-        _unite(parent, a, b)
-    _flatten(parent)
+    m = store.manifest
+    m.require_complete(store.path)  # unfinished lists are not yet top-k over all rows
+    k = neighbours_per_row(store, k)
+    bound = metric(m.metric).key_at_most(max_distance)
+    parent = np.arange(m.rows, dtype=np.int64)
+
+    def unite(shard_id: int, offset: int, lo: int, hi: int) -> None:
+        g = store.read_graph(shard_id, start=lo, stop=hi)
+        unite_near(parent, g.ids, g.dists, k, bound, offset + lo)
+
+    blocks = [(shard.id, shard.offset, lo, min(lo + step, shard.rows))
+              for shard in m.shards for step in (store.graph_chunk_rows(shard.id),)
+              for lo in range(0, shard.rows, step)]
+    with ThreadPoolExecutor(READ_THREADS) as pool:
+        futures = [pool.submit(unite, *block) for block in blocks]  # a block is read when its task runs
+        try:
+            for future in futures:
+                future.result()
+        finally:
+            for future in futures:  # after a damaged chunk, the blocks not yet started are not read
+                future.cancel()
+    flatten(parent)
     rowmap = RowMap.of(store)
     if not rowmap.identity:
-        parent = _input_labels(parent, np.asarray(rowmap.to_input(np.arange(rows, dtype=np.int64)), np.int64))
+        parent = _input_labels(parent, np.asarray(rowmap.to_input(np.arange(m.rows, dtype=np.int64)), np.int64))
     return Components(parent, float(max_distance))
 
 
@@ -179,7 +178,10 @@ def _parquet(tmp: Path, columns: tuple[np.ndarray, ...]) -> None:
 
     schema = pa.schema([("row", pa.int64()), ("group", pa.int64()), ("kept", pa.bool_()),
                         ("group_size", pa.int64())])
-    with pq.ParquetWriter(tmp, schema) as writer:
+    # delta encoding: rows ascend within a group, groups ascend, sizes repeat (smaller and faster to write
+    # than dictionaries of near-unique ids)
+    encoding = {name: "DELTA_BINARY_PACKED" for name, dtype in GROUP_COLUMNS if dtype == np.int64}
+    with pq.ParquetWriter(tmp, schema, use_dictionary=False, column_encoding=encoding) as writer:
         for start in range(0, max(len(columns[0]), 1), WRITE_ROWS):
             part = {name: c[start:start + WRITE_ROWS] for (name, _), c in zip(GROUP_COLUMNS, columns)}
             writer.write_table(pa.table(part, schema=schema))
