@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,7 +48,7 @@ def _input_labels(root: np.ndarray, input_of: np.ndarray) -> np.ndarray:
     return labels
 
 
-@numba.njit(cache=True)
+@numba.njit(nogil=True, cache=True)
 def _group_columns(labels: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(row, group, kept, group_size) of the rows in groups of two or more, by group, then row: a counting
     sort by label (rows are visited in order, so each group's rows come out ascending)."""
@@ -138,30 +139,36 @@ def components(store: Store, max_distance: float, k: int | None = None) -> Compo
 def write_groups(comp: Components, out: Path, keep: Path | None = None) -> dict:
     """Write the rows of groups of two or more (row, group, kept, group_size; by group, then row) to ``out``
     (.parquet, .csv or .npy), and with ``keep`` every kept row's id (.npy, or text: .txt/.ids)."""
-    out = Path(out)
+    out, keep = Path(out), None if keep is None else Path(keep)
     fmt = _format(out, GROUP_FORMATS, "groups")
-    keep_fmt = None if keep is None else _format(Path(keep), KEEP_FORMATS, "kept rows")
+    keep_fmt = None if keep is None else _format(keep, KEEP_FORMATS, "kept rows")
     if fmt == "parquet":
         try:
             import pyarrow.parquet  # noqa: F401
         except ImportError:
             raise BadInput(out, "writing Parquet needs pyarrow: pip install 'bigknn[parquet]', or write .csv "
                                 "or .npy") from None
-    columns = _group_columns(comp.labels, comp.counts)
-    with atomic_path(out) as tmp, disk_full_named(out, None):
-        {"parquet": _parquet, "csv": _csv, "npy": _npy}[fmt](tmp, columns)
-    files = [str(out)]
-    if keep is not None:
-        kept = np.flatnonzero(comp.counts)
-        with atomic_path(keep) as tmp, disk_full_named(keep, None):
-            with open(tmp, "wb") as f:
-                if keep_fmt == "npy":
-                    np.save(f, kept)
-                else:
-                    for start in range(0, len(kept), WRITE_ROWS):
-                        np.savetxt(f, kept[start:start + WRITE_ROWS], fmt="%d")
-        files.append(str(keep))
-    return {**comp.summary(), "files": files}
+    with ExitStack() as files, ThreadPoolExecutor(1) as pool:  # the pool exits (joins) before the renames
+        tmp = files.enter_context(atomic_path(out))
+        kept = None
+        if keep is not None:  # written beside the groups; both renamed into place only once both are whole
+            kept = pool.submit(_write_kept, files.enter_context(atomic_path(keep)), keep, keep_fmt, comp.counts)
+        with disk_full_named(out, None):
+            {"parquet": _parquet, "csv": _csv, "npy": _npy}[fmt](tmp, _group_columns(comp.labels, comp.counts))
+        if kept is not None:
+            kept.result()
+    return {**comp.summary(), "files": [str(out)] + ([] if keep is None else [str(keep)])}
+
+
+def _write_kept(tmp: Path, keep: Path, fmt: str, counts: np.ndarray) -> None:
+    """The kept rows' ids (each group's id, and every single row: the rows some row's label names)."""
+    kept = np.flatnonzero(counts)
+    with disk_full_named(keep, None), open(tmp, "wb") as f:
+        if fmt == "npy":
+            np.save(f, kept)
+        else:
+            for start in range(0, len(kept), WRITE_ROWS):
+                np.savetxt(f, kept[start:start + WRITE_ROWS], fmt="%d")
 
 
 def _format(path: Path, allowed: tuple[str, ...], what: str) -> str:
