@@ -138,3 +138,18 @@ def test_unions_from_many_threads_give_the_lowest_row_of_each_component():
                           range(0, n, block)))
         flatten(parent)
         np.testing.assert_array_equal(parent, lowest[scipy_labels], err_msg=f"{threads} threads")
+
+
+def test_a_damaged_graph_chunk_stops_the_groups(tmp_path):
+    """A chunk that fails its checksum, read on one of the threads, is raised as damage naming its file."""
+    from bigknn.core.errors import Damaged
+
+    x = rows_with_ties("l2", seed=1)
+    path = tmp_path / "g.knn"
+    bigknn.build(x, k=4, backend="cpu", shard_rows=250, store=path).close()
+    chunk = sorted(path.glob("shards/1/graph/*/dists/c/0/0"))[-1]
+    data = bytearray(chunk.read_bytes())
+    data[0] ^= 0xFF
+    chunk.write_bytes(bytes(data))
+    with bigknn.open(path) as g, pytest.raises(Damaged, match="checksum"):
+        g.components(0.5)
