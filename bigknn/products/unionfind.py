@@ -4,7 +4,7 @@ Every link hangs a root under a smaller root, so each tree's root is its lowest 
 edges come in and however the threads interleave: the groups, and their ids, are the same as a sequential
 run's. A link is one compare-and-swap on the larger root (it succeeds only while that row is still a root;
 otherwise the union looks up both roots again), the lock-free union-find of the GPU connected-components
-codes (ECL-CC). Path halving writes with plain stores: it only ever replaces a non-root's parent with one of
+codes (ECL-CC). Path splitting writes with plain stores: it only ever replaces a non-root's parent with one of
 its ancestors, which every concurrent reader may see, and no link ever targets a non-root.
 """
 
@@ -38,7 +38,7 @@ def _cas(typingctx, array, index, expected, new):
 
 @numba.njit(nogil=True, cache=True)
 def find(parent: np.ndarray, a: int) -> int:
-    """The root of ``a``, halving its path."""
+    """The root of ``a``; each row passed is pointed at its grandparent (path splitting)."""
     while True:
         p = parent[a]
         if p == a:
