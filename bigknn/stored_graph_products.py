@@ -73,8 +73,8 @@ class ProductMethods:
     def components(self, max_distance: float, k: int | None = None) -> comp.Components:
         """Near-duplicate groups: the connected components of the graph's edges at distance <=
         ``max_distance`` (the graph's distances: Euclidean for l2, 1 - cos for cosine), by union-find over the
-        lists shard by shard (memory: 8 bytes a row). Each group's id is its lowest row id, which is the row
-        it keeps. A group is found through chains however large; a row with more than k near duplicates is
+        lists, a graph chunk per thread (memory: 8 bytes a row). Each group's id is its lowest row id, which is
+        the row it keeps. A group is found through chains however large; a row with more than k near duplicates is
         still grouped with all of them where they chain, but may not see each directly.
 
         Examples

@@ -81,6 +81,40 @@ class Metric:
             return np.sqrt(np.maximum(keys, 0.0))
         return np.maximum(1.0 + keys, 0.0) if self.normalised else 1.0 + keys
 
+    def key_at_most(self, max_distance: float) -> np.float32:
+        """The largest float32 key whose ``distance`` is <= ``max_distance``, compared exactly as
+        ``distance(keys) <= max_distance`` compares: for every key but NaN, ``key <= bound`` iff its distance
+        is at most ``max_distance``, so a threshold is one comparison per stored key instead of a distance
+        each. NaN when no key qualifies (every comparison with it is false).
+
+        ``distance`` is non-decreasing in the key and NaN-free over [-inf, inf], so a bisection over the float32
+        values in order (their bit patterns, ``_ordered``) finds the boundary that float rounding puts where it
+        does: sqrt's, 1 + key's, and cosine's clip at 0 (at max_distance 0 every key <= -1 qualifies)."""
+        def within(o: int) -> bool:
+            with np.errstate(over="ignore"):  # a threshold past float32's range is infinity there
+                return bool((self.distance(np.array([_from_ordered(o)], np.float32)) <= max_distance)[0])
+
+        lo, hi = _ordered(-np.inf), _ordered(np.inf)
+        if not within(lo):
+            return np.float32(np.nan)
+        if within(hi):
+            return np.float32(np.inf)
+        while hi - lo > 1:  # within(lo) and not within(hi)
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if within(mid) else (lo, mid)
+        return _from_ordered(lo)
+
+
+def _ordered(x: float) -> int:
+    """A float32 as an integer in the order of the floats (-0.0 and 0.0 both 0), for bisection."""
+    bits = int(np.array([x], np.float32).view(np.uint32)[0])
+    return -(bits & 0x7FFFFFFF) if bits >> 31 else bits
+
+
+def _from_ordered(o: int) -> np.float32:
+    bits = (0x80000000 | -o) if o < 0 else o
+    return np.array([bits], np.uint32).view(np.float32)[0]
+
 
 L2 = Metric("l2", "l2", 0)
 IP = Metric("ip", "ip", 1)

@@ -1,54 +1,73 @@
 """Near-duplicate groups: the connected components of the graph's edges at or under a distance, by
-union-find streamed over the shards' lists (memory: one int64 per row, plus a shard's lists).
+union-find over the lists (memory: one int64 per row, plus a graph chunk per read thread).
 
-Each union hangs the larger root under the smaller, so a group's root is its lowest row id: that row is the
-group's id and the row it keeps (a deterministic rule that needs no vectors, and the first occurrence in
-input order). Distances are the graph's (``Graph.neighbors``): Euclidean for l2, 1 - cos for cosine."""
+Each read thread takes one graph chunk of a shard at a time (so each chunk file is read and checked once),
+compares its stored keys with the threshold turned into a key once (``Metric.key_at_most``: no distance is
+computed, no mask or repeated row array is made) and unites every near entry's rows in the shared parent
+array (``unionfind``). A union hangs the larger root under the smaller, so a group's root is its lowest row
+id: that row is the group's id and the row it keeps (a deterministic rule that needs no vectors, and the
+first occurrence in input order). Distances are the graph's (``Graph.neighbors``): Euclidean for l2, 1 - cos
+for cosine. The union runs over store positions; a partitioned store's groups are then relabelled by their
+lowest input row."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numba
 import numpy as np
 
+from bigknn.algorithms.partition.rowmap import RowMap
 from bigknn.core.atomic import atomic_path
 from bigknn.core.errors import BadInput, disk_full_named
+from bigknn.core.metric import metric
 from bigknn.operations.readout import neighbours_per_row
-from bigknn.products.edges import shard_edges
+from bigknn.products.unionfind import flatten, unite_near
 from bigknn.shards import Store
 
 GROUP_FORMATS = ("parquet", "csv", "npy")
 KEEP_FORMATS = ("npy", "txt", "ids")  # .txt and .ids: one row id a line
 WRITE_ROWS = 1 << 20  # rows per Parquet row group / text chunk
 GROUP_COLUMNS = (("row", np.int64), ("group", np.int64), ("kept", np.bool_), ("group_size", np.int64))
+READ_THREADS = min(16, os.cpu_count() or 1)  # graph chunks read, checked and united at once
 
 
 @numba.njit(cache=True)
-def _find(parent: np.ndarray, a: int) -> int:
-    while parent[a] != a:
-        parent[a] = parent[parent[a]]  # path halving
-        a = parent[a]
-    return a
+def _input_labels(root: np.ndarray, input_of: np.ndarray) -> np.ndarray:
+    """Each input row's group as its lowest input row, from each store position's root position."""
+    lowest = np.full(len(root), len(root), np.int64)
+    for p in range(len(root)):
+        lowest[root[p]] = min(lowest[root[p]], input_of[p])
+    labels = np.empty(len(root), np.int64)
+    for p in range(len(root)):
+        labels[input_of[p]] = lowest[root[p]]
+    return labels
 
 
-@numba.njit(cache=True)
-def _unite(parent: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
-    for i in range(len(a)):
-        ra, rb = _find(parent, a[i]), _find(parent, b[i])
-        if ra < rb:
-            parent[rb] = ra
-        elif rb < ra:
-            parent[ra] = rb
-
-
-@numba.njit(cache=True)
-def _roots(parent: np.ndarray) -> np.ndarray:
-    out = np.empty_like(parent)
-    for i in range(len(parent)):
-        out[i] = _find(parent, i)
-    return out
+@numba.njit(nogil=True, cache=True)
+def _group_columns(labels: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(row, group, kept, group_size) of the rows in groups of two or more, by group, then row: a counting
+    sort by label (rows are visited in order, so each group's rows come out ascending)."""
+    start = np.empty(len(counts), np.int64)
+    total = 0
+    for g in range(len(counts)):
+        start[g] = total
+        if counts[g] >= 2:
+            total += counts[g]
+    rows = np.empty(total, np.int64)
+    for i in range(len(labels)):
+        g = labels[i]
+        if counts[g] >= 2:
+            rows[start[g]] = i
+            start[g] += 1
+    group = labels[rows]
+    kept = group == rows
+    size = counts[group]
+    return rows, group, kept, size
 
 
 @dataclass
@@ -57,72 +76,99 @@ class Components:
 
     labels: np.ndarray  # (rows,) int64: the group's lowest row id
     max_distance: float
+    counts: np.ndarray = field(init=False, repr=False)  # (rows,) rows whose group is each row (0: not a group id)
+
+    def __post_init__(self) -> None:
+        self.counts = np.bincount(self.labels, minlength=len(self.labels))
 
     @property
     def sizes(self) -> np.ndarray:
         """(rows,) the size of each row's group (1: no near duplicate)."""
-        return np.bincount(self.labels, minlength=len(self.labels))[self.labels]
+        return self.counts[self.labels]
 
     @property
     def kept(self) -> np.ndarray:
         """(rows,) bool: the row a deduplication keeps, one per group (its lowest id), and every single row."""
-        return self.labels == np.arange(len(self.labels))
+        return self.counts > 0
 
     def write(self, out: str | Path, keep: str | Path | None = None) -> dict:
         """Write the groups (``write_groups``) and return the summary ``bigknn dedup`` prints."""
         return write_groups(self, Path(out), None if keep is None else Path(keep))
 
     def summary(self) -> dict:
-        per_group = np.bincount(self.labels, minlength=len(self.labels))
-        groups = int((per_group >= 2).sum())
-        kept = int((per_group >= 1).sum())
-        return {"rows": len(self.labels), "max_distance": self.max_distance, "groups": groups,
-                "rows_in_groups": int(per_group[per_group >= 2].sum()), "largest_group": int(per_group.max(initial=0)),
+        per_group = self.counts
+        grouped = per_group >= 2
+        kept = int(np.count_nonzero(per_group))
+        return {"rows": len(self.labels), "max_distance": self.max_distance, "groups": int(grouped.sum()),
+                "rows_in_groups": int(per_group[grouped].sum()), "largest_group": int(per_group.max(initial=0)),
                 "rows_kept": kept, "rows_removed": len(self.labels) - kept}
 
 
 def components(store: Store, max_distance: float, k: int | None = None) -> Components:
-    """Union-find over every list entry at distance <= ``max_distance``, one shard at a time."""
+    """Union-find over every list entry (of each row's first ``k``) at distance <= ``max_distance``."""
     if not np.isfinite(max_distance) or max_distance < 0:
         raise BadInput(store.path, f"max_distance must be a finite distance >= 0, got {max_distance}")
+    m = store.manifest
+    m.require_complete(store.path)  # unfinished lists are not yet top-k over all rows
     k = neighbours_per_row(store, k)
-    parent = np.arange(store.manifest.rows, dtype=np.int64)
-    for rows, ids, dists in shard_edges(store, k):
-        near = (dists <= max_distance) & (ids >= 0)
-        _unite(parent, np.repeat(rows, k)[near.ravel()], ids[near].astype(np.int64))
-    return Components(_roots(parent), float(max_distance))
+    bound = metric(m.metric).key_at_most(max_distance)
+    parent = np.arange(m.rows, dtype=np.int64)
+
+    def unite(shard_id: int, offset: int, lo: int, hi: int) -> None:
+        g = store.read_graph(shard_id, start=lo, stop=hi)
+        unite_near(parent, g.ids, g.dists, k, bound, offset + lo)
+
+    blocks = [(shard.id, shard.offset, lo, min(lo + step, shard.rows))
+              for shard in m.shards for step in (store.graph_chunk_rows(shard.id),)
+              for lo in range(0, shard.rows, step)]
+    with ThreadPoolExecutor(READ_THREADS) as pool:
+        futures = [pool.submit(unite, *block) for block in blocks]  # a block is read when its task runs
+        try:
+            for future in futures:
+                future.result()
+        finally:
+            for future in futures:  # after a damaged chunk, the blocks not yet started are not read
+                future.cancel()
+    flatten(parent)
+    rowmap = RowMap.of(store)
+    if not rowmap.identity:
+        parent = _input_labels(parent, np.asarray(rowmap.to_input(np.arange(m.rows, dtype=np.int64)), np.int64))
+    return Components(parent, float(max_distance))
 
 
 def write_groups(comp: Components, out: Path, keep: Path | None = None) -> dict:
     """Write the rows of groups of two or more (row, group, kept, group_size; by group, then row) to ``out``
     (.parquet, .csv or .npy), and with ``keep`` every kept row's id (.npy, or text: .txt/.ids)."""
-    out = Path(out)
+    out, keep = Path(out), None if keep is None else Path(keep)
     fmt = _format(out, GROUP_FORMATS, "groups")
-    keep_fmt = None if keep is None else _format(Path(keep), KEEP_FORMATS, "kept rows")
+    keep_fmt = None if keep is None else _format(keep, KEEP_FORMATS, "kept rows")
     if fmt == "parquet":
         try:
             import pyarrow.parquet  # noqa: F401
         except ImportError:
             raise BadInput(out, "writing Parquet needs pyarrow: pip install 'bigknn[parquet]', or write .csv "
                                 "or .npy") from None
-    sizes = comp.sizes
-    grouped = np.nonzero(sizes >= 2)[0]
-    grouped = grouped[np.lexsort((grouped, comp.labels[grouped]))]
-    columns = (grouped, comp.labels[grouped], comp.labels[grouped] == grouped, sizes[grouped])
-    with atomic_path(out) as tmp, disk_full_named(out, None):
-        {"parquet": _parquet, "csv": _csv, "npy": _npy}[fmt](tmp, columns)
-    files = [str(out)]
-    if keep is not None:
-        kept = np.nonzero(comp.kept)[0]
-        with atomic_path(keep) as tmp, disk_full_named(keep, None):
-            with open(tmp, "wb") as f:
-                if keep_fmt == "npy":
-                    np.save(f, kept)
-                else:
-                    for start in range(0, len(kept), WRITE_ROWS):
-                        np.savetxt(f, kept[start:start + WRITE_ROWS], fmt="%d")
-        files.append(str(keep))
-    return {**comp.summary(), "files": files}
+    with ExitStack() as files, ThreadPoolExecutor(1) as pool:  # the pool exits (joins) before the renames
+        tmp = files.enter_context(atomic_path(out))
+        kept = None
+        if keep is not None:  # written beside the groups; both renamed into place only once both are whole
+            kept = pool.submit(_write_kept, files.enter_context(atomic_path(keep)), keep, keep_fmt, comp.counts)
+        with disk_full_named(out, None):
+            {"parquet": _parquet, "csv": _csv, "npy": _npy}[fmt](tmp, _group_columns(comp.labels, comp.counts))
+        if kept is not None:
+            kept.result()
+    return {**comp.summary(), "files": [str(out)] + ([] if keep is None else [str(keep)])}
+
+
+def _write_kept(tmp: Path, keep: Path, fmt: str, counts: np.ndarray) -> None:
+    """The kept rows' ids (each group's id, and every single row: the rows some row's label names)."""
+    kept = np.flatnonzero(counts)
+    with disk_full_named(keep, None), open(tmp, "wb") as f:
+        if fmt == "npy":
+            np.save(f, kept)
+        else:
+            for start in range(0, len(kept), WRITE_ROWS):
+                np.savetxt(f, kept[start:start + WRITE_ROWS], fmt="%d")
 
 
 def _format(path: Path, allowed: tuple[str, ...], what: str) -> str:
@@ -139,7 +185,10 @@ def _parquet(tmp: Path, columns: tuple[np.ndarray, ...]) -> None:
 
     schema = pa.schema([("row", pa.int64()), ("group", pa.int64()), ("kept", pa.bool_()),
                         ("group_size", pa.int64())])
-    with pq.ParquetWriter(tmp, schema) as writer:
+    # delta encoding: rows ascend within a group, groups ascend, sizes repeat (smaller and faster to write
+    # than dictionaries of near-unique ids)
+    encoding = {name: "DELTA_BINARY_PACKED" for name, dtype in GROUP_COLUMNS if dtype == np.int64}
+    with pq.ParquetWriter(tmp, schema, use_dictionary=False, column_encoding=encoding) as writer:
         for start in range(0, max(len(columns[0]), 1), WRITE_ROWS):
             part = {name: c[start:start + WRITE_ROWS] for (name, _), c in zip(GROUP_COLUMNS, columns)}
             writer.write_table(pa.table(part, schema=schema))

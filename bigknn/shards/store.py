@@ -312,15 +312,34 @@ class Store(ArrayDir):
         return written + sum(self._write_array(graph_name(shard_id, version, name), data, chunk_rows, dtype)
                              for name, data, dtype in (("ids", graph.ids, id_dtype), ("dists", graph.dists, np.float32)))
 
-    def read_graph(self, shard_id: int, version: int | None = None) -> KnnGraph:
+    def read_graph(self, shard_id: int, version: int | None = None, start: int = 0,
+                   stop: int | None = None) -> KnnGraph:
+        """A shard's graph (its local rows ``[start:stop]``, every chunk touched read whole and checked)."""
+        version = self._graph_version(shard_id, version)
+        where = f"shard {shard_id} graph version {version}"
+        ids, dists = (self._read_array(graph_name(shard_id, version, name), f"{where} {name}", start, stop)
+                      for name in ("ids", "dists"))
+        return KnnGraph(self._as_store_ids(ids), dists)
+
+    def graph_chunk_rows(self, shard_id: int) -> int:
+        """Rows of the committed graph's chunks (a multiple of both arrays'): row ranges cut at multiples of it
+        read each chunk once."""
+        version = self._graph_version(shard_id, None)
+        rows = []
+        for name in ("ids", "dists"):
+            array = graph_name(shard_id, version, name)
+            try:
+                rows.append(int(self.array_meta(array)["chunk_grid"]["configuration"]["chunk_shape"][0]))
+            except (KeyError, TypeError, IndexError, ValueError):
+                raise Damaged(self.path / array / "zarr.json", "array metadata has no chunk shape") from None
+        return max(1, int(np.lcm(*rows)))
+
+    def _graph_version(self, shard_id: int, version: int | None) -> int:
         if version is None:
             version = self.manifest.shards[shard_id].graph
         if version is None:
             raise ValueError(f"shard {shard_id} has no graph yet")
-        where = f"shard {shard_id} graph version {version}"
-        ids, dists = (self._read_array(graph_name(shard_id, version, name), f"{where} {name}")
-                      for name in ("ids", "dists"))
-        return KnnGraph(self._as_store_ids(ids), dists)
+        return version
 
     def _as_store_ids(self, ids: np.ndarray) -> np.ndarray:
         """Ids as the manifest says the store's are: an int32 array written before an ingest widened them to

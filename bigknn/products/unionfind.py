@@ -1,0 +1,88 @@
+"""Union-find over an int64 parent array that several threads update at once, for the near-duplicate groups.
+
+Every link hangs a root under a smaller root, so each tree's root is its lowest member, whatever order the
+edges come in and however the threads interleave: the groups, and their ids, are the same as a sequential
+run's. A link is one compare-and-swap on the larger root (it succeeds only while that row is still a root;
+otherwise the union looks up both roots again), the lock-free union-find of the GPU connected-components
+codes (ECL-CC). Path splitting writes with plain stores: it only ever replaces a non-root's parent with one of
+its ancestors, which every concurrent reader may see, and no link ever targets a non-root.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+
+@intrinsic
+def _cas(typingctx, array, index, expected, new):
+    """Atomically: old = array[index]; if old == expected: array[index] = new. Returns old (int64 arrays)."""
+    if not (isinstance(array, types.Array) and array.dtype == types.int64):
+        return None
+    sig = types.int64(array, index, expected, new)
+
+    def codegen(context, builder, signature, args):
+        array_type = signature.args[0]
+        ary = context.make_array(array_type)(context, builder, args[0])
+        ptr = cgutils.get_item_pointer(context, builder, array_type, ary, [args[1]], wraparound=False)
+        want = context.cast(builder, args[2], signature.args[2], types.int64)
+        value = context.cast(builder, args[3], signature.args[3], types.int64)
+        swapped = builder.cmpxchg(ptr, want, value, "seq_cst", "seq_cst")
+        return builder.extract_value(swapped, 0)
+
+    return sig, codegen
+
+
+@numba.njit(nogil=True, cache=True)
+def find(parent: np.ndarray, a: int) -> int:
+    """The root of ``a``; each row passed is pointed at its grandparent (path splitting)."""
+    while True:
+        p = parent[a]
+        if p == a:
+            return a
+        g = parent[p]
+        if g != p:
+            parent[a] = g
+        a = p
+
+
+@numba.njit(nogil=True, cache=True)
+def union(parent: np.ndarray, a: int, b: int) -> None:
+    """Join the trees of ``a`` and ``b``: the larger root is linked under the smaller."""
+    while True:
+        a, b = find(parent, a), find(parent, b)
+        if a == b:
+            return
+        if a < b:
+            a, b = b, a
+        if _cas(parent, a, a, b) == a:
+            return
+
+
+@numba.njit(nogil=True, cache=True)
+def unite_near(parent: np.ndarray, ids: np.ndarray, keys: np.ndarray, k: int, bound: np.float32,
+               first: int) -> None:
+    """Union each row of a block of lists with every neighbour among its first ``k`` that has an id (not
+    EMPTY) and a key <= ``bound``; row r of the block is row ``first + r`` of ``parent``. Keys ascend along
+    each list (the store's contract), so a row's scan stops at its first key past the bound."""
+    for r in range(ids.shape[0]):
+        for j in range(k):
+            if not keys[r, j] <= bound:
+                break
+            b = ids[r, j]
+            if b >= 0:
+                union(parent, np.int64(first + r), np.int64(b))
+
+
+@numba.njit(parallel=True, cache=True)
+def flatten(parent: np.ndarray) -> None:
+    """Every row's parent made its root, in place (after the unions). Rows are rewritten concurrently, each
+    only to its root, so a walk through any of them still ends at that root."""
+    for i in numba.prange(len(parent)):
+        root = parent[i]  # not i: prange's unsigned index would make the walk's variable a float
+        while parent[root] != root:
+            root = parent[root]
+        parent[i] = root
