@@ -55,8 +55,9 @@ class SampleTruth:
         return cls(rows, x, m.metric, m.k, seed, positional=m.partition is None)
 
     def taken_from(self, shards: Iterator[tuple[ShardEntry, np.ndarray]]) -> Iterator[tuple[ShardEntry, np.ndarray]]:
-        """The sharding pass's shards, passed on unchanged once the sample's vectors are taken from the first:
-        the whole input, prepared as stored (``draw(from_stream=True)`` of a one-shard build)."""
+        """The sharding pass's shards, passed on unchanged; a sample drawn without its vectors
+        (``draw(from_stream=True)``, a one-shard build) takes them from the first: the whole input, prepared as
+        stored."""
         for entry, x in shards:
             if self.vectors is None:
                 if entry.offset != 0 or len(x) <= int(self.rows[-1]):

@@ -139,10 +139,11 @@ def stream_shards(store: Store, vf: VectorSource, sizes: list[int], acct: Accoun
 def shard_vectors(vf: VectorSource, pool: ThreadPoolExecutor, metric: str, dtype: np.dtype, start: int, rows: int,
                   layout: np.ndarray | None = None, kept: np.ndarray | None = None) -> np.ndarray:
     """A shard's vectors as stored: input rows [start, start + rows), checked and prepared for ``metric``, or
-    the input rows ``layout`` (a partitioned shard: the labelling pass checked them), read in blocks by
-    ``pool``, in blocks that begin where the source's decoding units do (``block_starts``: whole row groups
-    of Parquet, so that no group is decoded twice); the first bad row in file order is the one named. A partitioned shard of a source without cheap scattered reads (Parquet) is
-    read in blocks of input ranges, so that each row group is decoded once per shard, not once per block.
+    the input rows ``layout`` (a partitioned shard: the labelling pass checked them), read by ``pool`` in
+    blocks that begin where the source's decoding units do (``block_starts``: whole row groups of Parquet, so
+    that no group is decoded twice); the first bad row in file order is the one named. A partitioned shard of
+    a source without cheap scattered reads (Parquet) is read in blocks of input ranges, so that each row group
+    is decoded once per shard, not once per block.
     ``kept``: the input's rows as prepared, in host RAM (``stream_shards``): the blocks gather from it."""
     x = np.empty((rows, vf.dim), dtype)
     step = max(1, READ_BLOCK_BYTES // (vf.dim * vf.read_dtype.itemsize))

@@ -20,10 +20,9 @@ import numpy as np
 
 from bigknn.core.errors import BadInput
 from bigknn.formats.read import FileState, open_vectors
-from bigknn.formats.spec import CHECK_CHUNK_ROWS, COLUMNAR_EXTENSIONS, INPUT_EXTENSIONS
+from bigknn.formats.spec import CHECK_CHUNK_ROWS, COLUMNAR_EXTENSIONS, FLAT_READ_THREADS, INPUT_EXTENSIONS
 
 GLOB_CHARS = frozenset("*?[")
-HASH_THREADS = min(8, os.cpu_count() or 1)  # parts hashed at once (a dataset's sha256)
 
 
 class VectorSource(Protocol):
@@ -182,9 +181,9 @@ class PartedSource:
 
     def sha256(self) -> str:
         """sha256 of the parts' sha256s in order: the same parts give the same hash wherever they lie. The
-        parts are hashed on ``HASH_THREADS`` threads (hashlib lets go of the GIL), so that a dataset of many
+        parts are hashed on ``FLAT_READ_THREADS`` threads (hashlib lets go of the GIL), so that a dataset of many
         parts is not hashed at one core's pace while its rows are decoded on every core."""
-        with ThreadPoolExecutor(HASH_THREADS, thread_name_prefix="hash") as pool:
+        with ThreadPoolExecutor(FLAT_READ_THREADS, thread_name_prefix="hash") as pool:
             return _combine(pool.map(lambda part: part.sha256(), self.parts))
 
     def check_and_hash(self, chunk_rows: int = CHECK_CHUNK_ROWS) -> str:

@@ -36,8 +36,9 @@ MAX_SQUARED_NORM = float(np.finfo(np.float32).max) / 4
 MIN_ROW_PEAK = float(np.sqrt(np.finfo(np.float32).tiny))
 CHECK_CHUNK_ROWS = 1 << 16  # rows per block of a checking pass
 HASH_BLOCK_BYTES = 16 << 20
-# threads that read a source's blocks at once: a flat file's reads are bound by the disk, where more than a few
-# threads gain nothing; a columnar file's by pyarrow's decoding (which lets go of the GIL), so every core helps
+# threads that read a source's blocks at once: a flat file's reads (and a dataset's parts hashed) are bound by
+# the disk, where more than a few threads gain nothing; a columnar file's by pyarrow's decoding (which lets go
+# of the GIL), so every core helps
 FLAT_READ_THREADS = min(8, os.cpu_count() or 1)
 DECODE_READ_THREADS = os.cpu_count() or 1
 

@@ -122,8 +122,7 @@ def build(req: BuildRequest, backends: list[Backend], reporter: Reporter, execut
                     acct.add_written(_record_partition(store, part))
                 shards = stream_shards(store, vf, sizes, acct, layout=rows_of, kept=kept,
                                        reference=store.manifest.inputs[0].get("vectors") == "reference")
-                incoming = (shards if sample is None or sample.vectors is not None else sample.taken_from(shards),
-                            sizes)
+                incoming = (shards if sample is None else sample.taken_from(shards), sizes)
                 kept = None  # the sharding pass holds the rows while it needs them
             run_build_steps(store, backends, executor, reporter, acct, req.host_mem, incoming, sample)
             if sample is not None:
