@@ -102,6 +102,11 @@ class Scheduler:
             self.ready.add(sid)
             self.cond.notify_all()
 
+    def needs(self, sid: int) -> bool:
+        """Whether a pending pair merges shard ``sid``."""
+        with self.cond:
+            return any(sid in p for p in self.pending)
+
     def release(self, pair: tuple[int, int]) -> list[int]:
         """Free the shards of a finished merge; returns those of them that no pending pair needs any more."""
         with self.cond:

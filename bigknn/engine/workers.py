@@ -96,7 +96,7 @@ def run_tasks(store: Store, ledger, backends: list[Backend], reporter: Reporter,
         acct.add_task(name, "gnnd", t, time.perf_counter(), g.report,
                       stages=dict(backend.last_stats, sample_s=sample_s))
         cache.put(shard.id, ShardPart(shard.offset, x, shard_graph_to_global(g, shard.offset)), dirty=True)
-        writer.gnnd_done(shard.id)
+        writer.gnnd_done(shard.id, final=not sched.needs(shard.id))
         sched.shard_ready(shard.id)
 
     def merge(backend: Backend, name: str, pair: tuple[int, int]) -> None:
@@ -116,9 +116,7 @@ def run_tasks(store: Store, ledger, backends: list[Backend], reporter: Reporter,
         record(i, j)
         gen_i = cache.put(i, ShardPart(a.offset, a.vectors, ga), dirty=True)
         gen_j = cache.put(j, ShardPart(b.offset, b.vectors, gb), dirty=True)
-        writer.merged(pair, gen_i, gen_j)
-        for sid in sched.release(pair):
-            writer.write_now(sid)
+        writer.merged(pair, gen_i, gen_j, final=sched.release(pair))
 
     def work(backend: Backend, name: str, advance) -> None:
         last: set[int] = set(ledger.last_pair() or ())

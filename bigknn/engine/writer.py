@@ -140,10 +140,10 @@ class Writer:
     """One thread that writes graphs and commits the manifest.
 
     ``write_now(sid)`` writes a shard's final graph at once (a shard with no merge left). ``gnnd_done(sid)``
-    and ``merged(pair, gi, gj)`` record results held by the sink (a merge's at generations gi, gj), written
-    at the next checkpoint that fits the budget (the module's docstring; at once with an interval of 0), under
-    memory pressure, or at ``close()``, which writes everything still dirty; a merge is committed once both
-    its graphs are written. ``write_sync`` writes in the caller's thread (the end of a Dask round, which must
+    and ``merged(pair, gi, gj)`` record results held by the sink (a merge's at generations gi, gj): those of
+    shards with no merge left (``final``) are written at once, the others at the next checkpoint that fits the
+    budget (the module's docstring; at once with an interval of 0), under memory pressure, or at ``close()``,
+    which writes everything still dirty; a merge is committed once both its graphs are written. ``write_sync`` writes in the caller's thread (the end of a Dask round, which must
     know what was lost). ``allowance``: bytes checkpoints and evictions may write (None: no limit).
     """
 
@@ -176,21 +176,32 @@ class Writer:
         self._raise()
         self._write(sids)
 
-    def gnnd_done(self, sid: int) -> None:
+    def gnnd_done(self, sid: int, final: bool = False) -> None:
+        """A shard's GNND result is in the sink; ``final``: no merge of it is left (written final at once)."""
+        if final:
+            self.write_now(sid)
+            return
         self._raise()
         if self.interval <= 0:
             self.jobs.put([sid])
         else:
             self._start_clock()
 
-    def merged(self, pair: tuple[int, int], gen_i: int, gen_j: int) -> None:
+    def merged(self, pair: tuple[int, int], gen_i: int, gen_j: int, final: Iterable[int] = ()) -> None:
+        """A merge's results are in the sink; ``final``: those of its shards with no merge left, written final
+        at once. Marked final before any write of the pair is queued, so a shard's last graph is never
+        written at the work width first and then found clean (the stored width would depend on a race)."""
         self._raise()
+        final = list(final)
         with self._lock:
             self.finished.append((*pair, gen_i, gen_j))
+            self.final.update(final)
         if self.interval <= 0:
             self.jobs.put(list(pair))
-        else:
-            self._start_clock()
+            return
+        self._start_clock()
+        if final:
+            self.jobs.put(final)
 
     def forget(self, sid: int, revert: Callable[[], bool]) -> list[tuple[int, int]]:
         """The sink lost ``sid``'s graphs not yet written (a Dask worker died): ``revert()`` it (False: it
