@@ -249,6 +249,22 @@ def test_merge_results_are_written_at_checkpoints_not_after_every_merge(data, tm
     assert r_lazy >= 0.95 and abs(r_lazy - r_eager) <= 0.01, (r_lazy, r_eager)
 
 
+@pytest.mark.parametrize("interval", ["0", "3600"])
+@pytest.mark.parametrize("shard_rows", [700, 7 * 700])
+def test_every_stored_final_graph_is_k_wide_whatever_the_checkpoints(data, tmp_path, monkeypatch, interval,
+                                                                     shard_rows):
+    """A shard's last graph is written k wide, also where a checkpoint wrote it at the work width just before
+    (every merge committed: interval 0) and in a build of one shard: the stored width, and what an ingest's
+    join reads, never depends on which thread ran first."""
+    monkeypatch.setenv("BIGKNN_CHECKPOINT_S", interval)
+    params = GnndParams(k=10)
+    build(BuildRequest(input=data, store=tmp_path / "s.knn", shard_rows=shard_rows, params=params),
+          [CpuBackend()], Reporter())
+    s = Store.open(tmp_path / "s.knn")
+    assert len(s.manifest.shards) == 7 * 700 // shard_rows and params.width() > 10
+    assert [s.read_graph(sh.id).ids.shape[1] for sh in s.manifest.shards] == [10] * len(s.manifest.shards)
+
+
 @pytest.mark.xfail(strict=False, reason=(
     "timing-bound: on the 2-core machine of 2026-11-23 it counts 49 graph writes against a bound of 49 on "
     "d26e08b as well as now; the write count depends on how many merges finish within each 0.25 s checkpoint"))
