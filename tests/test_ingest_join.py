@@ -202,3 +202,44 @@ def test_a_join_through_the_cuda_backend_matches_the_cpu_quality(base, store):
     check_lists(store, end)
     assert recall_of(store, OLD_ROWS, end) >= TARGET
     assert recall_of(store, 0, OLD_ROWS) >= TARGET
+
+
+def _family(name: str, rows: int, seed: int) -> np.ndarray:
+    """Clustered rows of low and of high intrinsic dimension, and i.i.d. Gaussian rows: the hardest for a
+    search of a kNN graph (hubness: many rows in few lists or none)."""
+    if name == "clustered":
+        return synth(rows, 48, seed=seed)
+    if name == "clustered-id32":
+        return synth(rows, 64, intrinsic_dim=32, seed=seed)
+    return np.random.default_rng(seed).normal(size=(rows, 32)).astype(np.float32)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("k", [4, 10])
+@pytest.mark.parametrize("family", ["clustered", "clustered-id32", "gaussian32"])
+def test_a_small_ingest_keeps_the_recall_target_on_every_family(tmp_path, family, k, seed):
+    """A batch of 10 % of the store, small enough to join: whether the join's check accepts it (at some effort)
+    or declines it (the batch then becomes a shard and merges), the new rows and the old ones meet the target
+    by an exact check of every new row and 1,000 old ones. Before the check, i.i.d. Gaussian rows at k = 4
+    joined with new-row recall 0.78 and old-row 0.94."""
+    old_rows, new_rows = 3000, 300
+    x = _family(family, old_rows + new_rows, seed)
+    write_vectors(tmp_path / "old.fbin", x[:old_rows])
+    write_vectors(tmp_path / "new.fbin", x[old_rows:])
+    store = tmp_path / "s.knn"
+    build(BuildRequest(input=tmp_path / "old.fbin", store=store, params=GnndParams(k=k), seed=seed), [CpuBackend()],
+          Reporter())
+    report = ingest(store, [tmp_path / "new.fbin"], [CpuBackend()], Reporter())
+    joined = report["joined"][0]
+    assert report["rows_added"] == new_rows and joined["check_distances"] >= new_rows * old_rows
+    last = joined["checks"][-1]
+    if joined.get("declined"):
+        assert len(joined["checks"]) == 3 and "ggm" in report["phase_s"]
+    else:
+        assert min(last["new_rows"]["recall"], last["old_rows"]["recall"]) >= TARGET
+        assert "ggm" not in report["phase_s"]
+    s = Store.open(store)
+    at = min(k, 10)
+    new = recall(s, CpuBackend(), sample=new_rows, k=at, rows=(old_rows, old_rows + new_rows))["recall"]
+    old = recall(s, CpuBackend(), sample=1000, k=at, rows=(0, old_rows))["recall"]
+    assert min(new, old) >= TARGET - 0.005, (new, old, joined["checks"])  # the check samples 256 of 300 rows

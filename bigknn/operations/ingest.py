@@ -32,7 +32,7 @@ from bigknn.operations import merge_stores
 from bigknn.operations.build import fingerprint
 from bigknn.operations.merge_checks import staged
 from bigknn.operations.compact import regroup_small_shards
-from bigknn.operations.ingest_join import join_batch, joins
+from bigknn.operations.ingest_join import Declined, join_batch, joins
 from bigknn.engine.sharding_pass import shard_sizes
 from bigknn.engine.executor import Executor, InProcess
 from bigknn.engine.pending import StagedLedger, cache_shards, check_merge_count, record_timings
@@ -124,10 +124,11 @@ def ingest(store_path: Path, inputs: list[Path], backends: list[Backend], report
                 continue
             if "regrouped" not in report:  # an older store's small shards, before the first new batch
                 report["regrouped"] = regroup_small_shards(store, reporter)
-            if joins(store.manifest, vf.rows):
-                if not _join(store, vf, dict(fp), backends[0], listed is not None, report, reporter, acct):
-                    continue
-            else:
+            joined = _join(store, vf, dict(fp), backends[0], listed is not None, report, reporter, acct) \
+                if joins(store.manifest, vf.rows) else "declined"
+            if joined == "changed":
+                continue
+            if joined == "declined":
                 if not _stage(store, vf, dict(fp), listed is not None, report, reporter, acct):
                     continue
                 resume_pending(store, executor, reporter, acct, host_mem)
@@ -301,9 +302,11 @@ def _stage(store: Store, vf: VectorSource, fp: dict, watching: bool, report: dic
 
 
 def _join(store: Store, vf: VectorSource, fp: dict, backend: Backend, watching: bool, report: dict,
-          reporter: Reporter, acct: Accounting) -> bool:
-    """Join a small batch to the graph in one commit (bigknn/operations/ingest_join.py); False, writing nothing, for
-    a drop-folder file that changed while it was read. Its counts go to ``report["joined"]``."""
+          reporter: Reporter, acct: Accounting) -> str:
+    """Join a small batch to the graph in one commit (bigknn/operations/ingest_join.py): "joined"; "changed",
+    writing nothing, for a drop-folder file that changed while it was read; "declined", writing nothing, where
+    the join fell short of the store's recall target (the batch then becomes new shards). Its counts go to
+    ``report["joined"]``."""
     offset = store.manifest.rows
     fp["first_id"] = offset
     try:
@@ -314,11 +317,17 @@ def _join(store: Store, vf: VectorSource, fp: dict, backend: Backend, watching: 
     except BadInput:
         user_ids.remove_part(store.path, offset)
         raise
-    if cost is None:
+    if cost is None or isinstance(cost, Declined):
         user_ids.remove_part(store.path, offset)
-        return False
+    if cost is None:
+        return "changed"
+    if isinstance(cost, Declined):
+        report["joined"].append({"path": fp["path"], "rows": vf.rows, "declined": True, **cost.to_dict()})
+        reporter.note(f"{fp['path']}: the join fell short of the recall target at every effort; "
+                      "ingesting it as new shards instead")
+        return "declined"
     report["joined"].append({"path": fp["path"], "rows": vf.rows, **cost})
-    return True
+    return "joined"
 
 
 def _stage_user_ids(store: Store, vf: VectorSource, offset: int) -> None:

@@ -11,12 +11,15 @@ under ``shard_rows``; otherwise the batch starts a new tail. A tail is closed wi
 (1 - JOIN_MAX_FRACTION) * shard_rows rows, so a store built with S shards that took R rows by small ingests has
 at most S + 1 + R / ((1 - JOIN_MAX_FRACTION) * shard_rows) shards, and never needs a merge of shard pairs.
 
-What an ingest of b rows into a store of n rows does: b * (ENTRY_ROWS + b + hops * PARENTS * W) distance
-evaluations (bigknn/algorithms/graph_join.py), about b * 20 hops of a search list of BEAM rows; it reads the shards those
-searches reach (each once, whole: chunk reads are checked whole) and writes a new graph version of every shard
-whose lists the batch entered, plus the tail (its rows and lists). The counts of distances, lists and rows met
-follow the batch; the bytes read and written follow the shards reached, which in a contiguous store (input
-order) is most of them: lists of old rows near the batch lie in every shard.
+What an ingest of b rows into a store of n rows does: one pass over the old lists (ids only: which rows few
+lists name, bigknn/algorithms/graph_join.py), b * (ENTRY_ROWS + b + hops * PARENTS * (W + REVERSE_CAP)) distance
+evaluations, about b * 20 hops of a search list of BEAM rows, then the recall check (bigknn/algorithms/join_check.py):
+CHECK_ROWS * (n + b) distances, one read of every old row. A join below the store's recall target is done again
+with twice and four times the entries and search list (JOIN_EFFORTS); one still below it is declined, and the
+batch becomes a new shard, GNND and merges, as a larger batch does: a recall promise kept at a merge's cost
+rather than broken at a join's. It writes a new graph version of every shard whose lists the batch entered,
+plus the tail (its rows and lists). The search's counts follow the batch; the check and the bytes read follow
+the store.
 
 Crash safety: everything is written under new version numbers and becomes visible in one commit, which also
 records the input: a run killed before it leaves the store as it was, and the rerun does the whole join again.
@@ -25,6 +28,7 @@ records the input: a run killed before it leaves the store as it was, and the re
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -32,7 +36,8 @@ import numpy as np
 from bigknn.backends import Backend
 from bigknn.formats import VectorSource
 from bigknn.core.knn_graph import KnnGraph, final_columns, widened
-from bigknn.algorithms.graph_join import JoinCost, Joined, join
+from bigknn.algorithms.graph_join import JoinCost, Joined, ReverseEdges, join
+from bigknn.algorithms.join_check import check
 from bigknn.core.metric import metric as metric_of, prepare_rows
 from bigknn.engine.accounting import Accounting
 from bigknn.core.progress import Reporter
@@ -44,6 +49,7 @@ JOIN_MAX_FRACTION = 0.25  # a batch of at most this share of shard_rows joins th
 # and of at most this many rows: the join searches on the host and takes the batch's own neighbours exactly (b^2
 # distances), where GNND and the seeded merges of a larger batch run on the backend
 JOIN_MAX_ROWS = 1 << 16
+JOIN_EFFORTS = (1, 2, 4)  # a join's efforts (graph_join.join), tried in turn until its check reaches the target
 
 
 def joins(m: Manifest, rows: int) -> bool:
@@ -98,6 +104,20 @@ class StoreRows:
             out[sel] = self.shard_vectors(sid)[local]
         return out
 
+    def all_lists(self):
+        k = self.store.manifest.k  # the final lists' width: what a new row must beat to enter one
+        for sid, offset in enumerate(self.offsets):
+            g = self.shard_graph(sid)
+            yield int(offset), g.ids[:, :k], g.dists[:, :k]
+
+    def all_vectors(self):
+        for sid, offset in enumerate(self.offsets):  # kept where a search read them; not kept otherwise
+            x = self._vectors.get(sid)
+            if x is None:
+                x = self.store.read_vectors(sid)
+                self.bytes_read += x.nbytes
+            yield int(offset), x
+
     def lists(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         ids = np.asarray(ids, dtype=np.int64)
         width = self.store.manifest.params.width()
@@ -110,11 +130,25 @@ class StoreRows:
         return out_ids, out_keys
 
 
+@dataclass
+class Declined:
+    """A join that fell short of the store's recall target with every search width: nothing was written."""
+
+    checks: list[dict]  # each effort's JoinCheck
+    cost: JoinCost
+
+    def to_dict(self) -> dict:
+        return {**self.cost.to_dict(), "checks": self.checks}
+
+
 def join_batch(store: Store, vf: VectorSource, fp: dict, backend: Backend, reporter: Reporter, acct: Accounting,
-               unchanged: Callable[[], bool]) -> dict | None:
+               unchanged: Callable[[], bool]) -> dict | Declined | None:
     """Join the rows of ``vf`` (checked and hashed: ``fp``) to the store's graph and commit them with the input's
-    record, in one commit. Returns the run's counts (JoinCost and the bytes read and written), or None, writing
-    nothing, where ``unchanged()`` says after the rows were read that the file is no longer the one hashed."""
+    record, in one commit. Each join is checked against the store's recall target (bigknn/algorithms/join_check.py)
+    and searched again with more entries and longer search lists (JOIN_EFFORTS) where it falls short. Returns the run's counts
+    (JoinCost, the bytes read and written, each effort's check); Declined, writing nothing, where no effort
+    reached the target; None, writing nothing, where ``unchanged()`` says after the rows were read that the file
+    is no longer the one hashed."""
     m = store.manifest
     t = time.perf_counter()
     offset, b = m.rows, vf.rows
@@ -125,10 +159,26 @@ def join_batch(store: Store, vf: VectorSource, fp: dict, backend: Backend, repor
     old = StoreRows(store)
     cost = JoinCost()
     metric = metric_of(m.metric)
-    with reporter.phase("join", b, "rows") as advance:
-        got = join(x, offset, old, m.params.width(), metric,
-                   lambda q, count, blocks: backend.exact_knn(q, count, metric, blocks), m.seed, cost)
-        advance(b)
+    exact = lambda q, count, blocks: backend.exact_knn(q, count, metric, blocks)  # noqa: E731
+    target = m.params.recall  # 0: no target (the experts' fixed behaviour), no check
+    reverse, checks = None, []
+    for effort in JOIN_EFFORTS:
+        with reporter.phase("join" if effort == 1 else f"join again ({effort}x the entries and search)", b,
+                            "rows") as advance:
+            reverse = reverse or ReverseEdges(old)
+            got = join(x, offset, old, m.params.width(), metric, exact, m.seed, cost, effort, reverse)
+            advance(b)
+        if not target:
+            break
+        checked = check(x, offset, old, got, m.k, exact, m.seed, cost)
+        checks.append({"effort": effort, **checked.to_dict()})
+        if checked.reached(target):
+            break
+        reporter.note(f"join: recall {checked.new_rows.recall:.4f} on the new rows, {checked.old_rows.recall:.4f} "
+                      f"on the old rows near them (effort {effort}): below the target {target}")
+    else:
+        acct.add("join", time.perf_counter() - t, old.bytes_read)
+        return Declined(checks, cost)
     tail = m.shards[-1]
     appends = tail.rows_with_graph and tail.rows + b <= m.shard_rows
     entered = _entered(m, old, got)
@@ -163,7 +213,7 @@ def join_batch(store: Store, vf: VectorSource, fp: dict, backend: Backend, repor
     store.commit()
     acct.add("join", time.perf_counter() - t, old.bytes_read, written)
     return {**cost.to_dict(), "bytes_read": old.bytes_read, "bytes_written": written,
-            "shards_written": len(versions) + 1}
+            "shards_written": len(versions) + 1, "checks": checks}
 
 
 def _entered(m: Manifest, old: StoreRows, got: Joined) -> dict[int, KnnGraph]:
