@@ -23,7 +23,7 @@ from bigknn.core.params import GnndParams
 from bigknn.operations.build import BuildRequest, build
 from bigknn.operations.evaluate import recall
 from bigknn.operations.ingest import ingest
-from bigknn.operations.ingest_join import JOIN_MAX_FRACTION, shard_bound
+from bigknn.operations.ingest_join import CHECK_GROWTH, JOIN_MAX_FRACTION, shard_bound
 from bigknn.operations.verify import verify
 from bigknn.core.progress import Reporter
 from bigknn.shards import Store
@@ -92,6 +92,10 @@ def test_daily_small_files_keep_shards_bounded_cost_flat_and_recall(base, store)
         runs.append(report["joined"][0])
     end = OLD_ROWS + FILES * FILE_ROWS
     assert work(runs[-1]) <= 2 * work(runs[0]), (runs[0], runs[-1])
+    # the recall check (its cost follows the store) runs on the first join, then at each 10 % of growth
+    checked = [i for i, run in enumerate(runs) if run["checks"]]
+    assert checked[0] == 0 and len(checked) <= 2 + np.log(end / OLD_ROWS) / np.log(1 + CHECK_GROWTH), checked
+    assert sum(run["check_distances"] for run in runs) <= 2 * sum(run["distances"] for run in runs)
     check_lists(store, end)
     s = Store.open(store)
     np.testing.assert_array_equal(s.vectors_of(np.arange(OLD_ROWS, end)), base["x"][OLD_ROWS:end])
@@ -243,3 +247,12 @@ def test_a_small_ingest_keeps_the_recall_target_on_every_family(tmp_path, family
     new = recall(s, CpuBackend(), sample=new_rows, k=at, rows=(old_rows, old_rows + new_rows))["recall"]
     old = recall(s, CpuBackend(), sample=1000, k=at, rows=(0, old_rows))["recall"]
     assert min(new, old) >= TARGET - 0.005, (new, old, joined["checks"])  # the check samples 256 of 300 rows
+    # the next small batch (under 10 % of growth): checked after a declined join, else joined at the effort
+    # the last one reached, unchecked
+    write_vectors(tmp_path / "more.fbin", _family(family, 30, seed + 100))
+    after = ingest(store, [tmp_path / "more.fbin"], [CpuBackend()], Reporter())["joined"][0]
+    if joined.get("declined"):
+        assert after["checks"] and after["checks"][0]["effort"] == 1
+    else:
+        assert after["checks"] == [] and after["check_distances"] == 0
+        assert Store.open(store).manifest.inputs[-1]["join_effort"] == last["effort"]

@@ -124,12 +124,13 @@ def ingest(store_path: Path, inputs: list[Path], backends: list[Backend], report
                 continue
             if "regrouped" not in report:  # an older store's small shards, before the first new batch
                 report["regrouped"] = regroup_small_shards(store, reporter)
-            joined = _join(store, vf, dict(fp), backends[0], listed is not None, report, reporter, acct) \
-                if joins(store.manifest, vf.rows) else "declined"
-            if joined == "changed":
+            route = _join(store, vf, dict(fp), backends[0], listed is not None, report, reporter, acct) \
+                if joins(store.manifest, vf.rows) else "shards"
+            if route == "changed":
                 continue
-            if joined == "declined":
-                if not _stage(store, vf, dict(fp), listed is not None, report, reporter, acct):
+            if route != "joined":  # the next join into the store is checked again (ingest_join._check_due)
+                staged = dict(fp, join_declined=True) if route == "declined" else dict(fp)
+                if not _stage(store, vf, staged, listed is not None, report, reporter, acct):
                     continue
                 resume_pending(store, executor, reporter, acct, host_mem)
             report["rows_added"] += vf.rows

@@ -17,7 +17,11 @@ evaluations, about b * 20 hops of a search list of BEAM rows, then the recall ch
 CHECK_ROWS * (n + b) distances, one read of every old row. A join below the store's recall target is done again
 with twice and four times the entries and search list (JOIN_EFFORTS); one still below it is declined, and the
 batch becomes a new shard, GNND and merges, as a larger batch does: a recall promise kept at a merge's cost
-rather than broken at a join's. It writes a new graph version of every shard whose lists the batch entered,
+rather than broken at a join's. The check's cost follows the store, not the batch, so it runs on the first
+join and then once the store grew by CHECK_GROWTH since the last checked join; the joins between run at the
+effort the last one needed (recorded with each input, ``join_effort``, ``join_checked``; a batch declined,
+``join_declined``, has the next join checked). Amortised, the
+checks cost about CHECK_ROWS / CHECK_GROWTH distances per row ingested, the order of the search's own. It writes a new graph version of every shard whose lists the batch entered,
 plus the tail (its rows and lists). The search's counts follow the batch; the check and the bytes read follow
 the store.
 
@@ -50,6 +54,7 @@ JOIN_MAX_FRACTION = 0.25  # a batch of at most this share of shard_rows joins th
 # distances), where GNND and the seeded merges of a larger batch run on the backend
 JOIN_MAX_ROWS = 1 << 16
 JOIN_EFFORTS = (1, 2, 4)  # a join's efforts (graph_join.join), tried in turn until its check reaches the target
+CHECK_GROWTH = 0.1  # a join is checked again once the store grew by this share since the last checked one
 
 
 def joins(m: Manifest, rows: int) -> bool:
@@ -160,25 +165,26 @@ def join_batch(store: Store, vf: VectorSource, fp: dict, backend: Backend, repor
     cost = JoinCost()
     metric = metric_of(m.metric)
     exact = lambda q, count, blocks: backend.exact_knn(q, count, metric, blocks)  # noqa: E731
-    target = m.params.recall  # 0: no target (the experts' fixed behaviour), no check
+    last_effort, due = _check_due(m)
     reverse, checks = None, []
-    for effort in JOIN_EFFORTS:
-        with reporter.phase("join" if effort == 1 else f"join again ({effort}x the entries and search)", b,
+    for effort in (e for e in JOIN_EFFORTS if e >= last_effort):
+        with reporter.phase("join" if effort == 1 else f"join ({effort}x the entries and search)", b,
                             "rows") as advance:
             reverse = reverse or ReverseEdges(old)
             got = join(x, offset, old, m.params.width(), metric, exact, m.seed, cost, effort, reverse)
             advance(b)
-        if not target:
+        if not due:
             break
         checked = check(x, offset, old, got, m.k, exact, m.seed, cost)
         checks.append({"effort": effort, **checked.to_dict()})
-        if checked.reached(target):
+        if checked.reached(m.params.recall):
             break
         reporter.note(f"join: recall {checked.new_rows.recall:.4f} on the new rows, {checked.old_rows.recall:.4f} "
-                      f"on the old rows near them (effort {effort}): below the target {target}")
+                      f"on the old rows near them (effort {effort}): below the target {m.params.recall}")
     else:
         acct.add("join", time.perf_counter() - t, old.bytes_read)
         return Declined(checks, cost)
+    fp.update(join_effort=effort, join_checked=due)
     tail = m.shards[-1]
     appends = tail.rows_with_graph and tail.rows + b <= m.shard_rows
     entered = _entered(m, old, got)
@@ -214,6 +220,19 @@ def join_batch(store: Store, vf: VectorSource, fp: dict, backend: Backend, repor
     acct.add("join", time.perf_counter() - t, old.bytes_read, written)
     return {**cost.to_dict(), "bytes_read": old.bytes_read, "bytes_written": written,
             "shards_written": len(versions) + 1, "checks": checks}
+
+
+def _check_due(m: Manifest) -> tuple[int, bool]:
+    """The effort the last join into the store reached its target at (1 before any), and whether this join is
+    checked: the first join, and each one after the store grew by CHECK_GROWTH since the last checked one
+    (module docstring); never without a target (recall 0, the experts' fixed behaviour)."""
+    joins = [rec for rec in m.inputs if "join_effort" in rec or rec.get("join_declined")]
+    if joins and joins[-1].get("join_declined"):  # the last small batch was declined: this one is checked
+        return JOIN_EFFORTS[0], bool(m.params.recall)
+    checked = [rec["first_id"] for rec in joins if rec.get("join_checked")]
+    effort = joins[-1]["join_effort"] if joins else JOIN_EFFORTS[0]
+    due = bool(m.params.recall) and (not checked or m.rows > (1 + CHECK_GROWTH) * checked[-1])
+    return effort, due
 
 
 def _entered(m: Manifest, old: StoreRows, got: Joined) -> dict[int, KnnGraph]:

@@ -69,6 +69,9 @@ INPUT: dict[str, Check] = {
     "path": (lambda v: isinstance(v, str), "a string"), "size": INDEX, "mtime_ns": (_int, "an integer"),
     "sha256": (lambda v: v is None or isinstance(v, str), "a string or null"), "rows": COUNT,
     "dtype": DTYPE, "first_id": INDEX,
+    # a small ingest's join (bigknn/operations/ingest_join.py): its effort, and whether its recall was checked
+    "join_effort": COUNT, "join_checked": (lambda v: isinstance(v, bool), "true or false"),
+    "join_declined": (lambda v: isinstance(v, bool), "true or false"),
 }
 SEARCH: dict[str, Check] = {
     "version": COUNT, "method": (lambda v: isinstance(v, str), "a string"), "degree": COUNT, "rows": COUNT,
