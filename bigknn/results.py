@@ -189,8 +189,10 @@ class IngestReport(_Report):
     phase_s: dict[str, float]
     phase_wall_s: dict[str, list[float]]
     resumed: str | None = None
-    # per input that joined the graph (a small batch: bigknn/operations/ingest_join.py): its path and rows, the
-    # distances evaluated, the old lists and rows gathered, and the bytes read and written
+    # per input small enough to join the graph (bigknn/operations/ingest_join.py): its path and rows, the
+    # distances evaluated, the old lists and rows gathered, the bytes read and written, the recall checks
+    # (``checks``: per effort, the recall on new rows and on the old rows near them; ``check_distances``), and
+    # ``declined``: true where no effort reached the target and the batch became a shard instead
     joined: list[dict] = field(default_factory=list)
     # the small shards an older bigknn left, regrouped before the first batch (bigknn/operations/compact.py): shards
     # before and after and the rows moved; None where there were none

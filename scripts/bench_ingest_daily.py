@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """A store fed one small file a day (issue 39): ``--files`` files of ``--file-rows`` rows, each ingested by its own
 ``bigknn.ingest`` call into one store built from ``--rows`` rows. Prints one JSON object: every run's counts
-(distances, old lists and rows gathered, bytes read and written, shards after it), the shard bound the store
+(distances, old lists and rows gathered, bytes read and written, shards after it; the recall checks' distances
+apart, and how many runs were checked or declined), the shard bound the store
 must stay under (bigknn/operations/ingest_join.py shard_bound), the last run's work against the first's (counts,
 never time), and recall@10 of old and new rows by an exact check at the end (``Graph.recall(rows=...)``).
 ``--runs-out`` also writes each run as a JSON line.
@@ -67,7 +68,13 @@ def main() -> None:
                "shard_rows": args.shard_rows, "build_s": round(build_s, 3), "shards_built": built,
                "shards_after": runs[-1]["shards"],
                "shard_bound": shard_bound(built, args.files * args.file_rows, args.shard_rows),
-               "runs_over_bound": over_bound, "every_run_joined": all("distances" in r for r in runs),
+               "runs_over_bound": over_bound,
+               "every_run_joined": all("distances" in r and not r.get("declined") for r in runs),
+               "runs_declined": sum(bool(r.get("declined")) for r in runs),
+               "runs_checked": sum(bool(r.get("checks")) for r in runs),
+               "checked_efforts": sorted({r["checks"][-1]["effort"] for r in runs if r.get("checks")}),
+               "check_over_search_distances": round(sum(r.get("check_distances", 0) for r in runs)
+                                                    / max(1, sum(r.get("distances", 0) for r in runs)), 3),
                "first_run": runs[0], "last_run": runs[-1],
                "last_over_first_work": round(work(runs[-1]) / work(runs[0]), 3),
                "last_over_first_bytes_written": round(runs[-1]["bytes_written"] / runs[0]["bytes_written"], 3),

@@ -256,3 +256,17 @@ def test_a_small_ingest_keeps_the_recall_target_on_every_family(tmp_path, family
     else:
         assert after["checks"] == [] and after["check_distances"] == 0
         assert Store.open(store).manifest.inputs[-1]["join_effort"] == last["effort"]
+
+
+def test_a_batch_far_from_every_old_row_joins_and_is_checked(tmp_path):
+    """Rows of other clusters than the store's enter no old list: the check measures them all the same (its old
+    side has nothing to find) and they join with exact neighbours among themselves."""
+    write_vectors(tmp_path / "old.fbin", synth(3000, 32, seed=1))
+    far = synth(200, 32, seed=3) + 50.0
+    write_vectors(tmp_path / "far.fbin", far)
+    store = tmp_path / "s.knn"
+    build(BuildRequest(input=tmp_path / "old.fbin", store=store, params=GnndParams(k=K)), [CpuBackend()], Reporter())
+    joined = ingest(store, [tmp_path / "far.fbin"], [CpuBackend()], Reporter())["joined"][0]
+    assert not joined.get("declined") and joined["checks"][0]["old_rows"]["rows"] == 0
+    # exact up to float32 rounding: rows of norm ~280 put two neighbours at 25.360 and 25.361 in either order
+    assert recall(Store.open(store), CpuBackend(), sample=200, k=K, rows=(3000, 3200))["recall"] >= 0.999

@@ -72,8 +72,8 @@ def _old_rows(near: np.ndarray, x: np.ndarray, first_id: int, old: OldRows, got:
     t_ids, t_keys = merge_lists(np.concatenate([committed_ids[:, :m], from_batch.ids.astype(np.int64)], axis=1),
                                 np.concatenate([committed_keys[:, :m], from_batch.dists], axis=1), m)
     ids, keys = committed_ids, committed_keys
-    at = np.searchsorted(got.changed, near)
-    joined = (at < len(got.changed)) & (got.changed[np.minimum(at, len(got.changed) - 1)] == near)
+    at = np.minimum(np.searchsorted(got.changed, near), max(len(got.changed) - 1, 0))
+    joined = got.changed[at] == near if len(got.changed) else np.zeros(len(near), dtype=bool)
     if joined.any():
         ids, keys = ids.copy(), keys.copy()
         ids[joined] = got.changed_lists.ids[at[joined]]
