@@ -100,8 +100,8 @@ def main() -> None:
     parts, flat = write_inputs(a.dir, a.rows, a.dim, a.files, a.group_rows, a.seed)
     result = {"rows": a.rows, "dim": a.dim, "files": a.files, "group_rows": a.group_rows, "k": a.k,
               "write_s": round(time.perf_counter() - t, 1),
-              "parquet_gb": round(sum(p.stat().st_size for p in parts.iterdir()) / 1e9, 3),
-              "f16bin_gb": round(flat.stat().st_size / 1e9, 3)}
+              "parquet_gb": round(sum(p.stat().st_size for p in parts.iterdir()) / 1e9, 6),
+              "f16bin_gb": round(flat.stat().st_size / 1e9, 6)}
     columns = ["--column", "emb", "--id-column", "doc_id"]
     warm = a.dir / "warm.knn"
     result["warm_up_s"] = timed_cli(["build", str(min(parts.iterdir())), *columns, "-o", str(warm), "--k", str(a.k),
@@ -116,7 +116,7 @@ def main() -> None:
         result[name] = {"wall_s": run["wall_s"], "peak_rss_gb": run["peak_rss_gb"],
                         "build_wall_s": run["report"]["wall_s"], "phase_s": run["report"]["phase_s"],
                         "recall": recall.get("recall"), "shards": run["report"]["shards"],
-                        "store_gb": round(sum(f.stat().st_size for f in store.rglob("*") if f.is_file()) / 1e9, 3)}
+                        "store_gb": round(sum(f.stat().st_size for f in store.rglob("*") if f.is_file()) / 1e9, 6)}
         if not a.keep:
             shutil.rmtree(store)
     result["wall_ratio"] = round(result["parquet"]["build_wall_s"] / result["f16bin"]["build_wall_s"], 3)

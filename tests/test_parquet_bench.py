@@ -25,7 +25,7 @@ def test_parquet_and_f16bin_builds_of_the_same_rows_report(tmp_path):
     assert proc.returncode == 0, proc.stderr
     r = json.loads(proc.stdout)
     assert (r["rows"], r["dim"], r["files"]) == (3000, 16, 3)
-    assert r["f16bin_gb"] == round(3000 * 16 * 2 / 1e9 + 8 / 1e9, 3)  # header + float16 rows
+    assert r["f16bin_gb"] == round(3000 * 16 * 2 / 1e9 + 8 / 1e9, 6)  # header + float16 rows
     for name in ("f16bin", "parquet"):
         assert r[name]["recall"] >= 0.9 and r[name]["peak_rss_gb"] > 0 and r[name]["build_wall_s"] > 0, name
         assert r[name]["store_gb"] > 0
