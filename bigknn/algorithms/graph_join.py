@@ -7,9 +7,9 @@ row the search met learns of the new row if it is nearer than the last entry of 
 The search starts from the old rows of a fixed entry sample nearest the new row (one exact pass over
 ENTRY_ROWS rows: the well-separated clusters of a clustered store each get an entry), and keeps a search list
 of BEAM rows, expanding PARENTS of them a hop, until every row of the list was expanded. The new rows'
-neighbours among themselves are exact (one pass over the batch). So the work of a batch of b rows is
-b * (ENTRY_ROWS + b + hops * PARENTS * (W + REVERSE_CAP)) distances and the lists and rows of the old rows the
-searches meet, whatever the store's size.
+neighbours among themselves are exact (one pass over the batch). So the work of a batch of b rows is one pass
+over the old lists' ids (below), then b * (effort * ENTRY_ROWS + b + hops * PARENTS * (W + REVERSE_CAP))
+distances and the lists and rows of the old rows the searches meet, whatever the store's size.
 
 A kNN graph's edges point one way, and in data of high intrinsic dimension many rows are in few lists or none
 (hubness: 5 % of a k = 8 graph of 32-d Gaussian rows): a search reaches such a row only as an entry, so a new
@@ -35,8 +35,7 @@ BEAM = 64  # rows of a search's list (HNSW's efConstruction), times the join's e
 PARENTS = 4  # rows of the search list expanded a hop
 MAX_HOPS = 256  # a search ends after this many hops even if rows of its list are still unexpanded
 QUERY_BLOCK = 2048  # new rows searched at once (bounds the (rows, PARENTS * W, dim) gather)
-LOW_IN_DEGREE = 4  # rows in fewer lists than this give the reverse of all their edges (module docstring)
-NEAR_EDGES = 0  # the other rows give the reverse of their nearest this many
+LOW_IN_DEGREE = 4  # rows in fewer lists than this give the reverse of their edges (module docstring)
 REVERSE_CAP = 16  # reverse edges a row met leads to, at most
 
 
@@ -123,12 +122,11 @@ def _entry_sample(rows: int, seed: int, count: int) -> np.ndarray:
 
 class ReverseEdges:
     """What one pass over the old lists tells a join (module docstring): the reverse of the edges leaving the
-    rows in fewer than LOW_IN_DEGREE lists (and of every row's nearest NEAR_EDGES), for each row they point to
-    the rows pointing at it, nearest first; and each old row's last key, which a new row must beat to enter
-    its list."""
+    rows in fewer than LOW_IN_DEGREE lists, for each row they point to the rows pointing at it, nearest first;
+    and each old row's last key, which a new row must beat to enter its list."""
 
     def __init__(self, old: OldRows):
-        degree = np.zeros(old.rows, dtype=np.int64)
+        degree = np.zeros(old.rows, dtype=np.int32)
         self.last_key = np.empty(old.rows, dtype=np.float32)
         for first, ids, keys in old.all_lists():
             valid = (ids != EMPTY) & (ids < old.rows)
@@ -138,8 +136,7 @@ class ReverseEdges:
         low = degree < LOW_IN_DEGREE
         src, dst, key = [], [], []
         for first, ids, keys in old.all_lists():
-            edge = (ids != EMPTY) & (ids < old.rows)
-            edge &= low[first:first + len(ids), None] | (np.arange(ids.shape[1]) < NEAR_EDGES)[None, :]
+            edge = (ids != EMPTY) & (ids < old.rows) & low[first:first + len(ids), None]
             src.append(np.broadcast_to(np.arange(first, first + len(ids))[:, None], edge.shape)[edge])
             dst.append(ids[edge])
             key.append(keys[edge])
