@@ -5,7 +5,7 @@
 apart, and how many runs were checked or declined), the shard bound the store
 must stay under (bigknn/operations/ingest_join.py shard_bound), the last run's work against the first's (counts,
 never time), and recall@10 of old and new rows by an exact check at the end (``Graph.recall(rows=...)``).
-``--runs-out`` also writes each run as a JSON line.
+``--runs-out`` also writes each run as a JSON line, as it ends.
 
     PYTHONPATH=$PWD python3 scripts/bench_ingest_daily.py --files 1000
     PYTHONPATH=$PWD python3 scripts/bench_ingest_daily.py --files 50 --rows 3000 --shard-rows 1000 --file-rows 40
@@ -51,6 +51,7 @@ def main() -> None:
         build_s = time.perf_counter() - t
         built = g.info.shards
         runs, over_bound = [], 0
+        runs_out = args.runs_out.open("w") if args.runs_out is not None else None  # a line a run, kept if cut short
         for i in range(args.files):
             lo = args.rows + i * args.file_rows
             path = root / f"day{i:05d}.fbin"
@@ -61,6 +62,9 @@ def main() -> None:
                    **(report.joined[0] if report.joined else {"joined": False})}
             over_bound += report.shards > shard_bound(built, (i + 1) * args.file_rows, args.shard_rows)
             runs.append(run)
+            if runs_out is not None:
+                runs_out.write(json.dumps(run) + "\n")
+                runs_out.flush()
             path.unlink()
         end = args.rows + args.files * args.file_rows
         g = bigknn.open(store)
@@ -80,8 +84,8 @@ def main() -> None:
                "last_over_first_bytes_written": round(runs[-1]["bytes_written"] / runs[0]["bytes_written"], 3),
                "recall_old": g.recall(sample=args.check, rows=(0, args.rows), backend=args.backend).recall,
                "recall_new": g.recall(sample=args.check, rows=(args.rows, end), backend=args.backend).recall}
-        if args.runs_out is not None:
-            args.runs_out.write_text("".join(json.dumps(r) + "\n" for r in runs))
+        if runs_out is not None:
+            runs_out.close()
         print(json.dumps(out))
 
 

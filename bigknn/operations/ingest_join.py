@@ -19,8 +19,8 @@ with twice and four times the entries and search list (JOIN_EFFORTS); one still 
 batch becomes a new shard, GNND and merges, as a larger batch does: a recall promise kept at a merge's cost
 rather than broken at a join's. The check's cost follows the store, not the batch, so it runs on the first
 join and then once the store grew by CHECK_GROWTH since the last checked join; the joins between run at the
-effort the last one needed (recorded with each input, ``join_effort``, ``join_checked``; a batch declined,
-``join_declined``, has the next join checked). Amortised, the
+effort the last one needed, and each checked join starts again from the least (recorded with each input,
+``join_effort``, ``join_checked``; a batch declined, ``join_declined``, has the next join checked). Amortised, the
 checks cost about CHECK_ROWS / CHECK_GROWTH distances per row ingested, the order of the search's own. It writes a new graph version of every shard whose lists the batch entered,
 plus the tail (its rows and lists). The search's counts follow the batch; the check and the bytes read follow
 the store.
@@ -223,16 +223,17 @@ def join_batch(store: Store, vf: VectorSource, fp: dict, backend: Backend, repor
 
 
 def _check_due(m: Manifest) -> tuple[int, bool]:
-    """The effort the last join into the store reached its target at (1 before any), and whether this join is
-    checked: the first join, and each one after the store grew by CHECK_GROWTH since the last checked one
-    (module docstring); never without a target (recall 0, the experts' fixed behaviour)."""
+    """The effort this join starts at, and whether it is checked: the first join, each one after the store grew
+    by CHECK_GROWTH since the last checked one, and the one after a declined batch are checked, from the least
+    effort up (the data may have become easier); the joins between run at the effort the last one reached.
+    Never checked without a target (recall 0, the experts' fixed behaviour)."""
     joins = [rec for rec in m.inputs if "join_effort" in rec or rec.get("join_declined")]
-    if joins and joins[-1].get("join_declined"):  # the last small batch was declined: this one is checked
-        return JOIN_EFFORTS[0], bool(m.params.recall)
     checked = [rec["first_id"] for rec in joins if rec.get("join_checked")]
-    effort = joins[-1]["join_effort"] if joins else JOIN_EFFORTS[0]
-    due = bool(m.params.recall) and (not checked or m.rows > (1 + CHECK_GROWTH) * checked[-1])
-    return effort, due
+    due = bool(m.params.recall) and (not checked or m.rows > (1 + CHECK_GROWTH) * checked[-1]
+                                     or bool(joins[-1].get("join_declined")))
+    if due or not joins or joins[-1].get("join_declined"):
+        return JOIN_EFFORTS[0], due
+    return joins[-1]["join_effort"], False
 
 
 def _entered(m: Manifest, old: StoreRows, got: Joined) -> dict[int, KnnGraph]:
