@@ -1,5 +1,5 @@
-"""A small ingest: the batch joins the existing graph by searching it (bigknn/algorithms/graph_join.py), and its rows are appended
-to the store's tail shard, so that a store fed a file a day keeps a bounded number of shards.
+"""A small ingest: the batch joins the existing graph by searching it (bigknn/algorithms/graph_join.py), and its
+rows are appended to the store's tail shard, so that a store fed a file a day keeps a bounded number of shards.
 
 Which batches: those of at most JOIN_MAX_FRACTION of ``shard_rows`` rows and at most JOIN_MAX_ROWS rows, into a
 contiguous store (a partitioned store places a batch by its partition: bigknn/operations/ingest.py). Larger batches
@@ -20,9 +20,11 @@ batch becomes a new shard, GNND and merges, as a larger batch does: a recall pro
 rather than broken at a join's. The check's cost follows the store, not the batch, so it runs on the first
 join and then once the store grew by CHECK_GROWTH since the last checked join; the joins between run at the
 effort the last one needed, and each checked join starts again from the least (recorded with each input,
-``join_effort``, ``join_checked``; a batch declined, ``join_declined``, has the next join checked). Amortised, the
-checks cost about CHECK_ROWS / CHECK_GROWTH distances per row ingested, the order of the search's own. It writes a new graph version of every shard whose lists the batch entered,
-plus the tail (its rows and lists). The search's counts follow the batch; the check and the bytes read follow
+``join_effort``, ``join_checked``; a batch declined, ``join_declined``, has the next join checked). Amortised,
+the checks cost about CHECK_ROWS / CHECK_GROWTH distances per row ingested, the order of the search's own.
+
+A join writes a new graph version of every shard whose lists the batch entered, plus the tail (its rows and
+lists). The search's counts follow the batch; the check and the bytes read follow
 the store.
 
 Crash safety: everything is written under new version numbers and becomes visible in one commit, which also
@@ -69,8 +71,8 @@ def shard_bound(built_shards: int, joined_rows: int, shard_rows: int) -> int:
 
 
 class StoreRows:
-    """The committed rows and lists of a store as the join reads them (bigknn/algorithms/graph_join.py OldRows): a shard is read
-    whole the first time a search reaches it, then kept for the run."""
+    """The committed rows and lists of a store as the join reads them (bigknn/algorithms/graph_join.py OldRows):
+    a shard is read whole the first time a search reaches it, then kept for the run."""
 
     def __init__(self, store: Store):
         self.store = store
@@ -137,7 +139,7 @@ class StoreRows:
 
 @dataclass
 class Declined:
-    """A join that fell short of the store's recall target with every search width: nothing was written."""
+    """A join that fell short of the store's recall target at every effort: nothing was written."""
 
     checks: list[dict]  # each effort's JoinCheck
     cost: JoinCost
@@ -149,11 +151,11 @@ class Declined:
 def join_batch(store: Store, vf: VectorSource, fp: dict, backend: Backend, reporter: Reporter, acct: Accounting,
                unchanged: Callable[[], bool]) -> dict | Declined | None:
     """Join the rows of ``vf`` (checked and hashed: ``fp``) to the store's graph and commit them with the input's
-    record, in one commit. Each join is checked against the store's recall target (bigknn/algorithms/join_check.py)
-    and searched again with more entries and longer search lists (JOIN_EFFORTS) where it falls short. Returns the run's counts
-    (JoinCost, the bytes read and written, each effort's check); Declined, writing nothing, where no effort
-    reached the target; None, writing nothing, where ``unchanged()`` says after the rows were read that the file
-    is no longer the one hashed."""
+    record, in one commit. A join that is due a check (``_check_due``) is measured against the store's recall
+    target (bigknn/algorithms/join_check.py) and searched again with more entries and longer search lists
+    (JOIN_EFFORTS) where it falls short. Returns the run's counts (JoinCost, the bytes read and written, each
+    effort's check); Declined, writing nothing, where no effort reached the target; None, writing nothing, where
+    ``unchanged()`` says after the rows were read that the file is no longer the one hashed."""
     m = store.manifest
     t = time.perf_counter()
     offset, b = m.rows, vf.rows
