@@ -43,39 +43,62 @@ class JoinCheck:
         return {"new_rows": self.new_rows.to_dict(), "old_rows": self.old_rows.to_dict()}
 
 
-def check(x: np.ndarray, first_id: int, old: OldRows, got: Joined, k: int, exact: ExactFn, seed: int,
-          cost: JoinCost) -> JoinCheck:
-    """The join ``got`` of the batch ``x`` (global ids from ``first_id``) measured on samples (module
-    docstring); ``k``: the store's k (recall@min(k, 10)). Its distances go to ``cost.check_distances``."""
+@dataclass(frozen=True)
+class CheckTruth:
+    """What a batch's joins are measured against, whatever their effort: the sampled new rows (``pick``, batch
+    positions) and their exact lists; the old rows near them, their committed lists and their exact lists over
+    the committed lists and the batch."""
+
+    first_id: int
+    m: int  # recall@m
+    pick: np.ndarray
+    new_ids: np.ndarray
+    new_keys: np.ndarray
+    near: np.ndarray
+    committed_ids: np.ndarray
+    committed_keys: np.ndarray
+    near_ids: np.ndarray
+    near_keys: np.ndarray
+
+
+def truth(x: np.ndarray, first_id: int, old: OldRows, k: int, exact: ExactFn, seed: int,
+          cost: JoinCost) -> CheckTruth:
+    """The exact side of the check of the batch ``x`` (global ids from ``first_id``), computed once for all its
+    efforts (module docstring); ``k``: the store's k (recall@min(k, 10)). Its distances go to
+    ``cost.check_distances``."""
     m = min(k, RECALL_AT)
     b = len(x)
     pick = np.sort(np.random.default_rng(seed).choice(b, min(b, CHECK_ROWS), replace=False))
     q = np.ascontiguousarray(x[pick], dtype=np.float32)
-    truth = exact(q, min(m + 1, old.rows + b), chain(old.all_vectors(), [(first_id, x)]))
+    got = exact(q, min(m + 1, old.rows + b), chain(old.all_vectors(), [(first_id, x)]))
     cost.check_distances += len(q) * (old.rows + b)
-    t_ids, t_keys = drop_self(truth.ids.astype(np.int64), truth.dists, first_id + pick)
-    new_rows = estimate(got.new.ids[pick], got.new.dists[pick], t_ids[:, :m], t_keys[:, m - 1])
-    near = np.unique(t_ids[(t_ids != EMPTY) & (t_ids < first_id)])
+    new_ids, new_keys = drop_self(got.ids.astype(np.int64), got.dists, first_id + pick)
+    near = np.unique(new_ids[(new_ids != EMPTY) & (new_ids < first_id)])
     if len(near) > CHECK_ROWS:
         near = np.sort(np.random.default_rng(seed + 1).choice(near, CHECK_ROWS, replace=False))
-    cost.check_distances += len(near) * b
-    return JoinCheck(new_rows, _old_rows(near, x, first_id, old, got, m, exact))
-
-
-def _old_rows(near: np.ndarray, x: np.ndarray, first_id: int, old: OldRows, got: Joined, m: int,
-              exact: ExactFn) -> Estimate:
-    """Of the new rows each of ``near`` should now list, the share its joined list holds."""
-    if not len(near):
-        return Estimate(1.0, 1.0, 1.0, 0)
     committed_ids, committed_keys = old.lists(near)
-    from_batch = exact(old.vectors(near), min(m, len(x)), [(first_id, x)])
-    t_ids, t_keys = merge_lists(np.concatenate([committed_ids[:, :m], from_batch.ids.astype(np.int64)], axis=1),
-                                np.concatenate([committed_keys[:, :m], from_batch.dists], axis=1), m)
-    ids, keys = committed_ids, committed_keys
-    at = np.minimum(np.searchsorted(got.changed, near), max(len(got.changed) - 1, 0))
-    joined = got.changed[at] == near if len(got.changed) else np.zeros(len(near), dtype=bool)
+    near_ids, near_keys = committed_ids[:, :m], committed_keys[:, :m]
+    if len(near):
+        from_batch = exact(old.vectors(near), min(m, b), [(first_id, x)])
+        cost.check_distances += len(near) * b
+        near_ids, near_keys = merge_lists(np.concatenate([near_ids, from_batch.ids.astype(np.int64)], axis=1),
+                                          np.concatenate([near_keys, from_batch.dists], axis=1), m)
+    return CheckTruth(first_id, m, pick, new_ids[:, :m], new_keys[:, :m], near, committed_ids, committed_keys,
+                      near_ids, near_keys)
+
+
+def check(t: CheckTruth, got: Joined) -> JoinCheck:
+    """The join ``got`` measured against ``t``: its sampled new rows' lists, and the joined lists of the old
+    rows near them (of the new rows they should now list, the share they hold)."""
+    new_rows = estimate(got.new.ids[t.pick], got.new.dists[t.pick], t.new_ids, t.new_keys[:, -1])
+    if not len(t.near):
+        return JoinCheck(new_rows, Estimate(1.0, 1.0, 1.0, 0))
+    ids, keys = t.committed_ids, t.committed_keys
+    at = np.minimum(np.searchsorted(got.changed, t.near), max(len(got.changed) - 1, 0))
+    joined = got.changed[at] == t.near if len(got.changed) else np.zeros(len(t.near), dtype=bool)
     if joined.any():
         ids, keys = ids.copy(), keys.copy()
         ids[joined] = got.changed_lists.ids[at[joined]]
         keys[joined] = got.changed_lists.dists[at[joined]]
-    return new_entry_recall(ids, keys, t_ids, t_keys[:, m - 1], t_ids >= first_id)
+    return JoinCheck(new_rows, new_entry_recall(ids, keys, t.near_ids, t.near_keys[:, -1],
+                                                t.near_ids >= t.first_id))

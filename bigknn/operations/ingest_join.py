@@ -43,7 +43,7 @@ from bigknn.backends import Backend
 from bigknn.formats import VectorSource
 from bigknn.core.knn_graph import KnnGraph, final_columns, widened
 from bigknn.algorithms.graph_join import JoinCost, Joined, ReverseEdges, join
-from bigknn.algorithms.join_check import check
+from bigknn.algorithms.join_check import check, truth
 from bigknn.core.metric import metric as metric_of, prepare_rows
 from bigknn.engine.accounting import Accounting
 from bigknn.core.progress import Reporter
@@ -166,9 +166,12 @@ def join_batch(store: Store, vf: VectorSource, fp: dict, backend: Backend, repor
     old = StoreRows(store)
     cost = JoinCost()
     metric = metric_of(m.metric)
-    exact = lambda q, count, blocks: backend.exact_knn(q, count, metric, blocks)  # noqa: E731
+
+    def exact(q: np.ndarray, count: int, blocks) -> KnnGraph:
+        return backend.exact_knn(q, count, metric, blocks)
+
     last_effort, due = _check_due(m)
-    reverse, checks = None, []
+    reverse, checks, exact_side = None, [], None
     for effort in (e for e in JOIN_EFFORTS if e >= last_effort):
         with reporter.phase("join" if effort == 1 else f"join ({effort}x the entries and search)", b,
                             "rows") as advance:
@@ -177,7 +180,8 @@ def join_batch(store: Store, vf: VectorSource, fp: dict, backend: Backend, repor
             advance(b)
         if not due:
             break
-        checked = check(x, offset, old, got, m.k, exact, m.seed, cost)
+        exact_side = exact_side or truth(x, offset, old, m.k, exact, m.seed, cost)  # once for every effort
+        checked = check(exact_side, got)
         checks.append({"effort": effort, **checked.to_dict()})
         if checked.reached(m.params.recall):
             break
