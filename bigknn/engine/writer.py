@@ -143,8 +143,9 @@ class Writer:
     and ``merged(pair, gi, gj)`` record results held by the sink (a merge's at generations gi, gj): those of
     shards with no merge left (``final``) are written at once, the others at the next checkpoint that fits the
     budget (the module's docstring; at once with an interval of 0), under memory pressure, or at ``close()``,
-    which writes everything still dirty; a merge is committed once both its graphs are written. ``write_sync`` writes in the caller's thread (the end of a Dask round, which must
-    know what was lost). ``allowance``: bytes checkpoints and evictions may write (None: no limit).
+    which writes everything still dirty; a merge is committed once both its graphs are written. ``write_sync``
+    writes in the caller's thread (the end of a Dask round, which must know what was lost). ``allowance``: bytes
+    checkpoints and evictions may write (None: no limit).
     """
 
     def __init__(self, store: Store, ledger, acct: Accounting, sink: GraphSink, allowance: int | None = None):

@@ -318,11 +318,11 @@ def _join(store: Store, vf: VectorSource, fp: dict, backend: Backend, watching: 
     except BadInput:
         user_ids.remove_part(store.path, offset)
         raise
-    if cost is None or isinstance(cost, Declined):
-        user_ids.remove_part(store.path, offset)
     if cost is None:
+        user_ids.remove_part(store.path, offset)
         return "changed"
     if isinstance(cost, Declined):
+        user_ids.remove_part(store.path, offset)
         report["joined"].append({"path": fp["path"], "rows": vf.rows, "declined": True, **cost.to_dict()})
         reporter.note(f"{fp['path']}: the join fell short of the recall target at every effort; "
                       "ingesting it as new shards instead")

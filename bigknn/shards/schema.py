@@ -38,6 +38,7 @@ COUNT: Check = (lambda v: _int(v) and v > 0, "a positive integer")
 INDEX: Check = (lambda v: _int(v) and v >= 0, "a non-negative integer")
 DTYPE: Check = (_dtype, "a numeric dtype like '<f4'")
 OBJECT: Check = (lambda v: isinstance(v, dict), "an object")
+BOOL: Check = (lambda v: isinstance(v, bool), "true or false")
 LIST: Check = (lambda v: isinstance(v, list), "a list")
 PAIRS: Check = (lambda v: isinstance(v, list) and all(_pair(p) for p in v), "a list of [i, j] shard pairs")
 PARAMS: Check = (lambda v: isinstance(v, dict) and set(v) <= {f.name for f in fields(GnndParams)}
@@ -64,14 +65,13 @@ SHARD: dict[str, Check] = {"id": INDEX, "offset": INDEX, "rows": COUNT,
                            "source": (lambda v: v is None or (isinstance(v, dict) and _int(v.get("input")) and
                                                               _int(v.get("byte_offset"))),
                                       "null or an object with integers input and byte_offset"),
-                           "rows_with_graph": (lambda v: isinstance(v, bool), "true or false")}
+                           "rows_with_graph": BOOL}
 INPUT: dict[str, Check] = {
     "path": (lambda v: isinstance(v, str), "a string"), "size": INDEX, "mtime_ns": (_int, "an integer"),
     "sha256": (lambda v: v is None or isinstance(v, str), "a string or null"), "rows": COUNT,
     "dtype": DTYPE, "first_id": INDEX,
     # a small ingest's join (bigknn/operations/ingest_join.py): its effort, and whether its recall was checked
-    "join_effort": COUNT, "join_checked": (lambda v: isinstance(v, bool), "true or false"),
-    "join_declined": (lambda v: isinstance(v, bool), "true or false"),
+    "join_effort": COUNT, "join_checked": BOOL, "join_declined": BOOL,
 }
 SEARCH: dict[str, Check] = {
     "version": COUNT, "method": (lambda v: isinstance(v, str), "a string"), "degree": COUNT, "rows": COUNT,
