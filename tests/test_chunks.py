@@ -327,3 +327,44 @@ def test_a_row_set_reads_each_chunk_it_touches_once(tmp_path, monkeypatch):
         chunks.read_row_set(tmp_path / "a", np.array([17]))
     with pytest.raises(IndexError):
         chunks.read_row_set(tmp_path / "a", np.array([ROWS]))
+
+
+def test_a_read_into_reused_buffers_gives_the_same_rows_and_checks_them(tmp_path):
+    """A reading thread's ReadBuffers: each read returns the rows asked for (a later, larger or smaller read
+    of either array included), the buffers are reused rather than reallocated, and a damaged chunk still
+    raises."""
+    from bigknn.shards.arrays import ReadBuffers
+
+    rng = np.random.default_rng(9)
+    ids = rng.integers(0, ROWS, size=(ROWS, 7)).astype(np.int32)
+    dists = np.sort(rng.random((ROWS, 7)).astype(np.float32), axis=1)
+    store = new_store(tmp_path / "s")
+    store.write_graph(0, 1, KnnGraph(ids, dists))
+    buffers = ReadBuffers()
+    held = None
+    for start, stop in RANGES:
+        with zarr_chunk_io_refused():
+            g = store.read_graph(0, 1, start, stop, buffers=buffers)
+        assert_identical(g.ids, ids[start:stop])
+        assert_identical(g.dists, dists[start:stop])
+        if start == 0 and stop is None:
+            held = g.ids.base if g.ids.base is not None else g.ids
+    again = store.read_graph(0, 1, 0, None, buffers=buffers)
+    assert np.shares_memory(again.ids, held)  # the whole-array buffer, reused
+    flip_byte(tmp_path / "s" / "shards" / "0" / "graph" / "1" / "dists" / "c" / "0" / "0", at=4)
+    with pytest.raises(Damaged, match="checksum"):
+        store.read_graph(0, 1, 0, 2, buffers=buffers)
+
+
+def test_the_threaded_checksum_equals_the_extensions_at_every_size():
+    """Large pieces are checksummed through google-crc32c's C library with the GIL released; the wheel ships
+    that library, so the threaded route is the one taken here, and it must agree with the extension's."""
+    import google_crc32c
+
+    assert checksums._EXTEND is not None  # the wheel's libcrc32c was found
+    x = np.random.default_rng(5).integers(0, 256, (1 << 20) + 7, dtype=np.uint8)
+    for n in (0, 1, checksums.THREADED_BYTES - 1, checksums.THREADED_BYTES, 1 << 20, x.size):
+        assert checksums.extend(11, x[:n]) == google_crc32c.extend(11, x[:n].tobytes())
+    assert checksums.extend(0, x[: 1 << 18].view(np.uint32)) == google_crc32c.extend(0, x[: 1 << 18].tobytes())
+    with pytest.raises(ValueError, match="C-contiguous"):
+        checksums.extend(0, x[: 1 << 18][::2])

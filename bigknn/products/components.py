@@ -13,6 +13,7 @@ lowest input row."""
 from __future__ import annotations
 
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -26,14 +27,16 @@ from bigknn.core.atomic import atomic_path
 from bigknn.core.errors import BadInput, disk_full_named
 from bigknn.core.metric import metric
 from bigknn.operations.readout import neighbours_per_row
+from bigknn.products.atomics import fetch_add
 from bigknn.products.unionfind import flatten, unite_near
 from bigknn.shards import Store
+from bigknn.shards.arrays import ReadBuffers
 
 GROUP_FORMATS = ("parquet", "csv", "npy")
 KEEP_FORMATS = ("npy", "txt", "ids")  # .txt and .ids: one row id a line
 WRITE_ROWS = 1 << 20  # rows per Parquet row group / text chunk
 GROUP_COLUMNS = (("row", np.int64), ("group", np.int64), ("kept", np.bool_), ("group_size", np.int64))
-READ_THREADS = min(16, os.cpu_count() or 1)  # graph chunks read, checked and united at once
+READ_THREADS = min(32, os.cpu_count() or 1)  # graph chunks read, checked and united at once
 
 
 @numba.njit(cache=True)
@@ -48,26 +51,85 @@ def _input_labels(root: np.ndarray, input_of: np.ndarray) -> np.ndarray:
     return labels
 
 
-@numba.njit(nogil=True, cache=True)
+@numba.njit(parallel=True, cache=True)
+def _group_counts(labels: np.ndarray) -> np.ndarray:
+    """(rows,) how many rows each row's id labels (a bincount on every core)."""
+    counts = np.zeros(len(labels), np.int64)
+    for i in numba.prange(len(labels)):
+        fetch_add(counts, labels[i], 1)
+    return counts
+
+
+@numba.njit(parallel=True, cache=True)
+def _group_starts(counts: np.ndarray, parts: int) -> tuple[np.ndarray, int]:
+    """(each group id's first place in the grouped rows, their total): a prefix sum of the sizes of groups
+    of two or more, block by block on ``parts`` cores."""
+    n = len(counts)
+    blocks = max(1, min(n, 4 * parts))
+    step = -(-n // blocks)
+    sums = np.zeros(blocks + 1, np.int64)
+    for b in numba.prange(blocks):
+        total = 0
+        for g in range(b * step, min(n, (b + 1) * step)):
+            if counts[g] >= 2:
+                total += counts[g]
+        sums[b + 1] = total
+    for b in range(blocks):
+        sums[b + 1] += sums[b]
+    start = np.empty(n, np.int64)
+    for b in numba.prange(blocks):
+        total = sums[b]
+        for g in range(b * step, min(n, (b + 1) * step)):
+            start[g] = total
+            if counts[g] >= 2:
+                total += counts[g]
+    return start, sums[blocks]
+
+
 def _group_columns(labels: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(row, group, kept, group_size) of the rows in groups of two or more, by group, then row: a counting
-    sort by label (rows are visited in order, so each group's rows come out ascending)."""
-    start = np.empty(len(counts), np.int64)
-    total = 0
-    for g in range(len(counts)):
-        start[g] = total
-        if counts[g] >= 2:
-            total += counts[g]
+    sort by label on every core, each core owning a range of group ids with an equal share of the rows and
+    scanning the labels in row order for its own (so each group's rows come out ascending, with no atomics)."""
+    return _counting_sort(labels, counts, numba.get_num_threads())
+
+
+@numba.njit(parallel=True, cache=True)
+def _counting_sort(labels: np.ndarray, counts: np.ndarray, parts: int
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    start, total = _group_starts(counts, parts)
+    bounds = np.searchsorted(start, np.arange(parts + 1) * total // parts)
+    bounds[0], bounds[parts] = 0, len(counts)
     rows = np.empty(total, np.int64)
-    for i in range(len(labels)):
-        g = labels[i]
-        if counts[g] >= 2:
-            rows[start[g]] = i
-            start[g] += 1
-    group = labels[rows]
-    kept = group == rows
-    size = counts[group]
+    group = np.empty(total, np.int64)
+    kept = np.empty(total, np.bool_)
+    size = np.empty(total, np.int64)
+    for t in numba.prange(parts):
+        lo, hi = bounds[t], bounds[t + 1]
+        for i in range(len(labels)):
+            g = labels[i]
+            if lo <= g < hi and counts[g] >= 2:
+                at = start[g]
+                start[g] = at + 1
+                rows[at] = i
+                group[at] = g
+                kept[at] = i == g
+                size[at] = counts[g]
     return rows, group, kept, size
+
+
+@numba.njit(parallel=True, cache=True)
+def _tally(counts: np.ndarray) -> tuple[int, int, int, int]:
+    """(groups of two or more, rows in them, rows kept, the largest group's size) from the counts."""
+    groups, in_groups, kept, largest = 0, 0, 0, 0
+    for g in numba.prange(len(counts)):
+        c = counts[g]
+        if c >= 2:
+            groups += 1
+            in_groups += c
+        if c > 0:
+            kept += 1
+        largest = max(largest, c)
+    return groups, in_groups, kept, largest
 
 
 @dataclass
@@ -79,7 +141,7 @@ class Components:
     counts: np.ndarray = field(init=False, repr=False)  # (rows,) rows whose group is each row (0: not a group id)
 
     def __post_init__(self) -> None:
-        self.counts = np.bincount(self.labels, minlength=len(self.labels))
+        self.counts = _group_counts(self.labels)
 
     @property
     def sizes(self) -> np.ndarray:
@@ -96,12 +158,10 @@ class Components:
         return write_groups(self, Path(out), None if keep is None else Path(keep))
 
     def summary(self) -> dict:
-        per_group = self.counts
-        grouped = per_group >= 2
-        kept = int(np.count_nonzero(per_group))
-        return {"rows": len(self.labels), "max_distance": self.max_distance, "groups": int(grouped.sum()),
-                "rows_in_groups": int(per_group[grouped].sum()), "largest_group": int(per_group.max(initial=0)),
-                "rows_kept": kept, "rows_removed": len(self.labels) - kept}
+        groups, in_groups, kept, largest = _tally(self.counts)
+        return {"rows": len(self.labels), "max_distance": self.max_distance, "groups": int(groups),
+                "rows_in_groups": int(in_groups), "largest_group": int(largest),
+                "rows_kept": int(kept), "rows_removed": len(self.labels) - int(kept)}
 
 
 def components(store: Store, max_distance: float, k: int | None = None) -> Components:
@@ -114,8 +174,12 @@ def components(store: Store, max_distance: float, k: int | None = None) -> Compo
     bound = metric(m.metric).key_at_most(max_distance)
     parent = np.arange(m.rows, dtype=np.int64)
 
+    local = threading.local()  # each read thread's buffers, reused block after block
+
     def unite(shard_id: int, offset: int, lo: int, hi: int) -> None:
-        g = store.read_graph(shard_id, start=lo, stop=hi)
+        if not hasattr(local, "buffers"):
+            local.buffers = ReadBuffers()
+        g = store.read_graph(shard_id, start=lo, stop=hi, buffers=local.buffers)
         unite_near(parent, g.ids, g.dists, k, bound, offset + lo)
 
     blocks = [(shard.id, shard.offset, lo, min(lo + step, shard.rows))

@@ -12,28 +12,8 @@ from __future__ import annotations
 
 import numba
 import numpy as np
-from numba import types
-from numba.core import cgutils
-from numba.extending import intrinsic
 
-
-@intrinsic
-def _cas(typingctx, array, index, expected, new):
-    """Atomically: old = array[index]; if old == expected: array[index] = new. Returns old (int64 arrays)."""
-    if not (isinstance(array, types.Array) and array.dtype == types.int64):
-        return None
-    sig = types.int64(array, index, expected, new)
-
-    def codegen(context, builder, signature, args):
-        array_type = signature.args[0]
-        ary = context.make_array(array_type)(context, builder, args[0])
-        ptr = cgutils.get_item_pointer(context, builder, array_type, ary, [args[1]], wraparound=False)
-        want = context.cast(builder, args[2], signature.args[2], types.int64)
-        value = context.cast(builder, args[3], signature.args[3], types.int64)
-        swapped = builder.cmpxchg(ptr, want, value, "seq_cst", "seq_cst")
-        return builder.extract_value(swapped, 0)
-
-    return sig, codegen
+from bigknn.products.atomics import cas
 
 
 @numba.njit(nogil=True, cache=True)
@@ -58,7 +38,7 @@ def union(parent: np.ndarray, a: int, b: int) -> None:
             return
         if a < b:
             a, b = b, a
-        if _cas(parent, a, a, b) == a:
+        if cas(parent, a, a, b) == a:
             return
 
 

@@ -30,6 +30,27 @@ def tree_bytes(path: Path) -> int:
     return total
 
 
+Buffer = Callable[[tuple[int, int], np.dtype], np.ndarray]  # (shape, dtype) -> an array to read into
+
+
+class ReadBuffers:
+    """One reading thread's arrays, one per array it reads (``name``), reused from one read to the next and
+    grown as needed: a thread that reads a large store block after block takes the page faults of fresh
+    memory once, not once per block. What a read returns is a view that the thread's next read overwrites."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, np.ndarray] = {}
+
+    def of(self, name: str) -> Buffer:
+        def buffer(shape: tuple[int, int], dtype: np.dtype) -> np.ndarray:
+            nbytes = shape[0] * shape[1] * np.dtype(dtype).itemsize
+            held = self._held.get(name)
+            if held is None or held.nbytes < nbytes:
+                held = self._held[name] = np.empty(nbytes, np.uint8)
+            return held[:nbytes].view(dtype).reshape(shape)
+        return buffer
+
+
 class ArrayDir:
     """The arrays under ``path``, checked as ``manifest``'s format requires."""
 
@@ -51,9 +72,10 @@ class ArrayDir:
         """What every array of this store must carry: chunk checksums (format 2), bound to their place (6)."""
         return {"require_checksums": self.manifest.checksummed, "require_places": self.manifest.placed}
 
-    def _read_array(self, name: str, where: str, start: int = 0, stop: int | None = None) -> np.ndarray:
+    def _read_array(self, name: str, where: str, start: int = 0, stop: int | None = None,
+                    buffer: Buffer | None = None) -> np.ndarray:
         try:
-            out = chunks.read_rows(self.path / name, start, stop, **self._required())
+            out = chunks.read_rows(self.path / name, start, stop, **self._required(), buffer=buffer)
             if out is None:
                 out = self._zarr_read(name, start, stop)
         except Damaged as e:

@@ -228,25 +228,34 @@ def _direct_layout(array_dir: Path, require_checksums: bool, require_places: boo
 
 
 def read_rows(array_dir: Path, start: int = 0, stop: int | None = None,
-              require_checksums: bool = False, require_places: bool = False) -> np.ndarray | None:
+              require_checksums: bool = False, require_places: bool = False,
+              buffer: Callable[[tuple[int, int], np.dtype], np.ndarray] | None = None) -> np.ndarray | None:
     """Rows ``[start:stop]`` (Python slice semantics) of the array at ``array_dir``, read straight from its
     chunk files and checked against their checksums; None when the array's layout is not one this module
     handles (read it with zarr). ``require_checksums``: an array without them is damage (a format-2 store);
-    ``require_places``: so is one without its table of them (format 6)."""
+    ``require_places``: so is one without its table of them (format 6). ``buffer(shape, dtype)``: the array to
+    read into, the caller's to reuse (a fresh one costs a page fault per 4 KiB); the chunks are then read one
+    after the other on the calling thread, which is one of many reading at once."""
     array_dir = Path(array_dir)
     lay = _direct_layout(array_dir, require_checksums, require_places)
     if lay is None:
         return None
     start, stop, _ = slice(start, stop).indices(lay.rows)
     stop = max(start, stop)
-    out = np.empty((stop - start, lay.width), dtype=lay.dtype)
+    shape = (stop - start, lay.width)
+    out = np.empty(shape, dtype=lay.dtype) if buffer is None else buffer(shape, lay.dtype)
 
     def read(i: int) -> None:
         lo, hi = max(start, i * lay.chunk_rows), min(stop, (i + 1) * lay.chunk_rows)
         _read_chunk(array_dir, lay, i, lo, hi, out[lo - start:hi - start])
 
     first, last = start // lay.chunk_rows, -(-stop // lay.chunk_rows)
-    _run([lambda i=i: read(i) for i in range(first, last)] if stop > start else [])
+    tasks = [lambda i=i: read(i) for i in range(first, last)] if stop > start else []
+    if buffer is None:
+        _run(tasks)
+    else:
+        for task in tasks:
+            task()
     return out
 
 

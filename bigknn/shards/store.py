@@ -29,7 +29,7 @@ from bigknn.core.atomic import write_atomic
 from bigknn.core.errors import BadInput, BigknnError, Damaged
 from bigknn.core.knn_graph import KnnGraph
 from bigknn.shards import identity, safepaths, user_ids
-from bigknn.shards.arrays import ArrayDir
+from bigknn.shards.arrays import ArrayDir, ReadBuffers
 from bigknn.shards.creation import check_new_store_path
 from bigknn.shards.leases import LEASE_DIR, Lease, pinned
 from bigknn.shards.manifest import MANIFEST, Manifest
@@ -313,11 +313,13 @@ class Store(ArrayDir):
                              for name, data, dtype in (("ids", graph.ids, id_dtype), ("dists", graph.dists, np.float32)))
 
     def read_graph(self, shard_id: int, version: int | None = None, start: int = 0,
-                   stop: int | None = None) -> KnnGraph:
-        """A shard's graph (its local rows ``[start:stop]``, every chunk touched read whole and checked)."""
+                   stop: int | None = None, buffers: ReadBuffers | None = None) -> KnnGraph:
+        """A shard's graph (its local rows ``[start:stop]``, every chunk touched read whole and checked).
+        ``buffers``: read into this thread's reused arrays, on this thread (``ReadBuffers``)."""
         version = self._graph_version(shard_id, version)
         where = f"shard {shard_id} graph version {version}"
-        ids, dists = (self._read_array(graph_name(shard_id, version, name), f"{where} {name}", start, stop)
+        ids, dists = (self._read_array(graph_name(shard_id, version, name), f"{where} {name}", start, stop,
+                                       None if buffers is None else buffers.of(name))
                       for name in ("ids", "dists"))
         return KnnGraph(self._as_store_ids(ids), dists)
 
