@@ -24,6 +24,7 @@ from typing import Iterator
 import numpy as np
 
 from bigknn.formats import VectorSource
+from bigknn.core.hostmem import filled_once
 from bigknn.core.metric import prepare_rows
 from bigknn.engine.accounting import Accounting
 from bigknn.shards import ShardEntry, Store
@@ -145,7 +146,7 @@ def shard_vectors(vf: VectorSource, pool: ThreadPoolExecutor, metric: str, dtype
     a source without cheap scattered reads (Parquet) is read in blocks of input ranges, so that each row group
     is decoded once per shard, not once per block.
     ``kept``: the input's rows as prepared, in host RAM (``stream_shards``): the blocks gather from it."""
-    x = np.empty((rows, vf.dim), dtype)
+    x = filled_once((rows, vf.dim), dtype)
     step = max(1, READ_BLOCK_BYTES // (vf.dim * vf.read_dtype.itemsize))
     starts = np.asarray(vf.block_starts(start, start + rows, step)) - start
     if layout is not None and kept is None and not vf.random_access:  # input ranges: a row group decoded once

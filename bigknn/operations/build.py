@@ -15,6 +15,7 @@ import numpy as np
 
 from bigknn.backends import Backend
 from bigknn.core.errors import BadInput
+from bigknn.core.hostmem import filled_once
 from bigknn.formats import VectorSource, cast_note, open_source
 from bigknn.core.metric import metric as metric_of
 from bigknn.core.metric import stored_dtype
@@ -96,7 +97,7 @@ def build(req: BuildRequest, backends: list[Backend], reporter: Reporter, execut
                                    req.metric, req.seed, nearest)
             dtype = stored_dtype(req.metric, vf.read_dtype)
             if input_fits_host(vf.rows * vf.dim * dtype.itemsize, req.host_mem):  # one read of the input
-                kept = np.empty((vf.rows, vf.dim), dtype)
+                kept = filled_once((vf.rows, vf.dim), dtype)
             with reporter.phase("label", vf.rows, "rows") as advance:
                 rows_of = layout(vf, part, req.metric, req.shard_rows, req.params.width(), nearest, advance, kept)
         acct.add("partition", time.perf_counter() - t, vf.rows * vf.dim * vf.dtype.itemsize)

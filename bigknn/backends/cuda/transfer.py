@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from bigknn.backends.cuda.resident import ResidentCopies
+from bigknn.core.hostmem import filled_once
 
 
 class Transfer:
@@ -76,11 +77,12 @@ class Transfer:
             buf[1] = stream.record()
 
     def d2h(self, src) -> np.ndarray:
-        """Device array -> new host array, staged through the pinned buffers."""
+        """Device array -> new host array (in huge pages where large: ``filled_once``), staged through the
+        pinned buffers."""
         import cupy as cp
 
         src = cp.ascontiguousarray(src)
-        out = np.empty(src.shape, dtype=src.dtype)
+        out = filled_once(src.shape, src.dtype)
         nbytes = out.nbytes
         if nbytes < (16 << 20):
             return src.get()

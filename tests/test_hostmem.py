@@ -1,0 +1,28 @@
+"""Large arrays filled once (bigknn/core/hostmem.py): below the size, plain arrays; from it, writable, C-contiguous
+arrays of the shape and dtype asked for, that keep their memory while any view of them lives."""
+
+from __future__ import annotations
+
+import gc
+import pickle
+
+import numpy as np
+
+from bigknn.core import hostmem
+
+
+def test_small_arrays_are_plain_and_large_ones_are_usable_arrays_of_their_own_memory(monkeypatch):
+    monkeypatch.setattr(hostmem, "HUGE_PAGE_BYTES", 1 << 16)
+    small = hostmem.filled_once((10, 3), np.float32)
+    assert small.flags.owndata and small.shape == (10, 3) and small.dtype == np.float32
+    big = hostmem.filled_once((1000, 33), np.int64)
+    assert not big.flags.owndata  # the mapping's, not NumPy's
+    assert big.shape == (1000, 33) and big.dtype == np.int64 and big.flags.c_contiguous and big.flags.writeable
+    big[:] = np.arange(33)
+    view = big[500:502]
+    del big
+    gc.collect()
+    np.testing.assert_array_equal(view, np.tile(np.arange(33), (2, 1)))  # the view kept the memory alive
+    np.testing.assert_array_equal(pickle.loads(pickle.dumps(view)), view)
+    empty = hostmem.filled_once((0, 7), np.float32)
+    assert empty.shape == (0, 7)
