@@ -172,3 +172,44 @@ def test_a_partitioned_build_starts_after_its_labelling_pass():
     assert again["estimate_s"]["start"] == round(input_s + 2 * again["shard_rows"] * 96 * 4 / 2e9, 1) > round(
         input_s + shard_s, 1)
     assert kept["store_bytes"]["row_ids"] == rows * 8  # a partitioned store keeps each row's input number
+    # labelling slower than the read: the pass takes as long as the labelling, after the partition is learnt
+    slow_labels = {**FAST, "label_rows_per_s": 1e6, "learn_s": 7.0}
+    labelled = plan(rows, 96, 4, params, r, 2, slow_labels, DISK, "kmeans", host_mem=1 << 40)
+    assert labelled["estimate_s"]["start"] == round(7.0 + rows / 1e6, 1) > round(input_s, 1)
+    assert labelled["rates"]["label_rows_per_s"] == 1e6 and labelled["rates"]["learn_s"] == 7.0
+    fast_labels = {**FAST, "label_rows_per_s": 1e12, "learn_s": 0.5}  # the read is the slower: it bounds the pass
+    assert plan(rows, 96, 4, params, r, 2, fast_labels, DISK, "kmeans",
+                host_mem=1 << 40)["estimate_s"]["start"] == round(0.5 + input_s, 1)
+    # a contiguous build has no labelling pass, whatever the rates say
+    assert plan(rows, 96, 4, params, r, 2, slow_labels, DISK, host_mem=1 << 40)["estimate_s"]["start"] == \
+        plan(rows, 96, 4, params, r, 2, FAST, DISK, host_mem=1 << 40)["estimate_s"]["start"]
+
+
+def test_a_plan_that_partitions_times_its_labelling_on_the_calibration_rows():
+    """The CLI's plan of a billion rows on the CPU partitions (k-means): it learns a partition on its calibration
+    rows and labels them, and reports the rate, the learning time and what was timed; a small plan does not."""
+    from conftest import run_json
+
+    big = run_json("plan", "--rows", 10**9, "--dim", 16, "--backend", "cpu", "--disk-gbps", 1,
+                   "--calibrate-rows", 3000)
+    assert big["partition"] == "kmeans"
+    assert big["rates"]["label_rows_per_s"] > 0 and big["rates"]["learn_s"] >= 0
+    assert "kmeans partition" in big["assumptions"]["labelling"] and "rows labelled" in big["assumptions"]["labelling"]
+    read_s = 10**9 * 16 * 4 / 1e9
+    assert big["estimate_s"]["start"] >= round(min(read_s, 10**9 / big["rates"]["label_rows_per_s"]), 1)
+    small = run_json("plan", "--rows", 10**5, "--dim", 16, "--backend", "cpu", "--disk-gbps", 1,
+                     "--calibrate-rows", 3000)
+    assert small["partition"] == "contiguous" and "label_rows_per_s" not in small["rates"]
+    assert "labelling" not in small["assumptions"]
+
+
+def test_a_partitioned_stores_timings_give_its_labelling_rate(tmp_path):
+    from conftest import run_json, write_synth
+
+    write_synth(tmp_path / "x.fbin", 6000, 16)
+    run_json("build", tmp_path / "x.fbin", "-o", tmp_path / "k.knn", "--k", 8, "--shard-rows", 1000,
+             "--backend", "cpu", "--partition", "kmeans", "--list-width", 16)
+    m = Store.open(tmp_path / "k.knn", pin=False).manifest
+    rates = rates_from_store(Store.open(tmp_path / "k.knn", pin=False))
+    assert m.timings["partition"] > 0
+    assert rates["label_rows_per_s"] == pytest.approx(6000 / m.timings["partition"]) and rates["learn_s"] == 0

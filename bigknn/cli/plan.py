@@ -109,7 +109,8 @@ def show(p: dict) -> None:
         f"  read back    {p['merge_reads']:,} shards for merges: {assumed['merge_reads']}",
         f"  GPU memory   {human_bytes(p['gpu_bytes_per_worker'])} per worker" if on_gpu else
         f"  GPU memory   {human_bytes(p['gpu_bytes_per_worker'])} per worker, if built on a GPU",
-        f"  time         ≈ {human_duration(est['total'])} on {backend}: first shards read "
+        f"  time         ≈ {human_duration(est['total'])} on {backend}: "
+        f"{'partition learnt and every row labelled' if p['partition'] != 'contiguous' else 'first shards read'} "
         f"{human_duration(est['start'])}, GNND {human_duration(est['gnnd'])}, merges {human_duration(est['ggm'])}, "
         f"last graphs written {human_duration(est['end'])}; disk I/O {human_duration(est['io'])} (overlapped): "
         f"{p['bound']}-bound",
@@ -125,6 +126,9 @@ def show(p: dict) -> None:
         + (f", {assumed['pairs_per_shard']} merges per shard ({assumed['pairs_source']})"
            if p["partition"] != "contiguous" else ""),
     ]
+    if "label_rows_per_s" in rates:
+        lines.insert(-3, f"  labelling    {rates['label_rows_per_s']:,.0f} rows/s after {human_duration(rates['learn_s'])} "
+                         f"of learning ({assumed['labelling']})")
     if (refused := p["build_refuses"]) is not None:
         lines.insert(1, "  refused      bigknn build refuses"
                         f" --shard-rows {refused['shard_rows']:,} ({refused['why']}); "

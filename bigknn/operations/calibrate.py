@@ -19,6 +19,8 @@ from typing import Callable
 
 import numpy as np
 
+from bigknn.algorithms.partition.labelling import LABEL_CHUNK_ROWS, SAMPLE_PER_SHARD, label_chunk, sample_size
+from bigknn.algorithms.partition.learn import learn
 from bigknn.backends import Backend
 from bigknn.core.errors import BadInput
 from bigknn.formats import VectorSource
@@ -31,6 +33,7 @@ from bigknn.core.synth import as_dtype, synth
 SMALL_SHARE = 4  # the second calibration size is the first's quarter
 EXPONENT_RANGE = (0.0, 0.5)  # b of rate ∝ rows^-b: rates do not grow with size, nor fall faster than 1/sqrt
 STEPS_PER_SIZE = 3  # GNND of each of two shards, their merge
+LABEL_TIMED_ROWS = 1 << 21  # rows a calibration labels (four of the labelling pass's chunks)
 
 
 def calibration_sizes(rows: int, width: int) -> tuple[int, ...]:
@@ -70,6 +73,31 @@ def _time_pair(backend: Backend, x: np.ndarray, rows: int, metric: Metric, param
     t_ggm = time.perf_counter() - t
     advance(1)
     return 2 * rows / t_gnnd, 2 * rows / t_ggm
+
+
+def time_labelling(backend: Backend, x: np.ndarray, method: str, shards: int, seed: int = 0) -> dict:
+    """What a partitioned build does before its first GNND, timed on ``x`` (rows as stored): learning a
+    ``method`` partition of ``shards`` shards on a sample (seconds, once per build) and labelling rows with it
+    chunk by chunk as the labelling pass does (rows/s: the backend's nearest-centroid search and the capacity
+    rule's host work, which bound the pass where the disk does not), after one untimed chunk. Fewer shards where
+    the rows cannot teach that many (a CPU plan's few calibration rows): the rate is then of fewer centroids."""
+    nearest = backend.nearest_centroids
+    shards = max(2, min(shards, len(x) // SAMPLE_PER_SHARD))  # as many as the calibration rows can teach
+    rng = np.random.default_rng((seed, 5))
+    sample = x[np.sort(rng.choice(len(x), size=sample_size(len(x), shards), replace=False))]
+    t = time.perf_counter()
+    part = learn(method, sample, shards, seed, nearest)
+    learn_s = time.perf_counter() - t
+    room = np.full(part.shards, len(x), np.int64)  # room for every row: first choices, as most rows get
+    chunks = range(0, min(len(x), LABEL_TIMED_ROWS), LABEL_CHUNK_ROWS)
+    label_chunk(part, x[:LABEL_CHUNK_ROWS], room.copy(), nearest)  # loads what the first call loads
+    t = time.perf_counter()
+    for lo in chunks:
+        label_chunk(part, x[lo:lo + LABEL_CHUNK_ROWS], room, nearest)
+    labelled = min(len(x), LABEL_TIMED_ROWS)
+    return {"label_rows_per_s": labelled / max(time.perf_counter() - t, 1e-9), "learn_s": learn_s,
+            "label_timed": f"a {method} partition of {shards} shards learnt on {len(sample):,} of the calibration "
+                           f"rows, {labelled:,} rows labelled"}
 
 
 def fit_exponent(points: list[dict], key: str) -> float | None:
@@ -120,6 +148,10 @@ def rates_from_store(store: Store) -> dict:
     pair_rows = sum(rows[i] + rows[j] for i, j in m.merged)
     if not t.get("gnnd") or not t.get("ggm") or not pair_rows:
         raise BadInput(store.path, "no recorded GNND and GGM timings to take rates from (a finished build has them)")
-    return {"gnnd_rows_per_s": m.rows / t["gnnd"], "ggm_rows_per_s": pair_rows / t["ggm"],
-            "at_rows": round(m.rows / len(m.shards)), "gnnd_exponent": None, "ggm_exponent": None,
-            "source": f"timings of {store.path} (one shard size: no exponent)"}
+    rates = {"gnnd_rows_per_s": m.rows / t["gnnd"], "ggm_rows_per_s": pair_rows / t["ggm"],
+             "at_rows": round(m.rows / len(m.shards)), "gnnd_exponent": None, "ggm_exponent": None,
+             "source": f"timings of {store.path} (one shard size: no exponent)"}
+    if m.partition is not None and t.get("partition"):  # its partition pass: learning and labelling, with I/O
+        rates.update(label_rows_per_s=m.rows / t["partition"], learn_s=0.0,
+                     label_timed=f"the partition pass of {store.path} (learning and labelling, with its read)")
+    return rates

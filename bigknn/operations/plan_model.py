@@ -13,7 +13,8 @@ GPUs take 3 rounds, not 3 / 2); a partitioned build (bigknn/algorithms/partition
 (the rate is a store's measured plan, or an assumption the plan states), W at a time. Disk reads and
 writes (at measured rates, one disk shared by every worker) overlap with compute, except at the ends: no GPU
 starts before its first shard is read (one shard per worker; the whole input for a one-shard build, and a
-partitioned build's labelling pass reads every row first), and the last merge's two graphs are written after
+partitioned build first learns its partition and labels every row in one pass, as slow as the slower of its
+read and its labelling, both timed by the calibration: ``labelling_s``), and the last merge's two graphs are written after
 it ends, so
 
     total = max(start + compute + end, I/O)
@@ -106,8 +107,8 @@ def plan(rows: int, dim: int, itemsize: int, params: GnndParams, shard_rows: int
     written_bytes = store["total"] + rewrites
     io_s = read_bytes / read_bps + written_bytes / write_bps
     # no GPU starts before its first shard is read (the whole input, for one shard), nor a partitioned build's
-    # before its labelling pass has read every row
-    start_s = (0 if not partitioned else input_bytes / read_bps) + (
+    # before its partition is learnt and its labelling pass has read and labelled every row
+    start_s = (0 if not partitioned else labelling_s(rows, input_bytes / read_bps, rates)) + (
         0 if partitioned and kept else min(workers, shards) * r * row_bytes / read_bps)
     end_s = (2 if merges else 1) * r * params.k * entry / write_bps  # the last merge's graphs (or the one GNND's)
     total_s = max(start_s + compute_s + end_s, io_s)
@@ -130,6 +131,14 @@ def plan(rows: int, dim: int, itemsize: int, params: GnndParams, shard_rows: int
         "rates": planned_rates(rates, r, gnnd_rate, ggm_rate),
         "assumptions": {"disk": disk, "merge_reads": misses_how, **(assumptions or {})},
     }
+
+
+def labelling_s(rows: int, read_s: float, rates: dict) -> float:
+    """A partitioned build's time before its first GNND: learning the partition, then one pass over the input
+    that reads it and labels its rows at once (as fast as the slower of the two); the read alone where the
+    rates have no labelling timed."""
+    label_rate = rates.get("label_rows_per_s")
+    return rates.get("learn_s", 0.0) + max(read_s, rows / label_rate if label_rate else 0.0)
 
 
 def store_bytes(rows: int, dim: int, itemsize: int, k: int, vectors: str, partitioned: bool) -> dict:
@@ -247,7 +256,8 @@ def planned_rates(rates: dict, shard_rows: int, gnnd_rate: float, ggm_rate: floa
     return {"source": rates.get("source", "given"), "gnnd_rows_per_s": round(gnnd_rate),
             "ggm_rows_per_s": round(ggm_rate), "at_rows": shard_rows, **measured,
             "measured_at_rows": rates.get("at_rows"), **exponents,
-            "points": [{k: round(v) for k, v in p.items()} for p in rates.get("points", [])]}
+            "points": [{k: round(v) for k, v in p.items()} for p in rates.get("points", [])],
+            **{k: round(rates[k], 3) for k in ("label_rows_per_s", "learn_s") if k in rates}}
 
 
 def merge_gpu_bytes(shard_rows: int, dim: int, itemsize: int, params: GnndParams) -> int:

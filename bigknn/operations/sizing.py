@@ -13,11 +13,13 @@ from bigknn.backends import Backend, CallShape
 from bigknn.formats import open_source
 from bigknn.core.metric import L2
 from bigknn.core.params import GnndParams
-from bigknn.operations.calibrate import calibrate, calibration_sizes, calibration_steps, rates_from_store, sample_rows
+from bigknn.operations.calibrate import (calibrate, calibration_sizes, calibration_steps, rates_from_store,
+                                         sample_rows, time_labelling)
 from bigknn.operations.diskrate import measure_disk
 from bigknn.operations.plan_model import (ASSUMED_PAIRS_PER_SHARD, auto_shard_rows, pairs_per_shard_from_store, plan,
                                           planned_shards)
 from bigknn.core.errors import BadInput
+from bigknn.engine.limits import build_shards
 from bigknn.engine.sharding_pass import shard_total
 from bigknn.shards.referenced import FLAT_SUFFIXES, refusal
 from bigknn.engine.pending import physical_memory
@@ -69,8 +71,6 @@ def size_build(input: Path | None, rows: int | None, dim: int | None, dtype: str
         disk = {"read_gbps": disk_gbps, "write_gbps": disk_gbps, "source": "--disk-gbps"}
     assumptions = {"host_ram_bytes": physical_memory(), "gpu_bytes": budgets[0],
                    "pairs_per_shard": round(pairs_per_shard, 3), "pairs_source": pairs_source,
-                   "labelling": "the partition's labelling pass is counted as one more read of the input; its "
-                                "nearest-centroid search runs on the backend and is not timed",
                    "workers": "the projections' workers share this machine's disk: I/O does not scale with them"}
     if measured is not None:
         rates = rates_from_store(measured)
@@ -83,6 +83,15 @@ def size_build(input: Path | None, rows: int | None, dim: int | None, dtype: str
         backends[0].warm_up(reporter.note, CallShape(dim, str(x.dtype), L2, params))
         with reporter.phase("calibrate", calibration_steps(sizes), "steps") as advance:
             rates = calibrate(backends[0], x, sizes, params, what, advance=advance)
+        partitioned = [at for at in (sized(w) for w in PROJECTED_WORKERS) if at[1] != "contiguous"]
+        if partitioned:  # some plan labels its rows first: time that on the same rows
+            at = min(partitioned, key=lambda a: a[0])
+            rates.update(time_labelling(backends[0], x, at[1], build_shards(rows, at[0], params.width(), at[1])))
+    if "label_timed" in rates:
+        assumptions["labelling"] = rates["label_timed"]
+    elif measured is not None:
+        assumptions["labelling"] = "the store's build had no partition pass: a partitioned plan counts its labelling " \
+                                   "as one more read of the input"
     over_fit = bool(budgets[0]) and size > fits_gpu
 
     def planned(workers: int, at: tuple[int, str, dict | None]) -> dict:

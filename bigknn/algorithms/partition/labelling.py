@@ -36,9 +36,14 @@ def shard_count(rows: int, shard_rows: int, min_rows: int) -> int:
     return max(1, min(-(-int(SLACK * rows) // shard_rows), rows // (min_rows + 1)))
 
 
+def sample_size(rows: int, shards: int) -> int:
+    """Rows of the sample a partition of ``shards`` shards is learnt on, from ``rows`` rows."""
+    return min(rows, max(SAMPLE_MIN, min(SAMPLE_MAX, SAMPLE_PER_SHARD * shards)))
+
+
 def learn_from_file(vf: VectorSource, method: str, shards: int, metric: str, seed: int,
                     nearest: Nearest = None) -> Partition:
-    size = min(vf.rows, max(SAMPLE_MIN, min(SAMPLE_MAX, SAMPLE_PER_SHARD * shards)))
+    size = sample_size(vf.rows, shards)
     rows = np.sort(np.random.default_rng((seed, 5)).choice(vf.rows, size=size, replace=False))
     return learn(method, prepare_rows(_checked_take(vf, rows), metric), shards, seed, nearest)
 
@@ -77,7 +82,7 @@ def layout(vf: VectorSource, part: Partition, metric: str, shard_rows: int, min_
         for start, x in chunks:
             if filling and not direct:
                 keep[start:start + len(x)] = x
-            labels[start:start + len(x)] = _label(part, x, room, nearest)
+            labels[start:start + len(x)] = label_chunk(part, x, room, nearest)
             if progress is not None:
                 progress(len(x))
         counts = np.bincount(labels, minlength=part.shards)
@@ -94,7 +99,7 @@ def layout(vf: VectorSource, part: Partition, metric: str, shard_rows: int, min_
     return np.split(order, np.cumsum(counts)[:-1])
 
 
-def _label(part: Partition, x: np.ndarray, room: np.ndarray, nearest: Nearest) -> np.ndarray:
+def label_chunk(part: Partition, x: np.ndarray, room: np.ndarray, nearest: Nearest) -> np.ndarray:
     """Labels of one chunk's rows by the capacity rule (``balance``), ``room`` decreased in place."""
     labels, spilled = take_first_choices(*part.first_choice(x, nearest), room)
     if spilled.size:
