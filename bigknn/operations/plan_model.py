@@ -14,8 +14,8 @@ GPUs take 3 rounds, not 3 / 2); a partitioned build (bigknn/algorithms/partition
 writes (at measured rates, one disk shared by every worker) overlap with compute, except at the ends: no GPU
 starts before its first shard is read (one shard per worker; the whole input for a one-shard build, and a
 partitioned build first learns its partition and labels every row in one pass, as slow as the slower of its
-read and its labelling, both timed by the calibration: ``labelling_s``), and the last merge's two graphs are written after
-it ends, so
+read and its labelling, both timed by the calibration: ``labelling_s``), and the last merge's two graphs are
+written after it ends, so
 
     total = max(start + compute + end, I/O)
 
