@@ -127,8 +127,8 @@ def show(p: dict) -> None:
            if p["partition"] != "contiguous" else ""),
     ]
     if "label_rows_per_s" in rates:
-        lines.insert(-3, f"  labelling    {rates['label_rows_per_s']:,.0f} rows/s after {human_duration(rates['learn_s'])} "
-                         f"of learning ({assumed['labelling']})")
+        lines.insert(-3, f"  labelling    {rates['label_rows_per_s']:,.0f} rows/s after "
+                         f"{human_duration(rates['learn_s'])} of learning ({assumed['labelling']})")
     if (refused := p["build_refuses"]) is not None:
         lines.insert(1, "  refused      bigknn build refuses"
                         f" --shard-rows {refused['shard_rows']:,} ({refused['why']}); "
