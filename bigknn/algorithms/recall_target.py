@@ -24,7 +24,7 @@ RECALL_AT = 10  # the recall the target and every estimate speak of: recall@10 (
 PROBE_ROWS = 1000  # rows of a descent's probe: an interval of about +-0.002 at recall 0.99
 ESTIMATE_ROWS = 2000  # rows of a build's recorded estimate (exact top-10 over the whole input), never probed
 Z = 1.96  # two-sided 95 % interval
-TIE_RTOL = 1e-5  # relative slack on the 10th key: equal distances differ in float32 rounding
+TIE_RTOL = 1e-5  # relative slack on the k-th key: equal distances differ in float32 rounding
 STALL_ITERS = 3  # progress is judged over this many iterations:
 STALL_GAIN = 0.002  # a gain below this is a stall,
 STALL_HORIZON = 10  # and so is a pace that would need more than this many such spans to close the gap,
@@ -53,14 +53,20 @@ def estimate(got_ids: np.ndarray, got_keys: np.ndarray, truth_ids: np.ndarray, k
     return interval(row_recalls(got_ids, got_keys, truth_ids, kth_key))
 
 
+def within_kth(keys: np.ndarray, kth_key: np.ndarray) -> np.ndarray:
+    """Whether each of a row's ``keys`` (rows, m) is as near as the row's ``kth_key`` (rows,), the true k-th
+    neighbour's, with TIE_RTOL to spare: a row at the same distance counts as found. The one test of a hit, for
+    the estimates here, ``eval recall`` and search recall."""
+    return keys <= (kth_key + TIE_RTOL * np.maximum(1.0, np.abs(kth_key)))[:, None]
+
+
 def row_recalls(got_ids: np.ndarray, got_keys: np.ndarray, truth_ids: np.ndarray, kth_key: np.ndarray) -> np.ndarray:
     """Each row's recall@m (``estimate``'s terms)."""
     m = truth_ids.shape[1]
     ids = np.asarray(got_ids)[:, :m]
     keys = np.asarray(got_keys)[:, :m]
     in_truth = (ids[:, :, None] == truth_ids[:, None, :]).any(axis=2)
-    slack = TIE_RTOL * np.maximum(1.0, np.abs(kth_key))
-    tie = keys <= (kth_key + slack)[:, None]
+    tie = within_kth(keys, kth_key)
     return ((in_truth | tie) & (ids != EMPTY)).sum(axis=1) / m
 
 
@@ -92,8 +98,7 @@ def new_entry_recall(got_ids: np.ndarray, got_keys: np.ndarray, truth_ids: np.nd
     ids, keys = np.asarray(got_ids)[:, :m], np.asarray(got_keys)[:, :m]
     found = (truth_ids[:, :, None] == ids[:, None, :]).any(axis=2)
     in_truth = (ids[:, :, None] == truth_ids[:, None, :]).any(axis=2)
-    slack = TIE_RTOL * np.maximum(1.0, np.abs(kth_key))
-    ties = (~in_truth & (ids != EMPTY) & (keys <= (kth_key + slack)[:, None])).sum(axis=1)
+    ties = (~in_truth & (ids != EMPTY) & within_kth(keys, kth_key)).sum(axis=1)
     count = to_find.sum(axis=1)
     hits = (to_find & found).sum(axis=1) + np.minimum(ties, (to_find & ~found).sum(axis=1))
     has = count > 0

@@ -19,9 +19,9 @@ from bigknn.formats import read_truth
 from bigknn.core.knn_graph import EMPTY, drop_self
 from bigknn.core.metric import metric as metric_of
 from bigknn.algorithms.partition.rowmap import RowMap
+from bigknn.algorithms.recall_target import within_kth
 from bigknn.shards import Store
 
-TIE_RTOL = 1e-5  # relative slack on the k-th key: float32 keys of equal distances differ in rounding
 SAMPLE_ROWS = 10_000  # default rows whose exact neighbours are computed
 RECALL_K = 10  # default k of recall@k
 
@@ -72,7 +72,7 @@ def recall_rows(store: Store, backend: Backend, sample: int = SAMPLE_ROWS, k: in
     valid = graph_ids != EMPTY
     nb = store.vectors_of(np.where(valid, graph_ids, 0).ravel()).reshape(len(rows), k, -1)
     keys = metric.row_keys(q[:, None, :], nb)
-    correct = valid & (keys <= kth_key[:, None] + TIE_RTOL * np.maximum(1.0, np.abs(kth_key[:, None])))
+    correct = valid & within_kth(keys, kth_key)
     per_row = correct.sum(axis=1) / k
     summary = {"store": str(store.path), "recall": round(float(per_row.mean()), 5), "k": k, "sample": len(rows),
                "rows": [lo, hi], "truth": str(truth) if truth else "exact", "backend": backend.name,

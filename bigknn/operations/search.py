@@ -17,7 +17,7 @@ from bigknn.formats import TRUTH_EXTENSION, read_truth, write_truth
 from bigknn.core.knn_graph import EMPTY
 from bigknn.core.metric import metric as metric_of, user_distance
 from bigknn.algorithms.partition.rowmap import RowMap
-from bigknn.operations.evaluate import TIE_RTOL
+from bigknn.algorithms.recall_target import within_kth
 from bigknn.algorithms.search_index import SearchIndex
 from bigknn.algorithms.search_params import BUDGETS, PROCEDURES, SearchPlan
 from bigknn.operations.search_reports import SearchSweep, SweepPoint, TruthReport
@@ -79,7 +79,7 @@ def recall_against(index: SearchIndex, queries: np.ndarray, found: np.ndarray, t
     got = found[:, :k].astype(np.int64)
     valid = got != EMPTY
     keys = index.metric.row_keys(queries[:, None, :], index.vectors[np.where(valid, got, 0)])
-    correct = valid & (keys <= (kth + TIE_RTOL * np.maximum(1.0, np.abs(kth)))[:, None])
+    correct = valid & within_kth(keys, kth)
     return float(correct.sum(axis=1).mean() / k)
 
 
