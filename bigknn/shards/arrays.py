@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
-import zarr
 from numpy.typing import DTypeLike
 
 from bigknn.core.errors import Damaged, disk_full_named
@@ -59,6 +58,8 @@ class ArrayDir:
 
     def _write_array(self, name: str, data: np.ndarray, chunk_rows: int, dtype: DTypeLike) -> int:
         """Write array ``name`` whole; returns the bytes its files take on disk (what a run's summary counts)."""
+        import zarr  # here, not at import: commands that only read a store never load it (a third of a second)
+
         with disk_full_named(self.path / name, data.shape[0] * data.shape[1] * np.dtype(dtype).itemsize):
             safepaths.fresh_dir(self.path, name)  # zarr's overwrite would follow a link in its way
             arr = zarr.create_array(store=str(self.path), name=name, shape=data.shape,
@@ -86,6 +87,8 @@ class ArrayDir:
     def _zarr_read(self, name: str, start: int, stop: int | None) -> np.ndarray:
         """The fallback for layouts ``chunks`` does not handle: zarr checks the checksums; missing chunks are
         found here (zarr would read them as the fill value)."""
+        import zarr
+
         arr = zarr.open_array(store=str(self.path), path=name, mode="r")
         checksummed = checksums.present(arr.metadata.to_dict())
         if self.manifest.checksummed and not checksummed:

@@ -15,7 +15,6 @@ from typing import Callable
 
 import google_crc32c
 import numpy as np
-from zarr.codecs import Crc32cCodec
 
 from bigknn.core.errors import Damaged
 
@@ -25,6 +24,8 @@ SIZE = 4  # bytes the checksum adds to each chunk file
 
 def codecs() -> list:
     """The ``compressors`` of every array the store creates: no compression, a checksum per chunk."""
+    from zarr.codecs import Crc32cCodec  # zarr is loaded by the writers only
+
     return [Crc32cCodec()]
 
 

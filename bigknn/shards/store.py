@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Callable, Iterable, TypeVar
 
 import numpy as np
-import zarr
 
 from bigknn.core.atomic import write_atomic
 from bigknn.core.errors import BadInput, BigknnError, Damaged
@@ -106,6 +105,8 @@ class Store(ArrayDir):
     def create(cls, path: Path, manifest: Manifest) -> "Store":
         """A new store at ``path``: a missing path or an empty directory (but for the lock file of the writer
         creating it), never among other files."""
+        import zarr  # here, not at import: commands that only read a store never load it
+
         path = Path(path)
         check_new_store_path(path, own_lock=True)
         group = zarr.open_group(str(path), mode="a")
