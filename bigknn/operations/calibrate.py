@@ -89,12 +89,11 @@ def time_labelling(backend: Backend, x: np.ndarray, method: str, shards: int, se
     part = learn(method, sample, shards, seed, nearest)
     learn_s = time.perf_counter() - t
     room = np.full(part.shards, len(x), np.int64)  # room for every row: first choices, as most rows get
-    chunks = range(0, min(len(x), LABEL_TIMED_ROWS), LABEL_CHUNK_ROWS)
+    labelled = min(len(x), LABEL_TIMED_ROWS)
     label_chunk(part, x[:LABEL_CHUNK_ROWS], room.copy(), nearest)  # loads what the first call loads
     t = time.perf_counter()
-    for lo in chunks:
+    for lo in range(0, labelled, LABEL_CHUNK_ROWS):
         label_chunk(part, x[lo:lo + LABEL_CHUNK_ROWS], room, nearest)
-    labelled = min(len(x), LABEL_TIMED_ROWS)
     return {"label_rows_per_s": labelled / max(time.perf_counter() - t, 1e-9), "learn_s": learn_s,
             "label_timed": f"a {method} partition of {shards} shards learnt on {len(sample):,} of the calibration "
                            f"rows, {labelled:,} rows labelled"}

@@ -14,6 +14,7 @@ from numpy.typing import DTypeLike
 
 from bigknn.core.errors import Damaged, disk_full_named
 from bigknn.shards import checksums, chunks, safepaths
+from bigknn.shards.chunks import Buffer
 from bigknn.shards.manifest import Manifest
 
 
@@ -27,9 +28,6 @@ def tree_bytes(path: Path) -> int:
             except FileNotFoundError:
                 pass
     return total
-
-
-Buffer = Callable[[tuple[int, int], np.dtype], np.ndarray]  # (shape, dtype) -> an array to read into
 
 
 class ReadBuffers:

@@ -35,6 +35,7 @@ from bigknn.core.atomic import write_atomic
 from bigknn.core.errors import Damaged
 from bigknn.shards import checksums
 
+Buffer = Callable[[tuple[int, int], np.dtype], np.ndarray]  # (shape, dtype) -> an array to read into (read_rows)
 CHUNKS_IN_FLIGHT = 4  # chunk reads or writes in flight within one array read or write
 PIECE_BYTES = 1 << 20  # checksummed right after it is read or before it is written, while in the CPU cache
 
@@ -229,7 +230,7 @@ def _direct_layout(array_dir: Path, require_checksums: bool, require_places: boo
 
 def read_rows(array_dir: Path, start: int = 0, stop: int | None = None,
               require_checksums: bool = False, require_places: bool = False,
-              buffer: Callable[[tuple[int, int], np.dtype], np.ndarray] | None = None) -> np.ndarray | None:
+              buffer: Buffer | None = None) -> np.ndarray | None:
     """Rows ``[start:stop]`` (Python slice semantics) of the array at ``array_dir``, read straight from its
     chunk files and checked against their checksums; None when the array's layout is not one this module
     handles (read it with zarr). ``require_checksums``: an array without them is damage (a format-2 store);
