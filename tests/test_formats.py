@@ -353,3 +353,30 @@ def test_take_reads_scattered_rows_across_pages(tmp_path, ext, monkeypatch):
     monkeypatch.setattr(read, "WILL_NEED_MAX_RUNS", 1)
     np.testing.assert_array_equal(vf.take(rows[::-1][::-1]), x[rows])
     assert vf.take(np.array([], np.int64)).shape == (0, 7)
+
+
+def test_half_rows_are_checked_from_their_bits_as_their_values_say():
+    """check_rows reads float16 magnitudes from the bits (read._half_peaks): the same peaks as the values in
+    float32 on every kind of half (subnormals, -0.0, the largest finite, every NaN payload and sign, +-Inf), also
+    for a block that is not contiguous."""
+    from bigknn.formats.read import _half_peaks, check_rows
+
+    rng = np.random.default_rng(7)
+    bits = rng.integers(0, 1 << 16, size=(4000, 13), dtype=np.uint16)  # every bit pattern, NaNs included
+    bits[0] = 0x8000  # -0.0
+    bits[1, :] = 0x0001  # the smallest subnormal
+    bits[2, 3] = 0x7BFF  # the largest finite
+    bits[3, 5] = 0xFC00  # -Inf
+    bits[4, 7] = 0xFE01  # a negative NaN with a payload
+    block = bits.view(np.float16)
+    wide = np.abs(block.astype(np.float32))
+    expect = np.where(np.isfinite(wide).all(axis=1), wide.max(axis=1), np.inf)
+    np.testing.assert_array_equal(_half_peaks(block), expect)
+    np.testing.assert_array_equal(_half_peaks(block[:, ::2]), np.where(np.isfinite(wide[:, ::2]).all(axis=1),
+                                                                      wide[:, ::2].max(axis=1), np.inf))
+    clean = block[np.isfinite(wide).all(axis=1)]
+    check_rows("x.f16bin", 0, clean)  # finite halves pass: none is too small or too large for float32 keys
+    with pytest.raises(BadInput, match="row 103 holds NaN or Inf"):
+        dirty = clean[:200].copy()
+        dirty[103, 2] = np.float16(np.nan)
+        check_rows("x.f16bin", 0, dirty)

@@ -179,7 +179,10 @@ def check_rows(path: str | os.PathLike, start: int, block: np.ndarray) -> None:
     overflow float32 (they would come out as inf: an empty neighbour slot), naming the first bad row."""
     if not np.issubdtype(block.dtype, np.floating) or not block.size:
         return
-    peak = np.maximum(block.max(axis=1), -block.min(axis=1))  # |largest|; NaN and Inf propagate; no temporary
+    if block.dtype == np.float16:
+        peak = _half_peaks(block)
+    else:
+        peak = np.maximum(block.max(axis=1), -block.min(axis=1))  # |largest|; NaN and Inf propagate; no temporary
     bad = ~np.isfinite(peak)
     if bad.any():
         raise BadInput(path, f"row {start + int(np.argmax(bad))} holds NaN or Inf values")
@@ -196,6 +199,17 @@ def check_rows(path: str | os.PathLike, start: int, block: np.ndarray) -> None:
             i = int(np.argmax(over))
             raise BadInput(path, f"row {start + int(suspects[i])} has squared norm {norms[i]:.3g}, above "
                                  f"{MAX_SQUARED_NORM:.3g}: its distances would overflow float32 (scale the data down)")
+
+
+def _half_peaks(block: np.ndarray) -> np.ndarray:
+    """Each float16 row's largest magnitude (float32; inf where a row holds Inf or NaN), from the bits: with the
+    sign cleared, half-precision bit patterns order as their magnitudes do, and an integer maximum runs ~20x
+    faster than NumPy's float16 reductions (which convert every element: a second per 46M values)."""
+    bits = np.bitwise_and(np.ascontiguousarray(block).view(np.uint16), np.uint16(0x7FFF), dtype=np.uint16)
+    top = bits.max(axis=1)
+    peak = top.view(np.float16).astype(np.float32)
+    peak[top >= 0x7C00] = np.inf  # exponent all ones: Inf or NaN
+    return peak
 
 
 def check_and_hash(vf: VectorFile, chunk_rows: int = CHECK_CHUNK_ROWS) -> str:
