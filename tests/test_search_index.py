@@ -133,6 +133,37 @@ def test_a_query_file_streams_through_in_batches_with_the_results_of_one_search(
     assert cli["queries"] == QUERIES and cli["batch"] == 7 and cli["out"] == str(tmp_path / "cli.ibin")
 
 
+def test_the_next_block_of_queries_is_read_while_this_one_is_searched(data, monkeypatch, tmp_path):
+    """The first block's search waits until the second block's read has begun: without the read ahead it never
+    would (the wait gives up after a minute and the test fails)."""
+    from bigknn.formats.read import VectorFile
+
+    monkeypatch.setattr(stream, "READ_ROWS", 16)
+    second_read = threading.Event()
+    real_read = VectorFile.read
+
+    def read(self, start, stop):
+        if start == 16:
+            second_read.set()
+        return real_read(self, start, stop)
+
+    monkeypatch.setattr(VectorFile, "read", read)
+    waited = []
+    with bigknn.open(data["store"]) as g, g.search_index(backend="cpu") as index:
+        whole = index.search(data["q"], k=10, budget=32)
+        real_search = index.search_prepared
+
+        def search(q, *args):
+            if not waited:
+                waited.append(second_read.wait(timeout=60))
+            return real_search(q, *args)
+
+        monkeypatch.setattr(index, "search_prepared", search)
+        index.search_file(data["dir"] / "q.fbin", tmp_path / "found.ibin", k=10, budget=32, batch=16)
+    assert waited == [True]
+    np.testing.assert_array_equal(read_truth(tmp_path / "found.ibin")[0], whole.ids)
+
+
 def test_a_bad_row_late_in_the_file_leaves_nothing_written(data, monkeypatch, tmp_path):
     monkeypatch.setattr(stream, "READ_ROWS", 16)
     q = data["q"].copy()

@@ -1,12 +1,14 @@
 """``bigknn search``: a query file of any size searched batch by batch through one loaded index, each batch's
 results written into the output as it finishes (an .ibin under a temporary name, renamed when every query is
-done; a bad row or a failure leaves nothing under ``out``)."""
+done; a bad row or a failure leaves nothing under ``out``). The next block of queries is read, checked and
+prepared on a thread while the index searches this one, so the file's reading overlaps the searches."""
 
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
 
@@ -52,10 +54,7 @@ def search_file(index: LoadedIndex, queries: Path, out: Path, k: int, budget: fl
     search_s, t0 = 0.0, time.perf_counter()
     with truth_writer(out, vf.rows, k) as (ids_out, dists_out), \
             reporter(progress).phase("search", vf.rows, "queries") as advance:
-        for r0 in range(0, vf.rows, read):
-            rows = vf.read(r0, min(r0 + read, vf.rows))
-            check_rows(str(queries), r0, rows)
-            q = np.ascontiguousarray(prepare_rows(rows.astype(np.float32, copy=False), m.metric), np.float32)
+        for r0, q in _prepared_blocks(vf, queries, m.metric, read):
             found = index.search_prepared(q, k, budget, batch, procedure, seed)
             ids_out[r0:r0 + len(q)] = found.ids
             dists_out[r0:r0 + len(q)] = found.distances
@@ -64,3 +63,22 @@ def search_file(index: LoadedIndex, queries: Path, out: Path, k: int, budget: fl
     return SearchReport(store=index.store_path, queries=vf.rows, k=k, procedure=plan.procedure, budget=plan.budget,
                         batch=batch, qps=round(vf.rows / max(search_s, 1e-9), 1), search_s=round(search_s, 4),
                         backend=index.backend, out=str(out), wall_s=round(time.perf_counter() - t0, 4))
+
+
+def _prepared_blocks(vf: VectorFile, queries: Path, metric: str, read: int) -> Iterator[tuple[int, np.ndarray]]:
+    """(first row, the block's queries as searched) for each ``read`` rows of ``vf``, in file order: each block
+    read, checked (a bad row raises when its block is reached, naming the first) and prepared on a thread while
+    the caller searches the block before it."""
+    def prepare(r0: int) -> tuple[int, np.ndarray]:
+        rows = vf.read(r0, min(r0 + read, vf.rows))
+        check_rows(str(queries), r0, rows)
+        return r0, np.ascontiguousarray(prepare_rows(rows.astype(np.float32, copy=False), metric), np.float32)
+
+    starts = list(range(0, vf.rows, read))
+    with ThreadPoolExecutor(1, thread_name_prefix="query-read") as pool:
+        ahead = pool.submit(prepare, starts[0])
+        for after in [*starts[1:], None]:
+            block = ahead.result()
+            if after is not None:
+                ahead = pool.submit(prepare, after)
+            yield block
