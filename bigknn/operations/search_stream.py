@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
@@ -53,8 +54,9 @@ def search_file(index: LoadedIndex, queries: Path, out: Path, k: int, budget: fl
     read = -(-max(batch, READ_ROWS) // batch) * batch  # whole batches a read
     search_s, t0 = 0.0, time.perf_counter()
     with truth_writer(out, vf.rows, k) as (ids_out, dists_out), \
-            reporter(progress).phase("search", vf.rows, "queries") as advance:
-        for r0, q in _prepared_blocks(vf, queries, m.metric, read):
+            reporter(progress).phase("search", vf.rows, "queries") as advance, \
+            closing(_prepared_blocks(vf, queries, m.metric, read)) as blocks:  # a failed search ends the read ahead
+        for r0, q in blocks:
             found = index.search_prepared(q, k, budget, batch, procedure, seed)
             ids_out[r0:r0 + len(q)] = found.ids
             dists_out[r0:r0 + len(q)] = found.distances
