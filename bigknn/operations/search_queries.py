@@ -32,4 +32,9 @@ def load_queries(source: Any, m: Manifest) -> np.ndarray:
     if len(q) == 0:
         raise BadInput(name, "holds no queries")
     check_rows(name, 0, q)
-    return np.ascontiguousarray(prepare_rows(q.astype(np.float32, copy=False), m.metric), dtype=np.float32)
+    return as_searched(q, m.metric)
+
+
+def as_searched(rows: np.ndarray, metric: str) -> np.ndarray:
+    """Checked query rows as the search computes them: float32, C order, unit length under cosine."""
+    return np.ascontiguousarray(prepare_rows(rows.astype(np.float32, copy=False), metric), dtype=np.float32)

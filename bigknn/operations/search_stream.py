@@ -15,7 +15,7 @@ import numpy as np
 
 from bigknn.core.errors import BadInput
 from bigknn.formats import VectorFile, check_rows, open_vectors, truth_writer
-from bigknn.core.metric import prepare_rows
+from bigknn.operations.search_queries import as_searched
 from bigknn.core.progress import reporter
 from bigknn.algorithms.search_params import SearchPlan
 from bigknn.operations.search_reports import SearchReport
@@ -74,7 +74,7 @@ def _prepared_blocks(vf: VectorFile, queries: Path, metric: str, read: int) -> I
     def prepare(r0: int) -> tuple[int, np.ndarray]:
         rows = vf.read(r0, min(r0 + read, vf.rows))
         check_rows(str(queries), r0, rows)
-        return r0, np.ascontiguousarray(prepare_rows(rows.astype(np.float32, copy=False), metric), np.float32)
+        return r0, as_searched(rows, metric)
 
     starts = list(range(0, vf.rows, read))
     with ThreadPoolExecutor(1, thread_name_prefix="query-read") as pool:
