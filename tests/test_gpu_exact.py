@@ -147,3 +147,48 @@ def test_exact_graph_fills_lists_max_k_wide(cuda_backend, n):
     keys = _keys64(x, x, "l2")
     keys[np.arange(n), np.arange(n)] = np.inf
     assert _check_exact(g, keys, MAX_K) >= 0.999
+
+
+@pytest.mark.parametrize("dtype,metric", [(np.float32, "l2"), (np.float16, "ip"), (np.uint8, "l2")])
+def test_rows_on_the_device_are_searched_in_parts_with_the_same_result(cuda_backend, monkeypatch, dtype, metric):
+    """A whole shard on the device is searched in parts (exact.DEVICE_BLOCK_BYTES; CuPy compiles its kernels
+    anew past 2^31 elements): parts of 37 rows and odd offsets give the brute-force top-k, self first."""
+    import cupy as cp
+    from bigknn.backends.cuda import exact
+
+    rng = np.random.default_rng(11)
+    x = _data(rng, 1001, 40, dtype)
+    x[500] = x[7]  # a duplicate row
+    monkeypatch.setattr(exact, "DEVICE_BLOCK_BYTES", 37 * 40 * 4)
+    parts = []
+    add = exact._Tiled.add
+    monkeypatch.setattr(exact._Tiled, "add", lambda self, off, *a: (parts.append(off), add(self, off, *a))[1])
+    q = x[::9]
+    g = cuda_backend.exact_knn(q, 12, metric_of(metric), [(3, cp.asarray(x))])
+    assert len(parts) == -(-1001 // 37) and parts[:2] == [3, 40]
+    keys = _keys64(q, x, metric)
+    g.ids -= 3
+    assert _check_exact(g, keys, 12) == 1.0
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_half_rows_in_blocks_equal_the_whole_array_at_once(monkeypatch, dtype, cuda_backend):
+    """half_rows and kernel_rows work in blocks (rows.BLOCK_BYTES): blocks of 13 rows give the scale and the
+    copy that one pass over the whole array does."""
+    import cupy as cp
+    from bigknn.backends.cuda import rows
+    from bigknn.core.metric import half_scale
+
+    x = _data(np.random.default_rng(5), 1000, 24, dtype)
+    x[613, 5] = -3 * np.abs(x).max()  # the peak magnitude, negative, in one late block
+    monkeypatch.setattr(rows, "BLOCK_BYTES", 13 * 24 * 4)
+    with cuda_backend.gpu.context():
+        xd = cp.asarray(x.astype(np.float32))
+        half, scale = rows.half_rows(xd, width=32)
+        assert scale == half_scale(float(np.abs(x.astype(np.float32)).max()))
+        expect = np.zeros((1000, 32), np.float16)
+        expect[:, :24] = (x.astype(np.float32) * np.float32(scale)).astype(np.float16)
+        np.testing.assert_array_equal(half.view(cp.float16).get(), expect)
+        padded = rows.kernel_rows(xd, 32).get()
+        np.testing.assert_array_equal(padded[:, :24], x.astype(np.float32))
+        assert not padded[:, 24:].any()

@@ -24,10 +24,11 @@ import numpy as np
 from bigknn.backends.cuda.compile import MAX_K, compile_kernels, sync_check
 from bigknn.backends.cuda.gpu import Gpu
 from bigknn.backends.cuda.memory import free_pools
-from bigknn.backends.cuda.rows import half_rows
+from bigknn.backends.cuda.rows import half_rows, row_blocks
 from bigknn.core.knn_graph import EMPTY, KnnGraph, merge_lists
 from bigknn.core.metric import Metric
 
+DEVICE_BLOCK_BYTES = 1 << 30  # rows on the device are searched in parts of this size (rows.BLOCK_BYTES: why)
 FUSED_MAX_DIM = 256  # widest rows (padded to 16 dims) whose query fragments fit the fused kernel's registers
 FUSED_MIN_DIM = 16  # narrower rows have too few terms to average out the halves' rounding: tiled (float32)
 FUSED_MIN_QUERIES = 32768  # fewer queries leave SMs idle in 128-query blocks: the tiled way fills them
@@ -168,7 +169,10 @@ def _device_blocks(gpu: Gpu, blocks: Iterable[tuple[int, np.ndarray]], d: int, c
         nblk += 1
         kept = None if isinstance(blk, cp.ndarray) else gpu.resident.get(blk, cs)  # uploaded ahead (stage)
         if isinstance(blk, cp.ndarray) or kept is not None:
-            yield off, cp.ascontiguousarray(blk if kept is None else kept)
+            dev = cp.ascontiguousarray(blk if kept is None else kept)
+            parts = row_blocks(rows, d, DEVICE_BLOCK_BYTES)  # a whole shard: below 2^31 elements a part
+            for i in parts:
+                yield off + i, dev[i:i + parts.step]
         else:
             blk = np.ascontiguousarray(blk)
             if ev_done[slot] is not None:

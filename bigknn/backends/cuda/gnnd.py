@@ -79,6 +79,7 @@ def gnnd(gpu: Gpu, x, metric: Metric, params: GnndParams, seed: int, on_iter=Non
     xd, _, d, dpad = prepare_rows(x if kept is None else kept, gpu.transfer)
     del kept
     xw = half_rows(xd)[0] if half else xd
+    t_prep = time.perf_counter()
     sync()
     t_h2d = time.perf_counter()
     ids, keys, flags = init_graph(xw, wct, d, dpad, m, kb, seed)
@@ -114,6 +115,6 @@ def gnnd(gpu: Gpu, x, metric: Metric, params: GnndParams, seed: int, on_iter=Non
     gpu.last_stats = dict(stats, p=p, slots=1 << log_c, k_built=kb, l2_expand=expand, half=half, rows_kept=held > 0,
                           mma=uses_mma(wct, m, p, expand, gpu.use_tensor_cores()),
                           compile_s=t_c - t0,
-                          h2d_s=t_h2d - t_c,
+                          h2d_s=t_h2d - t_c, rows_prep_s=t_prep - t_c,  # the host's part of h2d_s
                           init_s=t_init - t_h2d, iter_s=t_it - t_init, d2h_s=t_end - t_it, total_s=t_end - t0)
     return out

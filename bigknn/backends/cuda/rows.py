@@ -18,6 +18,16 @@ def descends_on_halves(ctype: str, d: int) -> bool:
     return (ctype == "float" and d >= HALF_MIN_DIM) or (HALF_BYTES and ctype in ("unsigned char", "signed char"))
 
 
+BLOCK_BYTES = 64 << 20  # CuPy work over whole row sets goes in blocks of about this many float32 bytes:
+# a reduction or copy over 2^31 elements or more compiles a kernel of its own (64-bit indices) at a machine's
+# first large build, 5-6 s each (docs/perf-notes.md, session 40), which no warm-up on small shards compiles
+
+
+def row_blocks(n: int, d: int, nbytes: int = BLOCK_BYTES) -> range:
+    """Starts of blocks of rows of ``nbytes`` (as float32) each; ``step`` is the block's row count."""
+    return range(0, n, max(1, nbytes // (4 * d)))
+
+
 def kernel_rows(raw, dpad: int):
     """Device rows (n, d) as the kernels read them: halves viewed as uint16, zero-padded to dpad columns."""
     import cupy as cp
@@ -26,7 +36,9 @@ def kernel_rows(raw, dpad: int):
     n, d = raw.shape
     if dpad != d:
         xp = cp.zeros((n, dpad), dtype=xd.dtype)
-        xp[:, :d] = xd
+        blocks = row_blocks(n, d)
+        for i in blocks:
+            xp[i:i + blocks.step, :d] = xd[i:i + blocks.step]
         xd = xp
     return xd
 
@@ -65,13 +77,14 @@ def half_rows(xd, width: int | None = None):
     import cupy as cp
 
     n, d = xd.shape
-    # the largest magnitude by two reductions: cp.abs(xd) would be a temporary as large as the rows (19 GB for
-    # 50M x 96), outside what memory.py plans for
-    scale = half_scale(max(float(xd.max()), -float(xd.min())) if n else 0.0)
+    blocks = row_blocks(n, d)
+    # the largest magnitude by two reductions a block: cp.abs(xd) would be a temporary as large as the rows
+    # (19 GB for 50M x 96), outside what memory.py plans for
+    peaks = [cp.maximum(xd[i:i + blocks.step].max(), -xd[i:i + blocks.step].min()) for i in blocks]
+    scale = half_scale(float(cp.stack(peaks).max()) if n else 0.0)
     out = cp.zeros((n, width or d), dtype=cp.float16)
-    step = max(1, (64 << 20) // (4 * d))
-    for i in range(0, n, step):
-        out[i:i + step, :d] = xd[i:i + step] * np.float32(scale)
+    for i in blocks:
+        out[i:i + blocks.step, :d] = xd[i:i + blocks.step] * np.float32(scale)
     return out.view(cp.uint16), scale
 
 
