@@ -32,7 +32,7 @@ class _Report:
 @dataclass(frozen=True)
 class RecallEstimate(_Report):
     """The recall@``at`` a build measured on a fixed sample of ``rows`` rows against their exact
-    neighbours over the whole input: mean ``recall`` with its 95 % interval [``low``, ``high``], for the
+    neighbours over the whole input: mean ``recall`` with its 99 % interval [``low``, ``high``], for the
     ``target`` the build aimed at (0: none). ``graph_rows``: rows in the graph when it was measured (rows
     ingested since are not covered)."""
 

@@ -4,7 +4,7 @@
 For each data family (scripts/families.py; ``text`` from an embeddings file given with ``--text``), each seed,
 in memory (one shard) and in 4 shards, and each target: the build's true recall@10 by an exact search of
 ``--check`` rows against all rows (CuPy brute force with ``--backend cuda``, NumPy otherwise, never bigknn's own
-exact search), its recorded estimate with the 95 % interval, and its wall time. Prints one JSON line per build,
+exact search), its recorded estimate with the 99 % interval, and its wall time. Prints one JSON line per build,
 then one summary line: per target, family and mode, the share of builds whose true recall met the target and
 the share whose interval covered it (the README's promise: >= 95 % and >= 90 %).
 

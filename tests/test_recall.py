@@ -164,6 +164,19 @@ def test_the_held_out_estimate_counts_the_stopping_rows_as_measured_and_the_rest
     assert np.mean(covered) >= 0.9, np.mean(covered)
 
 
+def test_the_recorded_interval_covers_the_truth_in_99_percent_of_builds():
+    """The promise is per family: the recorded interval covers the true recall in >= 90 % of 20 builds. A 95 %
+    interval leaves 18 of 20 to chance (under it one time in 13, so some family of a dozen misses by luck);
+    the recorded one is a 99 % interval, measured here over 600 samples of 2,000 from 50,000 rows."""
+    covered = []
+    for seed in range(600):
+        rng = np.random.default_rng((seed, 7))
+        rest = np.floor(10 * rng.beta(12, 1, 50000) + rng.random(50000)) / 10  # tenths, mean ~0.95
+        est = held_out_estimate(rng.choice(rest, 2000, replace=False), np.ones(0), 50000)
+        covered.append(est.low <= rest.mean() <= est.high)
+    assert np.mean(covered) >= 0.98, np.mean(covered)
+
+
 def test_the_stop_rule_meets_the_target_with_confidence_over_many_descents():
     """A descent simulated 300 times: 50,000 rows whose recalls climb (each row at its own pace, the mean towards
     a ceiling near the target where it stalls), probed on 1,000 rows, widened lists modelled as a higher

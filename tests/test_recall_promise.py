@@ -1,7 +1,7 @@
 """The recall promise of README ("Recall-targeted"), tested as a distribution over builds: through
 ``bigknn.build``, many seeds, in memory (one shard) and in 4 shards, targets 0.99 and 0.95, each build's true
 recall@10 on every row by a NumPy brute force. True recall >= the target in >= 95 % of builds, and the recorded
-95 % interval covering the truth in >= 90 %. scripts/bench_coverage.py runs the same at scale on a GPU."""
+99 % interval covering the truth in >= 90 %. scripts/bench_coverage.py runs the same at scale on a GPU."""
 
 from __future__ import annotations
 

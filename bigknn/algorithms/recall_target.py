@@ -23,7 +23,9 @@ from bigknn.core.knn_graph import EMPTY, id_dtype, merge_lists
 RECALL_AT = 10  # the recall the target and every estimate speak of: recall@10 (or @k where k < 10)
 PROBE_ROWS = 1000  # rows of a descent's probe: an interval of about +-0.002 at recall 0.99
 ESTIMATE_ROWS = 2000  # rows of a build's recorded estimate (exact top-10 over the whole input), never probed
-Z = 1.96  # two-sided 95 % interval
+STOP_Z = 1.96  # a descent stops at the lower end of its probe's two-sided 95 % interval
+REPORT_Z = 2.576  # a build records a two-sided 99 % interval: the promise is that it covers the truth in >= 90 %
+# of any family's builds, and 20 builds of a 95 % interval fall under 18 covered one time in 13 by chance alone
 TIE_RTOL = 1e-5  # relative slack on the k-th key: equal distances differ in float32 rounding
 STALL_ITERS = 3  # progress is judged over this many iterations:
 STALL_GAIN = 0.002  # a gain below this is a stall,
@@ -37,7 +39,8 @@ EXACT_AFFORD = 4.0  # a descent that fell short is replaced by the exact answer 
 
 @dataclass(frozen=True)
 class Estimate:
-    """Mean recall@10 over ``rows`` sampled rows, with its 95 % interval [low, high]."""
+    """Mean recall@10 over ``rows`` sampled rows, with an interval [low, high] (95 % for a descent's probe, 99 %
+    for a build's recorded estimate)."""
 
     recall: float
     low: float
@@ -72,7 +75,7 @@ def row_recalls(got_ids: np.ndarray, got_keys: np.ndarray, truth_ids: np.ndarray
 
 def held_out_estimate(sampled: np.ndarray, known: np.ndarray, population: int) -> Estimate:
     """Mean recall over ``population`` rows from the recalls of ``known`` rows (every one measured: the rows a
-    descent stopped on) and of ``sampled`` rows (a uniform sample of all the others), with its 95 % interval.
+    descent stopped on) and of ``sampled`` rows (a uniform sample of all the others), with its 99 % interval.
     The known rows count as what they are, not as a sample: a descent stopped when they looked good, so they
     stand for nothing but themselves; the sampled rows stand for the rest, with the finite-population
     correction (all of the rest sampled: no error left). Where the known rows are a sizeable share of the
@@ -83,7 +86,7 @@ def held_out_estimate(sampled: np.ndarray, known: np.ndarray, population: int) -
         mean = float(np.concatenate([known, sampled]).mean()) if population else 0.0
         return Estimate(mean, mean, mean, n)
     mean = (float(known.sum()) + rest * float(sampled.mean())) / population
-    half = Z * standard_error(sampled, n / rest) * rest / population
+    half = REPORT_Z * standard_error(sampled, n / rest) * rest / population
     return Estimate(mean, max(0.0, mean - half), min(1.0, mean + half), n)
 
 
@@ -111,7 +114,7 @@ def interval(per_row: np.ndarray) -> Estimate:
     """Mean and 95 % normal interval of per-row recalls."""
     n = len(per_row)
     mean = float(per_row.mean()) if n else 0.0
-    half = Z * standard_error(per_row)
+    half = STOP_Z * standard_error(per_row)
     return Estimate(mean, max(0.0, mean - half), min(1.0, mean + half), n)
 
 

@@ -31,7 +31,7 @@ def describe(store: Store) -> dict:
 @json_option
 def info(store: Path, plot: Path | None, as_json: bool) -> None:
     """Shards, rows, k, metric, merges done and pending, disk use, missing files (`bigknn verify` checks all),
-    and the build's recall@10 estimate (sample size, 95 % interval, the target it was built for).
+    and the build's recall@10 estimate (sample size, 99 % interval, the target it was built for).
 
     \b
     Examples:
