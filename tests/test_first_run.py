@@ -49,9 +49,9 @@ def test_a_cold_kernel_cache_is_announced_and_compiled_before_the_first_task(tmp
 
 
 def test_the_kernel_cache_check_names_every_kernel_a_build_calls():
-    """cached() looks at the kernels of kernels.py, keypass.py and rptree.py, not only some of them."""
+    """cached() looks at the kernels of kernels.py, keypass.py, rptree.py and bounds.py, not only some of them."""
     names = {d.__name__ for d in warmup.kernels()}
-    assert {"cross_match", "insert", "row_keys", "fill_random"} <= names, names
+    assert {"cross_match", "insert", "row_keys", "fill_random", "bounded_merge"} <= names, names
     assert "keys_block" not in names  # inlined into the others: never compiled on its own
 
 

@@ -50,25 +50,60 @@ def _compiled_knn(q: np.ndarray, k: int, metric: Metric, blocks: Iterable[tuple[
     """exact_knn's compiled path: dot products by BLAS into one reused buffer (a fresh 64 MiB tile per matmul
     cost 5x the matmul in page faults), folded into the running top-k in place by keypass.tile_merge. Smaller
     query batches, to keep the tile in cache, measured slower (256 rows: 1.6x): BLAS's and numba's thread
-    pools each spin after a call and take turns 8x as often."""
-    from bigknn.backends.cpu import keypass  # here: the NumPy reference never loads numba
+    pools each spin after a call and take turns 8x as often. Wide rows whose lists are full go through their
+    bounds in a subspace first (bounds.py), for as long as that pays: a pilot of PILOT_ROWS queries decides
+    first, then every batch."""
+    from bigknn.backends.cpu import bounds, keypass  # here: the NumPy reference never loads numba
 
     nq = len(q)
     is_l2 = not metric.dot_keys
     q_sq = np.einsum("ij,ij->i", q, q)  # as metrics.pairwise_keys
-    step = QUERY_ROWS
-    buf = np.empty(min(step, nq) * TILE_COLS, np.float32)  # shaped per tile: C order
+    buf = np.empty(min(QUERY_ROWS, nq) * TILE_COLS, np.float32)  # shaped per tile: C order
+    bounded = bounds.wide_enough(q.shape[1])
+    piloted = False
+    subspace = qb = None
     for offset, block in blocks:
         best_ids = best_ids.astype(np.result_type(best_ids, id_dtype(offset + block.shape[0])), copy=False)
-        for c0 in range(0, block.shape[0], TILE_COLS):
-            tile = np.ascontiguousarray(block[c0:c0 + TILE_COLS], dtype=np.float32)
+        for c0, c1 in _tiles(block.shape[0], bounds.FILL_COLS if bounded and subspace is None else TILE_COLS):
+            tile = np.ascontiguousarray(block[c0:c1], dtype=np.float32)
             t_sq = np.einsum("ij,ij->i", tile, tile)
-            for q0 in range(0, nq, step):
-                rows = slice(q0, q0 + step)
-                qr = q[rows]
-                dots = np.matmul(qr, tile.T, out=buf[:len(qr) * len(tile)].reshape(len(qr), len(tile)))
-                keypass.tile_merge(dots, q_sq[rows], t_sq, offset + c0, best_ids[rows], best_d[rows], is_l2)
+            tb = None
+
+            def merge(rows: slice, with_bounds: bool) -> bool:
+                """Fold the tile into ``rows``' lists; with bounds, whether they paid."""
+                out = buf[:(rows.stop - rows.start) * len(tile)].reshape(rows.stop - rows.start, len(tile))
+                if not with_bounds:
+                    dots = np.matmul(q[rows], tile.T, out=out)
+                    keypass.tile_merge(dots, q_sq[rows], t_sq, offset + c0, best_ids[rows], best_d[rows], is_l2)
+                    return False
+                bound_dots = np.matmul(qb.coords[rows], tb.coords.T, out=out)
+                wasted = bounds.bounded_merge(bound_dots, qb.norm2[rows], qb.slack[rows], tb.norm2, tb.slack, q[rows],
+                                            tile, q_sq[rows], t_sq, offset + c0, best_ids[rows], best_d[rows], is_l2)
+                return bounds.worth_it(wasted, out.size, q.shape[1])
+
+            for q0 in range(0, nq, QUERY_ROWS):
+                rows = slice(q0, min(nq, q0 + QUERY_ROWS))
+                if not (bounded and np.isfinite(best_d[rows, -1]).all()):  # lists still filling: every key counts
+                    merge(rows, False)
+                    continue
+                if subspace is None:
+                    subspace = bounds.Subspace.fit(tile, is_l2)
+                    qb = subspace.project(q)
+                if tb is None:
+                    tb = subspace.project(tile)
+                if not piloted:  # where the bounds let most keys through, the pilot's few queries find out
+                    pilot = slice(q0, min(rows.stop, q0 + bounds.PILOT_ROWS))
+                    bounded = piloted = merge(pilot, True)
+                    rows = slice(pilot.stop, rows.stop)
+                if rows.start < rows.stop:
+                    bounded = merge(rows, bounded)
     return KnnGraph(best_ids, best_d)
+
+
+def _tiles(n: int, first: int) -> list[tuple[int, int]]:
+    """Column tiles of TILE_COLS over ``n`` rows, the first ``first`` wide."""
+    head = min(n, first)
+    return [(0, head)] + [(c0, min(c0 + TILE_COLS, n)) for c0 in range(head, n, TILE_COLS)] if n else []
 
 
 def _merge_tile_topk(best_ids, best_d, rows, keys, first_id, k) -> None:

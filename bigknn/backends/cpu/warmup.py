@@ -16,12 +16,13 @@ from typing import Callable
 import numpy as np
 from numba.core.registry import CPUDispatcher
 
+from bigknn.backends.cpu import bounds
 from bigknn.core.knn_graph import ShardPart, shard_graph_to_global
 from bigknn.core.metric import L2
 from bigknn.core.params import EXACT_ROWS, GnndParams
 
 COMPILE_NOTE = "about 2 min on 2 cores"  # what a cold cache costs (docs/perf-notes.md, numba's compile cost)
-KERNEL_MODULES = ("kernels", "keypass", "rptree")  # the modules whose kernels a build calls
+KERNEL_MODULES = ("kernels", "keypass", "rptree", "bounds")  # the modules whose kernels a build calls
 _warm = False
 
 
@@ -64,5 +65,7 @@ def warm_up(backend, say: Callable[[str], None]) -> float:
     a, b = (ShardPart(at, x[at:at + rows], shard_graph_to_global(backend.gnnd(x[at:at + rows], L2, params, 0), at))
             for at in (0, rows))
     backend.ggm(a, b, L2, params, seed=0)
+    wide = np.random.default_rng(1).standard_normal((bounds.FILL_COLS + 64, bounds.MIN_DIM), dtype=np.float32)
+    backend.exact_knn(wide[:8], 4, L2, [(0, wide)])  # the exact search of wide rows: its bounded merge
     _warm = True
     return time.perf_counter() - t
