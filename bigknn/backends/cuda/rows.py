@@ -20,7 +20,7 @@ def descends_on_halves(ctype: str, d: int) -> bool:
 
 BLOCK_BYTES = 64 << 20  # CuPy work over whole row sets goes in blocks of about this many float32 bytes:
 # a reduction or copy over 2^31 elements or more compiles a kernel of its own (64-bit indices) at a machine's
-# first large build, 5-6 s each (docs/perf-notes.md, session 40), which no warm-up on small shards compiles
+# first large build, seconds each (docs/perf-notes.md, session 40), which no warm-up on small shards compiles
 
 
 def row_blocks(n: int, d: int, nbytes: int = BLOCK_BYTES) -> range:
