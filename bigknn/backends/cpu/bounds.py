@@ -60,15 +60,16 @@ class Subspace:
         basis = np.ascontiguousarray(q @ vectors[:, ::-1][:, :BOUND_DIMS], dtype=np.float32)
         return cls(basis, mean.astype(np.float32))
 
-    def project(self, rows: np.ndarray) -> "Projected":
+    def project(self, rows: np.ndarray, sq: np.ndarray) -> "Projected":
         """Each row's coordinates in the subspace with the norm of the rest appended (so that one product gives
-        Pq.Pt + |Rq||Rt|), and its squared norm less the slack."""
+        Pq.Pt + |Rq||Rt|), and its squared norm less the slack (``sq``: the rows' squared norms, as the keys
+        have them)."""
         centred = rows - self.mean
         inside = np.ascontiguousarray(centred @ self.basis)
         norm2 = np.einsum("ij,ij->i", centred, centred)
         rest = np.sqrt(np.maximum(norm2 - np.einsum("ij,ij->i", inside, inside), 0.0))
         coords = np.concatenate([inside, rest[:, None].astype(np.float32)], axis=1)
-        slack = SLACK * (norm2 + np.einsum("ij,ij->i", rows, rows))
+        slack = SLACK * (norm2 + sq)
         return Projected(coords, (norm2 - slack).astype(np.float32), slack.astype(np.float32))
 
 

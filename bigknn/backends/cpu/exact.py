@@ -88,9 +88,9 @@ def _compiled_knn(q: np.ndarray, k: int, metric: Metric, blocks: Iterable[tuple[
                     continue
                 if subspace is None:
                     subspace = bounds.Subspace.fit(tile, is_l2)
-                    qb = subspace.project(q)
+                    qb = subspace.project(q, q_sq)
                 if tb is None:
-                    tb = subspace.project(tile)
+                    tb = subspace.project(tile, t_sq)
                 if not piloted:  # where the bounds let most keys through, the pilot's few queries find out
                     pilot = slice(q0, min(rows.stop, q0 + bounds.PILOT_ROWS))
                     bounded = piloted = merge(pilot, True)
