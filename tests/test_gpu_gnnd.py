@@ -537,3 +537,21 @@ def test_a_call_out_of_device_memory_drops_the_kept_copies_and_runs_once_more(cu
         cp.cuda.memory.OutOfMemoryError(1 << 40, 0, 0)))
     with pytest.raises(cp.cuda.memory.OutOfMemoryError):
         backend.gnnd(x, L2, GnndParams(k=5), seed=1)
+
+
+def test_copy_back_into_an_array_touched_ahead_equals_the_device_array(cuda_backend):
+    """``Transfer.d2h(src, out)``: the staged copy (past 16 MiB, an odd tail) and the direct one fill the array
+    handed in, byte for byte; an array of another shape or dtype is refused."""
+    import cupy as cp
+
+    from bigknn.core.hostmem import touched_later
+
+    transfer = cuda_backend.gpu.transfer
+    with cuda_backend.gpu.context():
+        for n, dtype in ((((48 << 20) + 4097) // 4, cp.int32), (1001, cp.float32)):
+            src = cp.arange(n, dtype=dtype).reshape(-1, 1) * 3
+            out = touched_later(src.shape, np.dtype(dtype)).result(timeout=60)
+            assert transfer.d2h(src, out) is out
+            np.testing.assert_array_equal(out, cp.asnumpy(src))
+        with pytest.raises(ValueError, match="d2h"):
+            transfer.d2h(cp.zeros((10, 2), cp.float32), np.empty((10, 2), np.int32))

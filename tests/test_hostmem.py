@@ -4,6 +4,7 @@ arrays of the shape and dtype asked for, that keep their memory while any view o
 from __future__ import annotations
 
 import gc
+import resource
 import pickle
 
 import numpy as np
@@ -26,3 +27,23 @@ def test_small_arrays_are_plain_and_large_ones_are_usable_arrays_of_their_own_me
     np.testing.assert_array_equal(pickle.loads(pickle.dumps(view)), view)
     empty = hostmem.filled_once((0, 7), np.float32)
     assert empty.shape == (0, 7)
+
+
+def _faults_filling(a: np.ndarray) -> int:
+    """Page faults this thread takes writing every byte of ``a``."""
+    before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+    a.fill(7)
+    return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before
+
+
+def test_touched_later_hands_over_an_array_whose_pages_the_copy_in_no_longer_faults():
+    shape = (hostmem.HUGE_PAGE_BYTES // 4 + 1001, 1)  # past the size, not a multiple of the page
+    fresh = hostmem.filled_once(shape, np.float32)
+    assert _faults_filling(fresh) >= 16  # 64 MiB of fresh memory: at least 2 MiB a fault
+    future = hostmem.touched_later(shape, np.float32)
+    touched = future.result(timeout=60)
+    assert touched.shape == shape and touched.dtype == np.float32 and touched.flags.c_contiguous
+    assert _faults_filling(touched) <= 2
+    assert (touched == 7).all()
+    small = hostmem.touched_later((3, 5), np.int32).result(timeout=60)
+    assert small.shape == (3, 5) and small.dtype == np.int32

@@ -5,10 +5,14 @@ graph back from the GPU run at a fraction of the bus's rate."""
 from __future__ import annotations
 
 import mmap
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
 HUGE_PAGE_BYTES = 64 << 20  # arrays at least this large are asked for in huge pages
+PAGE_BYTES = 4096  # one store per (small) page faults every page in
+TOUCH_THREADS = 8
+_TOUCHER = ThreadPoolExecutor(1, thread_name_prefix="touch-ahead")  # runs touched_later's work
 
 
 def filled_once(shape: tuple[int, ...], dtype: np.dtype | type) -> np.ndarray:
@@ -26,3 +30,28 @@ def filled_once(shape: tuple[int, ...], dtype: np.dtype | type) -> np.ndarray:
     except OSError:
         pass  # huge pages not offered here: ordinary pages
     return np.frombuffer(memory, dtype=dtype).reshape(shape)
+
+
+def touched_later(shape: tuple[int, ...], dtype: np.dtype | type) -> Future:
+    """A future of ``filled_once``'s array with every page already written, by background threads: the first-touch
+    faults (the kernel zeroing pages, and on a fresh virtual machine the hypervisor backing them) are paid while
+    the caller computes, not inside the copy that fills the array. The caller keeps the future until it copies in.
+    """
+    out = filled_once(shape, dtype)
+    flat = out.reshape(-1).view(np.uint8)
+    if flat.nbytes < HUGE_PAGE_BYTES:
+        done: Future = Future()
+        done.set_result(out)
+        return done
+    step = -(-flat.nbytes // (TOUCH_THREADS * PAGE_BYTES)) * PAGE_BYTES
+    spans = [(a, min(a + step, flat.nbytes)) for a in range(0, flat.nbytes, step)]
+
+    def touch_all() -> np.ndarray:
+        with ThreadPoolExecutor(len(spans), thread_name_prefix="touch") as pool:
+            # NumPy drops the GIL for a strided scalar store: the pages fault in parallel
+            for f in [pool.submit(flat[a:b:PAGE_BYTES].fill, 0) for a, b in spans]:
+                f.result()
+        return out
+
+    return _TOUCHER.submit(touch_all)
+

@@ -30,6 +30,7 @@ from bigknn.backends.cuda.rows import cut, descends_on_halves, half_rows, kernel
 from bigknn.backends.cuda.target import device_target
 from bigknn.backends.cuda.transfer import Transfer
 from bigknn.algorithms.merge_setup import exact_merge, fill_count, merge_stop_frac
+from bigknn.core.hostmem import touched_later
 from bigknn.core.knn_graph import EMPTY, KnnGraph
 from bigknn.core.metric import Metric
 from bigknn.core.params import GnndParams
@@ -165,6 +166,7 @@ def ggm(gpu: Gpu, a: ShardPart, b: ShardPart, metric: Metric, params: GnndParams
         mod.get_function(f"gnnd_norms<{wct}>")(((n * 32 + 255) // 256,), (256,), (xw, n32, d32, dp32, norms))
     sync()
     t_setup = time.perf_counter()
+    host_out = (touched_later((n, w), np.int32), touched_later((n, w), np.float32))  # faulted in while it merges
 
     target = None if vias else device_target(gpu, xd, d, metric, params, seed, lambda wd, q: ggm_bytes(
         n, d, itemsize, wd, wo, q, 1 << log_c) + extra_bytes <= gpu.budget(), pair=(a, b))
@@ -199,8 +201,8 @@ def ggm(gpu: Gpu, a: ShardPart, b: ShardPart, metric: Metric, params: GnndParams
     sync()
     t_fin = time.perf_counter()
     del ids, keys, old_ids, old_keys, xd
-    h_ids = gpu.transfer.d2h(out_ids)
-    h_keys = gpu.transfer.d2h(out_keys)
+    h_ids = gpu.transfer.d2h(out_ids, host_out[0].result())
+    h_keys = gpu.transfer.d2h(out_keys, host_out[1].result())
     report = target.stopper.report() if target else None
     ga, gb = KnnGraph(h_ids[:na], h_keys[:na], report), KnnGraph(h_ids[na:], h_keys[na:], report)
     for host, dev in ((ga.ids, out_ids[:na]), (ga.dists, out_keys[:na]), (gb.ids, out_ids[na:]),

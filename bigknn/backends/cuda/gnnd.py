@@ -26,6 +26,7 @@ from bigknn.backends.cuda.gpu import Gpu
 from bigknn.backends.cuda.memory import gnnd_bytes, plan_slots
 from bigknn.backends.cuda.rows import cut, descends_on_halves, half_rows, numeric, prepare_rows
 from bigknn.backends.cuda.target import device_target
+from bigknn.core.hostmem import touched_later
 from bigknn.core.knn_graph import EMPTY, KnnGraph
 from bigknn.core.metric import Metric
 from bigknn.core.params import EXACT_ROWS, GnndParams
@@ -82,6 +83,7 @@ def gnnd(gpu: Gpu, x, metric: Metric, params: GnndParams, seed: int, on_iter=Non
     t_prep = time.perf_counter()
     sync()
     t_h2d = time.perf_counter()
+    host_out = (touched_later((n, kb), np.int32), touched_later((n, kb), np.float32))  # faulted in while it descends
     ids, keys, flags = init_graph(xw, wct, d, dpad, m, kb, seed)
     norms = None
     if expand:
@@ -110,7 +112,8 @@ def gnnd(gpu: Gpu, x, metric: Metric, params: GnndParams, seed: int, on_iter=Non
         sync_check(cp)
     sync()
     t_it = time.perf_counter()
-    out = KnnGraph(gpu.transfer.d2h(ids), gpu.transfer.d2h(keys), target.stopper.report() if target else None)
+    out = KnnGraph(gpu.transfer.d2h(ids, host_out[0].result()), gpu.transfer.d2h(keys, host_out[1].result()),
+                   target.stopper.report() if target else None)
     t_end = time.perf_counter()
     gpu.last_stats = dict(stats, p=p, slots=1 << log_c, k_built=kb, l2_expand=expand, half=half, rows_kept=held > 0,
                           mma=uses_mma(wct, m, p, expand, gpu.use_tensor_cores()),

@@ -76,16 +76,21 @@ class Transfer:
             d8[a:b].set(buf[0][: b - a], stream=stream)
             buf[1] = stream.record()
 
-    def d2h(self, src) -> np.ndarray:
-        """Device array -> new host array (in huge pages where large: ``filled_once``), staged through the
-        pinned buffers."""
+    def d2h(self, src, out: np.ndarray | None = None) -> np.ndarray:
+        """Device array -> host array: ``out`` (of src's shape and dtype; e.g. ``touched_later``'s, its pages
+        already faulted in) or a new one in huge pages where large (``filled_once``), staged through the pinned
+        buffers."""
         import cupy as cp
 
         src = cp.ascontiguousarray(src)
-        out = filled_once(src.shape, src.dtype)
+        if out is None:
+            out = filled_once(src.shape, src.dtype)
+        elif out.shape != src.shape or out.dtype != src.dtype or not out.flags.c_contiguous:
+            raise ValueError(f"d2h: out is {out.shape} {out.dtype}, the device array {src.shape} {src.dtype}")
         nbytes = out.nbytes
         if nbytes < (16 << 20):
-            return src.get()
+            src.get(out=out)
+            return out
         stream = cp.cuda.get_current_stream()
         s8 = src.reshape(-1).view(cp.uint8)
         o8 = out.reshape(-1).view(np.uint8)
