@@ -12,6 +12,7 @@ from bigknn import api
 from bigknn.core.atomic import atomic_path
 from bigknn.cli.common import emit, json_option
 from bigknn.core.errors import BadInput
+from bigknn.core.extras import import_ahead
 from bigknn.products.symmetric import MODES, WEIGHTS
 
 symmetric_option = click.option(
@@ -80,4 +81,6 @@ def dedup(store: Path, max_distance: float, output: Path, keep: Path | None, as_
       python -c "import pyarrow.parquet as pq; print(pq.read_table('groups.parquet').to_pandas().head())"
     """
     graph = api.open(store)
+    if output.suffix.lower() == ".parquet":
+        import_ahead("pyarrow.parquet")  # imported while the union runs
     emit(graph.components(max_distance).write(output, keep), as_json, "dedup")

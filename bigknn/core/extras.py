@@ -3,6 +3,9 @@ package index yet), so an error's hint names the packages themselves and the ext
 
 from __future__ import annotations
 
+import importlib
+import threading
+
 EXTRAS = {"plot": "matplotlib", "sklearn": "scikit-learn scipy", "scipy": "scipy", "umap": "umap-learn",
           "dask": "dask distributed", "gpu-cuda12": "cupy-cuda12x", "gpu-cuda13": "cupy-cuda13x"}
 
@@ -14,3 +17,17 @@ def install_hint(extra: str) -> str:
     "pip install matplotlib (or pip install -e '.[plot]' in the bigknn checkout)"
     """
     return f"pip install {EXTRAS[extra]} (or pip install -e '.[{extra}]' in the bigknn checkout)"
+
+
+def import_ahead(module: str) -> None:
+    """Start importing ``module`` in a background thread, so that its import (pyarrow's takes a good part of a
+    second) overlaps the caller's own work; a module that is not installed is left for the caller's own
+    import to report."""
+
+    def load() -> None:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            pass
+
+    threading.Thread(target=load, name=f"import-{module}", daemon=True).start()
