@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterable, Iterator
 
 import numba
 import numpy as np
@@ -28,7 +29,7 @@ from bigknn.core.errors import BadInput, disk_full_named
 from bigknn.core.metric import metric
 from bigknn.operations.readout import neighbours_per_row
 from bigknn.products.atomics import fetch_add
-from bigknn.products.unionfind import flatten, unite_near
+from bigknn.products.unionfind import flatten, singletons, unite_near
 from bigknn.shards import Store
 from bigknn.shards.arrays import ReadBuffers
 
@@ -86,23 +87,43 @@ def _group_starts(counts: np.ndarray, parts: int) -> tuple[np.ndarray, int]:
     return start, sums[blocks]
 
 
-def _group_columns(labels: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(row, group, kept, group_size) of the rows in groups of two or more, by group, then row: a counting
-    sort by label on every core, each core owning a range of group ids with an equal share of the rows and
-    scanning the labels in row order for its own (so each group's rows come out ascending, with no atomics)."""
+def _group_rows(labels: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """The rows in groups of two or more, by group, then row (``_counting_sort`` on every core)."""
     return _counting_sort(labels, counts, numba.get_num_threads())
 
 
+def _column_slices(rows: np.ndarray, labels: np.ndarray, counts: np.ndarray
+                   ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    """(row, group, kept, group_size) of ``WRITE_ROWS`` grouped rows at a time: the last three are gathered per
+    slice, so the whole columns are never made (fresh memory is paid for page by page)."""
+    for start in range(0, max(len(rows), 1), WRITE_ROWS):
+        row = rows[start:start + WRITE_ROWS]
+        yield (row,) + _gathered(row, labels, counts)
+
+
 @numba.njit(parallel=True, cache=True)
-def _counting_sort(labels: np.ndarray, counts: np.ndarray, parts: int
-                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _gathered(row: np.ndarray, labels: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(group, kept, group_size) of the rows ``row``, gathered on every core."""
+    group = np.empty(len(row), np.int64)
+    kept = np.empty(len(row), np.bool_)
+    size = np.empty(len(row), np.int64)
+    for i in numba.prange(len(row)):
+        g = labels[row[i]]
+        group[i] = g
+        kept[i] = row[i] == g
+        size[i] = counts[g]
+    return group, kept, size
+
+
+@numba.njit(parallel=True, cache=True)
+def _counting_sort(labels: np.ndarray, counts: np.ndarray, parts: int) -> np.ndarray:
+    """A counting sort by label on every core, each core owning a range of group ids with an equal share of the
+    rows and scanning the labels in row order for its own (so each group's rows come out ascending, with no
+    atomics)."""
     start, total = _group_starts(counts, parts)
     bounds = np.searchsorted(start, np.arange(parts + 1) * total // parts)
     bounds[0], bounds[parts] = 0, len(counts)
     rows = np.empty(total, np.int64)
-    group = np.empty(total, np.int64)
-    kept = np.empty(total, np.bool_)
-    size = np.empty(total, np.int64)
     for t in numba.prange(parts):
         lo, hi = bounds[t], bounds[t + 1]
         for i in range(len(labels)):
@@ -111,10 +132,7 @@ def _counting_sort(labels: np.ndarray, counts: np.ndarray, parts: int
                 at = start[g]
                 start[g] = at + 1
                 rows[at] = i
-                group[at] = g
-                kept[at] = i == g
-                size[at] = counts[g]
-    return rows, group, kept, size
+    return rows
 
 
 @numba.njit(parallel=True, cache=True)
@@ -172,7 +190,7 @@ def components(store: Store, max_distance: float, k: int | None = None) -> Compo
     m.require_complete(store.path)  # unfinished lists are not yet top-k over all rows
     k = neighbours_per_row(store, k)
     bound = metric(m.metric).key_at_most(max_distance)
-    parent = np.arange(m.rows, dtype=np.int64)
+    parent = singletons(m.rows)
 
     local = threading.local()  # each read thread's buffers, reused block after block
 
@@ -218,7 +236,9 @@ def write_groups(comp: Components, out: Path, keep: Path | None = None) -> dict:
         if keep is not None:  # written beside the groups; both renamed into place only once both are whole
             kept = pool.submit(_write_kept, files.enter_context(atomic_path(keep)), keep, keep_fmt, comp.counts)
         with disk_full_named(out, None):
-            {"parquet": _parquet, "csv": _csv, "npy": _npy}[fmt](tmp, _group_columns(comp.labels, comp.counts))
+            rows = _group_rows(comp.labels, comp.counts)
+            {"parquet": _parquet, "csv": _csv, "npy": _npy}[fmt](tmp, len(rows),
+                                                                 _column_slices(rows, comp.labels, comp.counts))
         if kept is not None:
             kept.result()
     return {**comp.summary(), "files": [str(out)] + ([] if keep is None else [str(keep)])}
@@ -243,7 +263,7 @@ def _format(path: Path, allowed: tuple[str, ...], what: str) -> str:
     return fmt
 
 
-def _parquet(tmp: Path, columns: tuple[np.ndarray, ...]) -> None:
+def _parquet(tmp: Path, rows: int, slices: Iterable[tuple[np.ndarray, ...]]) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -253,22 +273,24 @@ def _parquet(tmp: Path, columns: tuple[np.ndarray, ...]) -> None:
     # than dictionaries of near-unique ids)
     encoding = {name: "DELTA_BINARY_PACKED" for name, dtype in GROUP_COLUMNS if dtype == np.int64}
     with pq.ParquetWriter(tmp, schema, use_dictionary=False, column_encoding=encoding) as writer:
-        for start in range(0, max(len(columns[0]), 1), WRITE_ROWS):
-            part = {name: c[start:start + WRITE_ROWS] for (name, _), c in zip(GROUP_COLUMNS, columns)}
-            writer.write_table(pa.table(part, schema=schema))
+        for part in slices:
+            writer.write_table(pa.table(dict(zip((name for name, _ in GROUP_COLUMNS), part)), schema=schema))
 
 
-def _csv(tmp: Path, columns: tuple[np.ndarray, ...]) -> None:
+def _csv(tmp: Path, rows: int, slices: Iterable[tuple[np.ndarray, ...]]) -> None:
     with open(tmp, "wb") as f:
         f.write((",".join(name for name, _ in GROUP_COLUMNS) + "\n").encode())
-        for start in range(0, len(columns[0]), WRITE_ROWS):
-            part = np.stack([c[start:start + WRITE_ROWS].astype(np.int64) for c in columns], axis=1)
-            np.savetxt(f, part, fmt="%d", delimiter=",")
+        for part in slices:
+            if len(part[0]):
+                np.savetxt(f, np.stack([c.astype(np.int64) for c in part], axis=1), fmt="%d", delimiter=",")
 
 
-def _npy(tmp: Path, columns: tuple[np.ndarray, ...]) -> None:
-    table = np.empty(len(columns[0]), np.dtype(list(GROUP_COLUMNS)))
-    for (name, _), c in zip(GROUP_COLUMNS, columns):
-        table[name] = c
+def _npy(tmp: Path, rows: int, slices: Iterable[tuple[np.ndarray, ...]]) -> None:
+    table = np.empty(rows, np.dtype(list(GROUP_COLUMNS)))
+    start = 0
+    for part in slices:
+        for (name, _), c in zip(GROUP_COLUMNS, part):
+            table[name][start:start + len(c)] = c
+        start += len(part[0])
     with open(tmp, "wb") as f:
         np.save(f, table)

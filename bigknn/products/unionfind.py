@@ -66,3 +66,13 @@ def flatten(parent: np.ndarray) -> None:
         while parent[root] != root:
             root = parent[root]
         parent[i] = root
+
+
+@numba.njit(parallel=True, cache=True)
+def singletons(n: int) -> np.ndarray:
+    """A parent array of ``n`` one-row trees, written on every core (its fresh pages fault in in parallel, not
+    one thread's page at a time as np.arange's do)."""
+    parent = np.empty(n, np.int64)
+    for i in numba.prange(n):
+        parent[i] = i
+    return parent
