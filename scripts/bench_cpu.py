@@ -58,14 +58,31 @@ def checker(x: np.ndarray, metric: str, rows: np.ndarray):
     return recall
 
 
-def run_pynndescent(x: np.ndarray, metric: str, k: int, seed: int, neighbors: int = 0) -> tuple[float, np.ndarray]:
-    """pynndescent's graph cut to k (self dropped); ``neighbors``: its n_neighbors (default k + 1). Lists
-    wider than k are pynndescent's way to a higher recall (text 100K: 0.986 at its defaults, 0.991 at 38)."""
+PYNN_SETTINGS = {"n_neighbors": int, "n_trees": int, "n_iters": int, "max_candidates": int, "delta": float}
+
+
+def pynn_setting(text: str) -> dict:
+    """``n_trees=4,max_candidates=16,n_iters=3`` -> the keyword arguments of NNDescent (only its cost knobs)."""
+    setting = {}
+    for part in text.split(","):
+        name, _, value = part.partition("=")
+        if name.strip() not in PYNN_SETTINGS or not value:
+            raise argparse.ArgumentTypeError(f"{part!r}: give NAME=VALUE with NAME among {', '.join(PYNN_SETTINGS)}")
+        setting[name.strip()] = PYNN_SETTINGS[name.strip()](value)
+    return setting
+
+
+def run_pynndescent(x: np.ndarray, metric: str, k: int, seed: int, setting: dict | None = None
+                    ) -> tuple[float, np.ndarray]:
+    """pynndescent's graph cut to k (self dropped); ``setting``: NNDescent's cost knobs (default: n_neighbors
+    k + 1, the rest its defaults). Lists wider than k are one way to a higher recall (text 100K: 0.986 at its
+    defaults, 0.991 at 38); fewer trees, candidates or iterations the way to a cheaper graph."""
     from pynndescent import NNDescent
 
+    setting = {"n_neighbors": k + 1, **(setting or {})}
     t = time.perf_counter()
-    ids, _ = NNDescent(x, n_neighbors=neighbors or k + 1, metric={"l2": "euclidean", "ip": "dot"}.get(metric, metric),
-                       random_state=seed).neighbor_graph
+    ids, _ = NNDescent(x, metric={"l2": "euclidean", "ip": "dot"}.get(metric, metric), random_state=seed,
+                       **setting).neighbor_graph
     wall = time.perf_counter() - t
     rows = np.arange(len(x))[:, None]
     out = np.array([r[r != i][:k] for i, r in zip(rows[:, 0], ids)])  # self dropped wherever it landed
@@ -106,9 +123,10 @@ def main() -> None:
                          "by the luck of its draws, so one seed's time is one sample")
     ap.add_argument("--no-cli", action="store_true", help="skip the CLI runs")
     ap.add_argument("--workdir", type=Path, default=None)
-    ap.add_argument("--pynn-neighbors", type=int, nargs="*", default=[],
-                    help="also time pynndescent with these n_neighbors, cut to k, in every warm round: its time "
-                         "at recall >= 0.99 where its defaults fall short")
+    ap.add_argument("--pynn", type=pynn_setting, nargs="*", default=[], metavar="SETTING",
+                    help="also time pynndescent with each SETTING (e.g. n_neighbors=38, or "
+                         "n_trees=4,max_candidates=16,n_iters=3), cut to k, in every warm round: its cheapest "
+                         "setting at the recall bigknn reaches")
     a = ap.parse_args()
     work = a.workdir or Path(tempfile.mkdtemp(prefix="bigknn-bench-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -136,9 +154,9 @@ def main() -> None:
             with __import__("bigknn").open(report["store"]) as g:
                 emit(tool="bigknn-cli", mode="process", wall_s=round(wall, 2), build_wall_s=report["wall_s"],
                      recall_at_10=recall(g.neighbors(RECALL_AT).ids), **common)
-        for neighbors in a.pynn_neighbors if run > 0 else []:  # each warm round: the peer at equal recall too
-            wall, ids = run_pynndescent(x, a.metric, a.k, seed, neighbors)
-            emit(tool="pynndescent", mode="warm", n_neighbors=neighbors, wall_s=round(wall, 2),
+        for setting in a.pynn if run > 0 else []:  # each warm round: the peer's other settings too
+            wall, ids = run_pynndescent(x, a.metric, a.k, seed, setting)
+            emit(tool="pynndescent", mode="warm", setting=setting, wall_s=round(wall, 2),
                  recall_at_10=recall(ids), **common)
         common["load1"] = round(os.getloadavg()[0], 2)
 

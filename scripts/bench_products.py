@@ -16,6 +16,10 @@ import is counted.
     PYTHONPATH=. python3 scripts/bench_products.py --store data.knn --max-distance 0.1 --steps components,export_npz_out_of_core
     PYTHONPATH=. python3 scripts/bench_products.py --rows 50000000 --dim 96 --k 32 --backend cuda --steps dedup \
         --no-trace --work /tmp/bp
+    PYTHONPATH=. python3 scripts/bench_products.py --store s50.knn --steps graph_reads,components,dedup --no-trace
+
+graph_reads is a diagnostic: the components step's reads alone (its read threads, every chunk read and checked,
+no union).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 STEPS = ("symmetric_union_distance", "symmetric_union_umap", "symmetric_mutual", "export_npz_out_of_core",
-         "components", "dedup", "core_distances", "mutual_reachability")
+         "graph_reads", "components", "dedup", "core_distances", "mutual_reachability")
 WARM_ROWS = 20_000  # an untimed build first on a GPU backend
 
 
@@ -47,6 +51,30 @@ def measured(fn, trace: bool):
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
     return result, round(seconds, 3), peak
+
+
+def graph_reads(store) -> int:
+    """Every graph chunk read and checked by components()'s read threads, with no union (a diagnostic: the
+    floor of the components step); returns the blocks read."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from bigknn.products.components import READ_THREADS
+    from bigknn.shards.arrays import ReadBuffers
+
+    local = threading.local()
+
+    def read(shard_id: int, lo: int, hi: int) -> None:
+        if not hasattr(local, "buffers"):
+            local.buffers = ReadBuffers()
+        store.read_graph(shard_id, start=lo, stop=hi, buffers=local.buffers)
+
+    blocks = [(shard.id, lo, min(lo + step, shard.rows)) for shard in store.manifest.shards
+              for step in (store.graph_chunk_rows(shard.id),) for lo in range(0, shard.rows, step)]
+    with ThreadPoolExecutor(READ_THREADS) as pool:
+        for future in [pool.submit(read, *block) for block in blocks]:
+            future.result()
+    return len(blocks)
 
 
 def main() -> None:
@@ -105,6 +133,7 @@ def main() -> None:
             "symmetric_union_umap": lambda: g.symmetric("union", weights="umap").nnz,
             "symmetric_mutual": lambda: g.symmetric("mutual").nnz,
             "export_npz_out_of_core": lambda: g.export_symmetric(work / "sym.npz", host_mem=host_mem)["entries"],
+            "graph_reads": lambda: graph_reads(g._store),
             "components": lambda: g.components(max_distance).summary()["groups"],
             "dedup": lambda: g.components(max_distance).write(work / "groups.parquet", work / "keep.npy")["groups"],
             "core_distances": lambda: float(g.core_distances(min_samples).mean()),
