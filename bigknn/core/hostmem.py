@@ -5,6 +5,7 @@ graph back from the GPU run at a fraction of the bus's rate."""
 from __future__ import annotations
 
 import mmap
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
@@ -12,7 +13,6 @@ import numpy as np
 HUGE_PAGE_BYTES = 64 << 20  # arrays at least this large are asked for in huge pages
 PAGE_BYTES = 4096  # one store per (small) page faults every page in
 TOUCH_THREADS = 8
-_TOUCHER = ThreadPoolExecutor(1, thread_name_prefix="touch-ahead")  # runs touched_later's work
 
 
 def filled_once(shape: tuple[int, ...], dtype: np.dtype | type) -> np.ndarray:
@@ -39,19 +39,22 @@ def touched_later(shape: tuple[int, ...], dtype: np.dtype | type) -> Future:
     """
     out = filled_once(shape, dtype)
     flat = out.reshape(-1).view(np.uint8)
+    future: Future = Future()
     if flat.nbytes < HUGE_PAGE_BYTES:
-        done: Future = Future()
-        done.set_result(out)
-        return done
+        future.set_result(out)
+        return future
     step = -(-flat.nbytes // (TOUCH_THREADS * PAGE_BYTES)) * PAGE_BYTES
     spans = [(a, min(a + step, flat.nbytes)) for a in range(0, flat.nbytes, step)]
 
-    def touch_all() -> np.ndarray:
-        with ThreadPoolExecutor(len(spans), thread_name_prefix="touch") as pool:
-            # NumPy drops the GIL for a strided scalar store: the pages fault in parallel
-            for f in [pool.submit(flat[a:b:PAGE_BYTES].fill, 0) for a, b in spans]:
-                f.result()
-        return out
+    def touch_all() -> None:  # on a thread of its own per call: concurrent callers (GPU workers) do not queue
+        try:
+            with ThreadPoolExecutor(len(spans), thread_name_prefix="touch") as pool:
+                # NumPy drops the GIL for a strided scalar store: the pages fault in parallel
+                for f in [pool.submit(flat[a:b:PAGE_BYTES].fill, 0) for a, b in spans]:
+                    f.result()
+            future.set_result(out)
+        except BaseException as e:  # handed to the caller's result()
+            future.set_exception(e)
 
-    return _TOUCHER.submit(touch_all)
-
+    threading.Thread(target=touch_all, name="touch-ahead", daemon=True).start()
+    return future
