@@ -56,24 +56,10 @@ def measured(fn, trace: bool):
 def graph_reads(store) -> int:
     """Every graph chunk read and checked by components()'s read threads, with no union (a diagnostic: the
     floor of the components step); returns the blocks read."""
-    import threading
-    from concurrent.futures import ThreadPoolExecutor
+    from bigknn.products.components import each_graph_block
 
-    from bigknn.products.components import READ_THREADS
-    from bigknn.shards.arrays import ReadBuffers
-
-    local = threading.local()
-
-    def read(shard_id: int, lo: int, hi: int) -> None:
-        if not hasattr(local, "buffers"):
-            local.buffers = ReadBuffers()
-        store.read_graph(shard_id, start=lo, stop=hi, buffers=local.buffers)
-
-    blocks = [(shard.id, lo, min(lo + step, shard.rows)) for shard in store.manifest.shards
-              for step in (store.graph_chunk_rows(shard.id),) for lo in range(0, shard.rows, step)]
-    with ThreadPoolExecutor(READ_THREADS) as pool:
-        for future in [pool.submit(read, *block) for block in blocks]:
-            future.result()
+    blocks = []
+    each_graph_block(store, lambda first, g: blocks.append(first))
     return len(blocks)
 
 

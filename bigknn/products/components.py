@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import numba
 import numpy as np
@@ -26,6 +26,7 @@ import numpy as np
 from bigknn.algorithms.partition.rowmap import RowMap
 from bigknn.core.atomic import atomic_path
 from bigknn.core.errors import BadInput, disk_full_named
+from bigknn.core.knn_graph import KnnGraph
 from bigknn.core.metric import metric
 from bigknn.operations.readout import neighbours_per_row
 from bigknn.products.atomics import fetch_add
@@ -192,30 +193,36 @@ def components(store: Store, max_distance: float, k: int | None = None) -> Compo
     bound = metric(m.metric).key_at_most(max_distance)
     parent = singletons(m.rows)
 
-    local = threading.local()  # each read thread's buffers, reused block after block
+    each_graph_block(store, lambda first, g: unite_near(parent, g.ids, g.dists, k, bound, first))
+    flatten(parent)
+    rowmap = RowMap.of(store)
+    if not rowmap.identity:
+        parent = _input_labels(parent, np.asarray(rowmap.to_input(np.arange(m.rows, dtype=np.int64)), np.int64))
+    return Components(parent, float(max_distance))
 
-    def unite(shard_id: int, offset: int, lo: int, hi: int) -> None:
+
+def each_graph_block(store: Store, visit: Callable[[int, KnnGraph], None]) -> None:
+    """``visit(first row, lists)`` for every block of the store's committed graph, one graph chunk at a time on
+    READ_THREADS threads (each chunk file read and checked once; each thread reuses its buffers, so a block's
+    arrays are valid only during its visit)."""
+    local = threading.local()
+
+    def read(shard_id: int, offset: int, lo: int, hi: int) -> None:
         if not hasattr(local, "buffers"):
             local.buffers = ReadBuffers()
-        g = store.read_graph(shard_id, start=lo, stop=hi, buffers=local.buffers)
-        unite_near(parent, g.ids, g.dists, k, bound, offset + lo)
+        visit(offset + lo, store.read_graph(shard_id, start=lo, stop=hi, buffers=local.buffers))
 
     blocks = [(shard.id, shard.offset, lo, min(lo + step, shard.rows))
-              for shard in m.shards for step in (store.graph_chunk_rows(shard.id),)
+              for shard in store.manifest.shards for step in (store.graph_chunk_rows(shard.id),)
               for lo in range(0, shard.rows, step)]
     with ThreadPoolExecutor(READ_THREADS) as pool:
-        futures = [pool.submit(unite, *block) for block in blocks]  # a block is read when its task runs
+        futures = [pool.submit(read, *block) for block in blocks]  # a block is read when its task runs
         try:
             for future in futures:
                 future.result()
         finally:
             for future in futures:  # after a damaged chunk, the blocks not yet started are not read
                 future.cancel()
-    flatten(parent)
-    rowmap = RowMap.of(store)
-    if not rowmap.identity:
-        parent = _input_labels(parent, np.asarray(rowmap.to_input(np.arange(m.rows, dtype=np.int64)), np.int64))
-    return Components(parent, float(max_distance))
 
 
 def write_groups(comp: Components, out: Path, keep: Path | None = None) -> dict:
