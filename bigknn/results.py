@@ -124,7 +124,9 @@ class BuildReport(_Report):
     read_gb: float
     written_gb: float
     busy_frac: dict[str, float]
-    timeline: list[dict]  # each GNND and merge: worker, phase, start, end (s), descent iterations, by worker
+    # each GNND and merge: worker, phase, start, end (s); where it had a recall target, its iterations, why it
+    # stopped and its last estimate (recall and interval on its probe's rows)
+    timeline: list[dict]
     descents: dict[str, dict]
     recall_estimate: RecallEstimate | None
     search: dict | None = None
@@ -188,6 +190,8 @@ class IngestReport(_Report):
     wall_s: float
     phase_s: dict[str, float]
     phase_wall_s: dict[str, list[float]]
+    timeline: list[dict] = field(default_factory=list)  # each GNND and merge it ran, as BuildReport.timeline
+    descents: dict[str, dict] = field(default_factory=dict)  # how they ended, as BuildReport.descents
     resumed: str | None = None
     # per input small enough to join the graph (bigknn/operations/ingest_join.py): its path and rows, the
     # distances evaluated, the old lists and rows gathered, the bytes read and written, the recall checks
@@ -220,6 +224,8 @@ class MergeReport(_Report):
     phase_s: dict[str, float]
     phase_wall_s: dict[str, list[float]]
     recall_estimate: dict | None
+    timeline: list[dict] = field(default_factory=list)  # each merge it ran, as BuildReport.timeline
+    descents: dict[str, dict] = field(default_factory=dict)  # how they ended, as BuildReport.descents
 
 
 @dataclass(frozen=True)

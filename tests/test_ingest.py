@@ -96,6 +96,14 @@ def test_ingest_adds_rows_after_the_last_id_with_good_recall(base, store):
                                   base["x"][OLD_ROWS:OLD_ROWS + NEW_ROWS])
     assert recall_of(store, 0, OLD_ROWS) >= 0.95
     assert recall_of(store, OLD_ROWS, OLD_ROWS + NEW_ROWS) >= 0.95
+    # the report says what each GNND and merge did, as a build's does: the new shard's GNND, then one merge
+    # with each old shard, each ended for a stated reason with its estimate
+    tasks = report["timeline"]
+    assert sorted(t["phase"] for t in tasks) == ["ggm"] * (OLD_ROWS // SHARD_ROWS) + ["gnnd"]
+    assert report["descents"]["ggm"]["count"] == OLD_ROWS // SHARD_ROWS
+    for t in tasks:
+        if t["phase"] == "ggm":
+            assert t["stop"] and t["iterations"] >= 1 and 0 <= t["estimate"]["low"] <= t["estimate"]["recall"] <= 1
 
 
 def test_small_batch_merges_are_seeded_through_the_shards_merged_before(base, store):

@@ -108,6 +108,8 @@ def test_merged_store_is_as_good_as_a_build_of_the_whole(halves, merged):
     m = Store.open(store).manifest
     assert m.complete and m.merges_total == len(m.merged) == 6 * 5 // 2
     assert report["merges_run"] == 3 * 3  # only pairs across the stores: those within each were merged before
+    assert [t["phase"] for t in report["timeline"]] == ["ggm"] * 9 and report["descents"]["ggm"]["count"] == 9
+    assert all(t["stop"] and t["estimate"]["recall"] >= t["estimate"]["low"] for t in report["timeline"])
     s = Store.open(store)
     np.testing.assert_array_equal(s.vectors_of(np.arange(2 * HALF)), halves["x"])
     check_graph(store, halves["x"])

@@ -61,7 +61,8 @@ class Accounting:
         self.add_descent(phase, report)
         line = {"worker": worker, "phase": phase, "start": round(start - self.t0, 3), "end": round(end - self.t0, 3)}
         if report is not None:
-            line.update(iterations=len(report["trace"]), widened=report["widened"], descent_s=report["spent_s"])
+            line.update(iterations=len(report["trace"]), widened=report["widened"], descent_s=report["spent_s"],
+                        stop=report["stop"], estimate=report["estimate"])
         line.update({key: round(value, 3) if isinstance(value, float) else value for key, value in (stages or {}).items()
                      if (key.endswith("_s") and isinstance(value, float)) or key.endswith("_kept")})
         with self.lock:
@@ -73,6 +74,13 @@ class Accounting:
         with self.lock:
             lo, hi = self.spans.get(phase, [math.inf, -math.inf])
             self.spans[phase] = [round(min(lo, start - self.t0), 3), round(max(hi, end - self.t0), 3)]
+
+    def summary(self) -> dict:
+        """The parts of a run's report every writing command gives: seconds and wall-clock span per phase, each
+        backend call (sorted by worker, then start) and how the recall-targeted descents ended."""
+        return {"phase_s": {p: round(s, 3) for p, s in self.seconds.items()}, "phase_wall_s": self.spans,
+                "timeline": sorted(self.timeline, key=lambda t: (t["worker"], t["start"])),
+                "descents": self.descents}
 
     @contextmanager
     def span(self, phase: str) -> Iterator[None]:

@@ -224,9 +224,8 @@ def summary(store: Store, acct: Accounting, wall: float, resumed: bool, backends
             "shards": n, "merges_done": len(m.merged), "merges_total": m.merges_total, "all_pairs": n * (n - 1) // 2,
             "partition": m.partition_method,
             "backend": backends[0].name, "workers": len(backends), "resumed": resumed, "wall_s": round(wall, 3),
-            "phase_s": {p: round(s, 3) for p, s in acct.seconds.items()}, "phase_wall_s": acct.spans,
+            **acct.summary(),
             "read_gb": round(acct.bytes_read / 1e9, 3), "written_gb": round(acct.bytes_written / 1e9, 3),
             "written_bytes": acct.bytes_written, "read_bytes": acct.bytes_read,
             "busy_frac": {w: round(s / wall, 3) for w, s in acct.busy.items()} if wall > 0 else {},
-            "timeline": sorted(acct.timeline, key=lambda t: (t["worker"], t["start"])),
-            "descents": acct.descents, "recall_estimate": m.estimate}
+            "recall_estimate": m.estimate}

@@ -112,8 +112,7 @@ def build_in_memory(x: np.ndarray, metric: str, params: GnndParams, seed: int, b
     summary = {"store": None, "rows": n, "dim": x.shape[1], "k": k, "metric": metric, "shards": 1,
                "merges_done": 0, "merges_total": 0, "all_pairs": 0, "partition": "contiguous",
                "backend": backend.name, "workers": 1, "resumed": False, "wall_s": round(wall, 3),
-               "phase_s": {p: round(s, 3) for p, s in acct.seconds.items()}, "phase_wall_s": acct.spans,
-               "read_gb": 0.0, "written_gb": 0.0,
+               **acct.summary(), "read_gb": 0.0, "written_gb": 0.0,
                "busy_frac": {w: round(s / wall, 3) for w, s in acct.busy.items()} if wall > 0 else {},
-               "timeline": acct.timeline, "descents": acct.descents, "recall_estimate": estimate}
+               "recall_estimate": estimate}
     return MemoryBuild(vectors, ids, keys, metric, params, seed, shard_rows, estimate, summary)

@@ -138,8 +138,7 @@ def ingest(store_path: Path, inputs: list[Path], backends: list[Backend], report
         record_timings(store, acct)
         store.close()
     report.update({"rows": store.manifest.rows, "shards": len(store.manifest.shards),
-                   "wall_s": round(time.perf_counter() - t0, 3),
-                   "phase_s": {p: round(s, 3) for p, s in acct.seconds.items()}, "phase_wall_s": acct.spans})
+                   "wall_s": round(time.perf_counter() - t0, 3), **acct.summary()})
     return report
 
 

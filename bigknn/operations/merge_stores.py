@@ -81,9 +81,7 @@ def merge_stores(store_path: Path, others: list[Path], backends: list[Backend], 
                       f"before the merge; `bigknn eval recall {store_path}` measures the merged graph")
     report.update({"rows_added": m.rows - rows_before, "rows": m.rows, "shards": len(m.shards),
                    "merges_done": len(m.merged), "merges_total": m.merges_total,
-                   "wall_s": round(time.perf_counter() - t0, 3),
-                   "phase_s": {p: round(s, 3) for p, s in acct.seconds.items()}, "phase_wall_s": acct.spans,
-                   "recall_estimate": m.estimate})
+                   "wall_s": round(time.perf_counter() - t0, 3), **acct.summary(), "recall_estimate": m.estimate})
     return report
 
 
