@@ -108,6 +108,26 @@ def test_vectors_round_trip_bit_exact_with_zarr(tmp_path, dtype):
     assert len(chunk_files(array_dir)) == -(-ROWS // chunk_rows)
 
 
+def test_large_reads_land_in_huge_page_memory_bit_exact(tmp_path, monkeypatch):
+    """Reads from HUGE_PAGE_BYTES on go into memory mapped for huge pages (hostmem.filled_once): the same rows,
+    whole and in ranges, and arrays that outlive the read."""
+    import bigknn.core.hostmem as hostmem
+
+    monkeypatch.setattr(hostmem, "HUGE_PAGE_BYTES", 1024)  # every read of more than 42 rows x 6 float32
+    x = random_rows(np.random.default_rng(1), ROWS, 6, np.float32)
+    store = new_store(tmp_path / "s")
+    with zarr_chunk_io_refused():
+        store.write_vectors(0, x)
+        back = store.read_vectors(0)
+        parts = {(start, stop): store.read_vectors(0, start, stop) for start, stop in RANGES}
+    assert back.base is not None and not back.flags.owndata  # a view of the mapped memory, not np.empty's
+    assert_identical(back, x)
+    for (start, stop), part in parts.items():
+        assert_identical(part, x[start:stop])
+    back += 1  # writable, and private to this array
+    assert_identical(store.read_vectors(0), x)
+
+
 @pytest.mark.parametrize("columns_of_wider", [False, True])
 def test_graph_round_trip_bit_exact_with_zarr(tmp_path, columns_of_wider):
     """Also from views of the first columns of wider lists (a final graph cut to k: final_columns), which the

@@ -11,7 +11,8 @@ naming the file, never return zeros. (Arrays of format-1 stores have no checksum
 not write because it was all fill value is simply missing and reads as the fill value, as zarr reads it.)
 
 This module moves those bytes straight between the files and numpy arrays, one copy, with the GIL released,
-several chunks in flight. It only ever handles arrays whose ``zarr.json`` says exactly that layout; for anything
+several chunks in flight; a large array read whole lands in huge pages (core/hostmem.filled_once), since the
+first touch of fresh 4 KiB pages, not the copy or the checksum, bounded such reads from the page cache. It only ever handles arrays whose ``zarr.json`` says exactly that layout; for anything
 else it declines (``None``/``False``) and the caller uses zarr, which stays the reference. Array metadata is
 always written by zarr.
 """
@@ -32,6 +33,7 @@ from typing import BinaryIO, Callable
 import numpy as np
 
 from bigknn.core.atomic import write_atomic
+from bigknn.core.hostmem import filled_once
 from bigknn.core.errors import Damaged
 from bigknn.shards import checksums
 
@@ -244,7 +246,7 @@ def read_rows(array_dir: Path, start: int = 0, stop: int | None = None,
     start, stop, _ = slice(start, stop).indices(lay.rows)
     stop = max(start, stop)
     shape = (stop - start, lay.width)
-    out = np.empty(shape, dtype=lay.dtype) if buffer is None else buffer(shape, lay.dtype)
+    out = filled_once(shape, lay.dtype) if buffer is None else buffer(shape, lay.dtype)
 
     def read(i: int) -> None:
         lo, hi = max(start, i * lay.chunk_rows), min(stop, (i + 1) * lay.chunk_rows)
