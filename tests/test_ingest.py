@@ -244,3 +244,32 @@ def test_sigkill_at_random_moments_then_rerun(base, store, tmp_path):
         check_graph(s, OLD_ROWS + new_rows)
         assert recall_of(s, 0, OLD_ROWS) >= 0.95
         assert recall_of(s, OLD_ROWS, OLD_ROWS + new_rows) >= 0.95
+
+
+def test_an_ingest_whose_merge_ends_below_the_target_says_so(caplog):
+    """A merge that stalled below the target (a 50M store's ingest on an H200 ended at 0.987 for 0.99, its
+    lists unable to widen in the GPU's memory) is said aloud with the command that measures the new rows;
+    descents at the target and calls without one are not."""
+    from types import SimpleNamespace
+
+    from bigknn.engine.accounting import Accounting
+    from bigknn.operations.ingest import _say_if_short
+
+    acct = Accounting()
+    report = {"trace": [0.9, 0.95], "widened": 0, "spent_s": 0.1}
+    acct.add_task("w", "gnnd", acct.t0, acct.t0 + 1, dict(report, stop="target met",
+                                                         estimate={"recall": 0.993, "low": 0.991, "high": 0.995}))
+    acct.add_task("w", "ggm", acct.t0 + 1, acct.t0 + 2)  # an exact merge: no descent, no estimate
+    store = SimpleNamespace(path=Path("s.knn"), manifest=SimpleNamespace(rows=1_000, params=GnndParams(recall=0.99)))
+    with caplog.at_level("WARNING"):
+        _say_if_short(store, acct, 900, Reporter())
+    assert caplog.records == [] and acct.short_of(0.99) == []
+    for recall, stop in ((0.98675, "stalled at the widest lists"), (0.9890, "iteration cap")):
+        acct.add_task("w", "ggm", acct.t0 + 2, acct.t0 + 3, dict(
+            report, stop=stop, estimate={"recall": recall, "low": recall - 0.003, "high": recall + 0.003}))
+    assert [t["stop"] for t in acct.short_of(0.99)] == ["stalled at the widest lists", "iteration cap"]
+    with caplog.at_level("WARNING"):
+        _say_if_short(store, acct, 900, Reporter())
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "2 of this ingest's descents ended below the recall target 0.99" in line and "0.9868" in line
+    assert "stalled at the widest lists" in line and "bigknn eval recall s.knn --rows 900:1000" in line

@@ -75,6 +75,13 @@ class Accounting:
             lo, hi = self.spans.get(phase, [math.inf, -math.inf])
             self.spans[phase] = [round(min(lo, start - self.t0), 3), round(max(hi, end - self.t0), 3)]
 
+    def short_of(self, target: float) -> list[dict]:
+        """The timeline's calls whose descent ended with its estimate's mean below ``target`` (stalled where
+        its lists could grow no wider, or out of iterations), lowest first."""
+        with self.lock:
+            short = [t for t in self.timeline if t.get("estimate") and t["estimate"]["recall"] < target]
+        return sorted(short, key=lambda t: t["estimate"]["recall"])
+
     def summary(self) -> dict:
         """The parts of a run's report every writing command gives: seconds and wall-clock span per phase, each
         backend call (sorted by worker, then start) and how the recall-targeted descents ended."""

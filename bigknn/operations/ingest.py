@@ -137,9 +137,23 @@ def ingest(store_path: Path, inputs: list[Path], backends: list[Backend], report
             report["ingested"].append(fp["path"])
         record_timings(store, acct)
         store.close()
+    _say_if_short(store, acct, store.manifest.rows - report["rows_added"], reporter)
     report.update({"rows": store.manifest.rows, "shards": len(store.manifest.shards),
                    "wall_s": round(time.perf_counter() - t0, 3), **acct.summary()})
     return report
+
+
+def _say_if_short(store: Store, acct: Accounting, first_new: int, reporter: Reporter) -> None:
+    """A GNND or merge of this run that ended below the store's recall target is said aloud, with the command
+    that measures the rows it added (a merge's probe is mostly the batch's rows: the new rows fall short)."""
+    target = store.manifest.params.recall
+    short = acct.short_of(target) if target > 0 else []
+    if short:
+        est, rows = short[0]["estimate"], store.manifest.rows
+        reporter.note(f"{store.path}: {len(short)} of this ingest's descents ended below the recall target "
+                      f"{target}, the lowest (a {short[0]['phase']}) at estimate {est['recall']:.4f} [{est['low']:.4f}, "
+                      f"{est['high']:.4f}] ({short[0]['stop']}); `bigknn eval recall {store.path} --rows "
+                      f"{first_new}:{rows}` measures the rows it added")
 
 
 def _finished_store(store_path: Path, wait_s: float) -> Store:
