@@ -264,9 +264,9 @@ def test_an_ingest_whose_merge_ends_below_the_target_says_so(caplog):
     with caplog.at_level("WARNING"):
         _say_if_short(store, acct, 900, Reporter())
     assert caplog.records == [] and acct.short_of(0.99) == []
-    for recall, stop in ((0.98675, "stalled at the widest lists"), (0.9890, "iteration cap")):
+    for mean, stop in ((0.98675, "stalled at the widest lists"), (0.9890, "iteration cap")):
         acct.add_task("w", "ggm", acct.t0 + 2, acct.t0 + 3, dict(
-            report, stop=stop, estimate={"recall": recall, "low": recall - 0.003, "high": recall + 0.003}))
+            report, stop=stop, estimate={"recall": mean, "low": mean - 0.003, "high": mean + 0.003}))
     assert [t["stop"] for t in acct.short_of(0.99)] == ["stalled at the widest lists", "iteration cap"]
     with caplog.at_level("WARNING"):
         _say_if_short(store, acct, 900, Reporter())
