@@ -47,3 +47,34 @@ def test_touched_later_hands_over_an_array_whose_pages_the_copy_in_no_longer_fau
     assert (touched == 7).all()
     small = hostmem.touched_later((3, 5), np.int32).result(timeout=60)
     assert small.shape == (3, 5) and small.dtype == np.int32
+
+
+def test_row_blocks_fill_every_row_once_on_several_threads(monkeypatch):
+    import threading
+
+    monkeypatch.setattr(hostmem, "BLOCK_ROWS_MIN", 4)
+    for rows in (0, 1, 5, 31, 32, 33, 1000):
+        seen = np.zeros(rows, np.int32)
+        names = set()
+
+        def fill(a, b, seen=seen):
+            seen[a:b] += 1
+            names.add(threading.current_thread().name)
+
+        hostmem.in_row_blocks(rows, fill)
+        assert (seen == 1).all(), rows
+        assert (len(names) > 1) == (rows >= hostmem.TOUCH_THREADS * 4), (rows, names)
+
+
+def test_a_widened_graph_filled_in_blocks_equals_the_padded_one(monkeypatch):
+    from bigknn.core.knn_graph import EMPTY, KnnGraph, widened
+
+    monkeypatch.setattr(hostmem, "BLOCK_ROWS_MIN", 4)
+    monkeypatch.setattr(hostmem, "HUGE_PAGE_BYTES", 1024)  # the huge-page path, at a test's size
+    rng = np.random.default_rng(0)
+    g = KnnGraph(rng.integers(0, 999, (999, 5)).astype(np.int32), rng.random((999, 5), dtype=np.float32))
+    wide = widened(g, 8)
+    pad = ((0, 0), (0, 3))
+    np.testing.assert_array_equal(wide.ids, np.pad(g.ids, pad, constant_values=EMPTY))
+    np.testing.assert_array_equal(wide.dists, np.pad(g.dists, pad, constant_values=np.inf))
+    assert wide.ids.dtype == g.ids.dtype and wide.dists.dtype == g.dists.dtype

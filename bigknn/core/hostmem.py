@@ -7,12 +7,14 @@ from __future__ import annotations
 import mmap
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Callable
 
 import numpy as np
 
 HUGE_PAGE_BYTES = 64 << 20  # arrays at least this large are asked for in huge pages
 PAGE_BYTES = 4096  # one store per (small) page faults every page in
 TOUCH_THREADS = 8
+BLOCK_ROWS_MIN = 1 << 16  # in_row_blocks: fewer rows a thread are filled on the calling thread alone
 
 
 def filled_once(shape: tuple[int, ...], dtype: np.dtype | type) -> np.ndarray:
@@ -30,6 +32,20 @@ def filled_once(shape: tuple[int, ...], dtype: np.dtype | type) -> np.ndarray:
     except OSError:
         pass  # huge pages not offered here: ordinary pages
     return np.frombuffer(memory, dtype=dtype).reshape(shape)
+
+
+def in_row_blocks(rows: int, fill: Callable[[int, int], None], threads: int = TOUCH_THREADS) -> None:
+    """``fill(start, stop)`` over [0, rows) in ``threads`` contiguous blocks at once (NumPy drops the GIL for
+    its copies): a large array's first writes fault its pages in on every thread, not one."""
+    step = -(-rows // threads) if rows >= threads * BLOCK_ROWS_MIN else max(rows, 1)
+    blocks = [(a, min(a + step, rows)) for a in range(0, rows, step)]
+    if len(blocks) <= 1:
+        for a, b in blocks:
+            fill(a, b)
+        return
+    with ThreadPoolExecutor(len(blocks), thread_name_prefix="fill") as pool:
+        for f in [pool.submit(fill, a, b) for a, b in blocks]:
+            f.result()
 
 
 def touched_later(shape: tuple[int, ...], dtype: np.dtype | type) -> Future:
