@@ -226,6 +226,7 @@ class MergeReport(_Report):
     recall_estimate: dict | None
     timeline: list[dict] = field(default_factory=list)  # each merge it ran, as BuildReport.timeline
     descents: dict[str, dict] = field(default_factory=dict)  # how they ended, as BuildReport.descents
+    shards_linked: int = 0  # the other stores' shards whose rows are hard links to their files, not copies
 
 
 @dataclass(frozen=True)

@@ -281,3 +281,55 @@ def test_renumbered_ids_keep_empty_slots_and_widen_past_int32():
     far = 2**31 + 10  # ids of a merged store past int32: int64, shifted exactly
     g = renumbered(KnnGraph(ids.copy(), np.zeros((2, 3), np.float32)), far, far + 8)
     assert g.ids.dtype == np.int64 and g.ids.tolist() == [[far, far + 5, EMPTY], [far + 7, EMPTY, EMPTY]]
+
+
+@pytest.mark.parametrize("links", [True, False])
+def test_the_other_stores_rows_are_linked_where_the_file_system_allows(tmp_path, monkeypatch, links):
+    """On one file system the merged store's new shards are hard links to the other store's checked chunk
+    files (no row copied); where links are refused (another device) the rows are copied. Either way both stores
+    verify clean, the other is left as it was, and the merged store keeps its rows once the other is deleted."""
+    import errno
+    import os
+
+    from bigknn.operations.verify import verify
+
+    x = synth(1200, DIM, seed=5)
+    a, b = make_store(tmp_path / "a.knn", x[:600], shard_rows=300), make_store(tmp_path / "b.knn", x[600:], shard_rows=300)
+    if not links:
+        real = os.link
+
+        def refuse(src, dst, **kwargs):  # the chunk links (into a directory descriptor); the store's own are kept
+            if "dst_dir_fd" in kwargs:
+                raise OSError(errno.EXDEV, "Invalid cross-device link")
+            return real(src, dst, **kwargs)
+
+        monkeypatch.setattr(os, "link", refuse)
+    before = tree_digest(b)
+    report = merge_stores(a, [b], [CpuBackend()], Reporter())
+    assert report["shards_linked"] == (2 if links else 0)
+    for k in range(2):
+        src = sorted(p for p in (b / "shards" / str(k) / "vectors" / "c").rglob("0") if p.is_file())
+        dst = sorted(p for p in (a / "shards" / str(2 + k) / "vectors" / "c").rglob("0") if p.is_file())
+        assert len(src) == len(dst) > 0
+        assert all((p.stat().st_ino == q.stat().st_ino) == links for p, q in zip(src, dst))
+    assert tree_digest(b) == before and verify(Store.open(b))["ok"] and verify(Store.open(a))["ok"]
+    shutil.rmtree(b)
+    np.testing.assert_array_equal(Store.open(a).vectors_of(np.arange(1200)), x)
+    assert verify(Store.open(a))["ok"]
+
+
+def test_a_damaged_chunk_of_the_other_store_stops_the_merge_naming_it(tmp_path):
+    """Linking checks every chunk first, as a copy's read does: a flipped byte in the other store's rows is
+    refused, naming that file, and nothing of it is linked."""
+    from bigknn.core.errors import Damaged
+
+    x = synth(1200, DIM, seed=6)
+    a, b = make_store(tmp_path / "a.knn", x[:600], shard_rows=600), make_store(tmp_path / "b.knn", x[600:], shard_rows=600)
+    chunk = sorted(p for p in (b / "shards" / "0" / "vectors" / "c").rglob("0") if p.is_file())[0]
+    raw = bytearray(chunk.read_bytes())
+    raw[5] ^= 0xFF
+    chunk.write_bytes(bytes(raw))
+    with pytest.raises(Damaged) as err:
+        merge_stores(a, [b], [CpuBackend()], Reporter())
+    assert str(chunk) in str(err.value)
+    assert not list((a / "shards").glob("1/vectors/c/*/0"))  # a copy's read would have failed as early

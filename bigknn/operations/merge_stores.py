@@ -1,7 +1,10 @@
 """``bigknn merge STORE OTHER...``: fold stores built independently (another machine, another day) into STORE,
 reusing their graphs: a merge, not a rebuild; the way a build is split across machines without a cluster.
 
-The other stores' shards become new shards of STORE after its last row: their vectors are copied, and their
+The other stores' shards become new shards of STORE after its last row: their vectors are hard links to the
+other store's checked chunk files where both stores are on one file system in the current format (no bytes
+copied: the files get a second name, and a later writer of either store only ever removes its own names),
+else copies; their
 committed graphs become the new shards' first graph versions, ids renumbered to STORE's rows (offset by the rows
 before them). The pairs within one other store were merged when it was built and are recorded as merged; GGM
 runs on every pair across stores: STORE's shards with each new shard, and new shards of different stores.
@@ -55,7 +58,7 @@ def merge_stores(store_path: Path, others: list[Path], backends: list[Backend], 
         todo = _check(store, opened)
         _check_resources(store, todo, len(backends), host_mem, reporter)
         report = {"store": str(store_path), "merged": [], "skipped": [], "rows_added": 0, "merges_run": 0,
-                  "resumed": None}
+                  "resumed": None, "shards_linked": 0}
         with WriterLock(store_path, wait_s):
             store = Store.open(store_path, pin=False)  # re-read: another writer may have committed while we waited
             todo = _check(store, opened)
@@ -69,7 +72,7 @@ def merge_stores(store_path: Path, others: list[Path], backends: list[Backend], 
                 report["resumed"] = store.manifest.pending.inputs[0]["path"]
                 report["merges_run"] += resume(store, executor, reporter, acct, host_mem)
             if todo:
-                _stage(store, todo, reporter, acct)
+                report["shards_linked"] = _stage(store, todo, reporter, acct)
                 report["merges_run"] += resume(store, executor, reporter, acct, host_mem)
             record_timings(store, acct)
             store.close()
@@ -130,10 +133,10 @@ def _check_resources(store: Store, todo: list[Store], workers: int, host_mem: in
                                                   "--shard-rows", reporter)
 
 
-def _stage(store: Store, others: list[Store], reporter: Reporter, acct: Accounting) -> None:
+def _stage(store: Store, others: list[Store], reporter: Reporter, acct: Accounting) -> int:
     """Copy the other stores' shards (vectors, renumbered graphs, user ids) after STORE's, then commit them as a
     pending merge (invisible to readers). A killed copy leaves only arrays no commit names: they are removed
-    and written again by the next run."""
+    and written again by the next run. Returns how many shards' rows were hard-linked rather than copied."""
     m = store.manifest
     t = time.perf_counter()
     first, offset = len(m.shards), m.rows
@@ -158,23 +161,26 @@ def _stage(store: Store, others: list[Store], reporter: Reporter, acct: Accounti
         if user_ids.stored_kind(other.path, other.manifest.rows) is not None:
             user_ids.copy_parts(other.path, other.manifest.rows, store.path, row0)
     new = [ShardEntry(id=sid, offset=row0 + s.offset, rows=s.rows) for _, s, sid, row0 in copies]
-    m.pending = PendingWrite(inputs, new, {c[2]: version for c, (version, _) in zip(copies, done)}, merged,
+    m.pending = PendingWrite(inputs, new, {c[2]: version for c, (version, _, _) in zip(copies, done)}, merged,
                              layout=STORES_KEYS)
     store.commit()
-    nbytes = sum(n for _, n in done)
-    acct.add("copy", time.perf_counter() - t, nbytes_read=nbytes, nbytes_written=nbytes)
+    acct.add("copy", time.perf_counter() - t, nbytes_read=sum(n for _, n, _ in done),
+             nbytes_written=sum(n for _, n, linked in done if not linked))
+    return sum(linked for _, _, linked in done)
 
 
 def _copy_shard(store: Store, other: Store, shard: ShardEntry, sid: int, row0: int,
-                advance: Callable[[int], None]) -> tuple[int, int]:
-    """Copy one shard of ``other`` to shard ``sid`` of ``store``, its graph's ids moved by ``row0``; returns the
-    graph version written and the vector bytes copied."""
-    x = other.read_vectors(shard.id)
-    store.write_vectors(sid, x)
+                advance: Callable[[int], None]) -> tuple[int, int, bool]:
+    """Copy one shard of ``other`` to shard ``sid`` of ``store``, its graph's ids moved by ``row0``: its rows as
+    hard links to the other store's chunk files where both allow it (Store.link_vectors), else copied. Returns
+    the graph version written, the vector bytes read, and whether they were linked (nothing written)."""
+    linked = store.link_vectors(sid, other, shard.id)
+    if not linked:
+        store.write_vectors(sid, other.read_vectors(shard.id))
     version = store.next_version(sid, None)
     store.write_graph(sid, version, renumbered(other.read_graph(shard.id), row0, row0 + other.manifest.rows))
     advance(shard.rows)
-    return version, x.nbytes
+    return version, shard.rows * other.manifest.dim * np.dtype(other.manifest.dtype).itemsize, linked
 
 
 def renumbered(graph: KnnGraph, by: int, rows: int) -> KnnGraph:

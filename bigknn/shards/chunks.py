@@ -19,6 +19,7 @@ always written by zarr.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -35,7 +36,7 @@ import numpy as np
 from bigknn.core.atomic import write_atomic
 from bigknn.core.hostmem import filled_once
 from bigknn.core.errors import Damaged
-from bigknn.shards import checksums
+from bigknn.shards import checksums, safepaths
 
 Buffer = Callable[[tuple[int, int], np.dtype], np.ndarray]  # (shape, dtype) -> an array to read into (read_rows)
 CHUNKS_IN_FLIGHT = 4  # chunk reads or writes in flight within one array read or write
@@ -383,6 +384,43 @@ def write_array(array_dir: Path, data: np.ndarray, place: str | None = None) -> 
     _run([lambda i=i: write(i) for i in range(lay.chunks)])
     if place is not None and lay.checksum:
         _write_table(array_dir, place, crcs)
+    return True
+
+
+LINK_REFUSED = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EACCES}  # link_array: copy instead
+
+
+def link_array(src_dir: Path, store: Path, place: str) -> bool:
+    """Make ``store/place`` the array at ``src_dir`` (another store's, bound to its own place) without copying
+    its bytes: a hard link to each of its chunk files, and a zarr.json listing the same checksums for
+    ``place``. Every source chunk is read and checked against its checksum first (the Damaged of the first
+    bad one is raised, as a copy's read would). False, leaving nothing at ``place``, where the source is not a
+    checksummed array with its table (an older store), or the file system refuses the links (another
+    device, no hard links): the caller copies. The files then have two names; a later writer of either store
+    writes new files and removes only names of its own."""
+    src_dir = Path(src_dir)
+    lay = _layout(src_dir)
+    if lay is None or not lay.checksum or lay.table is None:
+        return False
+    damage = check(src_dir, contents=True)
+    if damage:
+        raise damage[0]
+    safepaths.fresh_dir(store, place)
+    try:
+        for i in range(lay.chunks):
+            source = _chunk_path(src_dir, i)
+            if not stat.S_ISREG(os.lstat(source).st_mode):
+                raise Damaged(source, "is not a plain file")
+            with safepaths.owned_dir(store, f"{place}/c/{i}", create=True) as fd:
+                os.link(source, "0", dst_dir_fd=fd, follow_symlinks=False)
+    except OSError as e:
+        safepaths.remove_tree(store, place)
+        if e.errno in LINK_REFUSED:
+            return False
+        raise
+    meta = checksums.with_table(metadata(src_dir), place, list(lay.table))
+    with safepaths.new_file(store, place, "zarr.json") as f:
+        f.write(json.dumps(meta).encode())
     return True
 
 
