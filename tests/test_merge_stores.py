@@ -294,7 +294,8 @@ def test_the_other_stores_rows_are_linked_where_the_file_system_allows(tmp_path,
     from bigknn.operations.verify import verify
 
     x = synth(1200, DIM, seed=5)
-    a, b = make_store(tmp_path / "a.knn", x[:600], shard_rows=300), make_store(tmp_path / "b.knn", x[600:], shard_rows=300)
+    a = make_store(tmp_path / "a.knn", x[:600], shard_rows=300)
+    b = make_store(tmp_path / "b.knn", x[600:], shard_rows=300)
     if not links:
         real = os.link
 
@@ -324,7 +325,8 @@ def test_a_damaged_chunk_of_the_other_store_stops_the_merge_naming_it(tmp_path):
     from bigknn.core.errors import Damaged
 
     x = synth(1200, DIM, seed=6)
-    a, b = make_store(tmp_path / "a.knn", x[:600], shard_rows=600), make_store(tmp_path / "b.knn", x[600:], shard_rows=600)
+    a = make_store(tmp_path / "a.knn", x[:600], shard_rows=600)
+    b = make_store(tmp_path / "b.knn", x[600:], shard_rows=600)
     chunk = sorted(p for p in (b / "shards" / "0" / "vectors" / "c").rglob("0") if p.is_file())[0]
     raw = bytearray(chunk.read_bytes())
     raw[5] ^= 0xFF
@@ -333,3 +335,19 @@ def test_a_damaged_chunk_of_the_other_store_stops_the_merge_naming_it(tmp_path):
         merge_stores(a, [b], [CpuBackend()], Reporter())
     assert str(chunk) in str(err.value)
     assert not list((a / "shards").glob("1/vectors/c/*/0"))  # a copy's read would have failed as early
+
+
+def test_a_link_among_the_other_stores_chunk_files_is_copied_through_not_linked(tmp_path):
+    """A hard link to a symbolic link would put that link inside STORE: such a shard's rows are copied."""
+    x = synth(1200, DIM, seed=7)
+    a = make_store(tmp_path / "a.knn", x[:600], shard_rows=600)
+    b = make_store(tmp_path / "b.knn", x[600:], shard_rows=600)
+    chunk = sorted(p for p in (b / "shards" / "0" / "vectors" / "c").rglob("0") if p.is_file())[0]
+    moved = tmp_path / "elsewhere"
+    shutil.copyfile(chunk, moved)
+    chunk.unlink()
+    chunk.symlink_to(moved)
+    report = merge_stores(a, [b], [CpuBackend()], Reporter())
+    assert report["shards_linked"] == 0
+    assert not any(p.is_symlink() for p in (a / "shards").rglob("*"))
+    np.testing.assert_array_equal(Store.open(a).vectors_of(np.arange(1200)), x)

@@ -151,9 +151,9 @@ def _say_if_short(store: Store, acct: Accounting, first_new: int, reporter: Repo
     if short:
         est, rows = short[0]["estimate"], store.manifest.rows
         reporter.note(f"{store.path}: {len(short)} of this ingest's descents ended below the recall target "
-                      f"{target}, the lowest (a {short[0]['phase']}) at estimate {est['recall']:.4f} [{est['low']:.4f}, "
-                      f"{est['high']:.4f}] ({short[0]['stop']}); `bigknn eval recall {store.path} --rows "
-                      f"{first_new}:{rows}` measures the rows it added")
+                      f"{target}, the lowest (a {short[0]['phase']}) at estimate {est['recall']:.4f} "
+                      f"[{est['low']:.4f}, {est['high']:.4f}] ({short[0]['stop']}); `bigknn eval recall "
+                      f"{store.path} --rows {first_new}:{rows}` measures the rows it added")
 
 
 def _finished_store(store_path: Path, wait_s: float) -> Store:

@@ -11,10 +11,10 @@ naming the file, never return zeros. (Arrays of format-1 stores have no checksum
 not write because it was all fill value is simply missing and reads as the fill value, as zarr reads it.)
 
 This module moves those bytes straight between the files and numpy arrays, one copy, with the GIL released,
-several chunks in flight; a large array read whole lands in huge pages (core/hostmem.filled_once), since the
-first touch of fresh 4 KiB pages, not the copy or the checksum, bounded such reads from the page cache. It only ever handles arrays whose ``zarr.json`` says exactly that layout; for anything
-else it declines (``None``/``False``) and the caller uses zarr, which stays the reference. Array metadata is
-always written by zarr.
+several chunks in flight; a large array read whole lands in huge pages (core/hostmem.filled_once): the first
+touch of fresh 4 KiB pages costs as much as the copy and the checksum. It only ever handles arrays whose
+``zarr.json`` says exactly that layout; for anything else it declines (``None``/``False``) and the caller uses
+zarr, which stays the reference. Array metadata is always written by zarr.
 """
 
 from __future__ import annotations
@@ -405,18 +405,21 @@ def link_array(src_dir: Path, store: Path, place: str) -> bool:
     damage = check(src_dir, contents=True)
     if damage:
         raise damage[0]
+    sources = [_chunk_path(src_dir, i) for i in range(lay.chunks)]
+    if not all(stat.S_ISREG(os.lstat(p).st_mode) for p in sources):  # a link in the other store: its bytes
+        return False  # are copied (a hard link to a link would put that link in this store)
     safepaths.fresh_dir(store, place)
     try:
-        for i in range(lay.chunks):
-            source = _chunk_path(src_dir, i)
-            if not stat.S_ISREG(os.lstat(source).st_mode):
-                raise Damaged(source, "is not a plain file")
+        for i, source in enumerate(sources):
             with safepaths.owned_dir(store, f"{place}/c/{i}", create=True) as fd:
                 os.link(source, "0", dst_dir_fd=fd, follow_symlinks=False)
     except OSError as e:
         safepaths.remove_tree(store, place)
         if e.errno in LINK_REFUSED:
             return False
+        raise
+    except BaseException:  # interrupted: none of the links stay
+        safepaths.remove_tree(store, place)
         raise
     meta = checksums.with_table(metadata(src_dir), place, list(lay.table))
     with safepaths.new_file(store, place, "zarr.json") as f:
