@@ -50,20 +50,27 @@ def test_touched_later_hands_over_an_array_whose_pages_the_copy_in_no_longer_fau
 
 
 def test_row_blocks_fill_every_row_once_on_several_threads(monkeypatch):
+    """Every row once; from TOUCH_THREADS * BLOCK_ROWS_MIN rows on, the blocks run at once (each waits at a
+    barrier for all the others: blocks run one after another would break it), below that in one call."""
     import threading
 
     monkeypatch.setattr(hostmem, "BLOCK_ROWS_MIN", 4)
     for rows in (0, 1, 5, 31, 32, 33, 1000):
         seen = np.zeros(rows, np.int32)
-        names = set()
+        blocks = []
+        parallel = rows >= hostmem.TOUCH_THREADS * 4
+        expected = -(-rows // -(-rows // hostmem.TOUCH_THREADS)) if parallel else min(rows, 1)
+        barrier = threading.Barrier(expected, timeout=60) if parallel else None
 
-        def fill(a, b, seen=seen):
+        def fill(a, b, seen=seen, blocks=blocks, barrier=barrier):
             seen[a:b] += 1
-            names.add(threading.current_thread().name)
+            blocks.append((a, b))
+            if barrier is not None:
+                barrier.wait()
 
         hostmem.in_row_blocks(rows, fill)
         assert (seen == 1).all(), rows
-        assert (len(names) > 1) == (rows >= hostmem.TOUCH_THREADS * 4), (rows, names)
+        assert len(blocks) == expected, (rows, blocks)
 
 
 def test_a_widened_graph_filled_in_blocks_equals_the_padded_one(monkeypatch):
