@@ -271,15 +271,14 @@ def test_sigkill_at_random_moments_then_the_same_command_finishes(halves, tmp_pa
         assert abs(union_recall(store) - want) <= 0.003
 
 
-def test_renumbered_ids_keep_empty_slots_and_widen_past_int32():
-    from bigknn.core.knn_graph import KnnGraph
-    from bigknn.operations.merge_stores import renumbered
+def test_shifted_ids_keep_empty_slots_and_widen_past_int32():
+    from bigknn.core.knn_graph import KnnGraph, shifted
 
     ids = np.array([[0, 5, EMPTY], [7, EMPTY, EMPTY]], np.int32)
-    g = renumbered(KnnGraph(ids.copy(), np.zeros((2, 3), np.float32)), 100, 108)
+    g = shifted(KnnGraph(ids.copy(), np.zeros((2, 3), np.float32)), 100, 108)
     assert g.ids.dtype == np.int32 and g.ids.tolist() == [[100, 105, EMPTY], [107, EMPTY, EMPTY]]
     far = 2**31 + 10  # ids of a merged store past int32: int64, shifted exactly
-    g = renumbered(KnnGraph(ids.copy(), np.zeros((2, 3), np.float32)), far, far + 8)
+    g = shifted(KnnGraph(ids.copy(), np.zeros((2, 3), np.float32)), far, far + 8)
     assert g.ids.dtype == np.int64 and g.ids.tolist() == [[far, far + 5, EMPTY], [far + 7, EMPTY, EMPTY]]
 
 

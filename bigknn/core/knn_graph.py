@@ -78,12 +78,22 @@ def widened(g: KnnGraph, width: int) -> KnnGraph:
 
 
 def shard_graph_to_global(g: KnnGraph, offset: int) -> KnnGraph:
-    """A shard's GNND graph (ids local to the shard) with store-wide ids: ``offset`` added in place where the
-    ids stay int32 (int64 temporaries cost ~0.3 s of held GIL per 1M-row shard), into an int64 copy where
-    the shard's last id passes int32; EMPTY slots stay EMPTY."""
-    ids = np.asarray(g.ids, dtype=id_dtype(offset + g.rows))
-    if offset:  # the first shard's ids are store-wide already (one shard: 50M x 48 ids, seconds of one thread)
-        np.add(ids, offset, out=ids, where=ids >= 0)
+    """A shard's GNND graph (ids local to the shard) with store-wide ids (``shifted``)."""
+    return shifted(g, offset, offset + g.rows)
+
+
+def shifted(g: KnnGraph, by: int, rows: int) -> KnnGraph:
+    """``g`` with its ids moved ``by`` rows, as ids among ``rows`` rows (``id_dtype``): in place, on several
+    threads, where the ids have that dtype already (int64 temporaries cost ~0.3 s of held GIL per 1M-row
+    shard), into an int64 copy where the last id passes int32; EMPTY slots stay EMPTY. The caller gives up
+    ``g``'s ids (a GNND's output, a graph just read)."""
+    ids = np.asarray(g.ids, dtype=id_dtype(rows))
+    if by:  # (a first shard's ids are store-wide already: 50M x 48 ids are seconds of work)
+
+        def shift(a: int, b: int) -> None:
+            np.add(ids[a:b], by, out=ids[a:b], where=ids[a:b] >= 0)
+
+        in_row_blocks(len(ids), shift)
     return KnnGraph(ids, g.dists)
 
 

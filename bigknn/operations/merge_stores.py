@@ -28,8 +28,7 @@ from typing import Callable
 import numpy as np
 
 from bigknn.backends import Backend
-from bigknn.core.hostmem import in_row_blocks
-from bigknn.core.knn_graph import KnnGraph, id_dtype
+from bigknn.core.knn_graph import shifted
 from bigknn.engine.accounting import Accounting
 from bigknn.operations.merge_checks import (STORE_KEY, check_id_room, check_other, check_store, digest,
                                           merged_digests)
@@ -178,19 +177,7 @@ def _copy_shard(store: Store, other: Store, shard: ShardEntry, sid: int, row0: i
     if not linked:
         store.write_vectors(sid, other.read_vectors(shard.id))
     version = store.next_version(sid, None)
-    store.write_graph(sid, version, renumbered(other.read_graph(shard.id), row0, row0 + other.manifest.rows))
+    store.write_graph(sid, version, shifted(other.read_graph(shard.id), row0, row0 + other.manifest.rows))
     advance(shard.rows)
     return version, shard.rows * other.manifest.dim * np.dtype(other.manifest.dtype).itemsize, linked
 
-
-def renumbered(graph: KnnGraph, by: int, rows: int) -> KnnGraph:
-    """A graph's ids moved ``by`` rows (an empty slot stays empty), as ids among ``rows`` rows
-    (core/knn_graph.id_dtype): in place where the graph's ids have that dtype already (it was read for this
-    copy alone), on several threads."""
-    ids = np.asarray(graph.ids, dtype=id_dtype(rows))
-
-    def shift(a: int, b: int) -> None:
-        np.add(ids[a:b], by, out=ids[a:b], where=ids[a:b] >= 0)
-
-    in_row_blocks(len(ids), shift)
-    return KnnGraph(ids, graph.dists)
