@@ -20,7 +20,7 @@ from bigknn.operations import search as run
 from bigknn.operations.loaded_index import IndexSlot, LoadedIndex
 from bigknn.algorithms.search_params import ALPHA, PruneParams
 from bigknn.operations.prune import prune as run_prune
-from bigknn.operations.search_queries import load_queries
+from bigknn.operations.search_queries import load_queries, read_queries
 from bigknn.operations.search_reports import PruneReport, SearchReport, SearchResult, SearchSweep, TruthReport
 from bigknn.operations.search_stream import open_request
 from bigknn.shards import Store
@@ -92,9 +92,9 @@ class SearchMethods:
             run.check_output(Path(out), run.SEARCH_OUTPUTS)
             if ids == "user" and Path(out).suffix.lower() != ".parquet":
                 raise BadInput(out, "results in user ids are written as .parquet")
-        q = load_queries(queries, store.manifest)
+        q, name = read_queries(queries, store.manifest)
         users = self._user_ids(ids)
-        found = self._search_slot.search(store, backend, gpu_mem, q, k, budget, batch, procedure, seed)
+        found = self._search_slot.search(store, backend, gpu_mem, q, name, k, budget, batch, procedure, seed)
         if out is not None:
             if Path(out).suffix.lower() == ".parquet":
                 write_found_parquet(out, found.ids, found.distances, users)

@@ -17,6 +17,7 @@ from bigknn.algorithms.search_index import SearchIndex
 from bigknn.algorithms.search_params import NO_LAMBDA, PruneParams, SearchPlan
 from bigknn.core.synth import synth
 from bigknn.core.metric import L2, metric as metric_of
+from bigknn.core.errors import BadInput
 
 from conftest import check_graph, exact_keys, exact_neighbours, recall_at
 
@@ -186,3 +187,52 @@ def test_search_finds_the_nearest_rows(backend, rows, reference_prune, procedure
     got = np.take_along_axis(keys, np.maximum(found.ids, 0).astype(np.int64), axis=1)
     hits = (found.ids >= 0) & (got <= _true_kth(q, rows, k, "l2")[:, None] * (1 + 1e-4) + 1e-4)
     assert hits.mean() >= 0.9, hits.mean()
+
+
+# ---- queries checked and prepared where they are searched -------------------------------------------
+QUERY_ROWS = 301  # above the batch the CUDA backend prepares on the host (graph_search.py DEVICE_QUERY_ROWS)
+
+
+@pytest.mark.parametrize("metric", ["l2", "cosine"])
+def test_searched_queries_are_the_rows_as_the_host_prepares_them(backend, metric):
+    q = synth(QUERY_ROWS, DIM, seed=36) * 3.0
+    q[5] = 0.0  # a zero row stays zero under cosine
+    got = np.asarray(_on_host(backend.searched_queries(q, metric_of(metric), "queries", 0)))
+    want = metric_of(metric).prepare(q)
+    assert got.shape == q.shape and got.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    assert not got[5].any()
+    if metric == "cosine":
+        norms = np.linalg.norm(np.delete(got, 5, axis=0), axis=1)
+        np.testing.assert_allclose(norms, 1.0, rtol=1e-6)
+    assert q[0, 0] == np.float32(synth(QUERY_ROWS, DIM, seed=36)[0, 0] * 3.0), "the caller's rows were changed"
+
+
+@pytest.mark.parametrize("value,problem", [(np.nan, "NaN or Inf"), (np.inf, "NaN or Inf"), (-np.inf, "NaN or Inf"),
+                                           (1e-30, "underflow"), (3e19, "overflow")])
+@pytest.mark.parametrize("metric", ["l2", "cosine"])
+def test_searched_queries_name_the_first_bad_row(backend, metric, value, problem):
+    q = synth(QUERY_ROWS, DIM, seed=37)
+    for row in (261, 280):  # the first of two bad rows is named
+        if value == 1e-30:
+            q[row] = value  # every value tiny
+        else:
+            q[row, 3] = value
+    bad = 261
+    with pytest.raises(BadInput, match=f"^q.fbin: row {1000 + bad}\\b.*{problem}"):
+        backend.searched_queries(q, metric_of(metric), "q.fbin", 1000)
+
+
+def test_searched_queries_judge_other_dtypes_as_given(backend):
+    q = synth(QUERY_ROWS, DIM, seed=38).astype(np.float64)
+    q[7, 0] = 1e39  # finite in float64, inf in float32: named as the overflow it is
+    with pytest.raises(BadInput, match=r"row 7 has squared norm"):
+        backend.searched_queries(q, L2, "queries", 0)
+    u8 = (np.arange(DIM * QUERY_ROWS) % 200).astype(np.uint8).reshape(QUERY_ROWS, DIM)
+    got = np.asarray(_on_host(backend.searched_queries(u8, L2, "queries", 0)))
+    np.testing.assert_array_equal(got, u8.astype(np.float32))
+
+
+def _on_host(a):
+    """A backend's device array copied to the host (host arrays as they are)."""
+    return a.get() if hasattr(a, "get") else a

@@ -151,14 +151,14 @@ def test_the_next_block_of_queries_is_read_while_this_one_is_searched(data, monk
     waited = []
     with bigknn.open(data["store"]) as g, g.search_index(backend="cpu") as index:
         whole = index.search(data["q"], k=10, budget=32)
-        real_search = index.search_prepared
+        real_search = index.search_rows
 
         def search(q, *args):
             if not waited:
                 waited.append(second_read.wait(timeout=60))
             return real_search(q, *args)
 
-        monkeypatch.setattr(index, "search_prepared", search)
+        monkeypatch.setattr(index, "search_rows", search)
         index.search_file(data["dir"] / "q.fbin", tmp_path / "found.ibin", k=10, budget=32, batch=16)
     assert waited == [True]
     np.testing.assert_array_equal(read_truth(tmp_path / "found.ibin")[0], whole.ids)
@@ -170,9 +170,20 @@ def test_a_bad_row_late_in_the_file_leaves_nothing_written(data, monkeypatch, tm
     q[50, 3] = np.nan
     write_vectors(tmp_path / "bad.fbin", q)
     with bigknn.open(data["store"]) as g, g.search_index(backend="cpu") as index:
-        with pytest.raises(BadInput, match="row 50"):
+        with pytest.raises(BadInput, match=r"bad\.fbin: row 50 holds NaN"):
             index.search_file(tmp_path / "bad.fbin", tmp_path / "found.ibin", batch=5)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.fbin"]
+
+
+@pytest.mark.parametrize("source", ["array", "file"])
+def test_a_bad_query_in_a_later_batch_is_named_by_its_row(data, tmp_path, source):
+    q = data["q"].copy()
+    q[37, 1] = np.inf
+    write_vectors(tmp_path / "bad.fbin", q)
+    given, name = (q, "queries") if source == "array" else (tmp_path / "bad.fbin", str(tmp_path / "bad.fbin"))
+    with bigknn.open(data["store"]) as g:
+        with pytest.raises(BadInput, match=f"^{name}: row 37 holds NaN or Inf"):
+            g.search(given, k=10, batch=16, backend="cpu")
 
 
 def test_the_sweep_times_one_loaded_index(data, loads, tmp_path):

@@ -5,7 +5,7 @@ it has nothing to do)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable, Protocol
+from typing import Any, Callable, Iterable, Protocol
 
 import numpy as np
 
@@ -116,11 +116,19 @@ class Backend(Protocol):
         x's list or in the list of a row of x's list inside the sphere around z + 0.4 (x - z) through x
         (bigknn/backends/cpu/diversify.py reach_back)."""
 
-    def graph_search(self, index: SearchIndex, queries: np.ndarray, plan: SearchPlan, batch: int) -> KnnGraph:
+    def searched_queries(self, rows: np.ndarray, metric: Metric, name: str, first_row: int) -> Any:
+        """Query rows (float32, C order, as the user gave them) checked and prepared where this backend searches
+        them: BadInput naming ``name`` and row ``first_row + i`` for a bad row (bigknn/formats/read.py
+        check_rows), unit length where the metric normalises. The host: NumPy rows; CUDA: a device array, checked
+        and normalised there (only each row's largest magnitude comes back), so a large batch costs the host
+        nothing but its upload. ``graph_search`` takes what this returns."""
+
+    def graph_search(self, index: SearchIndex, queries: Any, plan: SearchPlan, batch: int) -> KnnGraph:
         """Search the graph for the k nearest rows of each query, in consecutive batches of ``batch`` queries
         (each finished before the next starts), by the plan's procedure (bigknn/backends/cpu/graph_search.py).
-        Entry points come from the entry sample nearest each query (bigknn/algorithms/search_index.py). Keys ascending,
-        EMPTY-padded."""
+        ``queries``: prepared host rows (float32, unit length under cosine) or what ``searched_queries``
+        returned. Entry points come from the entry sample nearest each query (bigknn/algorithms/search_index.py).
+        Keys ascending, EMPTY-padded."""
 
     def forget_index(self, index: SearchIndex) -> None:
         """Drop what the backend keeps of ``index`` between searches (its device copy, the memory freed): a

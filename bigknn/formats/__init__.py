@@ -20,8 +20,8 @@ Formats, chosen by extension (case-insensitive):
 All multi-byte values are little-endian.
 """
 
-from bigknn.formats.read import (FileState, VectorFile, check_and_hash, check_rows, file_sha256, file_state,
-                                 open_vectors, read_truth)
+from bigknn.formats.read import (FileState, VectorFile, check_and_hash, check_peaks, check_rows,
+                                 file_sha256, file_state, open_vectors, read_truth)
 from bigknn.formats.source import PartedSource, VectorSource, cast_note, open_source
 from bigknn.formats.spec import (BIN_DTYPES, CHECK_CHUNK_ROWS, COLUMNAR_EXTENSIONS, HASH_BLOCK_BYTES,
                                  INPUT_EXTENSIONS, MAX_SQUARED_NORM, NPY_DTYPES, TRUTH_EXTENSION, VECS_DTYPES,
@@ -30,6 +30,6 @@ from bigknn.formats.write import npy_header, npy_writer, truth_writer, vectors_w
 
 __all__ = ["BIN_DTYPES", "CHECK_CHUNK_ROWS", "COLUMNAR_EXTENSIONS", "INPUT_EXTENSIONS", "PartedSource",
            "VectorSource", "cast_note", "open_source", "HASH_BLOCK_BYTES", "MAX_SQUARED_NORM", "NPY_DTYPES", "TRUTH_EXTENSION",
-           "VECS_DTYPES", "VECTOR_EXTENSIONS", "FileState", "VectorFile", "check_and_hash", "check_rows",
+           "VECS_DTYPES", "VECTOR_EXTENSIONS", "FileState", "VectorFile", "check_and_hash", "check_peaks", "check_rows",
            "file_sha256", "file_state", "npy_header", "npy_writer", "open_vectors", "read_truth", "truth_writer",
            "vectors_writer", "write_truth", "write_vectors"]

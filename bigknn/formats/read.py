@@ -183,6 +183,12 @@ def check_rows(path: str | os.PathLike, start: int, block: np.ndarray) -> None:
         peak = _half_peaks(block)
     else:
         peak = np.maximum(block.max(axis=1), -block.min(axis=1))  # |largest|; NaN and Inf propagate; no temporary
+    check_peaks(path, start, block, peak)
+
+
+def check_peaks(path: str | os.PathLike, start: int, block: np.ndarray, peak: np.ndarray) -> None:
+    """``check_rows`` given each row's largest magnitude ``peak`` (NaN or Inf where the row holds one), which a
+    GPU may have computed from its own copy of ``block``: only rows whose peak could overflow are read here."""
     bad = ~np.isfinite(peak)
     if bad.any():
         raise BadInput(path, f"row {start + int(np.argmax(bad))} holds NaN or Inf values")

@@ -21,11 +21,12 @@ import numpy as np
 
 from bigknn.backends import Backend, get_backend
 from bigknn.core.errors import BadInput
+from bigknn.core.knn_graph import KnnGraph
 from bigknn.core.metric import metric as metric_of, user_distance
 from bigknn.algorithms.partition.rowmap import RowMap
 from bigknn.algorithms.search_index import SearchIndex, entry_rows
 from bigknn.algorithms.search_params import SearchPlan
-from bigknn.operations.search_queries import load_queries
+from bigknn.operations.search_queries import read_queries
 from bigknn.operations.search_reports import SearchReport, SearchResult
 from bigknn.operations.search import make_plan, procedure_for
 from bigknn.operations.search_arrays import load_index
@@ -88,7 +89,7 @@ class LoadedIndex:
         if index.rows:
             one = np.asarray(index.vectors[:1], np.float32)
             for batch in WARM_BATCHES:
-                self._backend.graph_search(index, one, self.plan(min(10, index.rows), None, "auto", 0), batch)
+                self._search_batches(index, one, "warm-up", 0, self.plan(min(10, index.rows), None, "auto", 0), batch)
 
     def plan(self, k: int, budget: float | None, procedure: str, seed: int) -> SearchPlan:
         """The checked plan of a search (BadInput on a knob that cannot work), made once per set of knobs."""
@@ -102,13 +103,14 @@ class LoadedIndex:
                procedure: str = "auto", seed: int = 0) -> SearchResult:
         """The k nearest rows of each query (an array, or one vector) that the search finds, nearest first.
         ``batch``: queries searched together (default all); the other knobs are ``Graph.search``'s."""
-        q = load_queries(queries, self.manifest)
-        return self.search_prepared(q, k, budget, batch, procedure, seed)
+        q, name = read_queries(queries, self.manifest)
+        return self.search_rows(q, name, 0, k, budget, batch, procedure, seed)
 
-    def search_prepared(self, q: np.ndarray, k: int, budget: float | None, batch: int | None, procedure: str,
-                        seed: int) -> SearchResult:
-        """``search`` of queries already checked and prepared (bigknn/operations/search_queries.py: float32, C order,
-        unit length under cosine): a streamed query file's batches."""
+    def search_rows(self, q: np.ndarray, name: str, first_row: int, k: int, budget: float | None, batch: int | None,
+                    procedure: str, seed: int) -> SearchResult:
+        """``search`` of query rows as read (bigknn/operations/search_queries.py read_queries): each batch is
+        checked and prepared by the backend where it searches it (an error names ``name`` and row
+        ``first_row + i``): a streamed query file's blocks, ``Graph.search``'s queries."""
         batch = len(q) if batch is None else batch
         if batch < 1:
             raise BadInput(f"--batch {batch}", "must be at least 1")
@@ -116,13 +118,24 @@ class LoadedIndex:
         with self._lock:
             index = self._live()
             t0 = time.perf_counter()
-            found = self._backend.graph_search(index, q, plan, batch)
+            found = self._search_batches(index, q, name, first_row, plan, batch)
             dt = time.perf_counter() - t0
         report = SearchReport(store=self.store_path, queries=len(q), k=k, procedure=plan.procedure,
                               budget=plan.budget, batch=batch, qps=round(len(q) / max(dt, 1e-9), 1),
                               search_s=round(dt, 6), backend=self._backend.name)
         return SearchResult(self.rowmap.to_input(found.ids), user_distance(found.dists, self.manifest.metric),
                             report)
+
+    def _search_batches(self, index: SearchIndex, q: np.ndarray, name: str, first_row: int, plan: SearchPlan,
+                        batch: int) -> KnnGraph:
+        """Each batch checked and prepared by the backend, then searched, one after the other."""
+        parts = [self._backend.graph_search(
+                     index, self._backend.searched_queries(q[b0:b0 + batch], index.metric, name, first_row + b0),
+                     plan, batch)
+                 for b0 in range(0, len(q), batch)]
+        if len(parts) == 1:
+            return parts[0]
+        return KnnGraph(np.concatenate([p.ids for p in parts]), np.concatenate([p.dists for p in parts]))
 
     def search_file(self, queries: str | Path, out: str | Path, k: int = 10, budget: float | None = None,
                     batch: int | None = None, procedure: str = "auto", seed: int = 0,
@@ -170,16 +183,16 @@ class IndexSlot:
         self._key: tuple | None = None
         self._loaded: LoadedIndex | None = None
 
-    def search(self, store: Store, backend: str, gpu_mem: int | None, q: np.ndarray, k: int,
+    def search(self, store: Store, backend: str, gpu_mem: int | None, q: np.ndarray, name: str, k: int,
                budget: float | None, batch: int | None, procedure: str, seed: int) -> SearchResult:
-        """``LoadedIndex.search_prepared`` on the index of these options, loaded first where it is not."""
+        """``LoadedIndex.search_rows`` on the index of these options, loaded first where it is not."""
         key = (backend, gpu_mem, str(store.path), _search_key(store))
         with self._lock:
             if self._loaded is None or self._key != key:
                 self._close_held()
                 self._loaded = LoadedIndex(store, get_backend(backend, gpu_mem))
                 self._key = key
-            return self._loaded.search_prepared(q, k, budget, batch, procedure, seed)
+            return self._loaded.search_rows(q, name, 0, k, budget, batch, procedure, seed)
 
     def close(self) -> None:
         with self._lock:

@@ -20,6 +20,7 @@ from bigknn.algorithms.partition.rowmap import RowMap
 from bigknn.algorithms.recall_target import within_kth
 from bigknn.algorithms.search_index import SearchIndex
 from bigknn.algorithms.search_params import BUDGETS, PROCEDURES, SearchPlan
+from bigknn.operations.search_queries import ARRAY_NAME
 from bigknn.operations.search_reports import SearchSweep, SweepPoint, TruthReport
 from bigknn.shards import Store
 
@@ -109,10 +110,10 @@ def sweep(loaded: LoadedIndex, queries: np.ndarray, truth_path: Path, k: int, bu
     budgets = list(BUDGETS[proc]) if not budgets else budgets
     for b in budgets:
         loaded.plan(k, b, proc, seed)  # every budget checked before the first search
-    loaded.search_prepared(queries[:WARMUP_QUERIES], k, budgets[0], batch, proc, seed)  # the batch's kernels
+    loaded.search_rows(queries[:WARMUP_QUERIES], ARRAY_NAME, 0, k, budgets[0], batch, proc, seed)  # its kernels
     points = []
     for b in budgets:
-        found = loaded.search_prepared(queries, k, b, batch, proc, seed)
+        found = loaded.search_rows(queries, ARRAY_NAME, 0, k, b, batch, proc, seed)
         recall = recall_against(index, queries, loaded.rowmap.to_position(found.ids), truth_ids, k)
         points.append(SweepPoint(budget=found.report.budget, recall=round(recall, 5), qps=found.report.qps,
                                  search_s=round(found.report.search_s, 4)))

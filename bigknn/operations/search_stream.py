@@ -1,7 +1,7 @@
 """``bigknn search``: a query file of any size searched batch by batch through one loaded index, each batch's
 results written into the output as it finishes (an .ibin under a temporary name, renamed when every query is
-done; a bad row or a failure leaves nothing under ``out``). The next block of queries is read, checked and
-prepared on a thread while the index searches this one, so the file's reading overlaps the searches."""
+done; a bad row or a failure leaves nothing under ``out``). The next block of queries is read on a thread
+while the index searches this one, so the file's reading overlaps the searches."""
 
 from __future__ import annotations
 
@@ -14,8 +14,7 @@ from typing import TYPE_CHECKING, Iterator
 import numpy as np
 
 from bigknn.core.errors import BadInput
-from bigknn.formats import VectorFile, check_rows, open_vectors, truth_writer
-from bigknn.operations.search_queries import as_searched
+from bigknn.formats import VectorFile, open_vectors, truth_writer
 from bigknn.core.progress import reporter
 from bigknn.algorithms.search_params import SearchPlan
 from bigknn.operations.search_reports import SearchReport
@@ -55,9 +54,9 @@ def search_file(index: LoadedIndex, queries: Path, out: Path, k: int, budget: fl
     search_s, t0 = 0.0, time.perf_counter()
     with truth_writer(out, vf.rows, k) as (ids_out, dists_out), \
             reporter(progress).phase("search", vf.rows, "queries") as advance, \
-            closing(_prepared_blocks(vf, queries, m.metric, read)) as blocks:  # a failed search ends the read ahead
+            closing(_read_blocks(vf, read)) as blocks:  # a failed search ends the read ahead
         for r0, q in blocks:
-            found = index.search_prepared(q, k, budget, batch, procedure, seed)
+            found = index.search_rows(q, str(queries), r0, k, budget, batch, procedure, seed)
             ids_out[r0:r0 + len(q)] = found.ids
             dists_out[r0:r0 + len(q)] = found.distances
             search_s += found.report.search_s
@@ -67,20 +66,18 @@ def search_file(index: LoadedIndex, queries: Path, out: Path, k: int, budget: fl
                         backend=index.backend, out=str(out), wall_s=round(time.perf_counter() - t0, 4))
 
 
-def _prepared_blocks(vf: VectorFile, queries: Path, metric: str, read: int) -> Iterator[tuple[int, np.ndarray]]:
-    """(first row, the block's queries as searched) for each ``read`` rows of ``vf``, in file order: each block
-    read, checked (a bad row raises when its block is reached, naming the first) and prepared on a thread while
-    the caller searches the block before it."""
-    def prepare(r0: int) -> tuple[int, np.ndarray]:
-        rows = vf.read(r0, min(r0 + read, vf.rows))
-        check_rows(str(queries), r0, rows)
-        return r0, as_searched(rows, metric)
+def _read_blocks(vf: VectorFile, read: int) -> Iterator[tuple[int, np.ndarray]]:
+    """(first row, the block's rows as read) for each ``read`` rows of ``vf``, in file order, each block read on
+    a thread while the caller searches the block before it (the backend checks and prepares the rows: a bad
+    row raises when its batch is reached, naming it)."""
+    def block(r0: int) -> tuple[int, np.ndarray]:
+        return r0, np.ascontiguousarray(vf.read(r0, min(r0 + read, vf.rows)))
 
     starts = list(range(0, vf.rows, read))
     with ThreadPoolExecutor(1, thread_name_prefix="query-read") as pool:
-        ahead = pool.submit(prepare, starts[0])
+        ahead = pool.submit(block, starts[0])
         for after in [*starts[1:], None]:
-            block = ahead.result()
+            got = ahead.result()
             if after is not None:
-                ahead = pool.submit(prepare, after)
-            yield block
+                ahead = pool.submit(block, after)
+            yield got

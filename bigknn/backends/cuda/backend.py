@@ -24,7 +24,7 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -164,7 +164,11 @@ class CudaBackend(SearchReference):
                    z: np.ndarray, z_ids: np.ndarray) -> np.ndarray:
         return self._call(prune.reach_back, self._prune_table, table, lists, list_index, x, z, z_ids)
 
-    def graph_search(self, index: SearchIndex, queries: np.ndarray, plan: SearchPlan, batch: int) -> KnnGraph:
+    def searched_queries(self, rows: np.ndarray, metric: Metric, name: str, first_row: int) -> Any:
+        with self.gpu.context():
+            return search.searched_queries(rows, metric, name, first_row)
+
+    def graph_search(self, index: SearchIndex, queries: Any, plan: SearchPlan, batch: int) -> KnnGraph:
         """Unlike the other calls, CuPy's pool keeps what a search allocated (a few MB a batch): freed after
         each call, every batch-1 search paid cudaMalloc / cudaFree (which waits for the device) per array."""
         with self.gpu.context():

@@ -14,11 +14,13 @@ import functools
 
 import numpy as np
 
+from bigknn.backends.cpu.search_calls import host_queries
 from bigknn.backends.cuda.compile import compile_kernels, sync_check
 from bigknn.backends.cuda.gpu import Gpu
 from bigknn.backends.cuda.kept import KeptCopy
 from bigknn.core.knn_graph import EMPTY, KnnGraph, merge_lists
 from bigknn.core.metric import Metric
+from bigknn.formats import check_peaks, check_rows
 from bigknn.algorithms.search_index import SearchIndex, entry_rows
 from bigknn.algorithms.search_params import PARENTS, SEARCH_K_MAX, SEEDS, SearchPlan
 
@@ -29,6 +31,7 @@ QUERY_WARPS_PER_SM = 4  # batches of fewer queries than this per SM get a block 
 BLOCK_WARPS = 8  # warps of such a block: they share the keys of a hop (results as with one warp; search.cu: <= 8)
 TEAM = 8  # search.cu: lanes that compute one key together
 HELD_UNITS = 16  # search.cu: float4 units a lane holds in registers at most (team_keys' VPL)
+DEVICE_QUERY_ROWS = 256  # smaller batches are checked and prepared on the host: a launch and a copy back cost more
 
 
 def units_per_lane(dim: int, half: bool = False) -> int:
@@ -102,7 +105,29 @@ def nearest_entries(sample: tuple, queries, metric: Metric):
     return out
 
 
-def graph_search(gpu: Gpu, kept: KeptCopy, index: SearchIndex, queries: np.ndarray, plan: SearchPlan,
+def searched_queries(rows: np.ndarray, metric: Metric, name: str, first_row: int):
+    """The Backend's ``searched_queries`` on the device: the rows go up as they are, a warp a row finds its
+    largest magnitude and (cosine) scales it to unit length in place (search.cu query_rows), and only the
+    peaks come back for the host's check (bigknn/formats/read.py check_peaks, the one place rows are judged).
+    A batch of fewer than DEVICE_QUERY_ROWS (one query a call) is prepared on the host as the CPU backend does."""
+    import cupy as cp
+
+    if len(rows) < DEVICE_QUERY_ROWS:
+        return host_queries(rows, metric, name, first_row)
+    if rows.dtype != np.float32:  # judged as given (a float64 row may overflow float32), then searched as float32
+        check_rows(name, first_row, rows)
+    q = cp.asarray(rows, dtype=cp.float32)
+    nq, dim = q.shape
+    peak = cp.empty(nq, cp.float32)
+    if nq:
+        module = compile_kernels((f"entry_nearest<{metric.kernel_id}>",))  # nearest_entries' module: no compile
+        module.get_function("query_rows")((-(-nq // WARPS),), (32 * WARPS,), (
+            q, np.int32(nq), np.int32(dim), np.int32(metric.normalised), peak))
+    check_peaks(name, first_row, rows, peak.get())  # reads only rows whose peak could overflow
+    return q
+
+
+def graph_search(gpu: Gpu, kept: KeptCopy, index: SearchIndex, queries, plan: SearchPlan,
                  batch: int) -> KnnGraph:
     import cupy as cp
 
@@ -130,7 +155,7 @@ def graph_search(gpu: Gpu, kept: KeptCopy, index: SearchIndex, queries: np.ndarr
     sample = _entry_sample(index, x, samples, plan.seed)
     ids_out, keys_out, work = [], [], []
     for b0 in range(0, len(queries), batch):
-        q = cp.asarray(np.ascontiguousarray(queries[b0:b0 + batch], dtype=np.float32))
+        q = cp.ascontiguousarray(cp.asarray(queries[b0:b0 + batch], dtype=cp.float32))  # host rows or device
         starts = nearest_entries(sample, q, index.metric)
         nq = q.shape[0]
         common = (x, np.int64(n), np.int32(dim), edges, lambdas, np.int32(deg), q, starts, np.int32(starts.shape[1]))

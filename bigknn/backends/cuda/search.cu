@@ -139,6 +139,34 @@ __device__ __forceinline__ void team_keys(const float* __restrict__ x, int dim, 
     }
 }
 
+// a batch of queries checked and prepared where they are searched (graph_search.py searched_queries): a warp a
+// row writes the row's largest magnitude (NaN where it holds NaN or Inf: the host's check names the row) and,
+// where `unit`, scales the row to unit length (a zero row stays zero), as metric.py's prepare does on the host
+extern "C" __global__ void __launch_bounds__(128) query_rows(float* __restrict__ q, int nq, int dim, int unit,
+                                                             float* __restrict__ peak) {
+    const int lane = threadIdx.x & 31;
+    const int qi = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (qi >= nq) return;
+    float* row = q + (long long)qi * dim;
+    float top = 0.f, sq = 0.f;
+    bool finite = true;
+    for (int c = lane; c < dim; c += 32) {
+        const float v = row[c];
+        finite = finite && isfinite(v);
+        top = fmaxf(top, fabsf(v));
+        sq = fmaf(v, v, sq);
+    }
+    for (int stride = 16; stride > 0; stride >>= 1) {
+        top = fmaxf(top, __shfl_xor_sync(FULL_MASK, top, stride));
+        sq += __shfl_xor_sync(FULL_MASK, sq, stride);
+    }
+    finite = __all_sync(FULL_MASK, finite);
+    if (lane == 0) peak[qi] = finite ? top : __int_as_float(0x7fc00000);
+    if (!unit || !finite || sq <= 0.f) return;
+    const float norm = sqrtf(sq);
+    for (int c = lane; c < dim; c += 32) row[c] /= norm;
+}
+
 // ---- entry points: the SEEDS sample rows nearest each query (algorithms/search_index.py nearest_entries) --------------
 // the (key, column) words of the reference, ascending across the warp's lanes (a bitonic network of shuffles)
 __device__ __forceinline__ u64 warp_sorted(u64 v, int lane) {
