@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, fields
 
 MIN_LIST = 48  # NN-Descent converges poorly on short lists: graphs are built at least this wide
 AUTO_SAMPLES = 16  # largest automatic p: 2p = 32 samples per list keep the cross-match in its small tile class
-CPU_AUTO_SAMPLES = 12  # the CPU's: a core pays for every key, so fewer per iteration (more iterations) measured
+CPU_AUTO_SAMPLES = 8  # the CPU's: a core pays for every key, so fewer per iteration (more iterations) measured
 # faster there (docs/perf-notes.md, "Measurements behind the constants")
 CPU_HARD_SAMPLES = 20  # the CPU's p where the first iteration leaves the probe below CPU_HARD_BELOW (a hard set:
 CPU_HARD_BELOW = 0.85  # text embeddings start far below it, clustered synth above it; docs/perf-notes.md)
