@@ -117,7 +117,7 @@ class Backend(Protocol):
         (bigknn/backends/cpu/diversify.py reach_back)."""
 
     def searched_queries(self, rows: np.ndarray, metric: Metric, name: str, first_row: int) -> Any:
-        """Query rows (float32, C order, as the user gave them) checked and prepared where this backend searches
+        """Query rows (C order, in the dtype the user gave them) checked and prepared where this backend searches
         them: BadInput naming ``name`` and row ``first_row + i`` for a bad row (bigknn/formats/read.py
         check_rows), unit length where the metric normalises. The host: NumPy rows; CUDA: a device array, checked
         and normalised there (only each row's largest magnitude comes back), so a large batch costs the host
