@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from bigknn.core.metric import Metric, half_scale
+from bigknn.formats import check_rows
 from bigknn.algorithms import reach
 from bigknn.algorithms.edge_lists import key_bits
 from bigknn.algorithms.search_params import ENTRY_SAMPLE, LAMBDA_VISIT, SEEDS, WALK_HALF_MIN_DIM
@@ -114,3 +115,10 @@ def nearest_entries(xp: Any, sample: Any, sample_ids: Any, queries: Any, metric:
     word = ((key_bits(xp, keys) - (1 << 31)) << 32) | col  # distinct (no tie left to the sort), within int64
     return sample_ids[xp.sort(word, axis=1)[:, :w] & 0xFFFFFFFF]
 
+
+def host_queries(rows: np.ndarray, metric: Metric, name: str, first_row: int) -> np.ndarray:
+    """Query rows checked (BadInput naming ``name`` and the row) and prepared on the host: float32, C order,
+    unit length where the metric normalises: the Backend's ``searched_queries`` on the host, and the queries
+    exact truth and recall compare (operations/search_queries.py load_queries)."""
+    check_rows(name, first_row, rows)
+    return np.ascontiguousarray(metric.prepare(rows.astype(np.float32, copy=False)), dtype=np.float32)

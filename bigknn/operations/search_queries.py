@@ -11,8 +11,9 @@ import numpy as np
 
 from bigknn.operations.input_arrays import host_array
 from bigknn.core.errors import BadInput
-from bigknn.formats import check_rows, open_vectors
-from bigknn.core.metric import prepare_rows
+from bigknn.algorithms.search_index import host_queries
+from bigknn.formats import open_vectors
+from bigknn.core.metric import metric as metric_of
 from bigknn.shards.manifest import Manifest
 
 ARRAY_NAME = "queries"  # what an error about a row of a query array names
@@ -41,12 +42,7 @@ def read_queries(source: Any, m: Manifest) -> tuple[np.ndarray, str]:
 
 def load_queries(source: Any, m: Manifest) -> np.ndarray:
     """``read_queries``, then every row checked (NaN / Inf and the overflow checks of the input, naming the
-    first bad row) and prepared on the host as the search computes it: what exact truth and recall compare."""
+    first bad row) and prepared on the host as the search computes it (the backends' ``host_queries``): what
+    exact truth and recall compare."""
     q, name = read_queries(source, m)
-    check_rows(name, 0, q)
-    return as_searched(q, m.metric)
-
-
-def as_searched(rows: np.ndarray, metric: str) -> np.ndarray:
-    """Checked query rows as the search computes them: float32, C order, unit length under cosine."""
-    return np.ascontiguousarray(prepare_rows(rows.astype(np.float32, copy=False), metric), dtype=np.float32)
+    return host_queries(q, metric_of(m.metric), name, 0)

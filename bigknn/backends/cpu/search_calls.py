@@ -9,18 +9,10 @@ from bigknn.backends.cpu import graph_search
 from bigknn.backends.cpu import diversify as prune
 from bigknn.core.knn_graph import KnnGraph
 from bigknn.core.metric import Metric
-from bigknn.formats import check_rows
 from bigknn.algorithms import tsdg_whole as whole
-from bigknn.algorithms.search_index import SearchIndex
+from bigknn.algorithms.search_index import SearchIndex, host_queries
 from bigknn.algorithms.edge_lists import nearest_lists, verdict_columns
 from bigknn.algorithms.search_params import NO_LAMBDA, DiversifyRule, PruneParams, SearchPlan
-
-
-def host_queries(rows: np.ndarray, metric: Metric, name: str, first_row: int) -> np.ndarray:
-    """Query rows checked (BadInput naming ``name`` and the row) and prepared on the host: float32, C order,
-    unit length where the metric normalises (the Backend's ``searched_queries`` on the host)."""
-    check_rows(name, first_row, rows)
-    return np.ascontiguousarray(metric.prepare(rows.astype(np.float32, copy=False)), dtype=np.float32)
 
 
 class SearchReference:

@@ -14,14 +14,13 @@ import functools
 
 import numpy as np
 
-from bigknn.backends.cpu.search_calls import host_queries
 from bigknn.backends.cuda.compile import compile_kernels, sync_check
 from bigknn.backends.cuda.gpu import Gpu
 from bigknn.backends.cuda.kept import KeptCopy
 from bigknn.core.knn_graph import EMPTY, KnnGraph, merge_lists
 from bigknn.core.metric import Metric
 from bigknn.formats import check_peaks, check_rows
-from bigknn.algorithms.search_index import SearchIndex, entry_rows
+from bigknn.algorithms.search_index import SearchIndex, entry_rows, host_queries
 from bigknn.algorithms.search_params import PARENTS, SEARCH_K_MAX, SEEDS, SearchPlan
 
 WARPS = 4  # queries a block where a warp searches a query
