@@ -9,6 +9,10 @@ time), one file each in a format bigknn reads, plus one JSON line per family on 
     f16     1M x 768 float16, l2: a 32-d latent mixture lifted to 768-d
     text    1M x 384 float32, cosine: all-MiniLM-L6-v2 embeddings of prose on this machine (scripts/text_family.py;
             needs torch + sentence-transformers and the folder made by scripts/package_model.sh)
+    tokens  1M x 384 float32, cosine: the same model's contextual word-piece embeddings of the same prose
+            (ColBERT-style; scripts/text_family.py, same needs)
+    sift    1M x 128 uint8, l2: real dense SIFT descriptors of the photographs Python packages install
+            (scripts/image_family.py; needs opencv-python and scikit-image, scikit-learn, matplotlib for the photos)
 
     PYTHONPATH=$PWD python3 scripts/families.py u8 -o /tmp/fam/u8.u8bin
     PYTHONPATH=$PWD python3 scripts/families.py all -o /tmp/fam          # every family into /tmp/fam/NAME.EXT
@@ -30,11 +34,14 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from bigknn.formats import vectors_writer
+from bigknn.formats import vectors_writer, write_vectors
 from bigknn.core.synth import BLOCK_ROWS, synth_blocks
 
 MakeBlock = Callable[[int, int], np.ndarray]  # (first row, rows) -> block
-EXT = {"synth": ".fbin", "iid64": ".fbin", "iid128": ".fbin", "u8": ".u8bin", "f16": ".f16bin", "text": ".fbin"}
+EXT = {"synth": ".fbin", "iid64": ".fbin", "iid128": ".fbin", "u8": ".u8bin", "f16": ".f16bin", "text": ".fbin",
+       "tokens": ".fbin", "sift": ".u8bin"}
+METRIC = {"text": "cosine", "tokens": "cosine"}  # every other family: l2
+REAL = ("text", "tokens", "sift")  # made from what the machine holds, not from a seed alone
 MIXTURES = {  # dim, clusters, latent dim, centre std, noise std: latent = centre + N(0, I), x = latent @ lift + noise
     "u8": (128, 1000, 16, 2.0, 0.25),
     "f16": (768, 1000, 32, 2.0, 0.05),
@@ -129,12 +136,28 @@ def write_family(family: str, out: Path, rows: int, seed: int, threads: int | No
         raise SystemExit(f"{out}: family {family} is written as {EXT[family]}")
     out.parent.mkdir(parents=True, exist_ok=True)
     rec = {"family": family, "file": str(out), "seed": seed}
-    if family == "text":
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    if family in ("text", "tokens"):
         import text_family
 
         if not (text_family.MODEL_DIR / "model.safetensors").exists():
-            raise SystemExit(f"text: no model in {text_family.MODEL_DIR}: run scripts/package_model.sh, carry .model")
+            raise SystemExit(f"{family}: no model in {text_family.MODEL_DIR}: run scripts/package_model.sh, carry "
+                             ".model")
+    if family == "tokens":
+        texts, found = text_family.passages(rows, seed, text_roots, threads)  # far more tokens than rows
+        x, model = text_family.embed_tokens(texts, rows)
+        write_vectors(out, x)
+        rec.update(rows=len(x), rows_requested=rows, dim=384, dtype="float32", metric="cosine", unit_norm=True,
+                   provenance={**model, **found})
+    elif family == "sift":
+        import image_family
+
+        x, photos = image_family.descriptors(rows, seed, threads)
+        if len(x) < rows:
+            print(f"sift: only {len(x)} distinct descriptors on this machine, {rows} asked", file=sys.stderr)
+        write_vectors(out, x)
+        rec.update(rows=len(x), rows_requested=rows, dim=128, dtype="uint8", metric="l2", provenance=photos)
+    elif family == "text":
         texts, found = text_family.passages(rows, seed, text_roots, threads)
         t1 = time.perf_counter()
         if len(texts) < rows:
@@ -164,7 +187,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("-o", "--out", type=Path, required=True, help="output file (a folder for 'all')")
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=None, help="generator threads / text reader processes")
+    ap.add_argument("--threads", type=int, default=None, help="generator threads / text reader and image processes")
     ap.add_argument("--passages", type=Path, default=None, help="text: also write the passages, one per line")
     ap.add_argument("--text-root", action="append", default=None,
                     help="text: read prose under this folder (repeatable) instead of the Python and system folders")

@@ -8,6 +8,11 @@ C and CUDA headers and /usr/share/doc (sorted paths), whitespace-collapsed, kept
 gives the same passages.
 Embedded by the model packaged by ``scripts/package_model.sh`` (all-MiniLM-L6-v2, fp16 on CUDA, float32
 on CPU), mean pooled, unit norm. torch and sentence-transformers are needed here, never by bigknn.
+
+The `tokens` family: the same model's contextual token embeddings (its last layer per word piece, before the
+pooling; [CLS] and [SEP] left out), unit norm, as late-interaction retrievers (ColBERT) index them: the passages
+in the same seeded order until ``rows`` tokens. A set of another shape than the sentences': many rows per
+passage, word pieces repeated across contexts.
 """
 
 from __future__ import annotations
@@ -176,3 +181,38 @@ def embed(texts: list[str], out: np.ndarray, model_dir: Path = MODEL_DIR, batch:
                 max_seq_length=model.max_seq_length, torch=torch.__version__, transformers=transformers.__version__,
                 sentence_transformers=sentence_transformers.__version__, python=sys.version.split()[0])
     return prov
+
+
+def embed_tokens(texts: list[str], rows: int, model_dir: Path = MODEL_DIR, batch: int | None = None
+                 ) -> tuple[np.ndarray, dict]:
+    """The first ``rows`` word-piece embeddings of ``texts`` in order ((rows, 384) float32, unit norm; fewer if
+    the texts hold fewer), and the provenance."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    import sentence_transformers
+    import torch
+
+    cuda = torch.cuda.is_available()
+    model = sentence_transformers.SentenceTransformer(str(model_dir), device="cuda" if cuda else "cpu")
+    model = model.half() if cuda else model.float()
+    out = np.empty((rows, 384), np.float32)
+    at, used, step, t0 = 0, 0, 1 << 14, time.perf_counter()
+    while at < rows and used < len(texts):
+        part = texts[used:used + step]
+        used += len(part)
+        for emb in model.encode(part, batch_size=batch or (512 if cuda else 32), output_value="token_embeddings",
+                                convert_to_numpy=False, show_progress_bar=False):
+            words = emb[1:-1].float().cpu().numpy()[: rows - at]  # without [CLS] and [SEP]
+            out[at:at + len(words)] = words
+            at += len(words)
+            if at == rows:
+                break
+        print(f"tokens: {at}/{rows} from {used} passages in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    out = out[:at]
+    out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
+    prov = json.loads((model_dir / "PROVENANCE.json").read_text())
+    prov.update(output="token_embeddings (last layer, no [CLS]/[SEP])", passages_used=used,
+                device=torch.cuda.get_device_name() if cuda else "cpu", compute_dtype="float16" if cuda else "float32",
+                max_seq_length=model.max_seq_length, torch=torch.__version__,
+                sentence_transformers=sentence_transformers.__version__)
+    return out, prov

@@ -83,3 +83,21 @@ def test_text_family_on_a_few_passages(tmp_path: Path) -> None:
     assert x.shape == (48, 384) and x.dtype == np.float32 and rec["metric"] == "cosine"
     assert np.allclose(np.linalg.norm(x, axis=1), 1, atol=1e-5)
     assert rec["provenance"]["passages_sha256"] == found["passages_sha256"]
+
+
+def test_sift_family_is_real_dense_sift(monkeypatch: pytest.MonkeyPatch) -> None:
+    image_family = importlib.import_module("image_family")
+    if importlib.util.find_spec("cv2") is None:
+        pytest.skip("sift family: OpenCV (opencv-python-headless) is not installed here")
+    monkeypatch.setattr(image_family, "PHOTOS", {"skimage": ["data/camera.png", "data/coins.png"]})
+    monkeypatch.setattr(image_family, "SCALES", (0.5,))
+    if len(image_family.photo_paths()) < 2:
+        pytest.skip("sift family: scikit-image's sample photographs are not installed here")
+    x, prov = image_family.descriptors(500, seed=1, workers=1)
+    again, prov_again = image_family.descriptors(500, seed=1, workers=2)
+    other, _ = image_family.descriptors(500, seed=2, workers=1)
+    assert x.shape == (500, 128) and x.dtype == np.uint8 and np.array_equal(x, again) and prov == prov_again
+    assert not np.array_equal(x, other) and len(np.unique(x, axis=0)) == len(x)
+    assert (x.sum(axis=1) >= image_family.MIN_SUM).all() and x.max() > 100
+    assert prov["photos"] == ["skimage/data/camera.png", "skimage/data/coins.png"]
+    assert prov["descriptors_distinct"] <= prov["descriptors_found"] == sum(prov["per_photo"])
