@@ -1,22 +1,23 @@
 #!/usr/bin/env python3
 """bigknn's search as a user runs it, against cuVS CAGRA in the same process on the same data.
 
-bigknn is timed only through its public API: ``bigknn.build`` (k = 2 x degree) and ``Graph.prune`` (tsdg), then
+bigknn is timed only through its public API, at each ``--degrees`` (32 and 64, as CAGRA): ``bigknn.build``
+(k = 2 x degree) and ``Graph.prune`` (tsdg), then
 ``g.search_index(...)`` and ``index.search`` in batches of 10K and one query a call, and ``Graph.search`` after its
 first call (the index it keeps). CAGRA (graph degree 32 and 64, its own nn_descent build) is searched over its
 itopk_size sweep, results copied to the host as bigknn returns them. The last ``--queries`` rows of each input are
 held out as queries. Recall@10 counts ties with the 10th true neighbour (exact truth by ``Graph.truth``).
 
-An input is FILE:METRIC (l2, ip, cosine) or a family of scripts/families.py (text, u8, f16, synth, iid64,
-iid128), made into ``--work`` with ``--rows`` rows first (text needs the model of scripts/package_model.sh; where
-it cannot be made, a JSON note says so and the run goes on). Every family runs in this one process.
+An input is FILE:METRIC (l2, ip, cosine) or a family of scripts/families.py (text, tokens, sift, u8, f16, synth,
+iid64, iid128), made into ``--work`` with ``--rows`` rows first (text and tokens need the model of
+scripts/package_model.sh, sift OpenCV; where it cannot be made, a JSON note says so and the run goes on). Every family runs in this one process.
 
     PYTHONPATH=$PWD python3 scripts/bench_search_api.py text u8 f16 --rows 1000000 --work $WORK/api \\
         --out $OUT/search_api.jsonl
     PYTHONPATH=$PWD python3 scripts/bench_search_api.py u8 --rows 20000 --queries 200 --backend cpu --work /tmp/w
 
-One JSON line per measurement (``--out`` keeps them), then one summary line per family: per method (bigknn
-index.search, bigknn Graph.search, cagra-32, cagra-64) and batch (10000, 1) the best QPS at recall@10 >= 0.95
+One JSON line per measurement (``--out`` keeps them), then one summary line per family: per method (bigknn-D
+index.search, bigknn-D Graph.search for each degree D, cagra-32, cagra-64) and batch (10000, 1) the best QPS at recall@10 >= 0.95
 and >= 0.99, the build times (kNN + prune against CAGRA's build), and a one-query call's time split into the
 backend's search (queries up, entry GEMM, kernel, results back: ``backend_us``, with the GPU's span of it) and
 what the API adds around it (``api_overhead_us``; the only place the script calls bigknn's backend directly).
@@ -66,7 +67,7 @@ def inputs(spec: str, work: Path, rows: int) -> tuple[str, Path, str] | dict:
                 families.write_family(spec, path, rows, seed=0)
             except (SystemExit, ImportError) as e:  # the text family without its model or torch
                 return {"family": spec, "note": f"not made: {e}"}
-        return spec, path, "cosine" if spec == "text" else "l2"
+        return spec, path, families.METRIC.get(spec, "l2")
     path, metric = spec.rsplit(":", 1)
     return Path(path).name.split(".")[0], Path(path), metric
 
@@ -152,40 +153,45 @@ def overhead(index, backend_name: str, q: np.ndarray, calls: int) -> dict:
 
 
 # ---- the tools ----------------------------------------------------------------------------------
-def bench_bigknn(x, q, metric, args, base: dict, out) -> tuple[list[dict], dict, np.ndarray]:
-    """Build, prune and search as a user does; also the exact truth of the queries (untimed)."""
-    store = args.work / f"{base['family']}.knn"
+def bench_bigknn(x, q, metric, degree: int, args, base: dict, out, truth: np.ndarray | None = None
+                 ) -> tuple[list[dict], dict, np.ndarray]:
+    """Build (k = 2 x degree), prune and search as a user does; also the exact truth of the queries (untimed,
+    once: ``truth`` given by an earlier degree)."""
+    store = args.work / f"{base['family']}-{degree}.knn"
     shutil.rmtree(store, ignore_errors=True)
     t0 = time.perf_counter()
-    g = bigknn.build(x, k=2 * args.degree, metric=metric, store=store, recall=args.recall, backend=args.backend)
+    g = bigknn.build(x, k=2 * degree, metric=metric, store=store, recall=args.recall, backend=args.backend)
     knn_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    g.prune("tsdg", degree=args.degree, backend=args.backend)
+    g.prune("tsdg", degree=degree, backend=args.backend)
     prune_s = time.perf_counter() - t0
-    gt = args.work / f"{base['family']}.gt.ibin"
-    gt.unlink(missing_ok=True)
-    g.truth(q, gt, k=K, backend=args.backend)
-    truth = np.asarray(read_truth(gt)[0], np.int64)
+    if truth is None:
+        gt = args.work / f"{base['family']}.gt.ibin"
+        gt.unlink(missing_ok=True)
+        g.truth(q, gt, k=K, backend=args.backend)
+        truth = np.asarray(read_truth(gt)[0], np.int64)
     t0 = time.perf_counter()
     index = g.search_index(backend=args.backend)
     load_s = time.perf_counter() - t0
     build = {"knn_s": round(knn_s, 2), "prune_s": round(prune_s, 2), "knn_plus_prune_s": round(knn_s + prune_s, 2),
-             "index_load_s": round(load_s, 2), "degree": args.degree, "knn_k": 2 * args.degree}
-    emit({**base, "method": "bigknn", **build}, out)
+             "index_load_s": round(load_s, 2), "degree": degree, "knn_k": 2 * degree}
+    name = f"bigknn-{degree}"
+    emit({**base, "method": name, **build}, out)
     xs, qs = as_searched(x, metric), as_searched(q, metric)
-    bb = {**base, "degree": args.degree}
-    points = sweep("bigknn index.search", BUDGETS, lambda b: lambda qq: index.search(qq, k=K, budget=b).ids,
+    bb = {**base, "degree": degree}
+    points = sweep(f"{name} index.search", BUDGETS, lambda b: lambda qq: index.search(qq, k=K, budget=b).ids,
                    q, qs, xs, truth, metric, bb, out, args.batch1_seconds)
     g.search(q[:1], k=K, backend=args.backend)  # its first call loads the index it keeps
-    points += sweep("bigknn Graph.search", BUDGETS,
+    points += sweep(f"{name} Graph.search", BUDGETS,
                     lambda b: lambda qq: g.search(qq, k=K, budget=b, backend=args.backend).ids,
                     q, qs, xs, truth, metric, bb, out, args.batch1_seconds)
     calls = overhead(index, args.backend, q, args.overhead_calls)
-    emit({**base, "method": "bigknn one-query call", **calls}, out)
+    emit({**base, "method": f"{name} one-query call", **calls}, out)
     streamed = bench_stream(index, store, q, args, base)
-    emit({**base, "method": "bigknn search (CLI, streamed)", **streamed}, out)
+    emit({**base, "method": f"{name} search (CLI, streamed)", **streamed}, out)
     index.close()
     g.close()
+    shutil.rmtree(store)  # the next degree's store and the made families share --work's disk
     return points, {**build, "one_query_call": calls, "cli_stream": streamed}, truth
 
 
@@ -252,11 +258,16 @@ def bench_family(spec: str, args, device: str, cagra_note: str | None, out) -> N
             "queries": len(q), "device": device, "backend": args.backend}
     warm = args.work / "warm-up.knn"  # kernels compiled before anything is timed
     shutil.rmtree(warm, ignore_errors=True)
-    with bigknn.build(x[:WARMUP_ROWS], k=2 * args.degree, metric=metric, store=warm, backend=args.backend) as g:
-        g.prune("tsdg", degree=args.degree, backend=args.backend)
-        g.search(q[:1], backend=args.backend)  # the search kernels too: index_load_s is the load alone
+    with bigknn.build(x[:WARMUP_ROWS], k=2 * max(args.degrees), metric=metric, store=warm,
+                      backend=args.backend) as g:
+        for degree in args.degrees:
+            g.prune("tsdg", degree=degree, backend=args.backend)
+            g.search(q[:1], backend=args.backend)  # the search kernels too: index_load_s is the load alone
     shutil.rmtree(warm)
-    points, build, truth = bench_bigknn(x, q, metric, args, base, out)
+    points, build, truth = [], {}, None
+    for degree in args.degrees:
+        found, build[f"bigknn-{degree}"], truth = bench_bigknn(x, q, metric, degree, args, base, out, truth)
+        points += found
     cagra: dict | str = cagra_note or {}
     if cagra_note is None:
         cagra_points, cagra = bench_cagra(as_searched(x, metric), as_searched(q, metric), truth, metric, args,
@@ -282,7 +293,8 @@ def main(argv=None) -> int:
     ap.add_argument("--work", type=Path, required=True, help="folder for the stores and made families")
     ap.add_argument("--rows", type=int, default=1_000_000, help="rows of a family made here (queries included)")
     ap.add_argument("--queries", type=int, default=10_000, help="rows held out at the end of each input")
-    ap.add_argument("--degree", type=int, default=32, help="search graph degree (the kNN graph has twice it)")
+    ap.add_argument("--degrees", type=int, nargs="+", default=[32, 64],
+                    help="search graph degrees, each its own build (the kNN graph has twice it)")
     ap.add_argument("--recall", type=float, default=0.99, help="the kNN build's recall target")
     ap.add_argument("--batch1-seconds", type=float, default=2.0, help="one query a call: seconds per point")
     ap.add_argument("--stream-queries", type=int, default=1_000_000, help="queries `bigknn search` streams")
