@@ -135,6 +135,22 @@ def search_set(d: Path, seed: int, clusters: int, spread: float, dim: int, rows:
     return {"dir": d, "x": x, "q": q}
 
 
+def ranked_candidates(rng: np.random.Generator, table: np.ndarray, metric: str, rows: int, width: int
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For ``rows`` random rows of ``table``: (candidates (rows, width) int64, EMPTY-padded at the end, each list
+    1..width random rows ascending by key (stable), their float32 keys (l2 or ip, from float64), the rows)."""
+    t = table.astype(np.float64)
+    cands = np.full((rows, width), -1, np.int64)
+    keys = np.full((rows, width), np.inf, np.float32)
+    at = rng.integers(0, len(table), rows)
+    for r in range(rows):
+        c = rng.choice(len(table), size=int(rng.integers(1, width + 1)), replace=False)
+        key = ((t[c] - t[at[r]]) ** 2).sum(1) if metric == "l2" else -(t[c] @ t[at[r]])
+        order = np.argsort(key, kind="stable")
+        cands[r, :len(c)], keys[r, :len(c)] = c[order], key[order]
+    return cands, keys, at
+
+
 def pruned_store(path: Path, x: np.ndarray, k: int, degree: int, shard_rows: int = 0, method: str = "tsdg",
                  metric: str = "l2") -> Path:
     """``x`` built into a store at ``path`` and pruned to a search graph of ``degree`` (both on the CPU)."""

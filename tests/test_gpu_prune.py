@@ -16,6 +16,8 @@ from bigknn.operations.search_arrays import load_index
 from bigknn.shards import Store
 from bigknn.core.metric import L2, metric as metric_of
 
+from conftest import ranked_candidates
+
 pytestmark = pytest.mark.gpu
 
 RULES = [DiversifyRule("rng"), DiversifyRule("gd", 1.0), DiversifyRule("gd", 1.2), DiversifyRule("occlusion")]
@@ -26,14 +28,7 @@ def _lists(rng, metric: str, rows: int, width: int, n: int = 3001, dim: int = 29
     table[n // 2:n // 2 + 50] = table[:50]  # duplicate rows: zero pair keys
     if metric == "ip":
         table /= np.linalg.norm(table, axis=1, keepdims=True)
-    cands = np.full((rows, width), EMPTY, np.int64)
-    keys = np.full((rows, width), np.inf, np.float32)
-    at = rng.integers(0, n, rows)
-    for r in range(rows):
-        c = rng.choice(n, size=int(rng.integers(1, width + 1)), replace=False)
-        key = ((table[c] - table[at[r]]) ** 2).sum(1) if metric == "l2" else -(table[c] @ table[at[r]])
-        order = np.argsort(key, kind="stable")
-        cands[r, :len(c)], keys[r, :len(c)] = c[order], key[order]
+    cands, keys, at = ranked_candidates(rng, table, metric, rows, width)
     twin = ((table[np.where(cands >= 0, cands, 0)] == table[at][:, None, :]).all(axis=2) & (cands >= 0)).any(axis=1)
     return table, cands, keys, twin
 
@@ -45,7 +40,7 @@ def test_gpu_diversify_matches_the_reference(cuda_backend, metric, rule, rows, w
     rng = np.random.default_rng(rows * 1000 + width)
     table, cands, keys, twin = _lists(rng, metric, rows, width)
     cut = max(1, width // 2)  # lists cut short of the candidates: the device's sort must rank before it cuts
-    want = CpuBackend().diversify_lists(cands, keys, table, metric_of(metric), rule, cut)
+    want = CpuBackend(reference=True).diversify_lists(cands, keys, table, metric_of(metric), rule, cut)
     got = cuda_backend.diversify_lists(cands, keys, table, metric_of(metric), rule, cut)
     for g, w in zip(got, want):
         assert g.dtype == w.dtype and g.shape == w.shape

@@ -16,6 +16,7 @@ import pytest
 
 import bigknn
 from bigknn.backends.cpu import CpuBackend
+from bigknn.backends.cpu import diversify_kernels
 from bigknn.backends.cpu.diversify import diversify, reach_back
 from bigknn.core.errors import BadInput
 from bigknn.core.knn_graph import EMPTY
@@ -26,7 +27,7 @@ from bigknn.operations.search_arrays import load_index
 from bigknn.shards import Store
 from bigknn.shards.manifest import SEARCH_SINCE
 
-from conftest import cli_env, read_manifest, stored_index, tree_hashes
+from conftest import cli_env, ranked_candidates, read_manifest, stored_index, tree_hashes
 from test_chunks import flip_byte
 
 
@@ -84,18 +85,62 @@ def test_sequential_rules_keep_exactly_the_unoccluded(metric, rule):
     assert kept[:, 0].all()  # the nearest is never occluded
 
 
+@pytest.mark.parametrize("impl", [diversify, diversify_kernels.diversify], ids=["reference", "compiled"])
 @pytest.mark.parametrize("rule", [DiversifyRule("rng"), DiversifyRule("gd", 1.0), DiversifyRule("occlusion")])
-def test_a_twin_of_the_row_occludes_nothing(rule):
+def test_a_twin_of_the_row_occludes_nothing(rule, impl):
     """l2: a twin (key 0) ties exactly with every later candidate (d(twin, j) = d(row, j)); it must not stand in for
     the row's other edges, or a row with a duplicate keeps only its duplicate."""
     table, cands, keys = _candidate_lists(np.random.default_rng(4), "l2")
     table[cands[:, 0]] = table[:len(cands)]  # each row's nearest candidate becomes its twin
     keys[:, 0] = 0.0
-    with_twin = diversify(cands, keys, table, L2, rule)
-    without = diversify(cands[:, 1:], keys[:, 1:], table, L2, rule)
+    with_twin = impl(cands, keys, table, L2, rule)
+    without = impl(cands[:, 1:], keys[:, 1:], table, L2, rule)
     if rule.sequential:
         assert with_twin[:, 0].all()
     np.testing.assert_array_equal(with_twin[:, 1:], without)
+
+
+def _integer_lists(rng, metric: str, rows: int, width: int, n: int = 600, dim: int = 33):
+    """Integer-valued rows (uint8, as SIFT) and each row's candidates ascending by key, EMPTY-padded at the end:
+    every key and pair key is an exact integer in float32 and float64 alike."""
+    table = rng.integers(0, 16, size=(n, dim)).astype(np.uint8)
+    cands, keys, _ = ranked_candidates(rng, table, metric, rows, width)
+    return table, cands, keys
+
+
+RULES = [DiversifyRule("rng"), DiversifyRule("gd", 1.0), DiversifyRule("gd", 1.2), DiversifyRule("occlusion")]
+
+
+@pytest.mark.parametrize("metric", ["l2", "ip"])
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: f"{r.kind}-{r.alpha}")
+@pytest.mark.parametrize("rows,width", [(1, 1), (257, 33), (61, 97)])
+def test_compiled_diversify_is_the_reference_on_integer_rows(metric, rule, rows, width):
+    """Exact keys on both sides (uint8 rows): the compiled verdicts are the reference's, slot for slot, and so
+    are the CPU backend's lists."""
+    table, cands, keys = _integer_lists(np.random.default_rng(rows + width), metric, rows, width)
+    want = diversify(cands, keys, table, metric_of(metric), rule)
+    got = diversify_kernels.diversify(cands, keys, table, metric_of(metric), rule)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+    assert 0 < (got > 0).sum() < (cands >= 0).sum() or rows == 1  # decided both ways
+    cut = max(1, width // 2)
+    for a, b in zip(CpuBackend().diversify_lists(cands, keys, table, metric_of(metric), rule, cut),
+                    CpuBackend(reference=True).diversify_lists(cands, keys, table, metric_of(metric), rule, cut)):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("metric", ["l2", "ip"])
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: f"{r.kind}-{r.alpha}")
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_compiled_diversify_agrees_with_the_reference_on_float_rows(metric, rule, dtype):
+    """float rows: float32 pair keys may decide a near-tie the other way than the reference's float64, nothing
+    else (as the GPU's kernels)."""
+    table, cands, keys = _candidate_lists(np.random.default_rng(9), metric, rows=300, width=40, n=900, dim=24)
+    table = table.astype(dtype)
+    want = diversify(cands, keys, table, metric_of(metric), rule)
+    got = diversify_kernels.diversify(cands, keys, table, metric_of(metric), rule)
+    assert got.dtype == want.dtype and not got[cands < 0].any()
+    assert (got == want).all(axis=1).mean() >= 0.98
 
 
 @pytest.mark.parametrize("rule", [DiversifyRule("rng"), DiversifyRule("gd", 1.2), DiversifyRule("occlusion")])

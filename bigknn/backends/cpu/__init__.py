@@ -21,7 +21,9 @@ from bigknn.core.metric import Metric
 from bigknn.algorithms.partition.nearest import nearest_numpy
 from bigknn.core.params import (CPU_AUTO_SAMPLES, CPU_HARD_BELOW, CPU_HARD_SAMPLES, CPU_HARD_WIDTH, EXACT_ROWS,
                            GnndParams)
+from bigknn.algorithms.edge_lists import verdict_columns
 from bigknn.algorithms.recall_target import Probe, Stopper, make_merge_probe, make_probe
+from bigknn.algorithms.search_params import NO_LAMBDA, DiversifyRule
 
 
 RP_TREES = 20  # RP trees seeding the compiled GNND's lists (rptree.py): fewer iterations than 6 on every family,
@@ -149,6 +151,17 @@ class CpuBackend(SearchReference):
             raise BadInput(f"--threads {threads}", "takes a number of threads >= 1")
         self.threads = threads
         self.compiled = not reference
+
+    def diversify_lists(self, cands: np.ndarray, keys: np.ndarray, table: np.ndarray, metric: Metric,
+                        rule: DiversifyRule, width: int) -> tuple[np.ndarray, np.ndarray]:
+        """The reference's lists (SearchReference.diversify_lists), the verdicts compiled (diversify_kernels.py)."""
+        if not self.compiled:
+            return super().diversify_lists(cands, keys, table, metric, rule, width)
+        from bigknn.backends.cpu.diversify_kernels import diversify
+
+        use_threads(self.threads)
+        verdict = diversify(cands, keys, table, metric, rule)
+        return verdict_columns(np, verdict, cands >= 0, rule.sequential, width, NO_LAMBDA)
 
     def gnnd(self, x: np.ndarray, metric: Metric, params: GnndParams, seed: int, on_iter=None,
              probe: Probe | None = None) -> KnnGraph:
