@@ -19,7 +19,8 @@ from bigknn.formats import write_vectors
 from bigknn.core.metric import L2, Metric
 from bigknn.core.synth import synth
 
-CLI_TIMEOUT_S = 300
+CLI_TIMEOUT_S = 1800  # a subprocess's hang guard, never a verdict: a fresh clone's first CLI call compiles every
+# numba kernel, which takes minutes on a loaded 2-core machine (a 300 s guard failed a CI run's first fixture)
 
 
 # ---- the command line -------------------------------------------------------------------------

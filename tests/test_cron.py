@@ -18,6 +18,8 @@ import bigknn
 from bigknn.formats import write_vectors
 from bigknn.shards import WriterLock
 
+from conftest import CLI_TIMEOUT_S
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "cron" / "bigknn-ingest.sh"
 DIM, ROWS, NEW = 8, 600, 50
@@ -58,7 +60,7 @@ def age(path: Path, age_s: int) -> None:
 def run_cron(job: dict, **env: str) -> tuple[int, list[dict], str]:
     """The script's exit code, the log's records, its stderr."""
     variables = [f"{k}={v}" for k, v in {**job["env"], **env}.items()]
-    proc = subprocess.run(["env", "-i", *variables, str(SCRIPT)], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(["env", "-i", *variables, str(SCRIPT)], capture_output=True, text=True, timeout=CLI_TIMEOUT_S)
     log = job["log"].read_text() if job["log"].exists() else ""
     return proc.returncode, [json.loads(line) for line in log.splitlines()], proc.stderr
 

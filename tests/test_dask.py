@@ -30,7 +30,7 @@ from bigknn.engine.dask.worker_tasks import claim_version  # noqa: E402
 from bigknn.core.errors import BadInput  # noqa: E402
 from bigknn.engine.accounting import Accounting  # noqa: E402
 from bigknn.shards import Store  # noqa: E402
-from conftest import assert_one_line_error, cli_env, read_manifest, run_json, write_synth  # noqa: E402
+from conftest import CLI_TIMEOUT_S, assert_one_line_error, cli_env, read_manifest, run_json, write_synth  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -230,7 +230,7 @@ def test_scheduler_without_dask_is_one_line(tmp_path, reference):
     env = dict(cli_env(), PYTHONPATH=os.pathsep.join([str(hide), *sys.path]))
     proc = subprocess.run([sys.executable, "-m", "bigknn", "build", str(reference["data"]), "-o",
                            str(tmp_path / "x.knn"), "--backend", "cpu", "--scheduler", "local:2"],
-                          env=env, capture_output=True, text=True, timeout=120)
+                          env=env, capture_output=True, text=True, timeout=CLI_TIMEOUT_S)
     assert_one_line_error(proc.returncode, proc.stdout, proc.stderr, "--scheduler", "pip install dask distributed", "'.[dask]'")
     assert not (tmp_path / "x.knn").exists()
 
@@ -240,7 +240,7 @@ def test_no_scheduler_imports_no_dask(tmp_path):
             "bigknn.build(np.random.default_rng(0).normal(size=(300, 4)).astype('float32'), k=5, backend='cpu')"
             ".close()\n"
             "assert not {'dask', 'distributed'} & set(sys.modules), 'dask imported'\n")
-    proc = subprocess.run([sys.executable, "-c", code], env=cli_env(), capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", code], env=cli_env(), capture_output=True, text=True, timeout=CLI_TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr
 
 

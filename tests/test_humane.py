@@ -21,7 +21,7 @@ from bigknn.backends.cuda import cuda_available
 from bigknn.formats import open_vectors
 from bigknn.core.progress import Reporter
 
-from conftest import assert_one_line_error, cli_env, run_cli, run_json, tree_hashes, write_synth
+from conftest import CLI_TIMEOUT_S, assert_one_line_error, cli_env, run_cli, run_json, tree_hashes, write_synth
 
 ROWS, DIM, K, SHARD_ROWS = 2400, 8, 5, 1200
 COLOR = re.compile(r"\x1b\[[0-9;]*(3[0-8]|9[0-7])[0-9;]*m")  # an SGR sequence that sets a foreground colour
@@ -38,7 +38,7 @@ def built(tmp_path_factory) -> dict:
 
 def run_env(*args, extra_env: dict) -> tuple[int, str, str]:
     proc = subprocess.run([sys.executable, "-m", "bigknn", *map(str, args)], env={**cli_env(), **extra_env},
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=CLI_TIMEOUT_S)
     return proc.returncode, proc.stdout, proc.stderr
 
 
@@ -177,7 +177,7 @@ def on_a_terminal(args: list, env: dict) -> str:
             break
         shown += chunk
     os.close(main)
-    assert proc.wait(timeout=120) == 0, shown
+    assert proc.wait(timeout=CLI_TIMEOUT_S) == 0, shown
     return shown.decode(errors="replace")
 
 

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq  # noqa: E402
 import bigknn  # noqa: E402
 from bigknn.core.errors import BadInput  # noqa: E402
 from bigknn.formats import open_source, write_vectors  # noqa: E402
-from conftest import assert_one_line_error, cli_env, run_cli, run_json  # noqa: E402
+from conftest import CLI_TIMEOUT_S, assert_one_line_error, cli_env, run_cli, run_json  # noqa: E402
 
 ROWS, DIM, K = 900, 8, 5
 PARTS, GROUP_ROWS = 3, 70  # row groups that straddle the sharding pass's blocks and the parts
@@ -314,7 +314,7 @@ def test_ingest_of_new_parquet_files_carries_their_ids_and_a_repeat_is_a_no_op(t
 def test_the_parquet_example_runs(tmp_path):
     example = Path(__file__).resolve().parents[1] / "examples" / "parquet_to_graph.py"
     proc = subprocess.run([sys.executable, str(example)], cwd=tmp_path, env=cli_env(), capture_output=True,
-                          text=True, timeout=600)
+                          text=True, timeout=CLI_TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr
     assert "ingested: 1000 rows, then 0 on the repeat; 4000 rows in all" in proc.stdout
     assert float(re.search(r"twin: ([\d.]+)", proc.stdout).group(1)) >= 0.99, proc.stdout

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import cli_env
+from conftest import CLI_TIMEOUT_S, cli_env
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_parquet.py"
 
@@ -21,7 +21,7 @@ def test_parquet_and_f16bin_builds_of_the_same_rows_report(tmp_path):
     folder = tmp_path / "bench"
     proc = subprocess.run([sys.executable, str(SCRIPT), "--rows", "3000", "--dim", "16", "--files", "3",
                            "--group-rows", "400", "--k", "5", "--recall-sample", "300", "--dir", str(folder), "--",
-                           "--backend", "cpu"], env=cli_env(), capture_output=True, text=True, timeout=900)
+                           "--backend", "cpu"], env=cli_env(), capture_output=True, text=True, timeout=CLI_TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr
     r = json.loads(proc.stdout)
     assert (r["rows"], r["dim"], r["files"]) == (3000, 16, 3)

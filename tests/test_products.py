@@ -20,7 +20,7 @@ from sklearn.metrics import adjusted_rand_score
 
 import bigknn
 from bigknn.core.errors import BadInput
-from conftest import assert_one_line_error, cli_env, run_cli, run_json
+from conftest import CLI_TIMEOUT_S, assert_one_line_error, cli_env, run_cli, run_json
 
 SMALL_BUDGET = 4096  # bytes: a few rows a block, so every product takes the on-disk path
 
@@ -394,7 +394,7 @@ def test_products_example_runs(tmp_path):
     """The README chapters' example, as a user runs it."""
     example = Path(__file__).resolve().parents[1] / "examples" / "graph_products.py"
     proc = subprocess.run([sys.executable, str(example)], cwd=tmp_path, env={**cli_env(), "TMPDIR": str(tmp_path)},
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=CLI_TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "groups: 5 rows removed: 68 largest: 40" in out and "rows kept: 2005" in out

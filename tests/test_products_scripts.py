@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import cli_env
+from conftest import CLI_TIMEOUT_S, cli_env
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_products.py"
 STEPS = ("symmetric_union_distance", "symmetric_union_umap", "symmetric_mutual", "export_npz_out_of_core",
@@ -20,7 +20,7 @@ STEPS = ("symmetric_union_distance", "symmetric_union_umap", "symmetric_mutual",
 
 def bench(*args) -> dict:
     proc = subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], env=cli_env(), capture_output=True,
-                          text=True, timeout=900)
+                          text=True, timeout=CLI_TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 

@@ -9,14 +9,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import cli_env
+from conftest import CLI_TIMEOUT_S, cli_env
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "quickstart.py"
 
 
 def test_quickstart_example_runs(tmp_path):
     proc = subprocess.run([sys.executable, str(EXAMPLE)], cwd=tmp_path, env={**cli_env(), "TMPDIR": str(tmp_path)},
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=CLI_TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert float(re.search(r"^recall@10: ([\d.]+)$", out, re.M).group(1)) >= 0.95, out

@@ -22,7 +22,7 @@ from bigknn.core.params import GnndParams
 from bigknn.core.knn_graph import KnnGraph
 from bigknn.shards import Manifest, ShardEntry, Store, WriterLock, leases
 
-from conftest import cli_env
+from conftest import CLI_TIMEOUT_S, cli_env
 
 ROWS, DIM, K = 300, 8, 6
 
@@ -275,7 +275,7 @@ def test_second_writer_in_another_process_times_out_naming_the_holder(tmp_path):
     with WriterLock(path):
         t0 = time.monotonic()
         out = subprocess.run([sys.executable, "-c", CONTENDER, str(path), "0.6"], capture_output=True,
-                             text=True, env=cli_env(), timeout=60).stdout.strip()
+                             text=True, env=cli_env(), timeout=CLI_TIMEOUT_S).stdout.strip()
         assert out.startswith("busy "), out
         waited = float(out.split()[1])
         assert 0.55 <= waited <= time.monotonic() - t0
@@ -285,7 +285,7 @@ def test_second_writer_in_another_process_times_out_naming_the_holder(tmp_path):
         assert not Store.exists(path)
     # released: the next writer gets it at once
     out = subprocess.run([sys.executable, "-c", CONTENDER, str(path), "0"], capture_output=True, text=True,
-                         env=cli_env(), timeout=60).stdout.strip()
+                         env=cli_env(), timeout=CLI_TIMEOUT_S).stdout.strip()
     assert out == "acquired"
 
 

@@ -16,14 +16,14 @@ import pytest
 from bigknn.formats import write_vectors
 from bigknn.core.synth import synth
 
-from conftest import error_lines
+from conftest import CLI_TIMEOUT_S, error_lines
 
 ROWS, NEW_ROWS, DIM, K, SHARD_ROWS = 3000, 300, 16, 5, 1000
 
 
 def bigknn_json(*args: object) -> dict:
     proc = subprocess.run([sys.executable, "-m", "bigknn", *map(str, args), "--json"], capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=CLI_TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 

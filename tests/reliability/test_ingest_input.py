@@ -28,7 +28,7 @@ from bigknn.core.progress import Reporter
 from bigknn.shards import WriterLock
 from bigknn.core.synth import synth
 
-from conftest import assert_one_line_error, cli_env, read_manifest, run_json, tree_hashes, wait_until_it_opens
+from conftest import CLI_TIMEOUT_S, assert_one_line_error, cli_env, read_manifest, run_json, tree_hashes, wait_until_it_opens
 
 ROWS, DIM, NEW = 2000, 8, 300
 
@@ -77,7 +77,7 @@ def ingest_waiting_for_the_lock(store: Path, *args):
                                 env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         wait_until_it_opens(proc, store / ".lock")
         yield outcome
-    out, err = proc.communicate(timeout=120)
+    out, err = proc.communicate(timeout=CLI_TIMEOUT_S)
     outcome.update(code=proc.returncode, out=out, err=err)
 
 

@@ -22,6 +22,8 @@ from bigknn.core.errors import BigknnError
 from bigknn.shards import Manifest, ShardEntry, Store
 from bigknn.core.synth import synth
 
+from conftest import CLI_TIMEOUT_S
+
 SHARDS, ROWS, K = 3, 400, 6
 WRITER_COMMITS = 40
 
@@ -226,11 +228,11 @@ def test_reader_processes_never_fail_during_a_build_and_an_ingest(tmp_path):
         for args in (["build", data, "-o", store, "--k", 10, "--shard-rows", 1000],
                      ["ingest", store, "--input", tmp_path / "new.fbin"]):
             writer = subprocess.run([sys.executable, "-m", "bigknn", *map(str, args), "--backend", "cpu", "--json"],
-                                    capture_output=True, text=True, env=env(), timeout=300)
+                                    capture_output=True, text=True, env=env(), timeout=CLI_TIMEOUT_S)
             assert writer.returncode == 0, writer.stderr
     finally:
         stop.touch()
-        readers.wait(timeout=300)
+        readers.wait(timeout=CLI_TIMEOUT_S)
     runs = [json.loads(line) for line in log.read_text().splitlines()]
     refused = [r for r in runs if r["exit"] == 2 and "not finished" in r["stderr"]]  # export while merging
     failed = [r for r in runs if r["exit"] != 0 and r not in refused]

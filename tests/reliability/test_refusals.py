@@ -24,7 +24,7 @@ from bigknn.operations.export import export
 from bigknn.engine.pair_order import round_count, round_robin
 from bigknn.shards import Store, WriterLock
 from bigknn.core.synth import synth
-from conftest import assert_one_line_error, cli_env, run_json
+from conftest import CLI_TIMEOUT_S, assert_one_line_error, cli_env, run_json
 
 ROWS, DIM, K, SHARD_ROWS = 3000, 16, 5, 1000
 BUSY = 75
@@ -54,7 +54,7 @@ def edit_manifest(store: Path, **changes) -> bytes:
 
 def run_env(env: dict, *args) -> tuple[int, str, str]:
     proc = subprocess.run([sys.executable, "-m", "bigknn", *map(str, args)], env={**cli_env(), **env},
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=CLI_TIMEOUT_S)
     return proc.returncode, proc.stdout, proc.stderr
 
 
@@ -207,6 +207,6 @@ def test_the_cron_job_as_root_refuses_a_store_others_can_write(store, tmp_path):
     os.chown(store, 65534, 65534)
     proc = subprocess.run(["bash", str(CRON)], env={**os.environ, "BIGKNN_STORE": str(store),
                                                     "BIGKNN_DROP": str(drop), "BIGKNN": "false"},
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=CLI_TIMEOUT_S)
     assert proc.returncode == 2 and "refusing to run as root" in proc.stderr and str(store) in proc.stderr
     assert not Path(f"{store}.ingest.log").exists()

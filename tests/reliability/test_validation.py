@@ -21,7 +21,7 @@ from bigknn.formats import read_truth, write_truth, write_vectors
 from bigknn.shards import WriterLock
 from bigknn.core.synth import synth
 
-from conftest import (assert_one_line_error, cli_env, read_manifest, run_cli, run_json, tree_hashes,
+from conftest import (CLI_TIMEOUT_S, assert_one_line_error, cli_env, read_manifest, run_cli, run_json, tree_hashes,
                       wait_until_it_opens)
 
 ROWS, DIM = 2000, 8
@@ -110,7 +110,7 @@ def test_a_merge_count_that_cannot_finish_is_refused_without_a_prompt(tmp_path):
     timeout fails it."""
     write_vectors(tmp_path / "x.fbin", synth(20000, 4, seed=9))
     code, out, err = run_cli("build", tmp_path / "x.fbin", "-o", tmp_path / "store", "--k", 10, "--shard-rows", 11,
-                             "--backend", "cpu", timeout=60)
+                             "--backend", "cpu", timeout=300)
     line = assert_one_line_error(code, out, err, "83,028 merges", "--shard-rows")
     assert "store" in line
     assert not (tmp_path / "store").exists()
@@ -135,7 +135,7 @@ def test_sigterm_mid_build_exits_143_with_the_last_commit_intact(tmp_path):
         assert time.monotonic() < deadline
         time.sleep(0.02)
     proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=120)
+    out, err = proc.communicate(timeout=CLI_TIMEOUT_S)
     line = assert_one_line_error(proc.returncode, out, err, "SIGTERM", exit_code=143)
     assert "interrupted" in line
     with WriterLock(store):  # free at once
@@ -154,7 +154,7 @@ def test_sigint_while_waiting_for_the_lock_exits_130_with_one_line(store):
                                 stderr=subprocess.PIPE, text=True)
         wait_until_it_opens(proc, store / ".lock")  # started, handlers installed, waiting for the lock
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
+        out, err = proc.communicate(timeout=CLI_TIMEOUT_S)
     assert_one_line_error(proc.returncode, out, err, "SIGINT", exit_code=130)
 
 
@@ -242,7 +242,7 @@ def in_small_fs(tmp_path: Path, size_kb: int, body: str, **params) -> dict:
     script = SMALL_FS_PRELUDE + textwrap.dedent(body) + "\nprint(json.dumps(result))\n"
     args = json.dumps({"mount": str(mount), "size_kb": size_kb, **{k: str(v) for k, v in params.items()}})
     proc = subprocess.run(["unshare", "-rm", sys.executable, "-c", script, args], env=cli_env(),
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=CLI_TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.splitlines()[-1])
 

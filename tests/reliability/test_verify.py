@@ -16,7 +16,7 @@ import pytest
 from bigknn.formats import write_vectors
 from bigknn.core.synth import synth
 
-from conftest import error_lines
+from conftest import CLI_TIMEOUT_S, error_lines
 
 ROWS, DIM, K, SHARD_ROWS = 3000, 16, 5, 1000
 SHARDS = 3
@@ -24,7 +24,7 @@ SHARDS = 3
 
 def bigknn_json(*args: object) -> dict:
     proc = subprocess.run([sys.executable, "-m", "bigknn", *map(str, args), "--json"], capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=CLI_TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 
