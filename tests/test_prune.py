@@ -193,7 +193,8 @@ def test_occlusion_factors_count_every_closer_occluder(metric):
     assert lam.max() > 1
 
 
-def test_reach_back_finds_exactly_the_two_hop_paths_inside_the_sphere():
+@pytest.mark.parametrize("impl", [reach_back, diversify_kernels.reach_back], ids=["reference", "compiled"])
+def test_reach_back_finds_exactly_the_two_hop_paths_inside_the_sphere(impl):
     rng = np.random.default_rng(4)
     n, w = 60, 5
     table = rng.normal(size=(n, 3)).astype(np.float32)
@@ -202,7 +203,7 @@ def test_reach_back_finds_exactly_the_two_hop_paths_inside_the_sphere():
     list_index = lists.copy()  # the table holds every row at its global id
     x = rng.integers(0, n, 400)
     z = rng.integers(0, n, 400)
-    got = reach_back(table, lists, list_index, x, z, z)
+    got = impl(table, lists, list_index, x, z, z)
     for t in range(len(x)):
         xv, zv = table[x[t]].astype(np.float64), table[z[t]].astype(np.float64)
         qm = zv + SYM_MIDPOINT * (xv - zv)
@@ -210,6 +211,26 @@ def test_reach_back_finds_exactly_the_two_hop_paths_inside_the_sphere():
         want = z[t] in lists[x[t]] or any(
             a >= 0 and ((table[a] - qm) ** 2).sum() < radius and z[t] in lists[a] for a in lists[x[t]])
         assert got[t] == want, t
+    assert 0 < got.sum() < len(got)
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.float32, np.float16])
+def test_compiled_reach_back_is_the_reference_where_the_table_holds_some_rows(dtype):
+    """Table rows are not global ids: lists hold global ids, list_index the table row of each entry (EMPTY where
+    the table lacks it), z_ids the requests' global ids; odd sizes, EMPTY tails."""
+    rng = np.random.default_rng(11)
+    n, m, w, dim = 500, 301, 9, 13
+    table = (rng.integers(0, 40, size=(m, dim)) if dtype == np.uint8 else rng.normal(size=(m, dim))).astype(dtype)
+    glob = rng.permutation(n)[:m]  # the global id of each table row
+    row_of = np.full(n, EMPTY, np.int64)
+    row_of[glob] = np.arange(m)
+    lists = np.stack([rng.choice(n, size=w, replace=False) for _ in range(m)]).astype(np.int64)
+    lists[::5, -3:] = EMPTY
+    list_index = np.where(lists >= 0, row_of[np.maximum(lists, 0)], EMPTY)
+    x, z = rng.integers(0, m, 3001), rng.integers(0, m, 3001)
+    want = reach_back(table, lists, list_index, x, z, glob[z])
+    got = diversify_kernels.reach_back(table, lists, list_index, x, z, glob[z])
+    np.testing.assert_array_equal(got, want)
     assert 0 < got.sum() < len(got)
 
 

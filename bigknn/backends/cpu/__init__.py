@@ -163,6 +163,16 @@ class CpuBackend(SearchReference):
         verdict = diversify(cands, keys, table, metric, rule)
         return verdict_columns(np, verdict, cands >= 0, rule.sequential, width, NO_LAMBDA)
 
+    def reach_back(self, table: np.ndarray, lists: np.ndarray, list_index: np.ndarray, x: np.ndarray,
+                   z: np.ndarray, z_ids: np.ndarray) -> np.ndarray:
+        """SearchReference.reach_back, compiled (diversify_kernels.py)."""
+        if not self.compiled:
+            return super().reach_back(table, lists, list_index, x, z, z_ids)
+        from bigknn.backends.cpu.diversify_kernels import reach_back
+
+        use_threads(self.threads)
+        return reach_back(table, lists, list_index, x, z, z_ids)
+
     def gnnd(self, x: np.ndarray, metric: Metric, params: GnndParams, seed: int, on_iter=None,
              probe: Probe | None = None) -> KnnGraph:
         use_threads(self.threads)
