@@ -174,3 +174,29 @@ def test_gpu_entry_points_match_the_reference(metric, sample_rows, queries):
     got = device_entries(sample, cp.asarray(q), metric_of(metric)).get()
     assert got.shape == want.shape == (queries, min(32, sample_rows))
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("metric", ["l2", "ip"])
+def test_gpu_entry_points_where_one_lane_holds_every_far_column(metric):
+    """The device bounds the nearest words by the largest of its lanes' smallest; where every column a lane
+    reads (c = 31 mod 32) is far, the bound keeps nearly all 4,096 columns, and the warp's buffer must fill and be
+    merged many times over: the result is still the reference's."""
+    import cupy as cp
+
+    from bigknn.backends.cuda.graph_search import nearest_entries as device_entries
+    from bigknn.algorithms.search_index import nearest_entries
+
+    rng = np.random.default_rng(7)
+    s = 4096
+    rows = np.zeros((s, 5), np.float32)
+    rows[:, 0] = rng.integers(-3, 4, s)
+    rows[31::32, 0] = -100.0  # keys: |v|^2 - 2v (l2) or -v (ip) with q = e_0, far for these columns only
+    ids = np.arange(s) * 3
+    q = np.zeros((65, 5), np.float32)  # 65 warps: a last block of one
+    q[:, 0] = 1.0
+    want = nearest_entries(np, rows, ids, q, metric_of(metric))
+    d_rows = cp.asarray(rows)
+    sample = (cp.asarray(ids, dtype=cp.int32), d_rows, (d_rows * d_rows).sum(axis=1, dtype=cp.float32))
+    got = device_entries(sample, cp.asarray(q), metric_of(metric)).get()
+    assert not np.isin(want, ids[31::32]).any()
+    np.testing.assert_array_equal(got, want)

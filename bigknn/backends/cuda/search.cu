@@ -178,26 +178,20 @@ __device__ __forceinline__ u64 warp_sorted(u64 v, int lane) {
     return v;
 }
 
-// one warp a query over its row of the (queries x sample) dot products: sample column c's key is -dot (ip) or
-// |s_c|^2 - 2 dot (l2; the query's own norm dropped), its word (sortable key bits, c) as the reference's; the
-// warp keeps the 32 smallest words so far, ascending, one a lane, and merges in each 32 columns where one can
-// enter (the smallest of the kept and the new reversed form a bitonic sequence; 5 steps sort it). Out: the
-// sample ids of the w = min(32, s) nearest, nearest first.
+// sample column c's word for a query: its key, -dot (ip) or |s_c|^2 - 2 dot (l2; the query's own norm dropped),
+// as sortable bits over c, the reference's word (distinct: no tie is left to the selection)
 template <int METRIC>
-__global__ void __launch_bounds__(128) entry_nearest(const float* __restrict__ dots, const float* __restrict__ norms,
-        int s, int nq, const int* __restrict__ sample_ids, int w, int* __restrict__ out) {
-    const int lane = threadIdx.x & 31;
-    const int qi = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (qi >= nq) return;
-    const float* row = dots + (long long)qi * s;
-    u64 best = ~0ull;
-    for (int c0 = 0; c0 < s; c0 += 32) {
-        const int c = c0 + lane;
-        u64 word = ~0ull;
-        if (c < s) {
-            const float key = METRIC == 0 ? norms[c] - 2.f * row[c] : -row[c];
-            word = ((u64)f2s(key) << 32) | (u64)(u32)c;
-        }
+__device__ __forceinline__ u64 entry_word(const float* __restrict__ row, const float* __restrict__ norms, int c) {
+    const float key = METRIC == 0 ? norms[c] - 2.f * row[c] : -row[c];
+    return ((u64)f2s(key) << 32) | (u64)(u32)c;
+}
+
+// the 32 smallest of ``best`` (ascending across the lanes, one word a lane) and the n words at ``words``: each
+// 32 of them that holds one smaller than best's last is sorted and merged in (the smallest of best and the 32
+// reversed form a bitonic sequence; 5 steps sort it)
+__device__ __forceinline__ u64 merged_in(u64 best, const u64* words, int n, int lane) {
+    for (int g = 0; g < n; g += 32) {
+        u64 word = g + lane < n ? words[g + lane] : ~0ull;
         if (!__any_sync(FULL_MASK, word < __shfl_sync(FULL_MASK, best, 31))) continue;
         word = warp_sorted(word, lane);
         best = min(best, __shfl_sync(FULL_MASK, word, 31 - lane));
@@ -206,6 +200,49 @@ __global__ void __launch_bounds__(128) entry_nearest(const float* __restrict__ d
             best = (lane & stride) == 0 ? min(best, o) : max(best, o);
         }
     }
+    return best;
+}
+
+// one warp a query over its row of the (queries x sample) dot products. A first pass bounds the 32 smallest
+// words: each lane's smallest are 32 distinct words, so the largest of them is at or above the 32nd smallest.
+// The second pass packs the words at or under the bound into the warp's shared buffer (a few times 32 of the
+// 4,096 where the keys are in no order), merging them into the 32 best kept (and tightening the bound) only when
+// it fills, and at the end: a few sorts a query instead of one for most 32 columns. Out: the sample ids of the
+// w = min(32, s) nearest, nearest first.
+#define ENTRY_BUFFER 256  // words a warp packs before it merges them (2 KiB of shared memory a warp)
+template <int METRIC>
+__global__ void __launch_bounds__(128) entry_nearest(const float* __restrict__ dots, const float* __restrict__ norms,
+        int s, int nq, const int* __restrict__ sample_ids, int w, int* __restrict__ out) {
+    __shared__ u64 packed[128 / 32][ENTRY_BUFFER];  // a buffer a warp of the block (launch bounds: 128 threads)
+    const int lane = threadIdx.x & 31;
+    const int qi = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (qi >= nq) return;
+    const float* row = dots + (long long)qi * s;
+    u64 bound = ~0ull;  // a lane with no column (s < 32) leaves every word under the bound
+#pragma unroll 4
+    for (int c = lane; c < s; c += 32) bound = min(bound, entry_word<METRIC>(row, norms, c));
+    for (int stride = 16; stride > 0; stride >>= 1) bound = max(bound, __shfl_xor_sync(FULL_MASK, bound, stride));
+    u64* buffer = packed[threadIdx.x >> 5];
+    u64 best = ~0ull;
+    int held = 0;
+    for (int c0 = 0; c0 < s; c0 += 32) {
+        const int c = c0 + lane;
+        const u64 word = c < s ? entry_word<METRIC>(row, norms, c) : ~0ull;
+        const bool keep = c < s && word <= bound;
+        const unsigned kept = __ballot_sync(FULL_MASK, keep);
+        if (kept == 0u) continue;
+        if (held + __popc(kept) > ENTRY_BUFFER) {
+            __syncwarp();
+            best = merged_in(best, buffer, held, lane);
+            held = 0;
+            bound = min(bound, __shfl_sync(FULL_MASK, best, 31));
+            __syncwarp();
+        }
+        if (keep) buffer[held + __popc(kept & ((1u << lane) - 1u))] = word;
+        held += __popc(kept);
+    }
+    __syncwarp();
+    best = merged_in(best, buffer, held, lane);
     if (lane < w) out[(long long)qi * w + lane] = sample_ids[(u32)best];
 }
 
