@@ -47,6 +47,8 @@ def test_backends_implement_the_whole_protocol(backend):
         assert any(name in vars(c) for c in backend.__mro__[:-1]), f"{backend.__name__} does not implement {name}"
         have = inspect.signature(getattr(backend, name)).parameters
         assert list(have) == list(sig.parameters), f"{backend.__name__}.{name}{list(have)} != {list(sig.parameters)}"
+    for name in Backend.__annotations__:  # the declared attributes (name, search_warms_by_shape)
+        assert any(name in vars(c) for c in backend.__mro__[:-1]), f"{backend.__name__} does not declare {name}"
 
 
 def test_no_capability_probing_in_the_pipeline():

@@ -44,6 +44,9 @@ class MemoryModel(Protocol):
 
 class Backend(Protocol):
     name: str
+    # whether a search's first batch of a size is slower than the next (a device's GEMM plans, memory blocks): a
+    # loaded index then warms up with whole batches of its rows, otherwise with one row (operations/loaded_index.py)
+    search_warms_by_shape: bool
 
     def gnnd(self, x: np.ndarray, metric: Metric, params: GnndParams, seed: int,
              on_iter: OnIter | None = None, probe: Probe | None = None) -> KnnGraph:

@@ -1,9 +1,10 @@
 """A search graph loaded once and searched many times (``Graph.search_index``): what a server holds.
 
 Loading reads the whole search graph and every row's vector, works out what each search starts from (the
-roots every row is reachable from, the entry rows of the default seed) and searches one query as a batch of
-one and as part of a big batch, so that the backend has its copy (the CUDA backend: on the device) and the
-kernels of both ready. After that a call does
+roots every row is reachable from, the entry rows of the default seed) and searches a batch of one and a big
+batch (one query, or where the backend ``search_warms_by_shape`` a whole batch of the index's own rows), so
+that the backend has its copy (the CUDA backend: on the device) and the kernels of both ready (on a device also
+the big batch's GEMM and memory blocks: a streamed search's first batch runs as fast as its others). After that a call does
 only the search: the queries checked and prepared, the backend's batch search, the ids mapped to input rows.
 
 ``IndexSlot`` is the one loaded index ``Graph.search`` keeps between calls, replaced when the backend or the
@@ -87,9 +88,10 @@ class LoadedIndex:
         index = self._live()
         entry_rows(index, 0)  # the roots too
         if index.rows:
-            one = np.asarray(index.vectors[:1], np.float32)
+            plan = self.plan(min(10, index.rows), None, "auto", 0)
             for batch in WARM_BATCHES:
-                self._search_batches(index, one, "warm-up", 0, self.plan(min(10, index.rows), None, "auto", 0), batch)
+                rows = min(batch if self._backend.search_warms_by_shape else 1, index.rows)
+                self._search_batches(index, np.ascontiguousarray(index.vectors[:rows]), "warm-up", 0, plan, batch)
 
     def plan(self, k: int, budget: float | None, procedure: str, seed: int) -> SearchPlan:
         """The checked plan of a search (BadInput on a knob that cannot work), made once per set of knobs."""

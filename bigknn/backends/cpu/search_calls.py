@@ -16,6 +16,7 @@ from bigknn.algorithms.search_params import NO_LAMBDA, DiversifyRule, PruneParam
 
 
 class SearchReference:
+    search_warms_by_shape = False  # the host's loops run alike at any batch size once compiled
     def diversify_lists(self, cands: np.ndarray, keys: np.ndarray, table: np.ndarray, metric: Metric,
                         rule: DiversifyRule, width: int) -> tuple[np.ndarray, np.ndarray]:
         verdict = prune.diversify(cands, keys, table, metric, rule)

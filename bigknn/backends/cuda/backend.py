@@ -60,6 +60,7 @@ class CudaBackend(SearchReference):
     """GNND and exact k-NN on one GPU. ``gpu_mem_bytes`` caps the device memory a call plans to use."""
 
     name = "cuda"
+    search_warms_by_shape = True
     gnnd_bytes = staticmethod(memory.gnnd_bytes)
     ggm_bytes = staticmethod(memory.ggm_bytes)
     profile = _option("profile")

@@ -105,9 +105,9 @@ def nearest_entries(sample: tuple, queries, metric: Metric):
 
 
 def searched_queries(rows: np.ndarray, metric: Metric, name: str, first_row: int):
-    """The Backend's ``searched_queries`` on the device: the rows go up as they are, a warp a row finds its
-    largest magnitude and (cosine) scales it to unit length in place (search.cu query_rows), and only the
-    peaks come back for the host's check (bigknn/formats/read.py check_peaks, the one place rows are judged).
+    """The Backend's ``searched_queries`` on the device: the rows go up as they are (made float32 there), a warp
+    a row finds its largest magnitude and (cosine) scales it to unit length in place (search.cu query_rows), and
+    only the peaks come back for the host's check (bigknn/formats/read.py check_peaks, the one place rows are judged).
     A batch of fewer than DEVICE_QUERY_ROWS (one query a call) is prepared on the host as the CPU backend does."""
     import cupy as cp
 
@@ -115,7 +115,7 @@ def searched_queries(rows: np.ndarray, metric: Metric, name: str, first_row: int
         return host_queries(rows, metric, name, first_row)
     if rows.dtype != np.float32:  # judged as given (a float64 row may overflow float32), then searched as float32
         check_rows(name, first_row, rows)
-    q = cp.asarray(rows, dtype=cp.float32)
+    q = cp.asarray(rows).astype(cp.float32, copy=False)  # up in their own dtype (uint8: a quarter of the bytes)
     nq, dim = q.shape
     peak = cp.empty(nq, cp.float32)
     if nq:
