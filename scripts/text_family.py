@@ -157,17 +157,35 @@ def passages(rows: int, seed: int, roots: list[str] | None = None, workers: int 
                     "passage_chars_mean": round(float(np.mean([len(p) for p in chosen])), 1) if chosen else 0}
 
 
-def embed(texts: list[str], out: np.ndarray, model_dir: Path = MODEL_DIR, batch: int | None = None) -> dict:
-    """Embed ``texts`` into ``out`` (rows, 384), unit norm in float32 before the cast to out's dtype."""
+def _load_model(model_dir: Path):
+    """(the sentence-transformers model from ``model_dir``, offline; whether it runs on CUDA): half precision on the
+    GPU, float32 on the CPU, for both of the family's outputs."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     import sentence_transformers
     import torch
-    import transformers
 
     cuda = torch.cuda.is_available()
     model = sentence_transformers.SentenceTransformer(str(model_dir), device="cuda" if cuda else "cpu")
-    model = model.half() if cuda else model.float()
+    return (model.half() if cuda else model.float()), cuda
+
+
+def _provenance(model, cuda: bool, model_dir: Path) -> dict:
+    """The model's recorded origin (PROVENANCE.json) and what embedded with it here."""
+    import sentence_transformers
+    import torch
+    import transformers
+
+    prov = json.loads((model_dir / "PROVENANCE.json").read_text())
+    prov.update(device=torch.cuda.get_device_name() if cuda else "cpu", compute_dtype="float16" if cuda else "float32",
+                max_seq_length=model.max_seq_length, torch=torch.__version__, transformers=transformers.__version__,
+                sentence_transformers=sentence_transformers.__version__, python=sys.version.split()[0])
+    return prov
+
+
+def embed(texts: list[str], out: np.ndarray, model_dir: Path = MODEL_DIR, batch: int | None = None) -> dict:
+    """Embed ``texts`` into ``out`` (rows, 384), unit norm in float32 before the cast to out's dtype."""
+    model, cuda = _load_model(model_dir)
     batch = batch or (1024 if cuda else 32)  # encode sorts by length: small CPU batches pad little
     step, t0 = 1 << 17, time.perf_counter()
     for start in range(0, len(texts), step):
@@ -176,25 +194,14 @@ def embed(texts: list[str], out: np.ndarray, model_dir: Path = MODEL_DIR, batch:
         x /= np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
         out[start:start + len(x)] = x
         print(f"text: embedded {start + len(x)}/{len(texts)} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
-    prov = json.loads((model_dir / "PROVENANCE.json").read_text())
-    prov.update(device=torch.cuda.get_device_name() if cuda else "cpu", compute_dtype="float16" if cuda else "float32",
-                max_seq_length=model.max_seq_length, torch=torch.__version__, transformers=transformers.__version__,
-                sentence_transformers=sentence_transformers.__version__, python=sys.version.split()[0])
-    return prov
+    return _provenance(model, cuda, model_dir)
 
 
 def embed_tokens(texts: list[str], rows: int, model_dir: Path = MODEL_DIR, batch: int | None = None
                  ) -> tuple[np.ndarray, dict]:
     """The first ``rows`` word-piece embeddings of ``texts`` in order ((rows, 384) float32, unit norm; fewer if
     the texts hold fewer), and the provenance."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    import sentence_transformers
-    import torch
-
-    cuda = torch.cuda.is_available()
-    model = sentence_transformers.SentenceTransformer(str(model_dir), device="cuda" if cuda else "cpu")
-    model = model.half() if cuda else model.float()
+    model, cuda = _load_model(model_dir)
     out = np.empty((rows, 384), np.float32)
     at, used, step, t0 = 0, 0, 1 << 14, time.perf_counter()
     while at < rows and used < len(texts):
@@ -210,9 +217,5 @@ def embed_tokens(texts: list[str], rows: int, model_dir: Path = MODEL_DIR, batch
         print(f"tokens: {at}/{rows} from {used} passages in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     out = out[:at]
     out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
-    prov = json.loads((model_dir / "PROVENANCE.json").read_text())
-    prov.update(output="token_embeddings (last layer, no [CLS]/[SEP])", passages_used=used,
-                device=torch.cuda.get_device_name() if cuda else "cpu", compute_dtype="float16" if cuda else "float32",
-                max_seq_length=model.max_seq_length, torch=torch.__version__,
-                sentence_transformers=sentence_transformers.__version__)
-    return out, prov
+    return out, {**_provenance(model, cuda, model_dir), "output": "token_embeddings (last layer, no [CLS]/[SEP])",
+                 "passages_used": used}

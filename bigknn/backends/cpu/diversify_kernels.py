@@ -23,6 +23,13 @@ from bigknn.core.metric import Metric
 from bigknn.algorithms.search_params import SYM_MIDPOINT, DiversifyRule
 
 
+def _numeric(table: np.ndarray) -> np.ndarray:
+    """The rows as the compiled loops read them: numba has no half arithmetic, so float16 tables become float32
+    (the values as the descent reads them); every other dtype as it is."""
+    table = np.asarray(table)
+    return table.astype(np.float32) if table.dtype == np.float16 else table
+
+
 def diversify(cands: np.ndarray, keys: np.ndarray, table: np.ndarray, metric: Metric,
               rule: DiversifyRule) -> np.ndarray:
     """diversify.diversify, compiled: the kept mask (uint8) under a sequential rule, else each candidate's
@@ -30,10 +37,7 @@ def diversify(cands: np.ndarray, keys: np.ndarray, table: np.ndarray, metric: Me
     rows, c = cands.shape
     out = np.zeros((rows, c), np.uint8 if rule.sequential else np.int32)
     if rows and c:
-        table = np.asarray(table)
-        if table.dtype == np.float16:  # numba has no half arithmetic: the rows as the descent reads them
-            table = table.astype(np.float32)
-        _verdicts(np.ascontiguousarray(cands, np.int64), np.ascontiguousarray(keys, np.float32), table,
+        _verdicts(np.ascontiguousarray(cands, np.int64), np.ascontiguousarray(keys, np.float32), _numeric(table),
                   not metric.dot_keys, rule.kind == "rng", rule.sequential, float(rule.alpha), out)
     return out
 
@@ -111,10 +115,7 @@ def reach_back(table: np.ndarray, lists: np.ndarray, list_index: np.ndarray, x: 
     """diversify.reach_back, compiled: for each request (x, z), whether x leads back to z within two hops."""
     out = np.zeros(len(x), np.bool_)
     if len(x):
-        table = np.asarray(table)
-        if table.dtype == np.float16:
-            table = table.astype(np.float32)
-        _reach_back(table, np.ascontiguousarray(lists, np.int64), np.ascontiguousarray(list_index, np.int64),
+        _reach_back(_numeric(table), np.ascontiguousarray(lists, np.int64), np.ascontiguousarray(list_index, np.int64),
                     np.ascontiguousarray(x, np.int64), np.ascontiguousarray(z, np.int64),
                     np.ascontiguousarray(z_ids, np.int64), SYM_MIDPOINT, out)
     return out
