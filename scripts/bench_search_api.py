@@ -118,25 +118,23 @@ def best(points: list[dict]) -> dict:
 
 def overhead(index, backend_name: str, q: np.ndarray, calls: int) -> dict:
     """A one-query call of ``index.search`` against the backend's search of the same prepared query (µs a call,
-    medians of ``calls``), and the GPU's span of the latter (CUDA events)."""
+    medians of ``calls``), the two called in turn so that the GPU's and host's drift falls on both alike (the
+    overhead is the median of the pairs' differences), and the GPU's span of the latter (CUDA events)."""
     from bigknn.operations.search_queries import load_queries
 
     backend, arrays = index._backend, index.arrays
     plan = index.plan(K, None, "auto", 0)
     one = load_queries(q[:1], index.manifest)
 
-    def per_call(fn) -> float:
-        times = []
-        for i in range(calls):
-            t0 = time.perf_counter()
-            fn(i)
-            times.append(time.perf_counter() - t0)
-        return float(np.median(times)) * 1e6
+    def took(fn) -> float:
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e6
 
-    api = per_call(lambda i: index.search(q[0], k=K))  # the same query as the backend's below
-    bare = per_call(lambda i: backend.graph_search(arrays, one, plan, 1))
-    rec = {"api_us": round(api, 1), "backend_us": round(bare, 1), "api_overhead_us": round(api - bare, 1),
-           "budget": plan.budget}
+    pairs = np.array([(took(lambda: index.search(q[0], k=K)),  # the same query as the backend's
+                       took(lambda: backend.graph_search(arrays, one, plan, 1))) for _ in range(calls)])
+    rec = {"api_us": round(float(np.median(pairs[:, 0])), 1), "backend_us": round(float(np.median(pairs[:, 1])), 1),
+           "api_overhead_us": round(float(np.median(pairs[:, 0] - pairs[:, 1])), 1), "budget": plan.budget}
     if backend_name == "cuda":
         import cupy as cp
 
