@@ -40,13 +40,18 @@ class Metric:
         """Dtype of the vectors kept in the store: normalised rows need floats."""
         return np.dtype(np.float32) if self.normalised else np.dtype(input_dtype)
 
-    def prepare(self, x: np.ndarray) -> np.ndarray:
-        """Rows as they are stored: normalised to unit length where the metric says so (zero rows stay zero)."""
+    def prepare(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """Rows as they are stored: normalised to unit length where the metric says so (zero rows stay zero).
+        ``out``: an array of x's shape to write them into (no temporary of the result: an in-memory build
+        prepares a whole array block by block into its stored copy)."""
         if not self.normalised:
-            return x
+            if out is None:
+                return x
+            out[...] = x
+            return out
         xf = np.asarray(x, dtype=np.float32)
         norms = np.linalg.norm(xf, axis=1, keepdims=True)
-        return xf / np.where(norms > 0, norms, 1.0).astype(np.float32)
+        return np.divide(xf, np.where(norms > 0, norms, 1.0).astype(np.float32), out=out)
 
     def pairwise_keys(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """Ordering keys between every row of ``a`` and every row of ``b`` (float32, (len(a), len(b)))."""

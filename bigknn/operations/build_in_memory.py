@@ -75,7 +75,7 @@ def stored_rows(x: np.ndarray, metric: str) -> np.ndarray:
         part = np.asarray(x[a:a + step], dtype=kept)
         check_rows(ARRAY, a, part)
         if not same:
-            out[a:a + step] = rule.prepare(part)
+            rule.prepare(part, out=out[a:a + step])
 
     with ThreadPoolExecutor(FLAT_READ_THREADS) as pool:
         for done in [pool.submit(block, a) for a in range(0, len(x), step)]:
