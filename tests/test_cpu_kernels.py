@@ -243,3 +243,20 @@ def test_split_rows_keep_the_split_sides():
         agree.append((exact == approx).mean())
     assert np.mean(agree) >= 0.97 and q.std() > 10
     np.testing.assert_array_equal(split_rows(np.ones((9, 5), np.float32)), 0)
+
+
+def test_half_rows_widen_to_numpys_floats_bit_for_bit():
+    """halves.as_float looks every half value up in a table on every core; it must give NumPy's cast exactly:
+    every one of the 65,536 bit patterns (subnormals, -0, Inf, NaN payloads), strided and empty inputs, and
+    other dtypes through NumPy itself."""
+    from bigknn.backends.cpu.halves import as_float
+
+    every = np.arange(1 << 16, dtype=np.uint16).view(np.float16).reshape(256, 256)
+    np.testing.assert_array_equal(as_float(every).view(np.uint32), every.astype(np.float32).view(np.uint32))
+    strided = every[::3, 1::2]
+    got = as_float(strided)
+    assert got.flags.c_contiguous and got.dtype == np.float32
+    np.testing.assert_array_equal(got.view(np.uint32), strided.astype(np.float32).view(np.uint32))
+    assert as_float(np.empty((0, 7), np.float16)).shape == (0, 7)
+    rows = np.arange(12, dtype=np.uint8).reshape(3, 4)
+    np.testing.assert_array_equal(as_float(rows), rows.astype(np.float32))

@@ -11,6 +11,7 @@ import numpy as np
 from bigknn.backends.cpu import descent
 from bigknn.backends.cpu.descent import DescentState, Target, cut, descend
 from bigknn.backends.cpu.exact import exact_knn
+from bigknn.backends.cpu.halves import as_float
 from bigknn.backends.cpu.search_calls import SearchReference
 from bigknn.backends.base import CallShape
 from bigknn.backends.cpu.threads import use_threads
@@ -28,11 +29,6 @@ from bigknn.algorithms.search_params import NO_LAMBDA, DiversifyRule
 
 RP_TREES = 20  # RP trees seeding the compiled GNND's lists (rptree.py): fewer iterations than 6 on every family,
 # while 48 lifted text's first estimate past the hard-set bar (docs/perf-notes.md, "Measurements behind the constants")
-
-
-def as_float(x: np.ndarray) -> np.ndarray:
-    """Vectors as float32 (integer and half inputs accumulate in float32)."""
-    return np.ascontiguousarray(x, dtype=np.float32)
 
 
 def _row_keys(compiled: bool):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from bigknn.backends.cpu.halves import as_float
 from bigknn.backends.cpu.keyblock import FAST
 from bigknn.core.metric import Metric
 from bigknn.algorithms.search_params import SYM_MIDPOINT, DiversifyRule
@@ -27,7 +28,7 @@ def _numeric(table: np.ndarray) -> np.ndarray:
     """The rows as the compiled loops read them: numba has no half arithmetic, so float16 tables become float32
     (the values as the descent reads them); every other dtype as it is."""
     table = np.asarray(table)
-    return table.astype(np.float32) if table.dtype == np.float16 else table
+    return as_float(table) if table.dtype == np.float16 else table
 
 
 def diversify(cands: np.ndarray, keys: np.ndarray, table: np.ndarray, metric: Metric,

@@ -54,6 +54,7 @@ def _compiled_knn(q: np.ndarray, k: int, metric: Metric, blocks: Iterable[tuple[
     bounds in a subspace first (bounds.py), for as long as that pays: a pilot of PILOT_ROWS queries decides
     first, then every batch."""
     from bigknn.backends.cpu import bounds, keypass  # here: the NumPy reference never loads numba
+    from bigknn.backends.cpu.halves import as_float
 
     nq = len(q)
     is_l2 = not metric.dot_keys
@@ -65,7 +66,7 @@ def _compiled_knn(q: np.ndarray, k: int, metric: Metric, blocks: Iterable[tuple[
     for offset, block in blocks:
         best_ids = best_ids.astype(np.result_type(best_ids, id_dtype(offset + block.shape[0])), copy=False)
         for c0, c1 in _tiles(block.shape[0], bounds.FILL_COLS if bounded and subspace is None else TILE_COLS):
-            tile = np.ascontiguousarray(block[c0:c1], dtype=np.float32)
+            tile = as_float(block[c0:c1])
             t_sq = np.einsum("ij,ij->i", tile, tile)
             tb = None
 

@@ -17,12 +17,13 @@ import numpy as np
 from numba.core.registry import CPUDispatcher
 
 from bigknn.backends.cpu import bounds
+from bigknn.backends.cpu.halves import as_float
 from bigknn.core.knn_graph import ShardPart, shard_graph_to_global
 from bigknn.core.metric import L2
 from bigknn.core.params import EXACT_ROWS, GnndParams
 
 COMPILE_NOTE = "about 2 min on 2 cores"  # what a cold cache costs (docs/perf-notes.md, numba's compile cost)
-KERNEL_MODULES = ("kernels", "keypass", "rptree", "bounds")  # the modules whose kernels a build calls
+KERNEL_MODULES = ("kernels", "keypass", "rptree", "bounds", "halves")  # the modules whose kernels a build calls
 _warm = False
 
 
@@ -67,5 +68,6 @@ def warm_up(backend, say: Callable[[str], None]) -> float:
     backend.ggm(a, b, L2, params, seed=0)
     wide = np.random.default_rng(1).standard_normal((bounds.FILL_COLS + 64, bounds.MIN_DIM), dtype=np.float32)
     backend.exact_knn(wide[:8], 4, L2, [(0, wide)])  # the exact search of wide rows: its bounded merge
+    as_float(wide[:1].astype(np.float16))  # half rows' conversion
     _warm = True
     return time.perf_counter() - t
