@@ -50,7 +50,7 @@ class Metric:
             out[...] = x
             return out
         xf = np.asarray(x, dtype=np.float32)
-        norms = np.linalg.norm(xf, axis=1, keepdims=True)
+        norms = np.sqrt(np.einsum("ij,ij->i", xf, xf))[:, None]  # no (rows, dim) temporary, as linalg.norm makes
         return np.divide(xf, np.where(norms > 0, norms, 1.0).astype(np.float32), out=out)
 
     def pairwise_keys(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -7,6 +7,7 @@ what ``bigknn.build(array)`` spent beyond the kernel; the store is made only whe
 
 from __future__ import annotations
 
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -25,10 +26,13 @@ from bigknn.engine.accounting import Accounting
 from bigknn.engine.recall_sample import SampleTruth, sample_rows
 from bigknn.engine.limits import k_refusal
 from bigknn.operations.plan_model import auto_shard_rows, automatic_shards
-from bigknn.engine.sharding_pass import READ_BLOCK_BYTES, shard_sizes
-from bigknn.formats.spec import FLAT_READ_THREADS
+from bigknn.engine.sharding_pass import shard_sizes
 from bigknn.engine.workers import seed_for
 from bigknn.algorithms.recall_target import RECALL_AT
+
+
+PREPARE_BLOCK_BYTES = 8 << 20  # stored bytes a thread prepares at a time: in its cache between the passes
+PREPARE_THREADS = min(16, os.cpu_count() or 1)
 
 
 @dataclass
@@ -69,7 +73,7 @@ def stored_rows(x: np.ndarray, metric: str) -> np.ndarray:
     dtype = rule.stored_dtype(kept)
     same = not rule.normalised and x.dtype == dtype and x.flags.c_contiguous
     out = x if same else np.empty(x.shape, dtype)
-    step = max(1, READ_BLOCK_BYTES // (x.shape[1] * dtype.itemsize))
+    step = max(1, PREPARE_BLOCK_BYTES // (x.shape[1] * dtype.itemsize))
 
     def block(a: int) -> None:
         part = np.asarray(x[a:a + step], dtype=kept)
@@ -77,7 +81,7 @@ def stored_rows(x: np.ndarray, metric: str) -> np.ndarray:
         if not same:
             rule.prepare(part, out=out[a:a + step])
 
-    with ThreadPoolExecutor(FLAT_READ_THREADS) as pool:
+    with ThreadPoolExecutor(PREPARE_THREADS) as pool:
         for done in [pool.submit(block, a) for a in range(0, len(x), step)]:
             done.result()  # in row order, so that an error names the first bad row
     return out
