@@ -3,9 +3,10 @@
 Loading reads the whole search graph and every row's vector, works out what each search starts from (the
 roots every row is reachable from, the entry rows of the default seed) and searches a batch of one and a big
 batch (one query, or where the backend ``search_warms_by_shape`` a whole batch of the index's own rows), so
-that the backend has its copy (the CUDA backend: on the device) and the kernels of both ready (on a device also
-the big batch's GEMM and memory blocks: a streamed search's first batch runs as fast as its others). After that a call does
-only the search: the queries checked and prepared, the backend's batch search, the ids mapped to input rows.
+that the backend has its copy (the CUDA backend: on the device) and the kernels of both ready (on a device
+also the big batch's GEMM and memory blocks: a streamed search's first batch runs as fast as its others). After
+that a call does only the search: the queries checked and prepared, the backend's batch search, the ids
+mapped to input rows.
 
 ``IndexSlot`` is the one loaded index ``Graph.search`` keeps between calls, replaced when the backend or the
 search graph changes and freed by ``Graph.close()``.
