@@ -43,6 +43,8 @@ def one_build(x: np.ndarray, args: argparse.Namespace, store: Path | None) -> di
             "backend": args.backend, "in_memory": isinstance(g, InMemoryGraph), "api_wall_s": round(wall, 3),
             "gnnd_s": phases.get("gnnd"),
             "descent_s": [line.get("descent_s") for line in g.report.timeline if line["phase"] == "gnnd"],
+            "descent": [{key: line.get(key) for key in ("iterations", "widened", "stop")}
+                        for line in g.report.timeline if line["phase"] == "gnnd"],
             "wall_over_gnnd": round(wall / phases["gnnd"], 3) if phases.get("gnnd") else None,
             "estimate": None if est is None else [est.recall, est.low, est.high],
             "recall_checked": checked, "check_rows": args.check}
