@@ -136,6 +136,30 @@ def test_lists_that_cannot_widen_keep_descending_until_a_stall():
     assert last == "stop" and slow.reason == "stalled at the widest lists (no memory)"
 
 
+def test_a_slow_finish_at_the_widest_lists_goes_on_to_the_target():
+    """At the widest lists a descent near its target gains a few 1e-4 an iteration, under STALL_GAIN over a span:
+    where that pace reaches the target's lower end within STALL_HORIZON spans it goes on (stopping there left
+    held-out text at 0.987 for 0.99), on its own width where the caller could not widen too; a pace that could
+    not get there in time still stops."""
+    def at_widest() -> Stopper:
+        s = Stopper(0.99, MAX_WIDTH)
+        s.start_wider(MAX_WIDTH)
+        return s
+
+    near, far = at_widest(), at_widest()
+    climb = [0.985 + 0.0005 * i for i in range(STALL_ITERS + 1)]  # 0.0015 a span, under STALL_GAIN
+    assert [near.after(_est(r, half=0.002)) for r in climb] == ["go"] * (STALL_ITERS + 1)
+    assert near.after(_est(0.9925, half=0.002)) == "stop" and near.report()["stop"] == "target met"
+    assert [far.after(_est(r - 0.05, half=0.002)) for r in climb][-1] == "stop"  # 0.057 short: hopeless
+    assert far.reason == "stalled at the widest lists" and far.fell_short()
+    capped = Stopper(0.99, 48)
+    assert [capped.after(_est(r, half=0.002)) for r in climb][-1] == "widen"  # wider lists first, as before
+    assert capped.cannot_widen("no memory") == "go" and capped.width == 48
+    flat = Stopper(0.99, 48)
+    assert [flat.after(_est(0.985, half=0.002)) for _ in climb][-1] == "widen"
+    assert flat.cannot_widen("no memory") == "stop"
+
+
 def test_a_stall_with_only_the_mean_at_the_target_widens():
     """0.0015 gained per STALL_ITERS iterations is a stall (under STALL_GAIN): with the mean at 0.991 but the
     interval's lower end below 0.99 the truth may well be below the target, so the descent widens its lists
