@@ -32,7 +32,7 @@ from bigknn.algorithms.recall_target import RECALL_AT
 
 
 PREPARE_BLOCK_BYTES = 8 << 20  # stored bytes a thread prepares at a time: in its cache between the passes
-PREPARE_THREADS = min(16, os.cpu_count() or 1)
+PREPARE_THREADS = min(16, os.cpu_count() or 1)  # as many as were measured (docs/perf-notes.md, session 47)
 
 
 @dataclass
@@ -66,9 +66,10 @@ def one_shard_rows(rows: int, dim: int, itemsize: int, params: GnndParams, backe
 
 
 def stored_rows(x: np.ndarray, metric: str) -> np.ndarray:
-    """``x`` as a store holds it (kept dtype, checked, cosine rows normalised), in blocks on FLAT_READ_THREADS threads
-    as sharding.shard_vectors prepares a shard (NumPy's loops release the GIL); ``x`` itself where it is
-    already that (C-ordered, its dtype kept and stored as is, rows the metric does not normalise)."""
+    """``x`` as a store holds it (kept dtype, checked, cosine rows normalised, as sharding.shard_vectors prepares
+    a shard), in PREPARE_BLOCK_BYTES blocks on PREPARE_THREADS threads (NumPy's loops release the GIL); ``x``
+    itself where it is already that (C-ordered, its dtype kept and stored as is, rows the metric does not
+    normalise)."""
     kept, rule = kept_dtype(x.dtype), metric_of(metric)
     dtype = rule.stored_dtype(kept)
     same = not rule.normalised and x.dtype == dtype and x.flags.c_contiguous
