@@ -180,3 +180,30 @@ def test_reference_helpers_agree_with_exact_knn(backend, sample_rows):
     assert np.all(g.ids[:, 0] == sample_rows)
     np.testing.assert_allclose(g.dists[:, 1:], keys, rtol=1e-3, atol=1e-3)
     assert (g.ids[:, 1:] == ids).mean() > 0.999
+
+
+def test_rows_descended_in_locality_order_come_back_in_the_input_order():
+    """The compiled GNND descends over the rows in an RP tree's leaf order (cpu.rptree.locality_order): a graph of
+    ``x[order]`` maps back to ``x``'s rows and ids (empty slots kept), and a caller's probe is renumbered to the
+    new positions with its empty truth slots kept."""
+    from bigknn.algorithms.recall_target import Probe
+    from bigknn.backends.cpu import from_order, in_order
+    from bigknn.backends.cpu.rptree import locality_order
+    from bigknn.core.knn_graph import KnnGraph
+
+    x = synth(3000, 16, seed=4)
+    order = locality_order(x, 16, seed=1)
+    assert np.array_equal(np.sort(order), np.arange(len(x))) and not np.array_equal(order, np.arange(len(x)))
+    at = np.empty(len(x), np.int64)
+    at[order] = np.arange(len(x))
+    ids = np.array([[1, 2, -1], [0, 2, -1], [0, 1, -1]], np.int32)  # positions in the order, rows 0-2 of it
+    n = 3
+    small = np.argsort(np.random.default_rng(0).random(n)).astype(np.int32)
+    g = from_order(KnnGraph(ids, np.arange(9, dtype=np.float32).reshape(3, 3), None), small)
+    for p in range(n):  # row small[p] of the input lists the input rows small[ids[p]]
+        assert g.ids[small[p]].tolist() == [int(small[v]) if v >= 0 else -1 for v in ids[p]]
+        assert g.dists[small[p]].tolist() == [3 * p, 3 * p + 1, 3 * p + 2]
+    probe = Probe(rows=np.array([5, 7]), truth_ids=np.array([[7, 9, -1], [5, 11, 13]]), kth_key=np.ones(2))
+    moved = in_order(probe, order)
+    assert moved.rows.tolist() == [at[5], at[7]] and moved.truth_ids[0, 2] == -1
+    assert moved.truth_ids[1].tolist() == [at[5], at[11], at[13]] and moved.truth_ids.dtype == probe.truth_ids.dtype

@@ -4,6 +4,7 @@ descent loops compiled by numba (kernels.py) unless the reference is asked for."
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Callable, Iterable
 
 import numpy as np
@@ -175,6 +176,17 @@ class CpuBackend(SearchReference):
         xf = as_float(x)
         if len(xf) <= EXACT_ROWS:
             return exact_graph(xf, params.width(), metric, self.compiled)
+        if not self.compiled:
+            return self._descent(xf, metric, params, seed, on_iter, probe)
+        from bigknn.backends.cpu.rptree import locality_order
+
+        order = locality_order(xf, params.width(), seed)
+        g = self._descent(xf[order], metric, params, seed, on_iter, None if probe is None else in_order(probe, order))
+        return from_order(g, order)
+
+    def _descent(self, xf: np.ndarray, metric: Metric, params: GnndParams, seed: int, on_iter,
+                 probe: Probe | None) -> KnnGraph:
+        """GNND of the float rows ``xf`` from RP-tree seeds (compiled) or random lists (the NumPy reference)."""
         rng = np.random.default_rng(seed)
         width = params.width()
         if self.compiled:  # RP-tree seeds, drawn from their own generator (rptree.py)
@@ -265,3 +277,20 @@ def available() -> bool:
 def make_backends(gpus: list[int] | str | None, gpu_mem_bytes: int | None, threads: int | None) -> list[CpuBackend]:
     """A single CPU worker on ``threads`` cores (None: all); ``gpus`` and ``gpu_mem_bytes`` are a device's."""
     return [CpuBackend(threads=threads)]
+
+
+def in_order(probe: Probe, order: np.ndarray) -> Probe:
+    """A GNND's probe with its rows and truth renumbered to the rows' positions in ``order``."""
+    at = np.empty(len(order), np.int64)
+    at[order] = np.arange(len(order))
+    truth = np.asarray(probe.truth_ids)
+    return replace(probe, rows=at[np.asarray(probe.rows)],
+                   truth_ids=np.where(truth == EMPTY, EMPTY, at[np.maximum(truth, 0)]).astype(truth.dtype))
+
+
+def from_order(g: KnnGraph, order: np.ndarray) -> KnnGraph:
+    """A graph of the rows ``x[order]`` as the graph of ``x``: rows put back and ids mapped."""
+    ids, dists = np.empty_like(g.ids), np.empty_like(g.dists)
+    ids[order] = np.where(g.ids == EMPTY, EMPTY, order[np.maximum(g.ids, 0)])
+    dists[order] = g.dists
+    return KnnGraph(ids, dists, g.report)

@@ -50,6 +50,13 @@ def tree_init(x: np.ndarray, width: int, metric: Metric, trees: int, rng: np.ran
     return state
 
 
+def locality_order(x: np.ndarray, width: int, seed: int) -> np.ndarray:
+    """A row order (int32) in which the rows of each leaf of one RP tree are contiguous. A descent over the rows
+    in this order reads neighbours that lie near each other in memory, so its gathers hit the caches where the
+    input's order scatters them (docs/perf-notes.md, session 47)."""
+    return np.asarray(_leaves(split_rows(x), max(8, width), seed)[0])
+
+
 def split_rows(x: np.ndarray) -> np.ndarray:
     """The rows the trees split: int8, centred per dimension, at one scale for all (so the geometry is kept),
     clipped at SPLIT_CLIP standard deviations. A split is a pass over its rows' bytes, and the trees' passes
