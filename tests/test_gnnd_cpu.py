@@ -188,11 +188,11 @@ def test_rows_descended_in_locality_order_come_back_in_the_input_order():
     new positions with its empty truth slots kept."""
     from bigknn.algorithms.recall_target import Probe
     from bigknn.backends.cpu import from_order, in_order
-    from bigknn.backends.cpu.rptree import locality_order
+    from bigknn.backends.cpu.rptree import locality_order, split_rows
     from bigknn.core.knn_graph import KnnGraph
 
     x = synth(3000, 16, seed=4)
-    order = locality_order(x, 16, seed=1)
+    order = locality_order(split_rows(x), 16, seed=1)
     assert np.array_equal(np.sort(order), np.arange(len(x))) and not np.array_equal(order, np.arange(len(x)))
     at = np.empty(len(x), np.int64)
     at[order] = np.arange(len(x))

@@ -178,21 +178,24 @@ class CpuBackend(SearchReference):
             return exact_graph(xf, params.width(), metric, self.compiled)
         if not self.compiled:
             return self._descent(xf, metric, params, seed, on_iter, probe)
-        from bigknn.backends.cpu.rptree import locality_order
+        from bigknn.backends.cpu.rptree import locality_order, split_rows
 
-        order = locality_order(xf, params.width(), seed)
-        g = self._descent(xf[order], metric, params, seed, on_iter, None if probe is None else in_order(probe, order))
+        split = split_rows(xf)  # the order's tree and the seeding trees split the same rows
+        order = locality_order(split, params.width(), seed)
+        g = self._descent(xf[order], metric, params, seed, on_iter, None if probe is None else in_order(probe, order),
+                          split[order])
         return from_order(g, order)
 
     def _descent(self, xf: np.ndarray, metric: Metric, params: GnndParams, seed: int, on_iter,
-                 probe: Probe | None) -> KnnGraph:
-        """GNND of the float rows ``xf`` from RP-tree seeds (compiled) or random lists (the NumPy reference)."""
+                 probe: Probe | None, split: np.ndarray | None = None) -> KnnGraph:
+        """GNND of the float rows ``xf`` from RP-tree seeds (compiled; ``split``: xf's split rows, if made) or
+        random lists (the NumPy reference)."""
         rng = np.random.default_rng(seed)
         width = params.width()
         if self.compiled:  # RP-tree seeds, drawn from their own generator (rptree.py)
             from bigknn.backends.cpu.rptree import tree_init
 
-            state = tree_init(xf, width, metric, RP_TREES, np.random.default_rng((seed, 2)))
+            state = tree_init(xf, width, metric, RP_TREES, np.random.default_rng((seed, 2)), split)
         else:
             state = random_init(xf, width, metric, rng)
         target = recall_target(xf, metric, params, seed, compiled=self.compiled, probe=probe)

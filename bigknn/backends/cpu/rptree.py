@@ -32,15 +32,16 @@ SPLIT_CLIP = 4.0  # the splits' int8 rows span +-this many standard deviations o
 SPLIT_AHEAD = 4  # a split prefetches the row this many places ahead in its (random) row order
 
 
-def tree_init(x: np.ndarray, width: int, metric: Metric, trees: int, rng: np.random.Generator) -> DescentState:
+def tree_init(x: np.ndarray, width: int, metric: Metric, trees: int, rng: np.random.Generator,
+              rows: np.ndarray | None = None) -> DescentState:
     """Lists of ``width`` entries, all NEW: the nearest leaf-mates of ``trees`` RP trees, then random rows
-    where a list is not full."""
+    where a list is not full. ``rows``: ``x``'s split rows, where the caller has them already (split_rows)."""
     n = len(x)
     sq = np.einsum("ij,ij->i", x, x)
     state = DescentState(np.full((n, width), EMPTY, LOCAL_ID_DTYPE), np.full((n, width), np.inf, np.float32),
                          np.ones((n, width), bool))
     seeds = [int(rng.integers(2 ** 31)) for _ in range(trees)]
-    rows = split_rows(x)
+    rows = split_rows(x) if rows is None else rows
     # each tree's split is serial; the trees are independent (their own seed, numba's per-thread generator),
     # so they grow on a thread each (_leaves releases the GIL), and join the lists in order as before
     with ThreadPoolExecutor(max(1, min(trees, numba.get_num_threads()))) as pool:
@@ -50,11 +51,12 @@ def tree_init(x: np.ndarray, width: int, metric: Metric, trees: int, rng: np.ran
     return state
 
 
-def locality_order(x: np.ndarray, width: int, seed: int) -> np.ndarray:
-    """A row order (int32) in which the rows of each leaf of one RP tree are contiguous. A descent over the rows
-    in this order reads neighbours that lie near each other in memory, so its gathers hit the caches where the
-    input's order scatters them (docs/perf-notes.md, session 47)."""
-    return np.asarray(_leaves(split_rows(x), max(8, width), seed)[0])
+def locality_order(rows: np.ndarray, width: int, seed: int) -> np.ndarray:
+    """A row order (int32) in which the rows of each leaf of one RP tree over the split rows ``rows``
+    (split_rows) are contiguous. A descent over the rows in this order reads neighbours that lie near each other
+    in memory, so its gathers hit the caches where the input's order scatters them (docs/perf-notes.md,
+    session 47)."""
+    return np.asarray(_leaves(rows, max(8, width), seed)[0])
 
 
 def split_rows(x: np.ndarray) -> np.ndarray:
