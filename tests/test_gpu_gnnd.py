@@ -284,12 +284,17 @@ TARGET_CASES = [
 
 
 @pytest.mark.parametrize("d,dtype,metric", TARGET_CASES)
-def test_gnnd_meets_recall_target(cuda_backend, d, dtype, metric):
+def test_gnnd_meets_recall_target(cuda_backend, monkeypatch, d, dtype, metric):
     """Defaults (recall target 0.99) on fresh data of odd size: the descent stops on the target, its probe's
     estimate agrees with an exact check, every returned key is exact (the half-precision path recomputes
-    them), and the CPU reference with the same parameters reaches the same recall."""
+    them), and the CPU reference with the same parameters reaches the same recall. The exact graph is priced
+    out: whether it is cheaper follows the measured pace, which workers sharing the GPU slow down (a clock's
+    verdict, not the code's)."""
     from bigknn.backends.cpu import CpuBackend
     from bigknn.backends.cuda import rows as cuda_module
+    from bigknn.backends.cuda import target
+
+    monkeypatch.setattr(target, "exact_seconds", lambda *shape: float("inf"))
 
     n = 12007
     x = synth(n, d, seed=int(np.random.default_rng().integers(1 << 30)))
