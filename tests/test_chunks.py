@@ -16,7 +16,7 @@ import bigknn.shards.store as store_mod
 from bigknn.core.errors import Damaged
 from bigknn.core.params import GnndParams
 from bigknn.core.knn_graph import KnnGraph
-from bigknn.shards import Manifest, ShardEntry, Store, checksums, chunks
+from bigknn.shards import Manifest, ShardEntry, Store, checksums, chunk_writes, chunks
 
 SMALL_CHUNK_BYTES = 320  # several chunks and an edge chunk for the hundred rows used here
 ROWS = 101
@@ -229,7 +229,7 @@ def test_layouts_not_handled_fall_back(tmp_path, layout):
     arr[:] = x
     files = {str(p.relative_to(tmp_path / "a")): p.read_bytes() for p in (tmp_path / "a").rglob("*") if p.is_file()}
     assert chunks.read_rows(tmp_path / "a", 3, 50) is None
-    assert chunks.write_array(tmp_path / "a", np.zeros_like(x)) is False
+    assert chunk_writes.write_array(tmp_path / "a", np.zeros_like(x)) is False
     assert {str(p.relative_to(tmp_path / "a")): p.read_bytes()
             for p in (tmp_path / "a").rglob("*") if p.is_file()} == files  # declined without writing anything
 

@@ -13,7 +13,7 @@ import numpy as np
 from numpy.typing import DTypeLike
 
 from bigknn.core.errors import Damaged, disk_full_named
-from bigknn.shards import checksums, chunks, safepaths
+from bigknn.shards import checksums, chunk_writes, chunks, safepaths
 from bigknn.shards.chunks import Buffer
 from bigknn.shards.manifest import Manifest
 
@@ -63,7 +63,7 @@ class ArrayDir:
             arr = zarr.create_array(store=str(self.path), name=name, shape=data.shape,
                                     chunks=(chunk_rows, data.shape[1]), dtype=dtype, compressors=checksums.codecs(),
                                     overwrite=True, config={"write_empty_chunks": True})
-            if not chunks.write_array(self.path / name, data, place=name):
+            if not chunk_writes.write_array(self.path / name, data, place=name):
                 arr[:] = data.astype(dtype, copy=False)
         return tree_bytes(self.path / name)
 

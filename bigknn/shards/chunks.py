@@ -14,12 +14,11 @@ This module moves those bytes straight between the files and numpy arrays, one c
 several chunks in flight; a large array read whole lands in huge pages (core/hostmem.filled_once): the first
 touch of fresh 4 KiB pages costs as much as the copy and the checksum. It only ever handles arrays whose
 ``zarr.json`` says exactly that layout; for anything else it declines (``None``/``False``) and the caller uses
-zarr, which stays the reference. Array metadata is always written by zarr.
+zarr, which stays the reference. Array metadata is always written by zarr. The writes are in chunk_writes.py.
 """
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import stat
@@ -33,10 +32,9 @@ from typing import BinaryIO, Callable
 
 import numpy as np
 
-from bigknn.core.atomic import write_atomic
 from bigknn.core.hostmem import filled_once
 from bigknn.core.errors import Damaged
-from bigknn.shards import checksums, safepaths
+from bigknn.shards import checksums
 
 Buffer = Callable[[tuple[int, int], np.dtype], np.ndarray]  # (shape, dtype) -> an array to read into (read_rows)
 CHUNKS_IN_FLIGHT = 4  # chunk reads or writes in flight within one array read or write
@@ -86,7 +84,7 @@ def metadata(array_dir: Path) -> dict:
     return meta
 
 
-def _layout(array_dir: Path) -> _Layout | None:
+def layout(array_dir: Path) -> _Layout | None:
     """The array's layout if its metadata allows direct chunk access, else None; Damaged if it has no metadata,
     or a table of chunk checksums written for another place (bigknn/shards/checksums.py)."""
     meta = metadata(array_dir)
@@ -133,11 +131,11 @@ def _plain_layout(meta: dict) -> _Layout | None:
         return None
 
 
-def _chunk_path(array_dir: Path, i: int) -> Path:
+def chunk_path(array_dir: Path, i: int) -> Path:
     return array_dir / "c" / str(i) / "0"
 
 
-def _run(tasks: list[Callable[[], None]]) -> None:
+def run_all(tasks: list[Callable[[], None]]) -> None:
     """Run the tasks with up to CHUNKS_IN_FLIGHT at once; the first exception is raised."""
     if len(tasks) <= 1:
         for task in tasks:
@@ -178,10 +176,10 @@ def _skim(f: BinaryIO, nbytes: int, crc: int) -> int:
     return crc
 
 
-def _read_chunk(array_dir: Path, lay: _Layout, i: int, lo: int, hi: int, dest: np.ndarray) -> int | None:
+def read_chunk(array_dir: Path, lay: _Layout, i: int, lo: int, hi: int, dest: np.ndarray) -> int | None:
     """Array rows [lo, hi), all inside chunk ``i``, into ``dest``; the whole chunk is checked against its checksum
     (and the one its place lists); returns that checksum (None for an array without checksums)."""
-    path = _chunk_path(array_dir, i)
+    path = chunk_path(array_dir, i)
     try:
         f = open(path, "rb", buffering=0)
     except FileNotFoundError:
@@ -223,7 +221,7 @@ def _read_open_chunk(f: BinaryIO, path: Path, lay: _Layout, i: int, lo: int, hi:
 def _direct_layout(array_dir: Path, require_checksums: bool, require_places: bool = False) -> _Layout | None:
     """The layout for direct reads (None: read with zarr); an array without checksums where they are required
     (a format-2 store), or without its table of them where that is (format 6), is damage."""
-    lay = _layout(array_dir)
+    lay = layout(array_dir)
     if lay is not None and require_checksums and not lay.checksum:
         raise Damaged(array_dir / "zarr.json", "array has no chunk checksums")
     if lay is not None and require_places and lay.checksum and lay.table is None:
@@ -251,12 +249,12 @@ def read_rows(array_dir: Path, start: int = 0, stop: int | None = None,
 
     def read(i: int) -> None:
         lo, hi = max(start, i * lay.chunk_rows), min(stop, (i + 1) * lay.chunk_rows)
-        _read_chunk(array_dir, lay, i, lo, hi, out[lo - start:hi - start])
+        read_chunk(array_dir, lay, i, lo, hi, out[lo - start:hi - start])
 
     first, last = start // lay.chunk_rows, -(-stop // lay.chunk_rows)
     tasks = [lambda i=i: read(i) for i in range(first, last)] if stop > start else []
     if buffer is None:
-        _run(tasks)
+        run_all(tasks)
     else:
         for task in tasks:
             task()
@@ -282,10 +280,10 @@ def read_row_set(array_dir: Path, rows: np.ndarray, require_checksums: bool = Fa
         mine = np.nonzero(chunk_of == i)[0]
         lo, hi = int(rows[mine].min()), int(rows[mine].max()) + 1
         span = np.empty((hi - lo, lay.width), dtype=lay.dtype)
-        _read_chunk(array_dir, lay, i, lo, hi, span)
+        read_chunk(array_dir, lay, i, lo, hi, span)
         out[mine] = span[rows[mine] - lo]
 
-    _run([lambda i=i: read(i) for i in np.unique(chunk_of).tolist()])
+    run_all([lambda i=i: read(i) for i in np.unique(chunk_of).tolist()])
     return out
 
 
@@ -310,7 +308,7 @@ def check(array_dir: Path, contents: bool, visit: Callable[[np.ndarray], None] |
         try:
             if contents:
                 rows = np.empty((hi - lo, lay.width), dtype=lay.dtype)
-                _read_chunk(array_dir, lay, i, lo, hi, rows)
+                read_chunk(array_dir, lay, i, lo, hi, rows)
                 if visit is not None:
                     with lock:
                         visit(rows)
@@ -320,12 +318,12 @@ def check(array_dir: Path, contents: bool, visit: Callable[[np.ndarray], None] |
             with lock:
                 found.append(e)
 
-    _run([lambda i=i: one(i) for i in range(lay.chunks)])
+    run_all([lambda i=i: one(i) for i in range(lay.chunks)])
     return sorted(found, key=lambda e: e.file)
 
 
 def _check_size(array_dir: Path, lay: _Layout, i: int) -> None:
-    path = _chunk_path(array_dir, i)
+    path = chunk_path(array_dir, i)
     try:
         st = path.stat()
     except FileNotFoundError:
@@ -339,118 +337,3 @@ def _check_size(array_dir: Path, lay: _Layout, i: int) -> None:
     size = st.st_size
     if size != lay.file_bytes:
         raise Damaged(path, f"chunk file has {size} bytes; its array's metadata says {lay.file_bytes}")
-
-
-def _write_all(f: BinaryIO, data: np.ndarray) -> None:
-    view, done = memoryview(data).cast("B"), 0
-    while done < view.nbytes:
-        done += f.write(view[done:])
-
-
-def write_array(array_dir: Path, data: np.ndarray, place: str | None = None) -> bool:
-    """Write all of ``data`` as the chunk files of the array whose metadata zarr just created at
-    ``array_dir`` (each chunk written in full, the edge chunk padded with the fill value, then its checksum,
-    as zarr does); False, writing nothing, when the layout is not one this module handles (write it with zarr).
-    ``place`` (the array's path in its store): its zarr.json then lists each chunk's checksum for that place."""
-    array_dir = Path(array_dir)
-    lay = _layout(array_dir)
-    if lay is None:
-        return False
-    if tuple(data.shape) != (lay.rows, lay.width):
-        raise ValueError(f"{array_dir}: data of shape {data.shape} for an array of shape {(lay.rows, lay.width)}")
-    crcs = [0] * lay.chunks
-
-    def write(i: int) -> None:
-        lo, hi = i * lay.chunk_rows, min(lay.rows, (i + 1) * lay.chunk_rows)
-        parts = [np.ascontiguousarray(data[lo:hi], dtype=lay.dtype)]  # per chunk, on the writer threads
-        if hi - lo < lay.chunk_rows:
-            parts.append(np.full((lay.chunk_rows - (hi - lo), lay.width), lay.fill, dtype=lay.dtype))
-        path = _chunk_path(array_dir, i)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        crc = 0
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
-        with open(fd, "wb", buffering=0) as f:
-            for part in parts:
-                flat = part.reshape(-1).view(np.uint8)
-                for start in range(0, flat.size, PIECE_BYTES):
-                    piece = flat[start:start + PIECE_BYTES]
-                    if lay.checksum:
-                        crc = checksums.extend(crc, piece)
-                    _write_all(f, piece)
-            if lay.checksum:
-                _write_all(f, np.frombuffer(checksums.encode(crc), dtype=np.uint8))
-        crcs[i] = crc
-
-    _run([lambda i=i: write(i) for i in range(lay.chunks)])
-    if place is not None and lay.checksum:
-        _write_table(array_dir, place, crcs)
-    return True
-
-
-LINK_REFUSED = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EACCES}  # link_array: copy instead
-
-
-def link_array(src_dir: Path, store: Path, place: str) -> bool:
-    """Make ``store/place`` the array at ``src_dir`` (another store's, bound to its own place) without copying
-    its bytes: a hard link to each of its chunk files, and a zarr.json listing the same checksums for
-    ``place``. Every source chunk is read and checked against its checksum first (the Damaged of the first
-    bad one is raised, as a copy's read would). False, leaving nothing at ``place``, where the source is not a
-    checksummed array with its table (an older store), or the file system refuses the links (another
-    device, no hard links): the caller copies. The files then have two names; a later writer of either store
-    writes new files and removes only names of its own."""
-    src_dir = Path(src_dir)
-    lay = _layout(src_dir)
-    if lay is None or not lay.checksum or lay.table is None:
-        return False
-    damage = check(src_dir, contents=True)
-    if damage:
-        raise damage[0]
-    sources = [_chunk_path(src_dir, i) for i in range(lay.chunks)]
-    if not all(stat.S_ISREG(os.lstat(p).st_mode) for p in sources):  # a link in the other store: its bytes
-        return False  # are copied (a hard link to a link would put that link in this store)
-    safepaths.fresh_dir(store, place)
-    try:
-        for i, source in enumerate(sources):
-            with safepaths.owned_dir(store, f"{place}/c/{i}", create=True) as fd:
-                os.link(source, "0", dst_dir_fd=fd, follow_symlinks=False)
-    except OSError as e:
-        safepaths.remove_tree(store, place)
-        if e.errno in LINK_REFUSED:
-            return False
-        raise
-    except BaseException:  # interrupted: none of the links stay
-        safepaths.remove_tree(store, place)
-        raise
-    meta = checksums.with_table(metadata(src_dir), place, list(lay.table))
-    with safepaths.new_file(store, place, "zarr.json") as f:
-        f.write(json.dumps(meta).encode())
-    return True
-
-
-def add_table(array_dir: Path, place: str) -> bool:
-    """List in the array's zarr.json the checksum of each of its chunks for ``place`` (upgrading an array
-    written before format 6): each chunk is read and checked first. False, changing nothing, for an array
-    this module does not handle, one without checksums, or one with a damaged chunk (it stays damage)."""
-    array_dir = Path(array_dir)
-    try:
-        lay = _layout(array_dir)
-    except Damaged:
-        return False
-    if lay is None or not lay.checksum:
-        return False
-    if lay.table is not None:
-        return True
-    crcs = []
-    buf = np.empty((lay.chunk_rows, lay.width), dtype=lay.dtype)
-    try:
-        for i in range(lay.chunks):
-            lo, hi = i * lay.chunk_rows, min(lay.rows, (i + 1) * lay.chunk_rows)
-            crcs.append(_read_chunk(array_dir, lay, i, lo, hi, buf[:hi - lo]))
-    except Damaged:
-        return False
-    _write_table(array_dir, place, crcs)
-    return True
-
-
-def _write_table(array_dir: Path, place: str, crcs: list[int]) -> None:
-    write_atomic(array_dir / "zarr.json", json.dumps(checksums.with_table(metadata(array_dir), place, crcs)))

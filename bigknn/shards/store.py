@@ -27,7 +27,7 @@ import numpy as np
 from bigknn.core.atomic import write_atomic
 from bigknn.core.errors import BadInput, BigknnError, Damaged
 from bigknn.core.knn_graph import KnnGraph
-from bigknn.shards import chunks, identity, safepaths, user_ids
+from bigknn.shards import chunk_writes, identity, safepaths, user_ids
 from bigknn.shards.arrays import ArrayDir, ReadBuffers
 from bigknn.shards.creation import check_new_store_path
 from bigknn.shards.leases import LEASE_DIR, Lease, pinned
@@ -222,12 +222,12 @@ class Store(ArrayDir):
 
     def link_vectors(self, shard_id: int, other: Store, other_shard: int) -> bool:
         """Give shard ``shard_id`` the rows of ``other``'s shard ``other_shard`` as hard links to its chunk files
-        (chunks.link_array: each checked first, no bytes copied), where the other store keeps a copy of its
+        (chunk_writes.link_array: each checked first, no bytes copied), where the other store keeps a copy of its
         rows in the current format on this file system; False, writing nothing, otherwise (copy them)."""
         if other._source(other_shard) is not None or not (other.manifest.placed and self.manifest.placed):
             return False
         other.vectors_written(other_shard)
-        return chunks.link_array(other.path / other.rows_array(other_shard), self.path, vectors_name(shard_id))
+        return chunk_writes.link_array(other.path / other.rows_array(other_shard), self.path, vectors_name(shard_id))
 
     def rows_array(self, shard_id: int) -> str:
         """Where a shard's committed rows are: with its graph version for a tail shard (a pending shard of an

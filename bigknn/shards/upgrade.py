@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from bigknn.core.atomic import write_atomic
-from bigknn.shards import chunks
+from bigknn.shards import chunk_writes
 from bigknn.shards.manifest import PLACED_SINCE, Manifest
 
 
@@ -27,6 +27,6 @@ def upgrade_places(path: Path, manifest: Manifest) -> None:
     path = Path(path)
     for root, _, files in os.walk(path):
         if "zarr.json" in files and Path(root) != path:
-            chunks.add_table(Path(root), Path(root).relative_to(path).as_posix())
+            chunk_writes.add_table(Path(root), Path(root).relative_to(path).as_posix())
     manifest.format = max(manifest.format, PLACED_SINCE)
     mark_format(path, manifest.format)
