@@ -26,7 +26,7 @@ from typing import Callable, Iterator, Protocol
 
 import numpy as np
 
-from bigknn.core.knn_graph import EMPTY, KnnGraph, drop_self, merge_lists
+from bigknn.core.knn_graph import EMPTY, KnnGraph, drop_self, merge_lists, through
 from bigknn.core.metric import Metric
 
 ENTRY_ROWS = 1024  # old rows every new row is compared with for its entry points, times the join's effort
@@ -99,7 +99,7 @@ def join(x: np.ndarray, first_id: int, old: OldRows, width: int, metric: Metric,
         q = x[s:s + QUERY_BLOCK]
         start = exact(q, min(ENTRIES, len(entry_ids)), [(0, entry_x)])
         cost.distances += len(q) * len(entry_ids)
-        seeds = np.where(start.ids != EMPTY, entry_ids[np.maximum(start.ids, 0)], EMPTY)
+        seeds = through(entry_ids, start.ids)
         beam_ids, beam_keys, met = _search(q, seeds, start.dists, old, reverse, metric, cost, beam)
         parts.append((beam_ids, beam_keys))
         entering.append(met.triples(first_id + s))

@@ -77,6 +77,11 @@ def widened(g: KnnGraph, width: int) -> KnnGraph:
     return KnnGraph(ids, dists)
 
 
+def through(table: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """``table[ids]``, EMPTY slots kept EMPTY (ids renumbered by a table of new ids, or of rows)."""
+    return np.where(ids == EMPTY, EMPTY, table[np.maximum(ids, 0)])
+
+
 def shard_graph_to_global(g: KnnGraph, offset: int) -> KnnGraph:
     """A shard's GNND graph (ids local to the shard) with store-wide ids (``shifted``)."""
     return shifted(g, offset, offset + g.rows)

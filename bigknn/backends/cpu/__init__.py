@@ -18,7 +18,7 @@ from bigknn.backends.base import CallShape
 from bigknn.backends.cpu.threads import use_threads
 from bigknn.core.errors import BadInput
 from bigknn.algorithms.merge_setup import exact_merge, finish_merge, merge_stop_frac, start_merge
-from bigknn.core.knn_graph import EMPTY, LOCAL_ID_DTYPE, KnnGraph, ShardPart, drop_self, merge_lists
+from bigknn.core.knn_graph import EMPTY, LOCAL_ID_DTYPE, KnnGraph, ShardPart, drop_self, merge_lists, through
 from bigknn.core.metric import Metric
 from bigknn.algorithms.partition.nearest import nearest_numpy
 from bigknn.core.params import (CPU_AUTO_SAMPLES, CPU_HARD_BELOW, CPU_HARD_SAMPLES, CPU_HARD_WIDTH, EXACT_ROWS,
@@ -288,12 +288,12 @@ def in_order(probe: Probe, order: np.ndarray) -> Probe:
     at[order] = np.arange(len(order))
     truth = np.asarray(probe.truth_ids)
     return replace(probe, rows=at[np.asarray(probe.rows)],
-                   truth_ids=np.where(truth == EMPTY, EMPTY, at[np.maximum(truth, 0)]).astype(truth.dtype))
+                   truth_ids=through(at, truth).astype(truth.dtype))
 
 
 def from_order(g: KnnGraph, order: np.ndarray) -> KnnGraph:
     """A graph of the rows ``x[order]`` as the graph of ``x``: rows put back and ids mapped."""
     ids, dists = np.empty_like(g.ids), np.empty_like(g.dists)
-    ids[order] = np.where(g.ids == EMPTY, EMPTY, order[np.maximum(g.ids, 0)])
+    ids[order] = through(order, g.ids)
     dists[order] = g.dists
     return KnnGraph(ids, dists, g.report)
