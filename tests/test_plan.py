@@ -216,3 +216,31 @@ def test_reads_of_more_merges_than_are_replayed_are_counted_at_random():
     p = plan(100 * r, 96, 4, params, r, 1, fast, DISK, host_mem=10 * r * (96 * 4 + params.width() * 8))
     assert p["merges"] == 4950 > SIMULATED_PAIRS and p["cached_shards"] == 10
     assert p["merge_reads"] == round(4950 * 2 * 0.9) and "random" in p["assumptions"]["merge_reads"]
+
+
+def test_auto_shard_rows_spans_the_gpus_where_one_gpu_cannot_hold_the_gnnd():
+    """Rows whose one GNND does not fit a GPU but does with its lists split over two (every GPU holding every
+    row) make one shard where the backends can span (Backend.spanning), merge-sized shards where they cannot;
+    on one GPU the spanning count is the whole GNND's."""
+    params, budget = GnndParams(k=32), 8 << 30
+    model = device_memory_model()
+
+    class Device:
+        def __init__(self, spans: bool):
+            self.spans = spans
+
+        def memory_budget(self) -> int:
+            return budget
+
+        def spanning(self, others):
+            return self if self.spans else None
+
+    for dim, itemsize in ((96, 4), (384, 4), (128, 1)):
+        for rows in (10_007, 3_000_000):
+            assert model.spanning_bytes(rows, dim, itemsize, params, 1) == model.whole_bytes(rows, dim, itemsize, params)
+    rows = next(n for n in range(1 << 20, 1 << 30, 1 << 20) if model.whole_bytes(n, 96, 4, params) > budget)
+    assert model.spanning_bytes(rows, 96, 4, params, 2) <= budget
+    assert auto_shard_rows([Device(True), Device(True)], 96, 4, params, rows=rows) == rows
+    merge_sized = largest_shard_rows(budget, 96, 4, params)
+    assert auto_shard_rows([Device(False), Device(False)], 96, 4, params, rows=rows) == merge_sized < rows
+    assert auto_shard_rows([Device(True)], 96, 4, params, rows=rows) == merge_sized

@@ -422,3 +422,44 @@ def test_a_tight_cache_reads_about_what_the_plans_replay_counts(tmp_path, monkey
     assert out["shards"] == 10 and out["merges_done"] == 45
     replay = replayed_reads(pending_pairs(10, set()), 10, 4)
     assert len(loads) <= 1.5 * replay, (len(loads), replay, loads)
+
+
+class Spans(CpuBackend):
+    """A CPU backend that says it can span the others (as the CUDA backend does across GPUs), recording which
+    backends ran a GNND and what it was asked to span."""
+
+    def __init__(self, tag: str, calls: list):
+        super().__init__()
+        self.tag, self.calls = tag, calls
+
+    def spanning(self, others):
+        wide = Spans(self.tag + "+" + "+".join(o.tag for o in others), self.calls)
+        self.calls.append(("span", wide.tag))
+        return wide
+
+    def gnnd(self, x, metric, params, seed, on_iter=None, probe=None):
+        self.calls.append(("gnnd", self.tag))
+        return super().gnnd(x, metric, params, seed, on_iter, probe)
+
+    @property
+    def last_stats(self) -> dict:
+        return {"gpus": self.tag.count("+") + 1, "slots": 64}  # as the CUDA backend's spanning GNND says
+
+
+def test_a_one_shard_build_runs_its_gnnd_across_every_worker_that_can_span(data, tmp_path):
+    """One GNND and nothing else: the first worker spans the others (Backend.spanning) and runs it alone; a
+    plan of several shards keeps its workers; workers that cannot span (the CPU's: None) run as they are."""
+    calls: list = []
+    one = build(BuildRequest(input=data, store=tmp_path / "one.knn", params=GnndParams(k=10)),
+                [Spans("a", calls), Spans("b", calls)], Reporter())
+    span = calls.index(("span", "a+b"))  # after each worker's warm-up
+    assert one["shards"] == 1 and calls[span:] == [("span", "a+b"), ("gnnd", "a+b")]
+    gnnd = [t for t in one["timeline"] if t["phase"] == "gnnd"]
+    assert len(gnnd) == 1 and gnnd[0]["gpus"] == 2 and "slots" not in gnnd[0]  # the timeline says it spanned
+    calls.clear()
+    many = build(BuildRequest(input=data, store=tmp_path / "many.knn", shard_rows=1400, params=GnndParams(k=10)),
+                 [Spans("a", calls), Spans("b", calls)], Reporter())
+    assert many["shards"] == 4 and {t for _, t in calls} == {"a", "b"}  # no span asked, nor made
+    plain = build(BuildRequest(input=data, store=tmp_path / "plain.knn", params=GnndParams(k=10)),
+                  [CpuBackend(), CpuBackend()], Reporter())
+    assert plain["shards"] == 1 and plain["recall_estimate"]["recall"] >= 0.95

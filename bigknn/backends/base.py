@@ -41,6 +41,10 @@ class MemoryModel(Protocol):
         """Device bytes of one GNND of all ``rows`` rows at once (a one-shard build: no merge at all), at the
         same full candidate slots and widening room as ``merge_bytes``."""
 
+    def spanning_bytes(self, rows: int, dim: int, itemsize: int, params: GnndParams, gpus: int) -> int:
+        """Device bytes on each of ``gpus`` devices of one GNND of ``rows`` rows spanning them
+        (Backend.spanning): what ``whole_bytes`` counts on one device."""
+
 
 class Backend(Protocol):
     name: str
@@ -53,6 +57,11 @@ class Backend(Protocol):
         """k-NN graph of the rows of ``x`` among themselves; ids are local row numbers 0..n-1. ``probe``: the
         rows the recall target measures, with their exact top-10 among ``x`` and the pace that search ran
         at (a build's recall sample, bigknn/engine/recall_sample.py); None: the backend draws its own."""
+
+    def spanning(self, others: list["Backend"]) -> "Backend | None":
+        """A backend like this one whose ``gnnd`` runs across this backend's device and those of ``others`` at
+        once (a one-shard build, where the others would sit idle), or None where this backend cannot (the
+        executor then runs the plan as it is)."""
 
     def ggm(self, a: ShardPart, b: ShardPart, metric: Metric, params: GnndParams, seed: int,
             on_iter: OnIter | None = None, vias: list[ShardPart] | None = None) -> tuple[KnnGraph, KnnGraph]:

@@ -55,7 +55,8 @@ class Accounting:
         and span, the worker's busy time, the descent's counts, and the call's line in the timeline: where a
         worker waited, and how much of a call its iterations took (``descent_s``), which busy_frac alone
         does not say; ``stages``: the backend's seconds per stage of the call (Backend.last_stats: compile,
-        copies, iterations), and the recall sample's exact search (``sample_s``)."""
+        copies, iterations; ``gpus`` where one call spanned several), and the recall sample's exact search
+        (``sample_s``)."""
         self.add(phase, end - start, nbytes_read)
         self.extend_span(phase, start, end)
         self.add_descent(phase, report)
@@ -63,8 +64,9 @@ class Accounting:
         if report is not None:
             line.update(iterations=len(report["trace"]), widened=report["widened"], descent_s=report["spent_s"],
                         stop=report["stop"], estimate=report["estimate"])
-        line.update({key: round(value, 3) if isinstance(value, float) else value for key, value in (stages or {}).items()
-                     if (key.endswith("_s") and isinstance(value, float)) or key.endswith("_kept")})
+        line.update({key: round(value, 3) if isinstance(value, float) else value
+                     for key, value in (stages or {}).items()
+                     if (key.endswith("_s") and isinstance(value, float)) or key.endswith("_kept") or key == "gpus"})
         with self.lock:
             self.busy[worker] = self.busy.get(worker, 0.0) + end - start
             self.timeline.append(line)

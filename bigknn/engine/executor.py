@@ -63,6 +63,8 @@ class InProcess:
         shards = ledger.shards()
         new_sizes = incoming[1] if incoming else []
         todo = [s for s in shards if ledger.version(s.id) is None]
+        if len(shards) + len(new_sizes) == 1 and len(todo) + len(new_sizes) == 1 and plan is None:
+            backends = across(backends)
         source = shards_from_store(store, todo, acct) if todo else None
         if incoming:
             source = chain(source or (), incoming[0])
@@ -94,6 +96,13 @@ class InProcess:
         finally:
             writer.close(final=completed)  # what finished is written and committed, also when a worker failed
             cache.close()
+
+
+def across(backends: list[Backend]) -> list[Backend]:
+    """The workers of a plan with one GNND and nothing else: the first backend spanning all of them where it can
+    (Backend.spanning), since the others would sit idle; else the workers as they are."""
+    wide = backends[0].spanning(backends[1:]) if len(backends) > 1 else None
+    return [wide] if wide is not None else backends
 
 
 def warm_up(backends: list[Backend], reporter: Reporter, like: CallShape) -> None:

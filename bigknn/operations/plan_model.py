@@ -276,7 +276,8 @@ def largest_shard_rows(gpu_bytes: int, dim: int, itemsize: int, params: GnndPara
 def auto_shard_rows(backends, dim: int, itemsize: int, params: GnndParams, gpu_mem: int | None = None,
                     rows: int | None = None) -> int:
     """Rows per shard when the user gives none: all ``rows`` where one GNND of them fits every GPU's budget
-    (what is free, capped by ``--gpu-mem``): one shard, no merge, which no schedule of merges beats; else the
+    (what is free, capped by ``--gpu-mem``), or fits them with its lists spread over the GPUs where the
+    backends can span them (Backend.spanning): one shard, no merge, which no schedule of merges beats; else the
     largest shard whose merge fits. Without a GPU: sized for ``gpu_mem`` when given (planning a GPU job on
     another machine), else CPU_SHARD_ROWS."""
     budgets = [budget for b in backends if (budget := b.memory_budget()) is not None]
@@ -284,7 +285,11 @@ def auto_shard_rows(backends, dim: int, itemsize: int, params: GnndParams, gpu_m
         budgets = [gpu_mem]
     if not budgets:
         return CPU_SHARD_ROWS
-    if rows is not None and device_memory_model().whole_bytes(rows, dim, itemsize, params) <= min(budgets):
+    model = device_memory_model()
+    if rows is not None and model.whole_bytes(rows, dim, itemsize, params) <= min(budgets):
+        return rows
+    spans = len(budgets) > 1 and backends[0].spanning(backends[1:]) is not None
+    if rows is not None and spans and model.spanning_bytes(rows, dim, itemsize, params, len(budgets)) <= min(budgets):
         return rows
     return largest_shard_rows(min(budgets), dim, itemsize, params)
 

@@ -214,6 +214,10 @@ class CpuBackend(SearchReference):
             exact_l2_keys(xf, state, self.compiled)
         return KnnGraph(state.ids, state.dists, target.stopper.report() if target else None)
 
+    def spanning(self, others: list) -> None:
+        """None: one CPU worker already runs on every core it was given (make_backends makes just one)."""
+        return None
+
     def ggm(self, a: ShardPart, b: ShardPart, metric: Metric, params: GnndParams, seed: int,
             on_iter=None, vias: list[ShardPart] | None = None) -> tuple[KnnGraph, KnnGraph]:
         use_threads(self.threads)

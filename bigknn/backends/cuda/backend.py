@@ -21,6 +21,7 @@ Every call but a search frees CuPy's memory pools at its end.
 
 from __future__ import annotations
 
+import copy
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -30,7 +31,7 @@ import numpy as np
 
 from bigknn.backends.cpu.search_calls import SearchReference
 from bigknn.backends.base import CallShape
-from bigknn.backends.cuda import exact, ggm, gnnd, memory, warmup
+from bigknn.backends.cuda import exact, ggm, gnnd, memory, spanning, warmup
 from bigknn.backends.cuda import diversify as prune
 from bigknn.backends.cuda import graph_search as search
 from bigknn.backends.cuda.gpu import Gpu
@@ -78,6 +79,7 @@ class CudaBackend(SearchReference):
         self._prune_table = KeptCopy()  # the rows of the prune in progress, likewise
         self._warming: threading.Thread | None = None  # the kernels' warm-up (warm_up), while it runs
         self._ahead_paused = False  # set while a call retries after running out of memory (_make_room)
+        self._span_with: list[Gpu] = []  # the other GPUs a gnnd spans (spanning)
         # the CUDA context (~0.6 s on an H200) is made while the caller still reads and checks its input
         threading.Thread(target=self._make_context, daemon=True, name="cuda-context").start()
 
@@ -122,7 +124,32 @@ class CudaBackend(SearchReference):
 
     def gnnd(self, x: np.ndarray, metric: Metric, params: GnndParams, seed: int, on_iter=None,
              probe: Probe | None = None) -> KnnGraph:
+        if self._span_with:
+            return self._call(self._spanning_gnnd, x, metric, params, seed, on_iter, probe)
         return self._call(gnnd.gnnd, x, metric, params, seed, on_iter, probe)
+
+    def spanning(self, others: list) -> "CudaBackend | None":
+        """This backend with its ``gnnd`` across its GPU and the others' (spanning.py: the rows on every GPU,
+        the lists split between them); the others must be CUDA backends of other devices. None for no others."""
+        gpus = [self.gpu] + [o.gpu for o in others if isinstance(o, CudaBackend)]
+        if len(gpus) < 2 or len(gpus) != len(others) + 1:
+            return None
+        if len({g.device for g in gpus}) != len(gpus):
+            raise ValueError(f"a descent across GPUs needs distinct devices, got {[g.device for g in gpus]}")
+        wide = copy.copy(self)  # the same Gpu, copies kept and warm-up: the caller uses one or the other
+        wide._span_with = gpus[1:]
+        return wide
+
+    def _spanning_gnnd(self, gpu: Gpu, *args) -> KnnGraph:
+        """spanning.spanning_gnnd over this GPU and the others; every GPU's pools freed afterwards."""
+        import cupy as cp
+
+        try:
+            return spanning.spanning_gnnd([gpu] + self._span_with, *args)
+        finally:
+            for other in self._span_with:
+                with cp.cuda.Device(other.device):
+                    memory.free_pools()
 
     def ggm(self, a: ShardPart, b: ShardPart, metric: Metric, params: GnndParams, seed: int,
             on_iter=None, vias: list[ShardPart] | None = None) -> tuple[KnnGraph, KnnGraph]:

@@ -18,6 +18,15 @@
 #define GNND_GUNR 0  // loads in flight per thread in the cross-match gather (0: by block size)
 #endif
 #define INF_F __int_as_float(0x7f800000)
+// a descent whose lists span GPUs (spanning.py) compiles with GNND_SYSTEM_ATOMICS: the reverse samples' counts, the
+// candidate table and the update count are then updated by both GPUs, atomically across them
+#ifdef GNND_SYSTEM_ATOMICS
+#define GNND_ATOMIC_ADD atomicAdd_system
+#define GNND_ATOMIC_MIN atomicMin_system
+#else
+#define GNND_ATOMIC_ADD atomicAdd
+#define GNND_ATOMIC_MIN atomicMin
+#endif
 
 typedef unsigned long long u64;
 typedef unsigned int u32;
@@ -139,7 +148,7 @@ __device__ __forceinline__ void emit_candidate(int u, int v, float key, const fl
     if (!(key < keys[(size_t)u * k + (k - 1)])) return;
     const u32 slot = ((u32)v * 2654435761u) >> (32 - logC);
     const u64 packed = ((u64)f2s(key) << 32) | (u64)(u32)v;
-    atomicMin(&cand[((size_t)u << logC) + slot], packed);
+    GNND_ATOMIC_MIN(&cand[((size_t)u << logC) + slot], packed);
 }
 
 // one tensor-core step: D (16 x 8, fp32) += A (16 x 16 halves, row-major) * B (16 x 8 halves, col-major); the

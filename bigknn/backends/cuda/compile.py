@@ -32,14 +32,16 @@ def source() -> str:
     return "".join((here / name).read_text() for name in SOURCES)
 
 
-def compile_kernels(name_expressions: tuple[str, ...]):
-    """RawModule holding the extern "C" kernels plus the named template instances (cached)."""
+def compile_kernels(name_expressions: tuple[str, ...], system_atomics: bool = False):
+    """RawModule holding the extern "C" kernels plus the named template instances (cached). ``system_atomics``:
+    the descent's atomics act across GPUs (common.cuh GNND_SYSTEM_ATOMICS; a descent that spans GPUs)."""
     import cupy as cp
 
     # BIGKNN_CUDA_GUNR: loads in flight per thread in the cross-match gather (experiments; 0 = default)
     # BIGKNN_CUDA_MODE: diagnostics (1: cross-match emits nothing, 2: nor computes distances); never in use
     defines = tuple(f"-DGNND_GUNR={v}" for v in [envvars.integer("BIGKNN_CUDA_GUNR")] if v is not None)
     defines += tuple(f"-DGNND_MODE={v}" for v in [envvars.integer("BIGKNN_CUDA_MODE")] if v is not None)
+    defines += ("-DGNND_SYSTEM_ATOMICS=1",) if system_atomics else ()
     device = cp.cuda.Device().id  # a loaded module belongs to one device's context (several GPUs: one each)
     mod = _MODULES.get((name_expressions, defines, device))
     if mod is not None:

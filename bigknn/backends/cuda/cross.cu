@@ -22,7 +22,7 @@ __global__ void __launch_bounds__((MAXN / TR) * (2 * MAXN / TC), ((MAXN / TR) * 
 gnnd_cross(const T* __restrict__ x, int n, int dpad, int k, int p, const int* __restrict__ new_s,
            const int* __restrict__ old_s, const int* __restrict__ cnt, const float* __restrict__ keys,
            const int* __restrict__ labels, int use_labels, u64* __restrict__ cand, int logC,
-           const float* __restrict__ norms) {
+           const float* __restrict__ norms, int row0) {
     // EXPAND (l2 only): key = |a|^2 + |b|^2 - 2 a.b, one FMA per dim instead of a subtraction and an FMA;
     // the keys kept in the lists are made exact afterwards by gnnd_finalize
     constexpr int M2 = 2 * MAXN;
@@ -46,7 +46,7 @@ gnnd_cross(const T* __restrict__ x, int n, int dpad, int k, int p, const int* __
     __shared__ int slab[M2];
     __shared__ float snorm[M2];
 
-    const int row = blockIdx.x, t = threadIdx.x;
+    const int row = row0 + blockIdx.x, t = threadIdx.x;  // one block a list of rows row0...
     const int S2 = 2 * p;
     const int nn = min(cnt[row], S2);
     const int no = min(cnt[n + row], S2);

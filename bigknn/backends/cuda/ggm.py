@@ -163,7 +163,8 @@ def ggm(gpu: Gpu, a: ShardPart, b: ShardPart, metric: Metric, params: GnndParams
     norms = None
     if expand:
         norms = cp.empty((n,), dtype=cp.float32)
-        mod.get_function(f"gnnd_norms<{wct}>")(((n * 32 + 255) // 256,), (256,), (xw, n32, d32, dp32, norms))
+        mod.get_function(f"gnnd_norms<{wct}>")(((n * 32 + 255) // 256,), (256,), (xw, n32, d32, dp32, norms,
+                                                                           np.int32(0), n32))
     sync()
     t_setup = time.perf_counter()
     host_out = (touched_later((n, w), np.int32), touched_later((n, w), np.float32))  # faulted in while it merges

@@ -1,6 +1,9 @@
 // GNND (GNND paper §4) on one graph: random start, sampling, reverse samples, merging the candidate
 // table into the lists, exact keys at the end. The cross-match is in cross.cu. Follows common.cuh
 // in the source compile.py builds.
+// Every kernel works on the rows [row0, row0 + rows) of the n (its grid sized for those): one launch over all n
+// on one GPU, or a launch per GPU over its part where the arrays span GPUs (spanning.py); reads and the
+// reverse samples' and candidates' atomics reach any row.
 
 // exact keys of row `row` to the k ids in I (shared, per warp) into K, then (key, id) sort of both;
 // K and I must hold next_pow2(k) slots
@@ -42,12 +45,12 @@ __device__ void warp_keys_sort(const T* __restrict__ x, int row, int d, int dpad
 template <typename T, int METRIC>
 __global__ void __launch_bounds__(128) gnnd_init(const T* __restrict__ x, int n, int d, int dpad, int k,
                                                  u64 seed, int* __restrict__ ids, float* __restrict__ keys,
-                                                 unsigned char* __restrict__ flags) {
+                                                 unsigned char* __restrict__ flags, int row0, int rows) {
     __shared__ float skey[4][128];
     __shared__ int sid[4][128];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int row = blockIdx.x * 4 + warp;
-    if (row >= n) return;
+    const int row = row0 + blockIdx.x * 4 + warp;
+    if (row >= row0 + rows) return;
     float* K = skey[warp];
     int* I = sid[warp];
     const u64 m = (u64)(n - 1);
@@ -81,12 +84,13 @@ __global__ void __launch_bounds__(128) gnnd_init(const T* __restrict__ x, int n,
 // the iterations when the cross-match used the norm expansion for l2.
 template <typename T, int METRIC>
 __global__ void __launch_bounds__(128) gnnd_finalize(const T* __restrict__ x, int n, int d, int dpad, int k,
-                                                     int* __restrict__ ids, float* __restrict__ keys) {
+                                                     int* __restrict__ ids, float* __restrict__ keys, int row0,
+                                                     int rows) {
     __shared__ float skey[4][128];
     __shared__ int sid[4][128];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int row = blockIdx.x * 4 + warp;
-    if (row >= n) return;
+    const int row = row0 + blockIdx.x * 4 + warp;
+    if (row >= row0 + rows) return;
     float* K = skey[warp];
     int* I = sid[warp];
     for (int j = lane; j < k; j += 32) I[j] = ids[(size_t)row * k + j];
@@ -100,10 +104,11 @@ __global__ void __launch_bounds__(128) gnnd_finalize(const T* __restrict__ x, in
 
 // squared norms of the rows (float32), one warp per row
 template <typename T>
-__global__ void gnnd_norms(const T* __restrict__ x, int n, int d, int dpad, float* __restrict__ out) {
-    const long long w = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+__global__ void gnnd_norms(const T* __restrict__ x, int n, int d, int dpad, float* __restrict__ out, int row0,
+                           int rows) {
+    const long long w = row0 + (((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5);
     const int lane = threadIdx.x & 31;
-    if (w >= n) return;
+    if (w >= (long long)row0 + rows) return;
     const T* xr = x + (size_t)w * dpad;
     float acc = 0.f;
     for (int e = lane; e < d; e += 32) {
@@ -128,10 +133,10 @@ extern "C" __global__ void __launch_bounds__(128) gnnd_sample(int n, int k, int 
                                                               unsigned char* __restrict__ flags,
                                                               int* __restrict__ new_s, int* __restrict__ old_s,
                                                               int* __restrict__ cnt, const int* __restrict__ labels,
-                                                              int use_labels) {
+                                                              int use_labels, int row0, int rows) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int row = blockIdx.x * 4 + warp;
-    if (row >= n) return;
+    const int row = row0 + blockIdx.x * 4 + warp;
+    if (row >= row0 + rows) return;
     const int S2 = 2 * p;
     const u32 lt = (1u << lane) - 1u;
     const int own = use_labels ? labels[row] : 0;
@@ -173,19 +178,19 @@ extern "C" __global__ void __launch_bounds__(128) gnnd_sample(int n, int k, int 
 
 // GNND 3: reverse samples, appended with atomics while the list holds fewer than 2p entries.
 extern "C" __global__ void gnnd_reverse(int n, int p, int* __restrict__ new_s, int* __restrict__ old_s,
-                                        int* __restrict__ cnt) {
+                                        int* __restrict__ cnt, int row0, int rows) {
     const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= (long long)n * p) return;
-    const int row = (int)(t / p), j = (int)(t % p);
+    if (t >= (long long)rows * p) return;
+    const int row = row0 + (int)(t / p), j = (int)(t % p);
     const int S2 = 2 * p;
     if (j < cnt[2 * n + row]) {
         const int v = new_s[(size_t)row * S2 + j];
-        const int pos = atomicAdd(&cnt[v], 1);
+        const int pos = GNND_ATOMIC_ADD(&cnt[v], 1);
         if (pos < S2) new_s[(size_t)v * S2 + pos] = row;
     }
     if (j < cnt[3 * n + row]) {
         const int v = old_s[(size_t)row * S2 + j];
-        const int pos = atomicAdd(&cnt[n + v], 1);
+        const int pos = GNND_ATOMIC_ADD(&cnt[n + v], 1);
         if (pos < S2) old_s[(size_t)v * S2 + pos] = row;
     }
 }
@@ -199,15 +204,16 @@ extern "C" __global__ void __launch_bounds__(128) gnnd_merge(int n, int k, int* 
                                                              float* __restrict__ keys,
                                                              unsigned char* __restrict__ flags,
                                                              u64* __restrict__ cand, int logC,
-                                                             unsigned long long* __restrict__ updates) {
+                                                             unsigned long long* __restrict__ updates, int row0,
+                                                             int rows) {
     __shared__ float lk[4][128];
     __shared__ int li[4][128];
     __shared__ unsigned char lf[4][128];
     __shared__ float ck[4][MAX_SLOTS];
     __shared__ int ci[4][MAX_SLOTS];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int row = blockIdx.x * 4 + warp;
-    if (row >= n) return;
+    const int row = row0 + blockIdx.x * 4 + warp;
+    if (row >= row0 + rows) return;
     float* LK = lk[warp];
     int* LI = li[warp];
     unsigned char* LF = lf[warp];
@@ -296,5 +302,5 @@ extern "C" __global__ void __launch_bounds__(128) gnnd_merge(int n, int k, int* 
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) ins += __shfl_xor_sync(FULL_MASK, ins, o);
-    if (lane == 0 && ins) atomicAdd(updates, (unsigned long long)ins);
+    if (lane == 0 && ins) GNND_ATOMIC_ADD(updates, (unsigned long long)ins);
 }

@@ -89,7 +89,8 @@ def gnnd(gpu: Gpu, x, metric: Metric, params: GnndParams, seed: int, on_iter=Non
     if expand:
         norms = cp.empty((n,), dtype=cp.float32)
         mod.get_function(f"gnnd_norms<{wct}>")(((n * 32 + 255) // 256,), (256,),
-                                               (xw, np.int32(n), np.int32(d), np.int32(dpad), norms))
+                                               (xw, np.int32(n), np.int32(d), np.int32(dpad), norms, np.int32(0),
+                                                np.int32(n)))
     sync()
     t_init = time.perf_counter()
     target = device_target(gpu, xd, d, metric, params, seed, lambda w, q: gnnd_bytes(
@@ -108,7 +109,7 @@ def gnnd(gpu: Gpu, x, metric: Metric, params: GnndParams, seed: int, on_iter=Non
     if expand or half:
         # the lists hold norm-expansion or half-precision keys: make them exact and re-sort
         mod.get_function(f"gnnd_finalize<{ct}, {m}>")(((n + 3) // 4,), (128,), (
-            xd, np.int32(n), np.int32(d), np.int32(dpad), np.int32(kb), ids, keys))
+            xd, np.int32(n), np.int32(d), np.int32(dpad), np.int32(kb), ids, keys, np.int32(0), np.int32(n)))
         sync_check(cp)
     sync()
     t_it = time.perf_counter()

@@ -81,6 +81,17 @@ def whole_bytes(rows: int, dim: int, itemsize: int, params: GnndParams) -> int:
     return gnnd_bytes(rows, dim, itemsize, wide, params.sample_count(wide), 1 << LOG_SLOTS) + halves
 
 
+def spanning_bytes(rows: int, dim: int, itemsize: int, params: GnndParams, gpus: int) -> int:
+    """The MemoryModel of this backend: device bytes on each of ``gpus`` GPUs of one GNND of ``rows`` rows whose
+    lists span them (spanning.py): every GPU holds all the rows (and their half copy), and its share of the
+    lists, samples and candidate slots, counted as ``whole_bytes`` counts them (one GPU: the same bytes)."""
+    wide, halves = _room(rows, dim, itemsize, params)
+    share = -(-rows // max(1, gpus))
+    p, slots = params.sample_count(wide), 1 << LOG_SLOTS
+    lists = gnnd_bytes(share, dim, itemsize, wide, p, slots) - gnnd_bytes(share, dim, itemsize, 0, 0, 0)
+    return gnnd_bytes(rows, dim, itemsize, 0, 0, 0) + lists + halves
+
+
 def _room(rows: int, dim: int, itemsize: int, params: GnndParams) -> tuple[int, int]:
     """(list width, extra bytes) a planned call of ``rows`` rows is sized for: lists one widening step wider
     when a recall target is set (a call that cannot widen at a stall ends below its target), and the

@@ -53,8 +53,10 @@ class DeviceTarget:
         now = time.perf_counter()
         action = self.stopper.after(self.probe.measure(ids, keys), now - self.clock)
         self.clock = now
-        if action == "widen" and not self.fits(self.stopper.width, self.samples(self.stopper.width)):
-            return self.stopper.cannot_widen("wider ones do not fit the GPU memory budget")
+        if action == "widen":
+            if not self.fits(self.stopper.width, self.samples(self.stopper.width)):
+                return self.stopper.cannot_widen("wider ones do not fit the GPU memory budget")
+            self.p = self.samples(self.stopper.width)  # the caller widens the lists (descent.py widened)
         return action
 
     def exact_lists(self, ids) -> tuple[np.ndarray, np.ndarray]:
@@ -72,20 +74,6 @@ class DeviceTarget:
         keys[ids < 0] = np.inf
         order = cp.argsort(keys, axis=1)
         return cp.take_along_axis(ids, order, axis=1).get(), cp.take_along_axis(keys, order, axis=1).get()
-
-    def widen(self, ids, keys, flags):
-        """Lists grown to the stopper's width: empty slots (id -1, key +inf, OLD) at the end of each row."""
-        import cupy as cp
-
-        n, k = ids.shape
-        w = self.stopper.width
-        out = (cp.full((n, w), -1, dtype=cp.int32), cp.full((n, w), np.inf, dtype=cp.float32),
-               cp.zeros((n, w), dtype=cp.uint8))
-        for new, old in zip(out, (ids, keys, flags)):
-            new[:, :k] = old
-        self.p = self.samples(w)
-        return out
-
 
 def device_target(gpu: Gpu, xd, d: int, metric: Metric, params: GnndParams, seed: int, fits: Callable[[int, int], bool],
                   pair: tuple[ShardPart, ShardPart] | None = None, probe: Probe | None = None) -> DeviceTarget | None:
