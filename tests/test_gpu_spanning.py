@@ -32,7 +32,8 @@ def two_gpus():
 
 def _matches_one_gpu(gpus, cuda_backend, x, k, metric):
     """The descent spanning ``gpus`` gives exact keys, no self or repeated ids, and the recall of one GPU's
-    descent at the same seed and iterations (within 0.002: atomics' order decides ties)."""
+    descent at the same seed and iterations, within 0.005: atomics' order makes the two descents differ, and on
+    1,000 rows at 10 the difference of two recalls near 0.99 has a standard error of about 0.0014."""
     from bigknn.backends.cuda.spanning import spanning_gnnd
 
     params = GnndParams(k=k, iters=12, min_update_frac=0.001, recall=0.0)
@@ -42,7 +43,7 @@ def _matches_one_gpu(gpus, cuda_backend, x, k, metric):
     rows = np.random.default_rng(1).choice(len(x), 1000, replace=False)
     at = min(10, k)
     exact = _exact_top(x, rows, at, metric)
-    assert _recall(span.ids[rows], exact, at) >= _recall(one.ids[rows], exact, at) - 0.002
+    assert _recall(span.ids[rows], exact, at) >= _recall(one.ids[rows], exact, at) - 0.005
 
 
 @pytest.mark.parametrize("n,d,k,dtype,metric", [
