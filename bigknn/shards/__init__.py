@@ -2,6 +2,7 @@
 
 from bigknn.shards.lock import WriterLock
 from bigknn.shards.manifest import Manifest, ShardEntry
-from bigknn.shards.store import Store, read_store
+from bigknn.shards.store import Store
+from bigknn.shards.store_readers import read_store
 
 __all__ = ["Manifest", "ShardEntry", "Store", "WriterLock", "read_store"]

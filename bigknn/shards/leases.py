@@ -18,7 +18,7 @@ now), never against the writer's own: hosts whose clocks disagree (NFS, Dask) ag
 lease dated more than ``SKEW_S`` ahead of that clock was stamped by hand or by a broken clock: it is reported
 (a warning) and treated as expired, so it cannot hold back every deletion for ever. A live reader refreshes
 its lease every ``REFRESH_S``. A reader that cannot write its lease (a read-only store, a link in the way)
-reads without one: ``bigknn.shards.store.read_store`` then starts its read again if a writer deletes a
+reads without one: ``bigknn.shards.store_readers.read_store`` then starts its read again if a writer deletes a
 version under it.
 
 The writer removes only names readers create (``<pid>-<12 hex>.json`` and its ``.tmp``), and its own clock

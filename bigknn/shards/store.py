@@ -20,17 +20,17 @@ import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterable, TypeVar
+from typing import Iterable
 
 import numpy as np
 
 from bigknn.core.atomic import write_atomic
-from bigknn.core.errors import BadInput, BigknnError, Damaged
+from bigknn.core.errors import BadInput, Damaged
 from bigknn.core.knn_graph import KnnGraph
 from bigknn.shards import chunk_writes, identity, safepaths, user_ids
 from bigknn.shards.arrays import ArrayDir, ReadBuffers
 from bigknn.shards.creation import check_new_store_path
-from bigknn.shards.leases import LEASE_DIR, Lease, pinned
+from bigknn.shards.leases import Lease, pinned
 from bigknn.shards.manifest import MANIFEST, Manifest
 from bigknn.shards.referenced import References
 from bigknn.shards.names import graph_dir, graph_name, partition_name, row_ids_name, search_name, vectors_name
@@ -38,9 +38,6 @@ from bigknn.shards.upgrade import upgrade_places
 
 CHUNK_BYTES = 16 << 20  # target size of one row chunk on disk
 REAPER_THREADS = 4  # stale graph versions deleted at once
-READ_ATTEMPTS = 5  # read_store: tries of a reader whose versions a writer deleted under it
-
-T = TypeVar("T")
 
 
 class Store(ArrayDir):
@@ -390,27 +387,3 @@ def _rows_name(manifest: Manifest, shard_id: int) -> str:
         return vectors_name(shard_id, shards[shard_id].graph)
     return vectors_name(shard_id)
 
-
-def read_store(path: Path, read: Callable[[Store], T], suspect: Callable[[T], bool] | None = None,
-               check_identity: bool = True) -> T:
-    """``read(store)`` on the store at ``path``, opened as a reader (``Store.open``, its ``check_identity``) and
-    closed after. With its lease, nothing it reads goes away. Without one (no write access to STORE/.readers) a
-    writer's commit may delete a graph version under it: a read that raised ``Damaged``, or whose result is
-    ``suspect`` (a report of damage), is done again on the new state if the manifest moved on meanwhile; under an
-    unchanged manifest, or with the lease, the damage is real and stands."""
-    attempt = 1
-    while True:
-        with Store.open(path, check_identity=check_identity) as store:
-            try:
-                result = read(store)
-                if (attempt >= READ_ATTEMPTS or suspect is None or not suspect(result) or store.pinned
-                        or not store.moved_on()):
-                    return result
-            except Damaged as e:
-                if store.pinned or not store.moved_on():
-                    raise
-                if attempt >= READ_ATTEMPTS:
-                    raise BigknnError(f"{path}: writers deleted the graph versions this read was on {attempt} times "
-                                      f"(it cannot pin them: no write access to {Path(path) / LEASE_DIR}); give it "
-                                      "write access there, or read while no writer commits") from e
-        attempt += 1
