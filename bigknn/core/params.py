@@ -8,9 +8,8 @@ MIN_LIST = 48  # NN-Descent converges poorly on short lists: graphs are built at
 AUTO_SAMPLES = 16  # largest automatic p: 2p = 32 samples per list keep the cross-match in its small tile class
 CPU_AUTO_SAMPLES = 8  # the CPU's: a core pays for every key, so fewer per iteration (more iterations) measured
 # faster there (docs/perf-notes.md, "Measurements behind the constants")
-SEEDED_SAMPLES = 8  # a seeded merge's largest automatic p (no target: the update rule ends it). Its batch rows
-# start next to their neighbours; at the GPU's AUTO_SAMPLES it ended below the CPU's at the same stop, as more
-# proposals per row meet in the candidate table's slots (docs/perf-notes.md, session 49)
+SEEDED_SAMPLES = 8  # a seeded merge's largest automatic p (no target: the update rule ends it). On both backends
+# twice this p left its batch rows below at the same iterations (docs/perf-notes.md, session 49)
 CPU_HARD_SAMPLES = 20  # the CPU's p where the first iteration leaves the probe below CPU_HARD_BELOW (a hard set:
 CPU_HARD_BELOW = 0.85  # text embeddings start far below it, clustered synth above it; docs/perf-notes.md)
 CPU_HARD_WIDTH = 80  # and its lists this wide: a hard set stalls below its target at the default width
