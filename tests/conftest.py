@@ -321,10 +321,13 @@ def fold_in(backend, old: list, batch, params, seeded: bool, metric: Metric = L2
     return old, batch, updates
 
 
-def lru_loads(shards: int, capacity: int, cache_aware: bool, pairs: list | None = None) -> int:
+def lru_loads(shards: int, capacity: int, cache_aware: bool, pairs: list | None = None,
+              choose_held_first: bool = False) -> int:
     """Shard reads of one worker merging ``pairs`` (default: every pair, in the schedule's order) through an LRU
     cache of ``capacity`` shards holding the last GNND results at first, the pairs chosen by the Scheduler
-    (told what is cached, or not): the explicit replay bigknn plan's read count is checked against."""
+    (told what is cached, or not): the explicit replay bigknn plan's read count is checked against.
+    ``choose_held_first``: the pairs chosen by cached shards first, then shards shared with the last pair,
+    and nothing else (the Scheduler's rule before its finishing and freeing rules)."""
     from collections import OrderedDict
 
     from bigknn.engine.pair_order import pending_pairs
@@ -332,9 +335,12 @@ def lru_loads(shards: int, capacity: int, cache_aware: bool, pairs: list | None 
 
     lru = OrderedDict.fromkeys(range(shards - capacity, shards))  # the last GNND results are at hand
     sched = Scheduler(pending_pairs(shards, set()) if pairs is None else pairs, ready=range(shards),
-                      held=lru.__contains__ if cache_aware else (lambda s: False))
+                      held=lru.__contains__ if cache_aware else None)
     reads, last = 0, set()
-    while (task := sched.next_task(last)) is not None:
+    def held_first(free):
+        return max(free, key=lambda p: ((p[0] in lru) + (p[1] in lru), (p[0] in last) + (p[1] in last)))
+
+    while (task := sched.next_task(last, held_first if choose_held_first else None)) is not None:
         for s in task[1]:  # the pair touched first, then its missing shards read
             if s in lru:
                 lru.move_to_end(s)

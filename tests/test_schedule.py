@@ -82,3 +82,31 @@ def test_a_cache_smaller_than_the_store_is_read_a_few_times_not_once_per_merge(s
     aware, blind = lru_loads(shards, capacity, True), lru_loads(shards, capacity, False)
     assert aware * 3 <= blind
     assert aware <= shards * (shards - 1) // 2 // 2  # fewer reads than half the merges
+
+
+def test_among_pairs_holding_as_many_cached_shards_one_that_finishes_a_shard_comes_first():
+    """Both pairs need one read; (0, 2) is shard 2's last pair (it can leave the cache for good after), (0, 1)
+    is not shard 1's. Then, among pairs that finish as much, the one whose shard to read has more pairs left
+    with cached shards: reading it makes more merges free of reads."""
+    from bigknn.engine.scheduler import Scheduler
+
+    cached = {0}
+    sched = Scheduler([(0, 1), (1, 3), (0, 2)], ready=range(4), held=cached.__contains__)
+    assert sched.next_task(prefer=set())[1] == (0, 2)
+    cached = {0, 5}
+    sched = Scheduler([(0, 2), (0, 1), (1, 5), (2, 3), (1, 4), (2, 4), (3, 5)], ready=range(6),
+                      held=cached.__contains__)
+    assert sched.next_task(prefer=set())[1] == (0, 1)  # shard 1 has two pairs with cached shards, shard 2 one
+
+
+@pytest.mark.parametrize("shards, merges, capacity", [(61, 141, 10), (120, 276, 10), (30, 69, 8)])
+def test_near_pairs_through_a_small_cache_read_fewer_shards_than_cached_pairs_first_alone(shards, merges, capacity):
+    """A partitioned build's near pairs (as the plan draws them) through an LRU cache: the Scheduler's read
+    rules (finish a shard, read the shard that frees most merges) read at most 85 % of the shards that choosing
+    cached pairs first alone reads."""
+    from bigknn.operations.plan_model import near_pairs
+
+    pairs = near_pairs(shards, merges)
+    ours = lru_loads(shards, capacity, True, pairs)
+    held_first = lru_loads(shards, capacity, True, pairs, choose_held_first=True)
+    assert ours <= 0.85 * held_first, (ours, held_first)

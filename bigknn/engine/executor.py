@@ -77,7 +77,7 @@ class InProcess:
                                                         + sum(new_sizes))))
         # pairs of cached shards first only where the cache cannot hold them all: elsewhere the schedule's own
         # order, so that a build resumed before its first merge redoes the uninterrupted one bit for bit
-        held = cache.holds if cache.tight else (lambda sid: False)
+        held = cache.holds if cache.tight else None
         sched = Scheduler(ledger.todo_pairs(len(shards) + len(new_sizes)),
                           ready=[s.id for s in shards if ledger.version(s.id) is not None],
                           feeding=source is not None, queue_limit=len(backends) + 1, held=held)

@@ -21,16 +21,22 @@ class Scheduler:
     """The work of a run as tasks for the workers: GNND of each shard that arrives, and the merge of each
     pending pair once both its shards have a graph ("ready") and no running merge touches either.
 
-    GNND comes first (it unblocks pairs and frees the memory of queued shards). Among the pairs, one whose
-    shards are ``held`` (in the host cache: no read; the pipeline tells only where the cache is smaller than
-    the store) is preferred, then one that shares a shard with the worker's previous pair. Without the first
-    rule an LRU cache of 4 of 8 shards reads 30 shards for the 28 merges; with it, 9.
+    GNND comes first (it unblocks pairs and frees the memory of queued shards). Among the pairs, one that shares
+    a shard with the worker's previous pair is preferred. Where the host cache is smaller than the store, the
+    pipeline says which shards it ``held`` (no read), and reads decide first: a pair with more shards held, then
+    one that finishes a shard (its shard with the fewest pairs left: once done, it leaves the cache for good),
+    then one whose shard to read has the most pairs left with held shards. Without these rules an LRU cache of 4
+    of 8 shards reads 30 shards for the 28 merges; with the first, 9; near pairs of 61 shards through a cache of
+    10 read a quarter fewer with the other two (docs/perf-notes.md, session 49).
     """
 
     def __init__(self, pairs: list[tuple[int, int]], ready: Iterable[int], feeding: bool = False,
-                 queue_limit: int = 2, held: Callable[[int], bool] = lambda sid: False):
+                 queue_limit: int = 2, held: Callable[[int], bool] | None = None):
         self.held = held
         self.pending = list(pairs)
+        self.partners: dict[int, set[int]] = {}  # each shard's partners in pending pairs
+        for pair in self.pending:
+            self._pair_pending(pair)
         self.ready = set(ready)
         self.busy: set[int] = set()
         self.shards: deque = deque()  # (shard, vectors) waiting for GNND
@@ -74,9 +80,11 @@ class Scheduler:
                 free = self._free()
                 pair = None
                 if free:
-                    pair = choose(free) if choose is not None else max(free, key=lambda p: self._rank(p, prefer))
+                    pair = choose(free) if choose is not None else self._ranked(free, prefer)[0]
                 if pair is not None:
                     self.pending.remove(pair)
+                    self.partners[pair[0]].discard(pair[1])
+                    self.partners[pair[1]].discard(pair[0])
                     self.busy.update(pair)
                     return "merge", pair
                 if not self.pending and not self.feeding:
@@ -88,9 +96,35 @@ class Scheduler:
         with self.cond:
             return bool(self._free())
 
-    def _rank(self, pair: Pair, prefer: set[int]) -> tuple[int, int]:
-        """How cheap a pair is to start: its shards at hand, then its shards shared with ``prefer``."""
-        return self.held(pair[0]) + self.held(pair[1]), (pair[0] in prefer) + (pair[1] in prefer)
+    def _ranked(self, pairs: list[Pair], prefer: set[int], count: int = 1) -> list[Pair]:
+        """The first ``count`` of ``pairs`` in the order of preference (the class docstring), ties in their order:
+        the reads a pair saves, then its shards shared with ``prefer``. The third read rule (pairs left with
+        held shards) orders only the pairs the first two leave tied at the top."""
+        def shared(pair: Pair) -> int:
+            return (pair[0] in prefer) + (pair[1] in prefer)
+
+        if self.held is None:
+            return sorted(pairs, key=shared, reverse=True)[:count]
+        held = {s: bool(self.held(s)) for s in self.partners}
+        with_held = {s: sum(held[o] for o in others) for s, others in self.partners.items()}
+
+        def reads(pair: Pair) -> tuple[int, int]:
+            return held[pair[0]] + held[pair[1]], -min(len(self.partners[pair[0]]), len(self.partners[pair[1]]))
+
+        def unlocks(pair: Pair) -> int:
+            return sum(with_held[s] for s in pair if not held[s])
+
+        keyed = [(reads(p), p) for p in pairs]
+        best = max((k for k, _ in keyed), default=None)
+        top = sorted((p for k, p in keyed if k == best), key=lambda p: (unlocks(p), shared(p)), reverse=True)
+        if len(top) >= count:
+            return top[:count]
+        rest = sorted(((k, shared(p), p) for k, p in keyed if k != best), key=lambda t: t[:2], reverse=True)
+        return (top + [p for *_, p in rest])[:count]
+
+    def _pair_pending(self, pair: Pair) -> None:
+        self.partners.setdefault(pair[0], set()).add(pair[1])
+        self.partners.setdefault(pair[1], set()).add(pair[0])
 
     def _free(self) -> list[Pair]:
         """The pending pairs both of whose shards are ready and in no running merge (the lock held)."""
@@ -105,14 +139,14 @@ class Scheduler:
     def needs(self, sid: int) -> bool:
         """Whether a pending pair merges shard ``sid``."""
         with self.cond:
-            return any(sid in p for p in self.pending)
+            return bool(self.partners.get(sid))
 
     def release(self, pair: tuple[int, int]) -> list[int]:
         """Free the shards of a finished merge; returns those of them that no pending pair needs any more."""
         with self.cond:
             self.busy.difference_update(pair)
             self.cond.notify_all()
-            return [s for s in pair if not any(s in p for p in self.pending)]
+            return [s for s in pair if not self.partners.get(s)]
 
     def requeue(self, pairs: Iterable[Pair], shards: Iterable = ()) -> None:
         """Take back work whose results were lost (a Dask worker died holding them): ``pairs`` to merge
@@ -121,7 +155,10 @@ class Scheduler:
             for item in shards:
                 self.ready.discard(item[0].id)
                 self.shards.appendleft(item)
-            self.pending.extend(p for p in pairs if p not in self.pending)
+            for pair in pairs:
+                if pair not in self.pending:
+                    self.pending.append(pair)
+                    self._pair_pending(pair)
             self.cond.notify_all()
 
     def has_work(self) -> bool:
@@ -132,7 +169,7 @@ class Scheduler:
     def upcoming(self, prefer: set[int], count: int) -> list[tuple[int, int]]:
         """The pairs likely to be taken next, in ``next_task``'s order of preference (for prefetching)."""
         with self.cond:
-            return sorted(self.pending, key=lambda p: self._rank(p, prefer), reverse=True)[:count]
+            return self._ranked(self.pending, prefer, count)
 
     def stop(self) -> None:
         """End the run (done, or a worker failed): every waiting feeder and worker returns."""

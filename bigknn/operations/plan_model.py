@@ -56,7 +56,7 @@ CPU_SHARD_ROWS = 1_000_000  # shard size on the CPU backend, where no device mem
 ASSUMED_PAIRS_PER_SHARD = 2.3
 AUTO_KMEANS_SHARDS = 12  # --partition auto: k-means from this many contiguous shards on (resolve_partition)
 SIMULATED_SHARDS = 40  # merge_rounds replays the Scheduler up to this many shards (0.2 s), counts beyond
-SIMULATED_PAIRS = 2_000  # merge_reads replays the Scheduler up to this many merges (61 shards' 1,830: 1-1.5 s)
+SIMULATED_PAIRS = 2_000  # merge_reads replays the Scheduler up to this many merges (61 shards' 1,830: seconds)
 NEAR_PAIRS_SEED = 0  # of the near pairs a partitioned plan draws (near_pairs)
 
 
