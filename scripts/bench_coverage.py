@@ -113,6 +113,7 @@ def main() -> None:
     ap.add_argument("--families", default="synth,iid64,u8,f16", help="comma-separated: synth iid64 iid128 u8 f16 text")
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--seeds", type=int, default=20)
+    ap.add_argument("--first-seed", type=int, default=0, help="seeds run: first-seed .. first-seed + seeds - 1")
     ap.add_argument("--targets", default="0.99,0.95")
     ap.add_argument("--modes", default="memory,shards4", help="memory (one shard) and/or shards4 (4 shards)")
     ap.add_argument("--backend", default="auto", choices=("auto", "cpu", "cuda"))
@@ -122,7 +123,7 @@ def main() -> None:
     args = ap.parse_args()
     runs = []
     for family in args.families.split(","):
-        for seed in range(args.seeds):
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
             x, metric = family_rows(family, args.rows, seed, args.text)
             for mode in args.modes.split(","):
                 for target in (float(t) for t in args.targets.split(",")):
