@@ -10,7 +10,7 @@ from bigknn.core.knn_graph import ShardPart
 from bigknn.backends.cpu import CpuBackend
 from bigknn.algorithms.merge_setup import seeds_through
 from bigknn.core.knn_graph import KnnGraph
-from bigknn.core.params import GnndParams
+from bigknn.core.params import AUTO_SAMPLES, CPU_AUTO_SAMPLES, SEEDED_SAMPLES, GnndParams
 from bigknn.core.synth import synth
 from bigknn.core.metric import IP, L2
 
@@ -157,3 +157,13 @@ def test_seeded_merges_fold_in_a_small_batch_as_well_as_the_paper_merge_for_less
     assert old_s >= old_p - 0.005 and new_s >= new_p - 0.01, f"seeded {result[True]} vs paper {result[False]}"
     assert new_s >= 0.95 and old_s >= 0.95, f"seeded {result[True]} vs paper {result[False]}"
     assert work_s < 0.5 * work_p, f"seeded merges inserted {work_s} entries, the paper's {work_p}"
+
+
+def test_a_seeded_merge_takes_at_most_seeded_samples_whatever_the_backends_cap():
+    """Every backend asks GnndParams for a seeded merge's p (one rule: p = 16 left the batch rows below on both
+    backends, docs/perf-notes.md session 49); a user's p is kept as given."""
+    auto = GnndParams(k=32)
+    assert auto.sample_count(cap=AUTO_SAMPLES) > SEEDED_SAMPLES  # lists of 48: a third is 16
+    for cap in (AUTO_SAMPLES, CPU_AUTO_SAMPLES):
+        assert auto.sample_count(cap=cap, seeded=True) == min(cap, SEEDED_SAMPLES, auto.width() // 3)
+    assert GnndParams(k=32, samples=12).sample_count(seeded=True) == 12

@@ -44,11 +44,14 @@ class GnndParams:
         near 0.985 (docs/perf-notes.md)."""
         return max(self.k, self.list_width or MIN_LIST)
 
-    def sample_count(self, width: int = 0, cap: int = AUTO_SAMPLES) -> int:
+    def sample_count(self, width: int = 0, cap: int = AUTO_SAMPLES, seeded: bool = False) -> int:
         """p for lists of ``width`` entries (default: ``width()``): the user's, or a third of the width up to
         AUTO_SAMPLES. The cross-match costs ~(2p)^2 per list whatever the width, so a fixed p keeps the cost of
         wider lists about linear (p = 24 doubled the sample tile and made lists of 96 cost 5x lists of 64).
-        ``cap``: the largest automatic p (CPU_AUTO_SAMPLES on the CPU)."""
+        ``cap``: the largest automatic p (CPU_AUTO_SAMPLES on the CPU); ``seeded``: a seeded merge's, which
+        also stays within SEEDED_SAMPLES."""
+        if seeded:
+            cap = min(cap, SEEDED_SAMPLES)
         return self.samples if self.samples > 0 else max(4, min(cap, (width or self.width()) // 3))
 
     def to_manifest(self) -> dict:

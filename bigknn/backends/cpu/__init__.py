@@ -22,7 +22,7 @@ from bigknn.core.knn_graph import EMPTY, LOCAL_ID_DTYPE, KnnGraph, ShardPart, dr
 from bigknn.core.metric import Metric
 from bigknn.algorithms.partition.nearest import nearest_numpy
 from bigknn.core.params import (CPU_AUTO_SAMPLES, CPU_HARD_BELOW, CPU_HARD_SAMPLES, CPU_HARD_WIDTH, EXACT_ROWS,
-                                SEEDED_SAMPLES, GnndParams)
+                                GnndParams)
 from bigknn.algorithms.edge_lists import verdict_columns
 from bigknn.algorithms.recall_target import Probe, Stopper, make_merge_probe, make_probe
 from bigknn.algorithms.search_params import NO_LAMBDA, DiversifyRule
@@ -235,8 +235,8 @@ class CpuBackend(SearchReference):
         stop = merge_stop_frac(params.min_update_frac, len(a.vectors), len(b.vectors))
         width = ids.shape[1]
         target = None if vias else recall_target(xf, metric, params, seed, setup.bound, (a, b), self.compiled)
-        cap = min(CPU_AUTO_SAMPLES, SEEDED_SAMPLES) if vias else CPU_AUTO_SAMPLES
-        descend(xf, state, metric, params.sample_count(cap=cap), params.merge_iters, stop, rng,
+        samples = params.sample_count(cap=CPU_AUTO_SAMPLES, seeded=bool(vias))
+        descend(xf, state, metric, samples, params.merge_iters, stop, rng,
                 part=setup.part, on_iter=on_iter, target=target, compiled=self.compiled)
         if target is not None and target.stopper.fell_short():
             target.stopper.exact_instead()

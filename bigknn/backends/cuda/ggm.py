@@ -33,7 +33,7 @@ from bigknn.algorithms.merge_setup import exact_merge, fill_count, merge_stop_fr
 from bigknn.core.hostmem import touched_later
 from bigknn.core.knn_graph import EMPTY, KnnGraph
 from bigknn.core.metric import Metric
-from bigknn.core.params import AUTO_SAMPLES, SEEDED_SAMPLES, GnndParams
+from bigknn.core.params import GnndParams
 
 MAX_VIAS = 8  # shards a seeded merge may draw seeds through (ggm_setup numbers them in a byte; a loop per entry)
 
@@ -109,7 +109,7 @@ def ggm(gpu: Gpu, a: ShardPart, b: ShardPart, metric: Metric, params: GnndParams
     d = int(a.vectors.shape[1])
     fill = fill_count(w)
     vias = list(vias or [])
-    p = max(1, min(params.sample_count(cap=SEEDED_SAMPLES if vias else AUTO_SAMPLES), MAX_P))
+    p = max(1, min(params.sample_count(seeded=bool(vias)), MAX_P))
     dt = _pair_dtype(a.vectors, b.vectors)
     itemsize = dt.itemsize
     if len(vias) > MAX_VIAS or len({v.graph.k for v in vias}) > 1:
