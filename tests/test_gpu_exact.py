@@ -1,4 +1,4 @@
-"""CUDA exact k-NN by the fused tensor-core kernel (exact.cu knn_fused) against float64 NumPy brute force.
+"""CUDA exact k-NN by the fused tensor-core kernel (exact_fused.cu knn_fused) against float64 NumPy brute force.
 
 The fused kernel serves large query sets only (FUSED_MIN_QUERIES); these tests lower that bound, and the
 chunk size, so that small odd-sized inputs exercise every path: several host blocks, several chunks per

@@ -1,7 +1,7 @@
-"""CUDA batch graph search (search.cu) against the NumPy reference (bigknn/backends/cpu/graph_search.py):
-the same procedures step for step, so the same rows found, up to float32 summation order on near-ties.
-Fresh random inputs of odd sizes, both procedures, both search graphs, k = 1 to 32, batch 1 and odd
-batches, duplicate rows, every element type and both kernel metrics. Run with
+"""CUDA batch graph search (search_keys.cu, search.cu) against the NumPy reference
+(bigknn/backends/cpu/graph_search.py): the same procedures step for step, so the same rows found, up to float32
+summation order on near-ties. Fresh random inputs of odd sizes, both procedures, both search graphs, k = 1 to
+32, batch 1 and odd batches, duplicate rows, every element type and both kernel metrics. Run with
 ``pytest -m gpu tests/test_gpu_search.py``."""
 
 from __future__ import annotations
@@ -154,7 +154,7 @@ def test_gpu_half_walk_finds_what_the_reference_finds(indexes, cuda_backend, d, 
 @pytest.mark.parametrize("metric", ["l2", "ip"])
 @pytest.mark.parametrize("sample_rows,queries", [(4096, 301), (4001, 1), (33, 64), (20, 7)])
 def test_gpu_entry_points_match_the_reference(metric, sample_rows, queries):
-    """The device keeps each query's nearest SEEDS sample rows in a warp (search.cu entry_nearest); the reference
+    """The device keeps each query's nearest SEEDS sample rows in a warp (search_keys.cu entry_nearest); the reference
     sorts the whole row of keys. Small integer rows make every key exact on both, so ties (duplicate sample rows,
     repeated queries) must fall alike: nearest first, the lower sample position among equal keys."""
     import cupy as cp

@@ -1,6 +1,6 @@
 """Batch graph search on the CPU: TSDG's two GPU procedures (Wang, Wang, Zhao, *Graph-based Approximate NN
 Search: A Revisit*, §4) run step for step in NumPy, vectorised over the queries of a batch. The reference of
-bigknn/backends/cuda/search.cu.
+bigknn/backends/cuda/search_keys.cu and search.cu.
 
 * ``small`` (Alg. 1): t0 independent greedy searches per query, search j from the entry sample's row j-th
   nearest the query (bigknn/algorithms/search_index.py; the paper: the best of 32 random rows); a hop

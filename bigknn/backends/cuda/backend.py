@@ -7,10 +7,10 @@ CuPy is imported inside the functions only, so this package imports on machines 
 * ``ggm.py``      GGM of two shards (set-up, cross-shard descent, fold-back).
 * ``exact.py``    exact k-NN over blocks streamed from the host.
 * ``target.py``   the recall target of a descent (probe rows read off the device, lists widened).
-* ``search.py``   batch graph search (search.cu); ``prune.py`` diversification of candidate lists (prune.cu);
-                  GGNN's path-back test (the reference's blocks on CuPy arrays).
-* ``compile.py``  the kernel sources (common.cuh, gnnd.cu, cross.cu, ggm.cu, exact.cu, search.cu,
-                  prune.cu) compiled by NVRTC.
+* ``search.py``   batch graph search (search_keys.cu, search.cu); ``prune.py`` diversification of candidate lists
+                  (prune.cu); GGNN's path-back test (the reference's blocks on CuPy arrays).
+* ``compile.py``  the kernel sources (common.cuh, gnnd.cu, cross.cu, ggm.cu, exact.cu, exact_fused.cu,
+                  search_keys.cu, search.cu, prune.cu) compiled by NVRTC.
 * ``rows.py``     rows laid out for the kernels, half-precision copies; ``transfer.py`` host <-> device
                   copies; ``resident.py`` device copies kept between calls (``kept.py``: of the index a
                   search sweep reads, the rows a prune reads); ``memory.py`` the budget and

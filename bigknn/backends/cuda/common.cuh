@@ -1,6 +1,6 @@
 // bigknn CUDA kernels, shared part: conventions, element conversion, ordering helpers, the candidate table.
 //
-// Compiled at run time by cupy.RawModule (NVRTC). The kernel files (gnnd.cu, cross.cu, ggm.cu, exact.cu)
+// Compiled at run time by cupy.RawModule (NVRTC). The kernel files (compile.py SOURCES)
 // include nothing: compile.py concatenates this header and them into one source, so that it builds with
 // NVRTC alone and CuPy's cache key covers every line. Templates are instantiated through name_expressions.
 //
@@ -152,7 +152,7 @@ __device__ __forceinline__ void emit_candidate(int u, int v, float key, const fl
 }
 
 // one tensor-core step: D (16 x 8, fp32) += A (16 x 16 halves, row-major) * B (16 x 8 halves, col-major); the
-// fragments of mma.sync m16n8k16 (cross.cu's MMA tiles, exact.cu's fused k-NN)
+// fragments of mma.sync m16n8k16 (cross.cu's MMA tiles, exact_fused.cu's k-NN)
 __device__ __forceinline__ void mma_16816(float* d, const u32* a, const u32* b) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
                  "{%0,%1,%2,%3};\n"

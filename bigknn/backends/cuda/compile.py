@@ -14,7 +14,8 @@ import numpy as np
 
 from bigknn.core import envvars
 
-SOURCES = ("common.cuh", "gnnd.cu", "cross.cu", "ggm.cu", "exact.cu", "search.cu", "prune.cu")
+SOURCES = ("common.cuh", "gnnd.cu", "cross.cu", "ggm.cu", "exact.cu", "exact_fused.cu", "search_keys.cu", "search.cu",
+           "prune.cu")
 CTYPES = {
     np.dtype(np.float32): "float",
     np.dtype(np.float16): "unsigned short",

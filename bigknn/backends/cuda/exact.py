@@ -1,6 +1,6 @@
 """Exact k-NN on the GPU: queries against blocks of rows streamed from the host.
 
-Two ways to keep each query's running top-k over a block (exact.cu):
+Two ways to keep each query's running top-k over a block (exact.cu, exact_fused.cu):
 
 * **fused** (``knn_fused``): tensor-core dot products of half copies (scaled by powers of two) and the
   threshold filter in one kernel; no distance matrix reaches memory. Each query keeps a list ``fused_width``
@@ -32,7 +32,7 @@ DEVICE_BLOCK_BYTES = 1 << 30  # rows on the device are searched in parts of this
 FUSED_MAX_DIM = 256  # widest rows (padded to 16 dims) whose query fragments fit the fused kernel's registers
 FUSED_MIN_DIM = 16  # narrower rows have too few terms to average out the halves' rounding: tiled (float32)
 FUSED_MIN_QUERIES = 32768  # fewer queries leave SMs idle in 128-query blocks: the tiled way fills them
-FUSED_WARPS = 8  # exact.cu FB_WARPS: warps per block, 16 queries each
+FUSED_WARPS = 8  # exact_fused.cu FB_WARPS: warps per block, 16 queries each
 FUSED_BLOCK_QUERIES = 16 * FUSED_WARPS
 FUSED_CHUNK_BYTES = 24 << 20  # rows per launch: a chunk every block reads stays in L2 (50-60 MB on Hopper)
 FUSED_MARGIN = 8  # extra list entries (at least; k/4 where larger) kept past k for the halves' rounding
@@ -64,7 +64,7 @@ def uses_fused(nq: int, d: int) -> bool:
 
 
 def fused_shared_bytes(dp: int) -> int:
-    """Shared memory of one knn_fused block for rows of ``dp`` (a multiple of 16) dims, exact.cu's layout in
+    """Shared memory of one knn_fused block for rows of ``dp`` (a multiple of 16) dims, exact_fused.cu's layout in
     4-byte words: FB_STAGES tiles of FB_TILE rows (RSW words each) and their norms, the queries' buffers
     (key, id), tau and counts, and each warp's sort scratch (key, id)."""
     nk = dp // 16
@@ -248,7 +248,7 @@ class _Fused:
     the queries' mean c first, so that the products the halves round are those of the rows' spread around c,
     not of a common offset (rows far from the origin would lose their neighbours' differences in the
     rounding): l2 distances do not change when both sides move; for ip, q.b = q.(b - c) + q.c, the last term
-    exact in float32 (exact.cu knn_fused)."""
+    exact in float32 (exact_fused.cu knn_fused)."""
 
     def __init__(self, gpu: Gpu, Q, qn, m: int, k: int):
         import cupy as cp
@@ -281,7 +281,7 @@ class _Fused:
         Bc = Bf - self.center
         Bh, b_scale = half_rows(Bc, self.dp)
         inv = np.float32(1.0 / (self.q_scale * b_scale))
-        # l2: the centred norms in product units (exact.cu compares c > thr(row) + bnorm); ip: never read
+        # l2: the centred norms in product units (exact_fused.cu compares c > thr(row) + bnorm); ip: never read
         bnorm = (Bc * Bc).sum(axis=1, dtype=cp.float32) * (0.5 / inv) if self.m == 0 else self.qn
         del Bc
         nq = self.Qh.shape[0]

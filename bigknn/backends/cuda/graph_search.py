@@ -1,5 +1,5 @@
-"""Batch graph search on the GPU (search.cu): TSDG's two procedures, one warp per search (the large procedure
-in small batches: a block of warps per query), step for step the NumPy reference
+"""Batch graph search on the GPU (search_keys.cu, search.cu): TSDG's two procedures, one warp per search (the large
+procedure in small batches: a block of warps per query), step for step the NumPy reference
 (bigknn/backends/cpu/graph_search.py), whose docstring states them. The search graph and its rows go to the device
 once per ``SearchIndex`` (a sweep searches one index many times) and stay while it lives (kept.py); the queries go
 batch by batch, each batch finished before the next starts (what batch-1 QPS means). Device arrays come from
@@ -28,13 +28,13 @@ SHARED_BYTES = 48 << 10  # per block without the opt-in
 TABLE_SLOTS = 2048  # the large procedure's table of rows computed (4,096 measured slower: fewer warps an SM)
 QUERY_WARPS_PER_SM = 4  # batches of fewer queries than this per SM get a block of BLOCK_WARPS a query
 BLOCK_WARPS = 8  # warps of such a block: they share the keys of a hop (results as with one warp; search.cu: <= 8)
-TEAM = 8  # search.cu: lanes that compute one key together
-HELD_UNITS = 16  # search.cu: float4 units a lane holds in registers at most (team_keys' VPL)
+TEAM = 8  # search_keys.cu: lanes that compute one key together
+HELD_UNITS = 16  # search_keys.cu: float4 units a lane holds in registers at most (team_keys' VPL)
 DEVICE_QUERY_ROWS = 256  # smaller batches are checked and prepared on the host: a launch and a copy back cost more
 
 
 def units_per_lane(dim: int, half: bool = False) -> int:
-    """search.cu team_keys' VPL: the 16-byte units of a row (4 floats, or 8 halves for a half walk) each lane
+    """search_keys.cu team_keys' VPL: the 16-byte units of a row (4 floats, or 8 halves for a half walk) each lane
     of a team loads, where rows are whole units and that fits the registers; 0 (a loop) otherwise."""
     per_unit = 8 if half else 4
     units = -(-dim // (per_unit * TEAM))
@@ -88,7 +88,7 @@ def _entry_sample(index: SearchIndex, x, samples: dict, seed: int) -> tuple:
 
 def nearest_entries(sample: tuple, queries, metric: Metric):
     """algorithms/search_index.py nearest_entries on the device: one GEMM, then a warp a query keeps the nearest SEEDS
-    (search.cu entry_nearest) instead of sorting each query's whole row of keys (10K x 4,096 words a batch).
+    (search_keys.cu entry_nearest) instead of sorting each query's whole row of keys (10K x 4,096 words a batch).
     (nq, min(SEEDS, sample rows)) int32 ids, nearest first."""
     import cupy as cp
 
@@ -106,7 +106,7 @@ def nearest_entries(sample: tuple, queries, metric: Metric):
 
 def searched_queries(rows: np.ndarray, metric: Metric, name: str, first_row: int):
     """The Backend's ``searched_queries`` on the device: the rows go up as they are (made float32 there), a warp
-    a row finds its largest magnitude and (cosine) scales it to unit length in place (search.cu query_rows), and
+    a row finds its largest magnitude and (cosine) scales it to unit length in place (search_keys.cu query_rows), and
     only the peaks come back for the host's check (bigknn/formats/read.py check_peaks, the one place rows are judged).
     A batch of fewer than DEVICE_QUERY_ROWS (one query a call) is prepared on the host as the CPU backend does."""
     import cupy as cp

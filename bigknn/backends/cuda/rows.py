@@ -72,7 +72,7 @@ def half_rows(xd, width: int | None = None):
     """A half-precision copy of float32 rows, scaled by a power of two into half's range: (copy viewed as
     uint16, zero columns appended up to ``width``; the scale). Wide rows make the cross-match a gather of
     random rows (1M x 64 samples x 384 floats is 98 GB an iteration); halves move half of it, and feed the
-    tensor cores (cross.cu's MMA tiles, exact.cu's fused k-NN). Ranks change only between near-equal keys,
+    tensor cores (cross.cu's MMA tiles, exact_fused.cu's k-NN). Ranks change only between near-equal keys,
     and every kept key is recomputed from the float32 rows (gnnd_finalize, knn_exact_keys)."""
     import cupy as cp
 
