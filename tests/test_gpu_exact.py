@@ -1,4 +1,5 @@
-"""CUDA exact k-NN by the fused tensor-core kernel (exact_fused.cu knn_fused) against float64 NumPy brute force.
+"""CUDA exact k-NN against float64 NumPy brute force: ``exact_knn`` over host and device blocks, and the fused
+tensor-core kernel (exact_fused.cu knn_fused).
 
 The fused kernel serves large query sets only (FUSED_MIN_QUERIES); these tests lower that bound, and the
 chunk size, so that small odd-sized inputs exercise every path: several host blocks, several chunks per
@@ -12,6 +13,9 @@ import numpy as np
 import pytest
 
 from bigknn.core.metric import L2, metric as metric_of
+from bigknn.core.synth import synth
+
+from test_gpu_gnnd import _exact_top, _recall
 
 pytestmark = pytest.mark.gpu
 
@@ -192,3 +196,64 @@ def test_half_rows_in_blocks_equal_the_whole_array_at_once(monkeypatch, dtype, c
         padded = rows.kernel_rows(xd, 32).get()
         np.testing.assert_array_equal(padded[:, :24], x.astype(np.float32))
         assert not padded[:, 24:].any()
+
+
+EXACT_CASES = [
+    # d, k, dtype, metric
+    (100, 7, np.float32, "l2"),
+    (37, 13, np.float32, "ip"),
+    (96, 128, np.uint8, "l2"),
+    (130, 5, np.float16, "ip"),
+    (100, 10, np.int8, "l2"),
+]
+
+
+@pytest.mark.parametrize("d,k,dtype,metric", EXACT_CASES)
+def test_exact_knn_matches_numpy(cuda_backend, d, k, dtype, metric):
+    rng = np.random.default_rng(d * 1000 + k)
+    sizes = [1000, 2500, 17, 4099, 9000]
+    if dtype == np.uint8:
+        data = rng.integers(0, 256, size=(sum(sizes), d)).astype(np.uint8)
+    elif dtype == np.int8:
+        data = rng.integers(-128, 128, size=(sum(sizes), d)).astype(np.int8)
+    else:
+        data = rng.normal(size=(sum(sizes), d)).astype(dtype)
+    offs = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    qrows = rng.choice(len(data), 333, replace=False)
+    queries = data[qrows]
+    blocks = [(int(o), data[o:o + s]) for o, s in zip(offs, sizes)]
+    g = cuda_backend.exact_knn(queries, k, metric_of(metric), blocks)
+    assert g.ids.shape == (333, k) and g.ids.dtype == np.int32 and g.dists.dtype == np.float32
+    keys = _keys64(queries, data, metric)
+    ref = np.sort(keys, axis=1)[:, :k]
+    scale = np.abs(keys).max(axis=1, keepdims=True)
+    np.testing.assert_allclose(g.dists, ref, rtol=1e-4, atol=1e-6 * scale.max())
+    true = np.take_along_axis(keys, g.ids.astype(np.int64), 1)
+    np.testing.assert_allclose(g.dists, true, rtol=1e-4, atol=1e-6 * scale.max())
+    s = np.sort(g.ids, axis=1)
+    assert not (s[:, 1:] == s[:, :-1]).any()
+    # ids equal NumPy's where the key is not tied with a neighbour in the sorted order
+    order = np.argsort(keys, axis=1, kind="stable")[:, : k + 1]
+    sk = np.take_along_axis(keys, order, 1)
+    gap = np.minimum(np.diff(sk, axis=1, prepend=-np.inf)[:, :k], np.diff(sk, axis=1)[:, :k])
+    untied = gap > 1e-4 * np.maximum(np.abs(sk[:, :k]), 1e-3 * scale)
+    assert (g.ids[untied] == order[:, :k][untied]).all()
+
+
+def test_exact_knn_more_k_than_rows(cuda_backend):
+    rng = np.random.default_rng(3)
+    data = rng.normal(size=(20, 24)).astype(np.float32)
+    g = cuda_backend.exact_knn(data[:5], 30, L2, [(100, data[:12]), (112, data[12:])])
+    assert (g.ids[:, 20:] == -1).all() and np.isinf(g.dists[:, 20:]).all()
+    assert (g.ids[:, 0] == 100 + np.arange(5)).all()  # self first (key 0), global ids
+    assert sorted(g.ids[0, :20]) == list(range(100, 120))
+
+
+def test_exact_knn_device_blocks_and_self(cuda_backend):
+    import cupy as cp
+
+    x = synth(5000, 64, seed=8)
+    g = cuda_backend.exact_knn(x[:100], 11, L2, [(0, cp.asarray(x[:2048])), (2048, cp.asarray(x[2048:]))])
+    assert (g.ids[:, 0] == np.arange(100)).all()
+    exact = _exact_top(x, np.arange(100), 10, "l2")
+    assert _recall(g.ids[:, 1:], exact, 10) == 1.0
