@@ -2,7 +2,8 @@
 # One device call for the GPU acceptance runs; each step logs under $OUT and a table is printed last.
 #   STEPS="t2 t2shards plan t4 t3 kill tests sanitizer t1 cli5m" bash scripts/gpu_acceptance.sh
 # The public API against CAGRA (issue 37): STEPS="searchapi"; the recall promise over seeds (issue 36): STEPS="coverage".
-# On the 2-GPU machine (issues 12 and 14): STEPS="dask10m big50 big100" (inputs by scripts/synth_parallel.sh).
+# On the 2-GPU machine (issues 12 and 14): STEPS="dask10m big50 big100" (inputs by scripts/synth_parallel.sh);
+# the largest build its disk holds (issue 35): GPUS=all STEPS="big250".
 # Every family against cuVS (issue 10): STEPS="families"; 50M on 1 / 2 / all GPUs (issue 17): STEPS="scale".
 # Two 25M stores merged against the 50M build (issue 39, item 3): GPUS=all STEPS="mergestores" (x4 machine).
 # Needs: PYTHONPATH with bigknn and zarr (see README), a GPU. Data goes to $WORK (default /tmp/bk).
@@ -179,6 +180,18 @@ big100)
   $B eval recall $WORK/d100m.knn --backend cuda --json > "$OUT/big100_eval.json"
   note "100M plan: $(j shards shard_rows merges estimate_s < "$OUT/big100_plan.json")"
   note "100M build: $(j wall_s shards merges_done busy_frac read_gb written_gb < "$OUT/big100_build.json") recall $(j recall < "$OUT/big100_eval.json")" ;;
+big250)
+  # issue 35: the largest set the 2-GPU machine's disk (128 GB) holds, 250M x 64 uint8 (16 GB in, a 64 GB graph):
+  # the plan's projection, then the build with the page cache dropped, its recall, and the disk's rates beside it
+  step big250
+  [ -f $WORK/d250m.u8bin ] || bash scripts/synth_parallel.sh $WORK/d250m.u8bin 250000000 64 7 > /dev/null
+  $B plan $WORK/d250m.u8bin --k 32 --gpus $GPUS --json > "$OUT/big250_plan.json" 2> "$OUT/big250_plan.err"
+  sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null
+  $B build $WORK/d250m.u8bin -o $WORK/d250m.knn --k 32 --gpus $GPUS --json > "$OUT/big250_build.json" 2> "$OUT/big250_build.err"
+  $B eval recall $WORK/d250m.knn --backend cuda --sample 10000 --json > "$OUT/big250_eval.json"
+  note "250M plan: $(j shards shard_rows merges estimate_s < "$OUT/big250_plan.json")"
+  note "250M build: $(j wall_s shards merges_done busy_frac read_gb written_gb < "$OUT/big250_build.json") recall $(j recall < "$OUT/big250_eval.json")"
+  rm -rf $WORK/d250m.knn ;;
 families)
   # issue 10: T1 on every family in GPU memory (cuVS NN-Descent / brute force in the same process where
   # /tmp/cuvs_site holds cuVS: ../shared/device/cuvs.sh), then out of core (4 shards of 250K), estimate vs eval
