@@ -150,3 +150,49 @@ def test_merge_rounds_of_many_shards_are_counted_not_replayed():
     is full."""
     assert merge_rounds(1000, 1) == 1000 * 999 // 2
     assert merge_rounds(300, 4) == -(-300 * 299 // 2 // 4)
+
+
+class SpanningFake(FakeBackend):
+    """A FakeBackend that spans another (Backend.spanning): the wide backend's GNND runs ``gain`` times faster."""
+
+    def __init__(self, gain: float, **kw):
+        super().__init__(**kw)
+        self.wide = FakeBackend(gnnd=self.rate["gnnd"][0] * gain, bg=self.rate["gnnd"][1])
+        self.spans: list = []
+
+    def spanning(self, others):
+        self.spans.append(len(others))
+        return self.wide
+
+
+def test_a_one_shard_plan_on_gpus_that_span_it_takes_the_spanning_gnnds_measured_rate(monkeypatch):
+    """A one-shard build on two GPUs runs one GNND across both (Backend.spanning), so its plan times that GNND,
+    after an untimed one (its kernels are compiled apart); a plan of several shards measures no spanning GNND,
+    and the projections for other worker counts keep one GPU's rate."""
+    from bigknn import api_commands
+    from bigknn.cli import plan as plan_cli
+
+    one, other = SpanningFake(gain=1.5, gnnd=1e3), FakeBackend(gnnd=1e3)  # slow: seconds to plan
+    monkeypatch.setattr(cal, "time", types.SimpleNamespace(perf_counter=lambda: one.clock + one.wide.clock))
+    monkeypatch.setattr(api_commands, "get_backends", lambda *a: [one, other])
+    args = ["--rows", "40000", "--dim", "16", "--k", "8", "--calibrate-rows", "4000", "--disk-gbps", "100", "--json"]
+    res = CliRunner().invoke(plan_cli.plan, args)
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output.strip().splitlines()[-1])
+    assert out["shards"] == 1 and one.spans == [1]
+    assert [c[1] for c in one.wide.calls] == [1000, 4000]  # untimed at the small size, timed at the large
+    rates = out["rates"]
+    assert rates["spanning_gpus"] == 2 and rates["spanning_at_rows"] == 4000 and rates["gnnd_spans_gpus"] == 2
+    assert rates["spanning_gnnd_rows_per_s"] == pytest.approx(1.5e3 * 4000 ** -0.1, rel=1e-3)
+    across = 1.5e3 * 40_000 ** -0.1  # scaled to the shard along the one-GPU GNND's law (b 0.1)
+    assert rates["gnnd_rows_per_s"] == pytest.approx(across, rel=1e-3)
+    assert out["estimate_s"]["gnnd"] == pytest.approx(40_000 / across, abs=0.1)
+    alone = {q["workers"]: q["estimate_s"]["gnnd"] for q in out["projections"]}
+    assert alone[1] == pytest.approx(1.5 * alone[2], rel=0.01) and alone[4] == pytest.approx(alone[1], rel=0.01)
+    shown = CliRunner().invoke(plan_cli.plan, args[:-1]).output  # for people: the rate and where it came from
+    assert "(one shard across 2 GPUs)" in shown and "GNND across 2 GPUs" in shown, shown
+    one.spans.clear(), one.wide.calls.clear()
+    res = CliRunner().invoke(plan_cli.plan, args[:-1] + ["--shard-rows", "10000", "--json"])
+    out = json.loads(res.output.strip().splitlines()[-1])
+    assert res.exit_code == 0 and out["shards"] == 4 and not one.wide.calls
+    assert out["rates"]["gnnd_spans_gpus"] is None and "spanning_gpus" not in out["rates"]

@@ -117,9 +117,10 @@ def show(p: dict) -> None:
         f"  disk floor   {human_duration(floor['s'])}: one read of the input ({human_bytes(floor['read_bytes'])}) "
         f"and one write of the store ({human_bytes(floor['written_bytes'])}) at the disk rates below",
         "  projected    " + "; ".join(projected(q) for q in p["projections"]),
-        f"  rates        GNND {rates['gnnd_rows_per_s']:,} rows/s, merges {rates['ggm_rows_per_s']:,} pair rows/s "
-        f"at shards of {rates['at_rows']:,} rows",
-        f"  measured     {rates['source']}: " + scaling(rates),
+        f"  rates        GNND {rates['gnnd_rows_per_s']:,} rows/s"
+        + (f" (one shard across {rates['gnnd_spans_gpus']} GPUs)" if rates["gnnd_spans_gpus"] else "")
+        + f", merges {rates['ggm_rows_per_s']:,} pair rows/s at shards of {rates['at_rows']:,} rows",
+        f"  measured     {rates['source']}: " + scaling(rates) + spanning(rates),
         f"  disk rates   read {disk['read_gbps']} GB/s, write {disk['write_gbps']} GB/s ({disk['source']})",
         f"  assumed      host RAM {human_bytes(assumed['host_ram_bytes'])}"
         + (f", GPU memory {human_bytes(assumed['gpu_bytes'])}" if assumed["gpu_bytes"] else "")
@@ -154,6 +155,14 @@ def stored(parts: dict) -> str:
     vectors = human_bytes(parts["vectors"]) + " of vectors" if parts["vectors"] else "vectors referenced, not copied"
     ids = f", {human_bytes(parts['row_ids'])} of row ids" if parts["row_ids"] else ""
     return f"{vectors}{ids}, {human_bytes(parts['graph'])} of final graph"
+
+
+def spanning(rates: dict) -> str:
+    """The GNND across GPUs as calibrated, where it was (a one-shard plan on GPUs that span it)."""
+    if "spanning_gnnd_rows_per_s" not in rates:
+        return ""
+    return (f"; GNND across {rates['spanning_gpus']} GPUs {rates['spanning_gnnd_rows_per_s']:,} rows/s at "
+            f"{rates['spanning_at_rows']:,} rows (scaled as the one-GPU GNND)")
 
 
 def scaling(rates: dict) -> str:

@@ -33,6 +33,7 @@ from bigknn.core.synth import as_dtype, synth
 SMALL_SHARE = 4  # the second calibration size is the first's quarter
 EXPONENT_RANGE = (0.0, 0.5)  # b of rate ∝ rows^-b: rates do not grow with size, nor fall faster than 1/sqrt
 STEPS_PER_SIZE = 3  # GNND of each of two shards, their merge
+SPANNING_STEPS = 2  # the spanning GNND's warm-up and its timed run (calibrate_spanning)
 LABEL_TIMED_ROWS = 1 << 21  # rows a calibration labels (four of the labelling pass's chunks)
 
 
@@ -136,6 +137,22 @@ def calibrate(backend: Backend, x: np.ndarray, sizes: tuple[int, ...], params: G
             "ggm_exponent": fit_exponent(points, "ggm_rows_per_s"), "points": points,
             "source": f"calibration on {backend.name}: {what}, shards of "
                       + " and ".join(f"{n:,}" for n in sizes) + " rows"}
+
+
+def calibrate_spanning(wide: Backend, x: np.ndarray, sizes: tuple[int, ...], params: GnndParams, gpus: int,
+                       metric: str = "l2", advance: Callable[[int], None] = lambda n: None) -> dict:
+    """The GNND rate (rows/s) of one shard spanning ``gpus`` devices (``wide``: Backend.spanning) at the largest of
+    ``sizes``, after an untimed GNND at the smallest: its kernels are compiled apart (atomics across devices), and
+    the rate of one device does not say what spanning gains (docs/perf-notes.md, session 49). ``advance(1)``
+    after each of SPANNING_STEPS steps."""
+    kind = metric_of(metric)
+    wide.gnnd(x[:sizes[0]], kind, params, seed=1)
+    advance(1)
+    t = time.perf_counter()
+    wide.gnnd(x[:sizes[-1]], kind, params, seed=1)
+    rate = sizes[-1] / (time.perf_counter() - t)
+    advance(1)
+    return {"spanning_gnnd_rows_per_s": rate, "spanning_gpus": gpus, "spanning_at_rows": sizes[-1]}
 
 
 def rates_from_store(store: Store) -> dict:

@@ -86,6 +86,9 @@ def plan(rows: int, dim: int, itemsize: int, params: GnndParams, shard_rows: int
     entry = id_dtype(rows).itemsize + 4  # one list entry (id, distance), in memory and on disk
     wide_graph = r * width * entry  # a shard's graph while merges change it: what checkpoints and evictions write
     gnnd_rate, ggm_rate = rate_at(rates, "gnnd", r), rate_at(rates, "ggm", r)
+    spans = shards == 1 and workers > 1 and rates.get("spanning_gpus") == workers
+    if spans:  # measured across these GPUs, scaled to the shard along the one-GPU GNND's power law
+        gnnd_rate = rates["spanning_gnnd_rows_per_s"] * gnnd_rate / rate_at(rates, "gnnd", rates["spanning_at_rows"])
     gnnd_s = shards * r / gnnd_rate
     merge_s = 2 * r / ggm_rate  # one merge of two shards
     merge_wall = (merge_rounds(shards, workers) * merge_s if not partitioned
@@ -128,7 +131,7 @@ def plan(rows: int, dim: int, itemsize: int, params: GnndParams, shard_rows: int
         "estimate_s": {"start": round(start_s, 1), "gnnd": round(gnnd_wall, 1), "ggm": round(merge_wall, 1),
                        "end": round(end_s, 1), "io": round(io_s, 1), "total": round(total_s, 1)},
         "estimate_h": round(total_s / 3600, 2),
-        "rates": planned_rates(rates, r, gnnd_rate, ggm_rate),
+        "rates": {**planned_rates(rates, r, gnnd_rate, ggm_rate), "gnnd_spans_gpus": workers if spans else None},
         "assumptions": {"disk": disk, "merge_reads": misses_how, **(assumptions or {})},
     }
 
@@ -257,7 +260,9 @@ def planned_rates(rates: dict, shard_rows: int, gnnd_rate: float, ggm_rate: floa
             "ggm_rows_per_s": round(ggm_rate), "at_rows": shard_rows, **measured,
             "measured_at_rows": rates.get("at_rows"), **exponents,
             "points": [{k: round(v) for k, v in p.items()} for p in rates.get("points", [])],
-            **{k: round(rates[k], 3) for k in ("label_rows_per_s", "learn_s") if k in rates}}
+            **{k: round(rates[k], 3) for k in ("label_rows_per_s", "learn_s") if k in rates},
+            **{k: round(rates[k]) for k in ("spanning_gnnd_rows_per_s", "spanning_gpus", "spanning_at_rows")
+               if k in rates}}
 
 
 def merge_gpu_bytes(shard_rows: int, dim: int, itemsize: int, params: GnndParams) -> int:

@@ -13,8 +13,8 @@ from bigknn.backends import Backend, CallShape
 from bigknn.formats import open_source
 from bigknn.core.metric import L2
 from bigknn.core.params import GnndParams
-from bigknn.operations.calibrate import (calibrate, calibration_sizes, calibration_steps, rates_from_store,
-                                         sample_rows, time_labelling)
+from bigknn.operations.calibrate import (SPANNING_STEPS, calibrate, calibrate_spanning, calibration_sizes,
+                                         calibration_steps, rates_from_store, sample_rows, time_labelling)
 from bigknn.operations.diskrate import measure_disk
 from bigknn.operations.plan_model import (ASSUMED_PAIRS_PER_SHARD, auto_shard_rows, pairs_per_shard_from_store, plan,
                                           planned_shards)
@@ -83,6 +83,10 @@ def size_build(input: Path | None, rows: int | None, dim: int | None, dtype: str
         backends[0].warm_up(reporter.note, CallShape(dim, str(x.dtype), L2, params))
         with reporter.phase("calibrate", calibration_steps(sizes), "steps") as advance:
             rates = calibrate(backends[0], x, sizes, params, what, advance=advance)
+        wide = backends[0].spanning(backends[1:]) if len(backends) > 1 else None
+        if wide is not None and build_shards(rows, size, params.width(), method) == 1:  # the build will span
+            with reporter.phase("calibrate across GPUs", SPANNING_STEPS, "steps") as advance:
+                rates.update(calibrate_spanning(wide, x, sizes, params, len(backends), advance=advance))
         partitioned = [at for at in (sized(w) for w in PROJECTED_WORKERS) if at[1] != "contiguous"]
         if partitioned:  # some plan labels its rows first: time that on the same rows
             at = min(partitioned, key=lambda a: a[0])
