@@ -17,6 +17,7 @@ from bigknn.core.progress import Reporter
 from bigknn.shards import Store
 from bigknn.core.synth import synth
 
+from test_data_path import _NoStore, _Sink
 from test_workers import RecordingBackend
 
 
@@ -111,39 +112,19 @@ def test_checkpoints_commit_merges_while_the_run_goes_on(data, tmp_path, monkeyp
 def test_a_slow_checkpoint_spaces_out_the_next_one(monkeypatch):
     """A checkpoint whose writes took w seconds is followed by the next after w / CHECKPOINT_SHARE at least,
     however short BIGKNN_CHECKPOINT_S is: checkpoints never keep the disk writing more than that share."""
-    import threading
-
     from bigknn.engine import writer as writer_module
     from bigknn.engine.accounting import Accounting
 
     monkeypatch.setenv("BIGKNN_CHECKPOINT_S", "0.02")
     writes = []
 
-    class SlowSink:  # always one dirty shard, which takes 0.1 s to write
-        def on_pressure(self, ask):
-            pass
-
-        def dirty(self):
-            return [0]
-
+    class SlowSink(_Sink):  # always one dirty shard, which takes 0.1 s to write
         def write(self, sids, final=frozenset()):
             time.sleep(0.1)
             writes.append(time.monotonic())
             return {}, 0
 
-        def accept(self, done):
-            return done
-
-        def written(self, done):
-            pass
-
-        def close(self):
-            pass
-
-    class NoStore:
-        lock = threading.Lock()
-
-    w = writer_module.Writer(NoStore(), None, Accounting(), SlowSink())
+    w = writer_module.Writer(_NoStore(), None, Accounting(), SlowSink(0))
     w.gnnd_done(0)  # starts the checkpoint clock
     deadline = time.monotonic() + 10
     while not writes and time.monotonic() < deadline:
