@@ -201,27 +201,24 @@ def test_old_versions_are_garbage_collected_after_commit(tmp_path):
         store.manifest.shards[0].graph = v
         store.commit()
         store.close()  # the deletions run in the background; close waits for them
-        # after it: the committed version and the one before (a reader may still be on it), nothing older
-        assert versions_on_disk(store, 0) == {v - 1, v}
+        # after it: the committed version alone (a reader of an older one holds a lease on it), so a store's
+        # peak on disk is one graph per shard plus the versions being written
+        assert versions_on_disk(store, 0) == {v}
         assert graph_equal(store.read_graph(0, v), graphs[v])
-        assert graph_equal(store.read_graph(0, v - 1), graphs[v - 1])
     assert versions_on_disk(store, 1) == {1}  # the other shard is untouched
 
 
-def test_versions_written_between_commits_keep_the_previous_commits_version(tmp_path):
-    """Two versions written between commits (checkpoints): the commit keeps the version the previous commit
-    pointed at (a reader of the previous manifest is on it), and the next commit drops the skipped one."""
+def test_versions_written_between_commits_go_with_the_commit_after_them(tmp_path):
+    """Two versions written between commits (checkpoints): the commit deletes the one it skipped and the one
+    the previous commit pointed at, which no reader's lease names."""
     rng = np.random.default_rng(4)
     store = new_store(tmp_path / "s", rng)
     graphs = {1: store.read_graph(0, 1)}
     for v in (2, 3):
         graphs[v] = random_graph(rng, 200)
         store.write_graph(0, v, graphs[v])
+    assert versions_on_disk(store, 0) == {1, 2, 3}  # before the commit every one is there
     store.manifest.shards[0].graph = 3
-    store.commit()
-    store.close()
-    assert versions_on_disk(store, 0) == {1, 2, 3}
-    assert graph_equal(store.read_graph(0, 1), graphs[1])
     store.commit()
     store.close()
     assert versions_on_disk(store, 0) == {3}
@@ -353,12 +350,12 @@ def test_a_readers_versions_outlive_commits_until_it_closes(tmp_path):
     g1 = reader.read_graph(0)
     commit_versions(writer, rng, (2, 3, 4))
     writer.close()
-    assert versions_on_disk(writer, 0) == {1, 3, 4}  # 2 went; 1 stays for the reader
+    assert versions_on_disk(writer, 0) == {1, 4}  # 2 and 3 went; 1 stays for the reader
     assert graph_equal(reader.read_graph(0), g1)
     reader.close()
     assert list((writer.path / leases.LEASE_DIR).iterdir()) == []
     writer.close()  # a writer's close deletes what the reader kept
-    assert versions_on_disk(writer, 0) == {3, 4}
+    assert versions_on_disk(writer, 0) == {4}
 
 
 def test_leases_of_dead_or_silent_readers_are_ignored_and_removed(tmp_path):
@@ -370,7 +367,7 @@ def test_leases_of_dead_or_silent_readers_are_ignored_and_removed(tmp_path):
     silent = write_lease(writer, "124-aaaaaaaaaaaa.json", os.getpid(), {"0": 1}, age_s=leases.EXPIRE_S + 5)
     commit_versions(writer, rng, (2, 3))
     writer.close()
-    assert versions_on_disk(writer, 0) == {2, 3}
+    assert versions_on_disk(writer, 0) == {3}
     assert not gone.exists() and not silent.exists()
 
 
@@ -384,7 +381,7 @@ def test_a_reader_still_opening_holds_back_every_deletion(tmp_path):
     assert versions_on_disk(writer, 0) == {1, 2, 3}
     opening.unlink()
     writer.close()
-    assert versions_on_disk(writer, 0) == {2, 3}
+    assert versions_on_disk(writer, 0) == {3}
 
 
 def test_pin_false_writes_nothing_and_new_versions_skip_existing_directories(tmp_path):

@@ -3,9 +3,11 @@
 Graph writes are copy-on-write: a step writes ``shards/<id>/graph/<v>/{ids,dists}`` under a version number
 no directory on disk has, then commits the manifest that points at it. Until that commit every reader sees
 the previous version; a crash before it leaves an unreferenced version that later commits delete. After a
-commit, versions older than the one the previous commit pointed at are deleted (a reader that loaded the
-previous manifest can still finish), except those a live reader's lease names (bigknn/shards/leases.py):
-those wait for a later commit, or ``close()``. Deleting runs in a background thread: deleting gigabytes of
+commit, versions older than the one it points at are deleted, except those a live reader's lease names
+(bigknn/shards/leases.py): those wait for a later commit, or ``close()``. A reader that loaded the previous
+manifest holds a lease on its versions (or reads without one and starts again, bigknn/shards/store_readers.py),
+so nothing older is kept for it: a store never holds two graphs of a shard for long, and its peak on disk
+is its final size plus the versions being written. Deleting runs in a background thread: deleting gigabytes of
 files is slow on some file systems (online discard) and need not hold up the work; ``close()`` waits for it.
 
 Every chunk carries a checksum (bigknn/shards/checksums.py), checked on every read: a missing or damaged
@@ -49,7 +51,7 @@ class Store(ArrayDir):
         self.lock = threading.RLock()
         self._deferred = 0
         self._committed = self._graph_versions()  # of the last commit
-        self._stale_below: dict[int, int | None] = {}  # per shard: versions below this are stale (last commit)
+        self._stale_below: dict[int, int | None] = {}  # per shard: versions below this are stale (its last commit)
         self._reaper: ThreadPoolExecutor | None = None
         self._lease: Lease | None = None
         self._manifest_text: str | None = None  # as read by open()
@@ -126,8 +128,8 @@ class Store(ArrayDir):
             text = self.manifest.to_json()
             write_atomic(self.path / MANIFEST, text)
             self.meta_bytes += len(text.encode())
-            self._stale_below = {sh.id: self._committed.get(sh.id) for sh in self.manifest.shards}
             self._committed = self._graph_versions()
+            self._stale_below = dict(self._committed)
             self._reap()
 
     def _record_identity(self) -> None:
