@@ -57,6 +57,25 @@ def test_merge_results_are_written_at_checkpoints_not_after_every_merge(data, tm
     assert r_lazy >= 0.95 and abs(r_lazy - r_eager) <= 0.01, (r_lazy, r_eager)
 
 
+@pytest.mark.parametrize("partition", ["kmeans", "rptree"])
+def test_a_partitioned_build_writes_each_graph_once(data, tmp_path, monkeypatch, partition):
+    """A partitioned build learns which pairs to merge only after every shard's GNND: until then no shard is
+    final, so no GNND result is written k wide only to be merged and written again (a 250M build wrote its
+    graph twice, 146.7 GB for a store of 82 GB)."""
+    from bigknn.shards import store as store_module
+
+    writes = []
+    real = store_module.Store.write_graph
+    monkeypatch.setattr(store_module.Store, "write_graph",
+                        lambda self, sid, version, graph: (writes.append(sid), real(self, sid, version, graph))[1])
+    monkeypatch.setenv("BIGKNN_CHECKPOINT_S", "3600")
+    summary = build(BuildRequest(input=data, store=tmp_path / "p.knn", shard_rows=700, params=GnndParams(k=10),
+                                 partition=partition), [CpuBackend()], Reporter())
+    shards = summary["shards"]
+    assert summary["partition"] == partition and shards >= 7 and summary["merges_done"] > 0
+    assert sorted(writes) == list(range(shards)), writes  # each graph once, when its shard is done
+
+
 @pytest.mark.parametrize("interval", ["0", "3600"])
 @pytest.mark.parametrize("shard_rows", [700, 7 * 700])
 def test_every_stored_final_graph_is_k_wide_whatever_the_checkpoints(data, tmp_path, monkeypatch, interval,

@@ -80,7 +80,8 @@ class InProcess:
         held = cache.holds if cache.tight else None
         sched = Scheduler(ledger.todo_pairs(len(shards) + len(new_sizes)),
                           ready=[s.id for s in shards if ledger.version(s.id) is not None],
-                          feeding=source is not None, queue_limit=len(backends) + 1, held=held)
+                          feeding=source is not None, queue_limit=len(backends) + 1, held=held,
+                          planning=plan is not None)
         completed = False
         try:
             run_tasks(store, ledger, backends, reporter, acct, cache, writer, sched, source,

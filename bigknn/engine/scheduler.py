@@ -31,8 +31,11 @@ class Scheduler:
     """
 
     def __init__(self, pairs: list[tuple[int, int]], ready: Iterable[int], feeding: bool = False,
-                 queue_limit: int = 2, held: Callable[[int], bool] | None = None):
+                 queue_limit: int = 2, held: Callable[[int], bool] | None = None, planning: bool = False):
         self.held = held
+        # a partitioned build's pairs are planned once every shard has its graph: until then each shard may
+        # have merges to come, so none is final (written k wide only to be merged and written again)
+        self.planning = planning
         self.pending = list(pairs)
         self.partners: dict[int, set[int]] = {}  # each shard's partners in pending pairs
         for pair in self.pending:
@@ -137,9 +140,9 @@ class Scheduler:
             self.cond.notify_all()
 
     def needs(self, sid: int) -> bool:
-        """Whether a pending pair merges shard ``sid``."""
+        """Whether a pending pair, or the plan still to come, may merge shard ``sid``."""
         with self.cond:
-            return bool(self.partners.get(sid))
+            return self.planning or bool(self.partners.get(sid))
 
     def release(self, pair: tuple[int, int]) -> list[int]:
         """Free the shards of a finished merge; returns those of them that no pending pair needs any more."""
