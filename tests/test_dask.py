@@ -26,7 +26,7 @@ distributed = pytest.importorskip("distributed")
 import bigknn  # noqa: E402
 from bigknn.engine.dask.connect import TASK_THREADS, Cluster  # noqa: E402
 from bigknn.engine.dask.executor import check_visible  # noqa: E402
-from bigknn.engine.dask.worker_tasks import claim_version  # noqa: E402
+from bigknn.engine.dask.worker_tasks import MERGE_GATE_ENV, claim_version  # noqa: E402
 from bigknn.core.errors import BadInput  # noqa: E402
 from bigknn.engine.accounting import Accounting  # noqa: E402
 from bigknn.shards import Store  # noqa: E402
@@ -43,10 +43,19 @@ CLI_OPTS = ["--k", K, "--backend", "cpu", "--shard-rows", SHARD_ROWS, "--seed", 
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    """A local cluster of two worker processes (nannies restart a killed one) and a client to watch it."""
+def merge_gate(tmp_path_factory) -> Path:
+    """The gate file of the cluster's workers (``worker_tasks.MERGE_GATE_ENV``): while it exists, their merges
+    of the shards it lists wait. Absent but in the test that creates it."""
+    return tmp_path_factory.mktemp("gate") / "merges"
+
+
+@pytest.fixture(scope="module")
+def cluster(merge_gate):
+    """A local cluster of two worker processes (nannies restart a killed one, with the same environment) and
+    a client to watch it."""
     with distributed.LocalCluster(n_workers=2, threads_per_worker=TASK_THREADS, processes=True,
-                                  dashboard_address=":0") as local, distributed.Client(local) as client:
+                                  dashboard_address=":0", env={MERGE_GATE_ENV: str(merge_gate)}) as local, \
+            distributed.Client(local) as client:
         yield client
 
 
@@ -174,23 +183,34 @@ def test_graphs_are_written_once_per_checkpoint(cluster, reference, tmp_path, mo
     assert writes == SHARDS, (writes, graph_bytes)  # each graph once, as in-process (was 2 * MERGES + SHARDS)
 
 
-def test_client_killed_mid_build_resumes(cluster, reference, tmp_path):
+def test_client_killed_mid_build_resumes(cluster, reference, tmp_path, merge_gate):
+    """The client is killed once a pair is committed and a merge waits at the workers' gate: the merges of the
+    last shard are held there (the others commit), so the kill falls mid-build however fast the machine (a
+    0.8 s build on a loaded one ended before it). The rerun merges the rest, each pair committed once."""
     store = tmp_path / "c.knn"
+    held = SHARDS - 1
+    reached = Path(f"{merge_gate}.reached")
     args = ["build", reference["data"], "-o", store, *CLI_OPTS, "--scheduler", cluster.scheduler.address]
+    merge_gate.write_text(str(held))
     proc = subprocess.Popen([sys.executable, "-m", "bigknn", *map(str, args)], env=cli_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        while not 1 <= len(_merged(store)) < MERGES:
+        deadline = time.monotonic() + CLI_TIMEOUT_S  # a hang guard, never a verdict
+        while not (reached.exists() and _merged(store)):
             assert proc.poll() is None, f"the build ended before the kill: {proc.communicate()}"
+            assert time.monotonic() < deadline, "no merge committed and held at the gate"
             time.sleep(0.01)
     finally:
         proc.kill()
         proc.wait()
-    killed_at = len(_merged(store))
+        merge_gate.unlink(missing_ok=True)  # the held merges go on, for a client that is gone; the rerun's pass
+        reached.unlink(missing_ok=True)
+    killed = [tuple(p) for p in _merged(store)]
+    assert 1 <= len(killed) < MERGES and all(held not in p for p in killed), killed
     summary = run_json(*args)
     assert summary["resumed"] and summary["merges_done"] == MERGES
-    assert len(read_manifest(store)["merged"]) == MERGES, "no pair committed twice"
-    assert killed_at < MERGES
+    merged = [tuple(p) for p in read_manifest(store)["merged"]]
+    assert sorted(merged) == ALL_PAIRS, "every pair committed once"
     assert abs(recall_of(store) - reference["recall"]) <= TOLERANCE
 
 

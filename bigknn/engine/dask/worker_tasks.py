@@ -105,6 +105,10 @@ class FlushResult:
     worker: str
 
 
+# a test's hook (tests/test_dask.py), unset in real runs: the path of a gate file that holds merges back
+# (``_wait_at_merge_gate``)
+MERGE_GATE_ENV = "BIGKNN_TEST_MERGE_GATE"
+
 _CACHE = PartCache()
 _BACKENDS: dict[tuple[str, int | None], Backend] = {}
 _BACKENDS_LOCK = threading.Lock()
@@ -230,6 +234,7 @@ def merge(spec: StoreSpec, a: ShardRef, b: ShardRef, vias: list[ShardRef], seed:
           handed: dict[int, KnnGraph] | None = None) -> TaskResult:
     """GGM of the pair (a, b), seeded through ``vias`` (an ingest's small batches, bigknn/algorithms/merge_setup.py);
     ``handed``: the pending graphs of a or b that another worker handed over (``hand_over``)."""
+    _wait_at_merge_gate(a.id, b.id)
     store = Store(Path(spec.path), spec.header)
     backend = worker_backend(spec)
     nhanded = sum(_take(store, ref, handed[ref.id]) for ref in (a, b) if ref.id in (handed or {}))
@@ -245,6 +250,25 @@ def merge(spec: StoreSpec, a: ShardRef, b: ShardRef, vias: list[ShardRef], seed:
     versions = {a.id: _keep(store, a, ga, pa.vectors), b.id: _keep(store, b, gb, pb.vectors)}
     nread = nhanded + ra + rb + sum(r for _, r in via_parts)
     return TaskResult(versions, ga.report, seconds, nread, worker_name())
+
+
+def _wait_at_merge_gate(a: int, b: int) -> None:
+    """A test hook: while the file ``MERGE_GATE_ENV`` names exists and lists shard ``a`` or ``b`` (ids, blank
+    separated), this merge waits before it starts, having created ``<gate>.reached``. A test that kills the
+    client mid-build so holds some merges back on the workers while the others commit, whatever the machine's
+    speed (a fast build ended before the kill). Unset, as in every real run, it reads nothing."""
+    gate = os.environ.get(MERGE_GATE_ENV)
+    if not gate:
+        return
+    try:
+        held = {int(sid) for sid in Path(gate).read_text().split()}
+    except FileNotFoundError:
+        return
+    if not held & {a, b}:
+        return
+    Path(gate + ".reached").touch()
+    while Path(gate).exists():
+        time.sleep(0.01)
 
 
 def flush(spec: StoreSpec, versions: dict[int, int]) -> FlushResult:
