@@ -77,7 +77,9 @@ def test_planned_bytes_of_a_tight_cache_are_what_the_build_reads_and_writes(buil
     assert p["read_bytes"] == ROWS * DIM * 4 + p["merge_reads"] * shard
     assert p["rewritten_bytes"] == p["merge_reads"] * TIGHT_SHARD_ROWS * p["list_width"] * 8
     assert 0.75 * p["read_bytes"] <= summary["read_bytes"] <= 1.5 * p["read_bytes"]
-    assert 0.75 * p["written_bytes"] <= summary["written_bytes"] <= 1.5 * p["written_bytes"]
+    # what the evictions write varies more: which shards are dirty when a prefetch evicts depends on the
+    # threads' timing (2026-11-30: 32.0 MB written against 20.5 MB planned once in four runs, 1.56x)
+    assert 0.75 * p["written_bytes"] <= summary["written_bytes"] <= 2.0 * p["written_bytes"]
     assert summary["read_bytes"] > 2 * ROWS * DIM * 4  # far from one read: what the plan must not leave out
 
 
@@ -213,3 +215,41 @@ def test_a_partitioned_stores_timings_give_its_labelling_rate(tmp_path):
     rates = rates_from_store(Store.open(tmp_path / "k.knn", pin=False))
     assert m.timings["partition"] > 0
     assert rates["label_rows_per_s"] == pytest.approx(6000 / m.timings["partition"]) and rates["learn_s"] == 0
+
+
+def test_plan_and_build_say_when_the_disk_cannot_hold_the_store(built, tmp_path, monkeypatch, caplog):
+    """A build that would fill the disk says so before any work, and goes on (space may be freed meanwhile;
+    a full disk stops it resumable); the plan shows the free space beside the store's size, in its text too.
+    A 250M build ran out of disk at its merges with nothing said at the start."""
+    import json
+    import logging
+
+    from click.testing import CliRunner
+
+    from bigknn.cli import plan as plan_cli
+    from bigknn.operations import build as build_op, sizing
+
+    free = 1_000_000  # below the store's 4.2 MB
+    monkeypatch.setattr(sizing, "free_bytes", lambda path: free)
+    p = api.plan(built["data"], k=K, shard_rows=SHARD_ROWS, disk_gbps=1.0, partition="contiguous", backend="cpu")
+    assert p["assumptions"]["disk"]["free_bytes"] == free and p["disk_bytes"] > free
+    args = [str(built["data"]), "--k", str(K), "--shard-rows", str(SHARD_ROWS), "--disk-gbps", "1", "--backend",
+            "cpu", "--partition", "contiguous"]
+    text = CliRunner().invoke(plan_cli.plan, args)
+    assert text.exit_code == 0 and "1.0 MB free, TOO LITTLE" in text.output, text.output
+    out = CliRunner().invoke(plan_cli.plan, [*args, "--json"])
+    assert json.loads(out.output.strip().splitlines()[-1])["assumptions"]["disk"]["free_bytes"] == free
+
+    monkeypatch.setattr(build_op, "free_bytes", lambda path: free)
+    with caplog.at_level(logging.WARNING, logger="bigknn"):
+        with api.build(built["data"], k=K, store=tmp_path / "s.knn", backend="cpu", shard_rows=SHARD_ROWS,
+                       partition="contiguous") as g:
+            assert g.report.merges_done == 6
+    said = [r.getMessage() for r in caplog.records if "is free there" in r.getMessage()]
+    assert len(said) == 1 and str(tmp_path / "s.knn") in said[0] and "1.0 MB" in said[0], said
+    caplog.clear()
+    monkeypatch.setattr(build_op, "free_bytes", lambda path: 1 << 40)  # room: nothing said
+    with caplog.at_level(logging.WARNING, logger="bigknn"):
+        api.build(built["data"], k=K, store=tmp_path / "t.knn", backend="cpu", shard_rows=SHARD_ROWS,
+                  partition="contiguous").close()
+    assert not [r for r in caplog.records if "is free there" in r.getMessage()]

@@ -101,7 +101,8 @@ def show(p: dict) -> None:
         f"plan: {p['rows']:,} rows x {p['dim']} ({dtype}), k {p['k']}, lists of {p['list_width']}",
         f"  shards       {p['shards']:,} of {p['shard_rows']:,} rows ({p['partition']}); {p['merges']:,} of "
         f"{p['all_pairs']:,} pairs merged, on {p['workers']} worker{'s' * (p['workers'] > 1)}",
-        f"  disk         {human_bytes(p['disk_bytes'])} for the store ({stored(p['store_bytes'])}); "
+        f"  disk         {human_bytes(p['disk_bytes'])} for the store ({stored(p['store_bytes'])}; "
+        f"{human_bytes(disk['free_bytes'])} free{', TOO LITTLE' if disk['free_bytes'] < p['disk_bytes'] else ''}); "
         f"{human_bytes(p['read_bytes'])} read and {human_bytes(p['written_bytes'])} written during the build "
         f"({human_bytes(p['rewritten_bytes'])} of graphs before they are final)",
         f"  host memory  {human_bytes(p['host_bytes_per_worker'])} per worker, {human_bytes(p['host_bytes_total'])} "

@@ -44,7 +44,7 @@ class DiskFull(BigknnError):
     def __init__(self, path: object, needed: int | None):
         self.path = str(path)
         need = f"needs {needed:,} bytes" if needed is not None else "needs more space"
-        super().__init__(f"{self.path}: no space left on device (this write {need}, {_free_bytes(Path(path)):,} "
+        super().__init__(f"{self.path}: no space left on device (this write {need}, {free_bytes(Path(path)):,} "
                          "bytes free); free some space and rerun (a store keeps its last commit)")
 
 
@@ -70,7 +70,7 @@ def disk_full_named(path: object, needed: int | None) -> Iterator[None]:
         raise DiskFull(path, needed) from None
 
 
-def _free_bytes(path: Path) -> int:
+def free_bytes(path: Path) -> int:
     """Free bytes on the file system holding ``path`` (its nearest existing ancestor)."""
     for p in (path, *path.absolute().parents):
         if p.exists():

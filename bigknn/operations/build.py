@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 
 from bigknn.backends import Backend
-from bigknn.core.errors import BadInput
+from bigknn.core.errors import BadInput, free_bytes
+from bigknn.core.human import human_bytes
 from bigknn.core.hostmem import filled_once
 from bigknn.formats import VectorSource, cast_note, open_source
 from bigknn.core.metric import metric as metric_of
@@ -24,7 +25,7 @@ from bigknn.algorithms.partition.labelling import layout, learn_from_file, shard
 from bigknn.algorithms.partition.learn import DEFAULT_METHOD, METHODS, Partition
 from bigknn.engine.recall_sample import SampleTruth, record_estimate
 from bigknn.engine.executor import Executor, InProcess
-from bigknn.operations.plan_model import auto_shard_rows, automatic_shards, resolve_partition
+from bigknn.operations.plan_model import auto_shard_rows, automatic_shards, resolve_partition, store_bytes
 from bigknn.engine.sharding_pass import shard_sizes, stream_shards
 from bigknn.engine.limits import build_shards, k_refusal, smallest_shard_rows
 from bigknn.engine.pending import cache_shards, check_merge_count, input_fits_host, record_timings, run_build_steps
@@ -77,6 +78,8 @@ def build(req: BuildRequest, backends: list[Backend], reporter: Reporter, execut
     req = replace(req, partition=resolve_partition(req.partition, vf.rows, req.shard_rows, req.params.width()))
     sizes = shard_sizes(vf.rows, req.shard_rows, req.params.width())
     method = req.partition if len(sizes) > 1 else "contiguous"  # one shard: nothing to partition
+    if not resuming:
+        _note_disk(req, vf, method, reporter)
     manifest = Store.open(req.store).manifest if resuming else _new_manifest(req, vf, method)
     if resuming:  # refuse another build before the lock is taken: a refusal writes nothing, .lock included
         _check_same_build(manifest, req, vf, method)
@@ -144,6 +147,17 @@ def build(req: BuildRequest, backends: list[Backend], reporter: Reporter, execut
 
 
 # ---- checks ---------------------------------------------------------------------------------------
+def _note_disk(req: BuildRequest, vf: VectorSource, method: str, reporter: Reporter) -> None:
+    """Say before any work when the disk cannot hold the finished store (a build stops at a full disk, hours
+    in, and resumes only once there is room): its size as the plan counts it (plan_model.store_bytes)."""
+    itemsize = stored_dtype(req.metric, vf.read_dtype).itemsize
+    need = store_bytes(vf.rows, vf.dim, itemsize, req.params.k, req.vectors, method != "contiguous")["total"]
+    free = free_bytes(req.store)
+    if need > free:
+        reporter.note(f"{req.store}: the finished store needs {human_bytes(need)} and {human_bytes(free)} is free "
+                      "there: the build stops when the disk is full (rerun it once there is room: it resumes)")
+
+
 def _check_request(req: BuildRequest, vf: VectorSource) -> None:
     k = req.params.k
     if (why := k_refusal(k, vf.rows)) is not None:

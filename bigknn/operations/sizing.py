@@ -18,7 +18,7 @@ from bigknn.operations.calibrate import (SPANNING_STEPS, calibrate, calibrate_sp
 from bigknn.operations.diskrate import measure_disk
 from bigknn.operations.plan_model import (ASSUMED_PAIRS_PER_SHARD, auto_shard_rows, pairs_per_shard_from_store, plan,
                                           planned_shards)
-from bigknn.core.errors import BadInput
+from bigknn.core.errors import BadInput, free_bytes
 from bigknn.engine.limits import build_shards
 from bigknn.engine.sharding_pass import shard_total
 from bigknn.shards.referenced import FLAT_SUFFIXES, refusal
@@ -69,6 +69,7 @@ def size_build(input: Path | None, rows: int | None, dim: int | None, dtype: str
         disk = measure_disk(probe_dir(output, input))
     else:
         disk = {"read_gbps": disk_gbps, "write_gbps": disk_gbps, "source": "--disk-gbps"}
+    disk["free_bytes"] = free_bytes(probe_dir(output, input))  # where the store goes: does it fit there?
     assumptions = {"host_ram_bytes": physical_memory(), "gpu_bytes": budgets[0],
                    "pairs_per_shard": round(pairs_per_shard, 3), "pairs_source": pairs_source,
                    "workers": "the projections' workers share this machine's disk: I/O does not scale with them"}
