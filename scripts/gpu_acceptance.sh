@@ -3,7 +3,7 @@
 #   STEPS="t2 t2shards plan t4 t3 kill tests sanitizer t1 cli5m" bash scripts/gpu_acceptance.sh
 # The public API against CAGRA (issue 37): STEPS="searchapi"; the recall promise over seeds (issue 36): STEPS="coverage".
 # On the 2-GPU machine (issues 12 and 14): STEPS="dask10m big50 big100" (inputs by scripts/synth_parallel.sh);
-# the largest build its disk holds (issue 35): GPUS=all STEPS="big250".
+# the largest build its disk holds (issue 35): GPUS=all STEPS="big250"; the memory model against the calls: STEPS="memmodel".
 # Every family against cuVS (issue 10): STEPS="families"; 50M on 1 / 2 / all GPUs (issue 17): STEPS="scale".
 # Two 25M stores merged against the 50M build (issue 39, item 3): GPUS=all STEPS="mergestores" (x4 machine).
 # Needs: PYTHONPATH with bigknn and zarr (see README), a GPU. Data goes to $WORK (default /tmp/bk).
@@ -192,6 +192,12 @@ big250)
   note "250M plan: $(j shards shard_rows merges estimate_s < "$OUT/big250_plan.json")"
   note "250M build: $(j wall_s shards merges_done busy_frac read_gb written_gb < "$OUT/big250_build.json") recall $(j recall < "$OUT/big250_eval.json")"
   rm -rf $WORK/d250m.knn ;;
+memmodel)
+  # issue 35: what GNND and GGM allocate against what they planned, at the 250M build's row shape (64 x uint8)
+  step memmodel
+  python3 scripts/gpu_memory_model.py --rows ${MEM_ROWS:-1000000,4000000,8000000} --dim 64 --dtype uint8 \
+    > "$OUT/memmodel.txt" 2>&1
+  tail -10 "$OUT/memmodel.txt" | tee -a "$summary" ;;
 families)
   # issue 10: T1 on every family in GPU memory (cuVS NN-Descent / brute force in the same process where
   # /tmp/cuvs_site holds cuVS: ../shared/device/cuvs.sh), then out of core (4 shards of 250K), estimate vs eval
