@@ -15,7 +15,8 @@ import pytest
 
 from bigknn.backends import get_backends
 from bigknn.backends.cpu import CpuBackend, compiled, descent, exact_l2_keys, random_init
-from bigknn.backends.cpu.rptree import split_rows, tree_init
+from bigknn.backends.cpu.bounds import BOUND_DIMS
+from bigknn.backends.cpu.rptree import _quantise, principal_rows, split_rows, tree_init
 from bigknn.core.errors import BadInput
 from bigknn.core.knn_graph import EMPTY, ShardPart
 from bigknn.core.params import GnndParams
@@ -243,6 +244,32 @@ def test_split_rows_keep_the_split_sides():
         agree.append((exact == approx).mean())
     assert np.mean(agree) >= 0.97 and q.std() > 10
     np.testing.assert_array_equal(split_rows(np.ones((9, 5), np.float32)), 0)
+
+
+def test_wide_rows_of_few_intrinsic_dimensions_are_split_in_their_principal_directions():
+    """300-d rows of 12 intrinsic dimensions are split in BOUND_DIMS principal coordinates: the side of the
+    hyperplane halfway between two rows agrees with the full rows' for nearly every row, and the trees seed lists
+    as well as from the full rows. Rows whose variance is spread over every dimension keep their full width, as
+    do narrow rows (nothing to save there)."""
+    rng = np.random.default_rng(6)
+    x = synth(3000, 300, seed=3)
+    p = principal_rows(x)
+    assert p is not None and p.shape == (3000, BOUND_DIMS) and p.dtype == np.int8
+    np.testing.assert_array_equal(split_rows(x), p)
+    q = p.astype(np.float32)
+    agree = []
+    for a, b in rng.integers(0, len(x), (40, 2)):
+        if a != b:
+            exact = (x - (x[a] + x[b]) / 2) @ (x[a] - x[b]) > 0
+            agree.append((exact == ((q - (q[a] + q[b]) / 2) @ (q[a] - q[b]) > 0)).mean())
+    assert np.mean(agree) >= 0.97, np.mean(agree)
+    full = _quantise(x, x.mean(axis=0), np.float32(4.0))
+    rows = rng.choice(len(x), 300, replace=False)
+    seeded = [recall_at(tree_init(x, 16, L2, 8, np.random.default_rng(2), r).ids[rows], x, rows, 10) for r in (p, full)]
+    assert seeded[0] >= seeded[1] - 0.03 and seeded[1] >= 0.5, seeded
+    spread = rng.standard_normal((3000, 300)).astype(np.float32)
+    assert principal_rows(spread) is None and split_rows(spread).shape == (3000, 300)
+    assert principal_rows(synth(3000, 96, seed=3)) is None
 
 
 def test_half_rows_widen_to_numpys_floats_bit_for_bit():

@@ -26,10 +26,12 @@ from bigknn.core.metric import Metric
 from bigknn.backends.cpu.kernels import _holds, _sift_in, mix64, place
 from bigknn.backends.cpu.keyblock import EMPTY, FAST, _key, keys_block, prefetch_per_pair
 from bigknn.backends.cpu.prefetch import prefetch_rows
+from bigknn.backends.cpu.bounds import FIT_ROWS, Subspace, wide_enough
 
 MAX_TRIES = 8  # random pairs tried for a split before the leaf is cut in half at random (duplicated rows)
 SPLIT_CLIP = 4.0  # the splits' int8 rows span +-this many standard deviations of the centred values (split_rows)
 SPLIT_AHEAD = 4  # a split prefetches the row this many places ahead in its (random) row order
+SPLIT_KEPT = 0.99  # share of the variance the principal directions must hold for the trees to split in them
 
 
 def tree_init(x: np.ndarray, width: int, metric: Metric, trees: int, rng: np.random.Generator,
@@ -64,9 +66,35 @@ def split_rows(x: np.ndarray) -> np.ndarray:
     clipped at SPLIT_CLIP standard deviations. A split is a pass over its rows' bytes, and the trees' passes
     were bound by memory: a quarter of the bytes split text 100K x 384 (20 trees, one thread) in 0.70 s against
     1.43 s, and the seeds were as good (recall@10 of the seeded lists 0.396 against 0.383; docs/perf-notes.md).
+    Wide rows whose variance lies nearly all in a few directions are split in those (``principal_rows``).
     Only the split decisions see these rows; every key is computed from ``x``."""
+    principal = principal_rows(x)
+    if principal is not None:
+        return principal
     centre = x.mean(axis=0, dtype=np.float64).astype(np.float32)
     return _quantise(x, centre, np.float32(SPLIT_CLIP))
+
+
+def principal_rows(x: np.ndarray) -> np.ndarray | None:
+    """``x``'s coordinates in its BOUND_DIMS principal directions (the exact search's subspace, bounds.py) as
+    int8 split rows, where those directions hold SPLIT_KEPT of the variance about the mean (rows of low intrinsic
+    dimension); None where they do not, or the rows are too narrow for it to pay. The hyperplane halfway between
+    two rows then cuts nearly where it would in full, on a fraction of the bytes a split reads. One scale for all
+    coordinates, from the widest one's spread: the pooled spread of the full rows would clip the leading
+    directions, which hold most of the variance."""
+    if not wide_enough(x.shape[1]) or len(x) < 2:
+        return None
+    sub = Subspace.fit(x, is_l2=True)
+    sample = x[np.linspace(0, len(x) - 1, min(len(x), FIT_ROWS)).astype(np.int64)] - sub.mean
+    total = float(np.einsum("ij,ij->", sample, sample))
+    inside = sample @ sub.basis
+    if total <= 0 or float(np.einsum("ij,ij->", inside, inside)) < SPLIT_KEPT * total:
+        return None
+    coords = x @ sub.basis
+    coords -= coords.mean(axis=0)
+    spread = float(coords.std(axis=0).max())
+    scale = 127.0 / (SPLIT_CLIP * spread) if spread > 0 else 1.0
+    return np.clip(np.rint(coords * scale), -127, 127).astype(np.int8)
 
 
 @njit(cache=True, parallel=True, fastmath=FAST)
