@@ -50,7 +50,6 @@ class Store(ArrayDir):
         # writer) record progress in it
         self.lock = threading.RLock()
         self._deferred = 0
-        self._committed = self._graph_versions()  # of the last commit
         self._stale_below: dict[int, int | None] = {}  # per shard: versions below this are stale (its last commit)
         self._reaper: ThreadPoolExecutor | None = None
         self._lease: Lease | None = None
@@ -128,8 +127,7 @@ class Store(ArrayDir):
             text = self.manifest.to_json()
             write_atomic(self.path / MANIFEST, text)
             self.meta_bytes += len(text.encode())
-            self._committed = self._graph_versions()
-            self._stale_below = dict(self._committed)
+            self._stale_below = self._graph_versions()
             self._reap()
 
     def _record_identity(self) -> None:
@@ -176,7 +174,6 @@ class Store(ArrayDir):
 
     def reload(self) -> None:
         self.manifest = Manifest.from_json((self.path / MANIFEST).read_text())
-        self._committed = self._graph_versions()
         self._references = None
 
     @property
