@@ -65,11 +65,12 @@ def size_build(input: Path | None, rows: int | None, dim: int | None, dtype: str
         from_store = pairs_per_shard_from_store(measured) if measured is not None else None
         pairs_per_shard = ASSUMED_PAIRS_PER_SHARD if from_store is None else from_store
         pairs_source = f"the plan of {store}" if from_store is not None else "assumed (the clustered synth's)"
+    where = probe_dir(output, input)
     if disk_gbps is None:
-        disk = measure_disk(probe_dir(output, input))
+        disk = measure_disk(where)
     else:
         disk = {"read_gbps": disk_gbps, "write_gbps": disk_gbps, "source": "--disk-gbps"}
-    disk["free_bytes"] = free_bytes(probe_dir(output, input))  # where the store goes: does it fit there?
+    disk["free_bytes"] = free_bytes(where)  # where the store goes: does it fit there?
     assumptions = {"host_ram_bytes": physical_memory(), "gpu_bytes": budgets[0],
                    "pairs_per_shard": round(pairs_per_shard, 3), "pairs_source": pairs_source,
                    "workers": "the projections' workers share this machine's disk: I/O does not scale with them"}

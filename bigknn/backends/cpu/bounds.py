@@ -38,10 +38,12 @@ FULL_KEY_COST = 20.0  # a key computed alone (its column gathered) costs about t
 
 @dataclass
 class Subspace:
-    """The principal directions of a set of rows (``basis``: d x BOUND_DIMS, orthonormal) about ``mean``."""
+    """The principal directions of a set of rows (``basis``: d x BOUND_DIMS, orthonormal) about ``mean``, and the
+    share of the fitted rows' variance about it that they hold (``kept``)."""
 
     basis: np.ndarray
     mean: np.ndarray
+    kept: float
 
     @classmethod
     def fit(cls, rows: np.ndarray, is_l2: bool) -> "Subspace":
@@ -56,9 +58,11 @@ class Subspace:
         q = np.linalg.qr(cov @ start)[0]
         for _ in range(FIT_ITERS):
             q = np.linalg.qr(cov @ q)[0]
-        _, vectors = np.linalg.eigh(q.T @ cov @ q)  # the iterated directions, leading ones first
+        values, vectors = np.linalg.eigh(q.T @ cov @ q)  # the iterated directions, leading ones first
         basis = np.ascontiguousarray(q @ vectors[:, ::-1][:, :BOUND_DIMS], dtype=np.float32)
-        return cls(basis, mean.astype(np.float32))
+        total = float(np.trace(cov))
+        kept = float(values[::-1][:BOUND_DIMS].sum()) / total if total > 0 else 0.0
+        return cls(basis, mean.astype(np.float32), kept)
 
     def project(self, rows: np.ndarray, sq: np.ndarray) -> "Projected":
         """Each row's coordinates in the subspace with the norm of the rest appended (so that one product gives

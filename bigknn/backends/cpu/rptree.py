@@ -26,7 +26,7 @@ from bigknn.core.metric import Metric
 from bigknn.backends.cpu.kernels import _holds, _sift_in, mix64, place
 from bigknn.backends.cpu.keyblock import EMPTY, FAST, _key, keys_block, prefetch_per_pair
 from bigknn.backends.cpu.prefetch import prefetch_rows
-from bigknn.backends.cpu.bounds import FIT_ROWS, Subspace, wide_enough
+from bigknn.backends.cpu.bounds import Subspace, wide_enough
 
 MAX_TRIES = 8  # random pairs tried for a split before the leaf is cut in half at random (duplicated rows)
 SPLIT_CLIP = 4.0  # the splits' int8 rows span +-this many standard deviations of the centred values (split_rows)
@@ -85,10 +85,7 @@ def principal_rows(x: np.ndarray) -> np.ndarray | None:
     if not wide_enough(x.shape[1]) or len(x) < 2:
         return None
     sub = Subspace.fit(x, is_l2=True)
-    sample = x[np.linspace(0, len(x) - 1, min(len(x), FIT_ROWS)).astype(np.int64)] - sub.mean
-    total = float(np.einsum("ij,ij->", sample, sample))
-    inside = sample @ sub.basis
-    if total <= 0 or float(np.einsum("ij,ij->", inside, inside)) < SPLIT_KEPT * total:
+    if sub.kept < SPLIT_KEPT:
         return None
     coords = x @ sub.basis
     coords -= coords.mean(axis=0)
