@@ -4,6 +4,7 @@ the next one."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -48,6 +49,7 @@ def test_merge_results_are_written_at_checkpoints_not_after_every_merge(data, tm
     assert lazy["merges_done"] == 21 and sorted(writes) == list(range(7))  # each graph once: when its shard is done
     writes.clear()
     monkeypatch.setenv("BIGKNN_CHECKPOINT_S", "0")
+    _wait_for_each_write(monkeypatch)  # else writes queued behind a slow one find their shard clean: fewer
     eager = build(BuildRequest(input=data, store=tmp_path / "eager.knn", shard_rows=700, params=GnndParams(k=10)),
                   [CpuBackend()], Reporter())
     assert eager["merges_done"] == 21 and len(writes) == 7 + 2 * 21
@@ -55,6 +57,36 @@ def test_merge_results_are_written_at_checkpoints_not_after_every_merge(data, tm
     r_lazy, r_eager = (recall(Store.open(tmp_path / name), CpuBackend(), sample=700, k=10)["recall"]
                        for name in ("lazy.knn", "eager.knn"))
     assert r_lazy >= 0.95 and abs(r_lazy - r_eager) <= 0.01, (r_lazy, r_eager)
+
+
+def _wait_for_each_write(monkeypatch) -> None:
+    """Have every result a worker reports wait until the writer has written it, so the count of writes with
+    an interval of 0 does not depend on how far the writer thread lags behind the workers."""
+    from bigknn.engine.writer import Writer
+
+    done = threading.Condition()
+    counts = {"asked": 0, "written": 0}
+    real_write = Writer._write
+
+    def counted_write(self, sids):
+        try:
+            real_write(self, sids)
+        finally:
+            with done:
+                counts["written"] += 1
+                done.notify_all()
+
+    def waiting(method):
+        def wrapper(self, *args, **kwargs):
+            method(self, *args, **kwargs)  # queues exactly one write with an interval of 0
+            with done:
+                counts["asked"] += 1
+                assert done.wait_for(lambda: counts["written"] >= counts["asked"], timeout=120)
+        return wrapper
+
+    monkeypatch.setattr(Writer, "_write", counted_write)
+    monkeypatch.setattr(Writer, "gnnd_done", waiting(Writer.gnnd_done))
+    monkeypatch.setattr(Writer, "merged", waiting(Writer.merged))
 
 
 @pytest.mark.parametrize("partition", ["kmeans", "rptree"])
