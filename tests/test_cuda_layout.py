@@ -199,3 +199,43 @@ def test_an_upload_ahead_skips_rows_a_call_copied_after_they_were_staged(monkeyp
     assert len(uploaded) == 1 and uploaded[0] is other
     assert gpu.resident.get(copied, stream=None) is own
     np.testing.assert_array_equal(gpu.resident.get(other, stream=None), other)
+
+
+class _OutOfMemory(MemoryError):
+    """Stands for cupy.cuda.memory.OutOfMemoryError."""
+
+
+def _without_cupy(monkeypatch):
+    """A CUDA backend on a machine without CuPy: ``cupy`` is a stand-in whose only part is the error above."""
+    import sys
+    import types
+
+    from bigknn.backends.cuda import CudaBackend
+
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(memory=types.SimpleNamespace(OutOfMemoryError=_OutOfMemory)))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    return CudaBackend()
+
+
+def test_a_retry_after_running_out_starts_once_the_failed_run_is_freed(monkeypatch):
+    """The retry after running out of device memory runs once the failed run's arrays are freed: while the error's
+    ``except`` clause runs, its traceback holds the failed call's frames and every array in them."""
+    import weakref
+
+    backend = _without_cupy(monkeypatch)
+    held: list = []
+    alive_at_retry: list[bool] = []
+    monkeypatch.setattr(backend, "_make_room", lambda why: alive_at_retry.append(held[0]() is not None))
+
+    class Scratch:  # stands for a device array of the failed run
+        pass
+
+    def runs_out_once(gpu):
+        scratch = Scratch()
+        if not held:
+            held.append(weakref.ref(scratch))
+            raise _OutOfMemory("Out of memory allocating 1,024 bytes (allocated so far: 0 bytes).")
+        return "done"
+
+    assert backend._attempts(runs_out_once, ()) == "done"
+    assert alive_at_retry == [False]

@@ -99,23 +99,30 @@ class CudaBackend(SearchReference):
 
     def _call(self, fn, *args):
         """fn(gpu, *args) on this backend's GPU once any warm-up has ended (its wait in the call's stats,
-        ``warm_up_wait_s``), CuPy's pools freed afterwards."""
-        import cupy as cp
-
+        ``warm_up_wait_s``), CuPy's pools freed afterwards; out of device memory, once more (``_attempts``)."""
         waited = self._await_warm_up()
         with self.gpu.context():
             try:
-                try:
-                    out = fn(self.gpu, *args)
-                except cp.cuda.memory.OutOfMemoryError as e:
-                    self._make_room(e)
-                    out = fn(self.gpu, *args)
+                out = self._attempts(fn, args)
             finally:
                 self._ahead_paused = False
                 memory.free_pools()
         if waited:
             self.gpu.last_stats = dict(self.gpu.last_stats, warm_up_wait_s=waited)
         return out
+
+    def _attempts(self, fn, args: tuple):
+        """fn(gpu, *args), run once more without the copies kept between calls (``_make_room``) where it runs out
+        of device memory. The retry starts after the ``except`` clause: until it ends, the error's traceback
+        holds the failed run's frames and every device array in them (a merge of 35M rows of 64 bytes: ~41 GB)."""
+        import cupy as cp
+
+        try:
+            return fn(self.gpu, *args)
+        except cp.cuda.memory.OutOfMemoryError as e:
+            why = str(e).rstrip(".")
+        self._make_room(why)
+        return fn(self.gpu, *args)
 
     def memory_budget(self) -> int:
         """Bytes of this backend's GPU that one call may plan to use (what shard sizes are chosen from)."""
@@ -230,11 +237,11 @@ class CudaBackend(SearchReference):
         except Exception as e:  # noqa: BLE001 - the first real call meets the same problem and reports it
             log.debug("GPU warm-up failed: %r", e)
 
-    def _make_room(self, error: Exception) -> None:
-        """After a call ran out of device memory its plan counted on: stop the uploads ahead, wait for the one
-        in flight, drop every copy kept between calls, and let the call run once more on what that frees."""
-        log.warning("GPU %s: %s; retrying without the copies kept between calls", self.gpu.device,
-                    str(error).rstrip("."))
+    def _make_room(self, why: str) -> None:
+        """After a call ran out of device memory its plan counted on (``why``: CuPy's message): stop the uploads
+        ahead, wait for the one in flight, drop every copy kept between calls, and let the call run once more on
+        what that frees."""
+        log.warning("GPU %s: %s; retrying without the copies kept between calls", self.gpu.device, why)
         self._ahead_paused = True
         if self._ahead is not None:
             self._ahead.submit(lambda: None).result()  # the uploads queued before it have ended
