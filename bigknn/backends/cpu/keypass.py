@@ -30,16 +30,14 @@ def exact_l2_resort(x, ids, dists, is_new):
     n, k = ids.shape
     for i in prange(n):
         keys = np.empty(k, np.float32)
-        for j in range(k):
-            v = ids[i, j]
-            if v == EMPTY:
-                keys[j] = np.inf
+        j = 0
+        while j < k:
+            if j + 4 <= k and min(ids[i, j], ids[i, j + 1], ids[i, j + 2], ids[i, j + 3]) != EMPTY:  # ids >= 0
+                _sq_diffs4(x, i, ids[i, j], ids[i, j + 1], ids[i, j + 2], ids[i, j + 3], keys, j)
+                j += 4
                 continue
-            s = np.float32(0.0)
-            for t in range(x.shape[1]):
-                diff = x[v, t] - x[i, t]
-                s += diff * diff
-            keys[j] = s
+            keys[j] = np.inf if ids[i, j] == EMPTY else _sq_diff(x, i, ids[i, j])
+            j += 1
         order = np.argsort(keys, kind="mergesort")
         row_ids = ids[i].copy()
         row_new = is_new[i].copy()
@@ -47,6 +45,39 @@ def exact_l2_resort(x, ids, dists, is_new):
             ids[i, j] = row_ids[order[j]]
             dists[i, j] = keys[order[j]]
             is_new[i, j] = row_new[order[j]]
+
+
+@njit(cache=True, fastmath=FAST, inline="always")
+def _sq_diff(x, a, b):
+    s = np.float32(0.0)
+    for t in range(x.shape[1]):
+        diff = x[b, t] - x[a, t]
+        s += diff * diff
+    return s
+
+
+@njit(cache=True, fastmath=FAST, inline="always")
+def _sq_diffs4(x, a, c0, c1, c2, c3, out, at):
+    """out[at:at + 4] = _sq_diff(a, c) for the four c: one pass over a's row, so each of its loads feeds four
+    differences, where one pair per pass is bound by its two loads (docs/perf-notes.md, session 52)."""
+    s0 = np.float32(0.0)
+    s1 = np.float32(0.0)
+    s2 = np.float32(0.0)
+    s3 = np.float32(0.0)
+    for t in range(x.shape[1]):
+        v = x[a, t]
+        e0 = x[c0, t] - v
+        e1 = x[c1, t] - v
+        e2 = x[c2, t] - v
+        e3 = x[c3, t] - v
+        s0 += e0 * e0
+        s1 += e1 * e1
+        s2 += e2 * e2
+        s3 += e3 * e3
+    out[at] = s0
+    out[at + 1] = s1
+    out[at + 2] = s2
+    out[at + 3] = s3
 
 
 @njit(cache=True, inline="always")
