@@ -272,6 +272,29 @@ def test_wide_rows_of_few_intrinsic_dimensions_are_split_in_their_principal_dire
     assert principal_rows(synth(3000, 96, seed=3)) is None
 
 
+def test_rows_in_order_are_made_in_place_only_in_an_array_the_caller_owns():
+    """The descent's rows in locality order: in the widened copy itself (every cycle of the permutation followed,
+    the identity, a single long cycle, one row), else a new array with the caller's rows untouched."""
+    from bigknn.backends.cpu.rptree import rows_in_order
+
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((1001, 13)).astype(np.float32)
+    n = len(x)
+    for order in (rng.permutation(n), np.arange(n), np.roll(np.arange(n), 1), rng.permutation(n)[::-1]):
+        order = order.astype(np.int32)
+        mine = x.copy()
+        got = rows_in_order(mine, order, own=True)
+        assert got is mine
+        np.testing.assert_array_equal(got, x[order])
+        theirs = x.copy()
+        got = rows_in_order(theirs, order, own=False)
+        assert got is not theirs
+        np.testing.assert_array_equal(got, x[order])
+        np.testing.assert_array_equal(theirs, x)
+    one = x[:1].copy()
+    np.testing.assert_array_equal(rows_in_order(one, np.zeros(1, np.int32), own=True), x[:1])
+
+
 def test_half_rows_widen_to_numpys_floats_bit_for_bit():
     """halves.as_float looks every half value up in a table on every core; it must give NumPy's cast exactly:
     every one of the 65,536 bit patterns (subnormals, -0, Inf, NaN payloads), strided and empty inputs, and

@@ -178,12 +178,12 @@ class CpuBackend(SearchReference):
             return exact_graph(xf, params.width(), metric, self.compiled)
         if not self.compiled:
             return self._descent(xf, metric, params, seed, on_iter, probe)
-        from bigknn.backends.cpu.rptree import locality_order, split_rows
+        from bigknn.backends.cpu.rptree import locality_order, rows_in_order, split_rows
 
         split = split_rows(xf)  # the order's tree and the seeding trees split the same rows
         order = locality_order(split, params.width(), seed)
-        g = self._descent(xf[order], metric, params, seed, on_iter, None if probe is None else in_order(probe, order),
-                          split[order])
+        g = self._descent(rows_in_order(xf, order, own=xf is not x), metric, params, seed, on_iter,
+                          None if probe is None else in_order(probe, order), split[order])
         return from_order(g, order)
 
     def _descent(self, xf: np.ndarray, metric: Metric, params: GnndParams, seed: int, on_iter,

@@ -61,6 +61,33 @@ def locality_order(rows: np.ndarray, width: int, seed: int) -> np.ndarray:
     return np.asarray(_leaves(rows, max(8, width), seed)[0])
 
 
+def rows_in_order(x: np.ndarray, order: np.ndarray, own: bool) -> np.ndarray:
+    """``x[order]``; made in ``x`` itself where the caller owns it (``own``: a widened copy of its input), which
+    spares an array the size of the rows."""
+    if not own:
+        return x[order]
+    _permute_rows(x, order)
+    return x
+
+
+@njit(cache=True)
+def _permute_rows(x, order):
+    """x[:] = x[order] in place, along the permutation's cycles with one row of scratch."""
+    done = np.zeros(order.size, np.bool_)
+    scratch = np.empty(x.shape[1], x.dtype)
+    for start in range(order.size):
+        if done[start]:
+            continue
+        scratch[:] = x[start]
+        i = start
+        while order[i] != start:
+            x[i] = x[order[i]]
+            done[i] = True
+            i = order[i]
+        x[i] = scratch
+        done[i] = True
+
+
 def split_rows(x: np.ndarray) -> np.ndarray:
     """The rows the trees split: int8, centred per dimension, at one scale for all (so the geometry is kept),
     clipped at SPLIT_CLIP standard deviations. A split is a pass over its rows' bytes, and the trees' passes
