@@ -18,7 +18,7 @@ import numpy as np
 from numba import njit, prange
 
 from bigknn.backends.cpu.kernels import _sift_in
-from bigknn.backends.cpu.keyblock import FAST
+from bigknn.backends.cpu.keyblock import FAST, dots4
 from bigknn.backends.cpu.keypass import _tile_key
 
 BOUND_DIMS = 64  # dimensions of the subspace the bounds are computed in
@@ -31,6 +31,8 @@ FIT_ITERS = 2  # this many times
 SLACK = 1e-5  # a bound is lowered by this share of the rows' squared norms about the mean and the origin (a key's
 # own float32 rounding is relative to the latter): a key is skipped only where it could not beat the k-th by more
 # than that rounding
+PASS_COLS = 32  # bounded_merge lists a row's columns that pass their bound this many at a time (the k-th tightens
+# between runs, so few keys are computed against a stale one)
 FULL_KEY_COST = 20.0  # a key computed alone (its column gathered) costs about this many times its share of a BLAS
 # product (2 cores, docs/perf-notes.md, session 41); bounds pay while fewer than (1 - BOUND_DIMS / d) / FULL_KEY_COST
 # of the pairs get their full key in vain
@@ -102,7 +104,9 @@ def worth_it(wasted: int, pairs: int, dim: int) -> bool:
 def bounded_merge(bound_dots, q_norm2, q_slack, t_norm2, t_slack, q, tile, qsq, tsq, first_id, best_ids, best_d,
                   is_l2):
     """keypass.tile_merge with each column's key computed only where its bound beats the row's k-th key
-    (``bound_dots``: the rows' and the tile's Projected coordinates multiplied). Returns how many keys were
+    (``bound_dots``: the rows' and the tile's Projected coordinates multiplied). The columns of each run of
+    PASS_COLS that pass are listed first and their keys computed four per pass over the row (``_dots4``); each
+    then enters in column order, against the k-th as it is then (what offering them one by one gives). Returns how many keys were
     computed in full and did not enter: the bounds' waste (the keys that enter are computed either way, and
     early tiles, against lists of few columns' best, have many)."""
     nq, nt = bound_dots.shape
@@ -110,19 +114,34 @@ def bounded_merge(bound_dots, q_norm2, q_slack, t_norm2, t_slack, q, tile, qsq, 
     wasted = np.zeros(nq, np.int64)
     for r in prange(nq):
         ids, d = best_ids[r], best_d[r]
-        for j in range(nt):
-            if is_l2:
-                bound = (q_norm2[r] + t_norm2[j]) - np.float32(2.0) * bound_dots[r, j]
-            else:
-                bound = -bound_dots[r, j] - (q_slack[r] + t_slack[j])
-            if bound >= d[k - 1]:
-                continue
-            s = np.float32(0.0)
-            for t in range(q.shape[1]):
-                s += q[r, t] * tile[j, t]
-            key = _tile_key(s, qsq[r], tsq[j], is_l2)
-            if key < d[k - 1]:
-                _sift_in(ids, d, k - 1, first_id + j, key)
-            else:
-                wasted[r] += 1
+        cols = np.empty(PASS_COLS, np.int32)
+        dots = np.empty(4, np.float32)
+        for j0 in range(0, nt, PASS_COLS):
+            m = 0
+            for j in range(j0, min(nt, j0 + PASS_COLS)):
+                if is_l2:
+                    bound = (q_norm2[r] + t_norm2[j]) - np.float32(2.0) * bound_dots[r, j]
+                else:
+                    bound = -bound_dots[r, j] - (q_slack[r] + t_slack[j])
+                if bound < d[k - 1]:
+                    cols[m] = j
+                    m += 1
+            for b in range(0, m, 4):
+                n4 = min(4, m - b)
+                _dots4(q, r, tile, cols, b, n4, dots)
+                for u in range(n4):
+                    j = cols[b + u]
+                    key = _tile_key(dots[u], qsq[r], tsq[j], is_l2)
+                    if key < d[k - 1]:
+                        _sift_in(ids, d, k - 1, first_id + j, key)
+                    else:
+                        wasted[r] += 1
     return wasted.sum()
+
+
+@njit(cache=True, fastmath=FAST, inline="always")
+def _dots4(q, r, tile, cols, at, n, out):
+    """out[:n] = q[r] . tile[cols[at + u]] for u < n <= 4, in one pass over q[r] (keyblock.dots4)."""
+    last = at + n - 1  # fewer than four: the last column again, its extra dots unused
+    out[0], out[1], out[2], out[3] = dots4(q, r, tile, cols[at], cols[min(at + 1, last)], cols[min(at + 2, last)],
+                                           cols[min(at + 3, last)])

@@ -44,22 +44,29 @@ def _clamp(x, sq, a, b, d, is_l2):
 
 
 @njit(cache=True, fastmath=FAST, inline="always")
+def dots4(xa, a, xb, c0, c1, c2, c3):
+    """xa[a] . xb[c] for four rows c of xb in one pass over xa[a], so each of its loads feeds four products (a
+    single dot is bound by its two loads per multiply-add)."""
+    s0 = np.float32(0.0)
+    s1 = np.float32(0.0)
+    s2 = np.float32(0.0)
+    s3 = np.float32(0.0)
+    for j in range(xa.shape[1]):
+        v = xa[a, j]
+        s0 += v * xb[c0, j]
+        s1 += v * xb[c1, j]
+        s2 += v * xb[c2, j]
+        s3 += v * xb[c3, j]
+    return s0, s1, s2, s3
+
+
+@njit(cache=True, fastmath=FAST, inline="always")
 def _keys_row(x, sq, a, cols, lo, hi, out, is_l2):
-    """out[b] = _key(a, cols[b]) for b in [lo, hi): four columns per pass over a's vector, so each of its
-    loads feeds four products (the single dot is bound by its two loads per multiply-add)."""
+    """out[b] = _key(a, cols[b]) for b in [lo, hi), four columns per pass (dots4)."""
     b = lo
     while b + 4 <= hi:
         c0, c1, c2, c3 = cols[b], cols[b + 1], cols[b + 2], cols[b + 3]
-        s0 = np.float32(0.0)
-        s1 = np.float32(0.0)
-        s2 = np.float32(0.0)
-        s3 = np.float32(0.0)
-        for j in range(x.shape[1]):
-            v = x[a, j]
-            s0 += v * x[c0, j]
-            s1 += v * x[c1, j]
-            s2 += v * x[c2, j]
-            s3 += v * x[c3, j]
+        s0, s1, s2, s3 = dots4(x, a, x, c0, c1, c2, c3)
         out[b] = _clamp(x, sq, a, c0, s0, is_l2)
         out[b + 1] = _clamp(x, sq, a, c1, s1, is_l2)
         out[b + 2] = _clamp(x, sq, a, c2, s2, is_l2)
