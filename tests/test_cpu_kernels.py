@@ -310,3 +310,24 @@ def test_half_rows_widen_to_numpys_floats_bit_for_bit():
     assert as_float(np.empty((0, 7), np.float16)).shape == (0, 7)
     rows = np.arange(12, dtype=np.uint8).reshape(3, 4)
     np.testing.assert_array_equal(as_float(rows), rows.astype(np.float32))
+    buffer = np.full(every.size + 5, np.nan, np.float32)
+    got = as_float(strided, into=buffer)
+    assert np.shares_memory(got, buffer) and got.shape == strided.shape
+    np.testing.assert_array_equal(got.view(np.uint32), strided.astype(np.float32).view(np.uint32))
+
+
+def test_an_exact_search_of_half_rows_over_many_tiles_equals_the_float_ones():
+    """The exact search widens each tile of half rows into one reused buffer: over more than one tile (the last
+    one short), on every path (the first keys, then the bounds of wide rows), the lists are those of the same
+    rows given as float32."""
+    from bigknn.backends.cpu.exact import TILE_COLS, exact_knn
+
+    rng = np.random.default_rng(9)
+    for dim in (12, BOUND_DIMS * 4 + 3):
+        rows = rng.standard_normal((TILE_COLS + 777, dim)).astype(np.float16)
+        queries = rows[rng.choice(len(rows), 300, replace=False)]
+        for metric in (L2, IP):
+            half = exact_knn(queries, 7, metric, [(5, rows)], compiled=True)
+            full = exact_knn(queries, 7, metric, [(5, rows.astype(np.float32))], compiled=True)
+            np.testing.assert_array_equal(half.ids, full.ids)
+            np.testing.assert_array_equal(half.dists, full.dists)

@@ -60,13 +60,16 @@ def _compiled_knn(q: np.ndarray, k: int, metric: Metric, blocks: Iterable[tuple[
     is_l2 = not metric.dot_keys
     q_sq = np.einsum("ij,ij->i", q, q)  # as metrics.pairwise_keys
     buf = np.empty(min(QUERY_ROWS, nq) * TILE_COLS, np.float32)  # shaped per tile: C order
+    widened = None  # half rows' tiles are widened into this one buffer
     bounded = bounds.wide_enough(q.shape[1])
     piloted = False
     subspace = qb = None
     for offset, block in blocks:
         best_ids = best_ids.astype(np.result_type(best_ids, id_dtype(offset + block.shape[0])), copy=False)
         for c0, c1 in _tiles(block.shape[0], bounds.FILL_COLS if bounded and subspace is None else TILE_COLS):
-            tile = as_float(block[c0:c1])
+            if block.dtype == np.float16 and widened is None:
+                widened = np.empty(TILE_COLS * block.shape[1], np.float32)
+            tile = as_float(block[c0:c1], into=widened)
             t_sq = np.einsum("ij,ij->i", tile, tile)
             tb = None
 

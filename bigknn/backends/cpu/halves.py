@@ -11,13 +11,14 @@ from numba import njit, prange
 _TABLE = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
 
 
-def as_float(x: np.ndarray) -> np.ndarray:
+def as_float(x: np.ndarray, into: np.ndarray | None = None) -> np.ndarray:
     """``x`` as C-ordered float32 rows (integer and half inputs accumulate in float32); ``x`` itself where it is
-    that already."""
+    that already. ``into``: a float32 buffer of at least ``x.size`` values the half rows are widened into (its
+    front, as ``x``'s shape), where a caller converts many blocks in turn: each fresh array is paged in anew."""
     x = np.asarray(x)
     if x.dtype != np.float16:
         return np.ascontiguousarray(x, dtype=np.float32)
-    out = np.empty(x.shape, np.float32)
+    out = np.empty(x.shape, np.float32) if into is None else into.reshape(-1)[:x.size].reshape(x.shape)
     _widen(np.ascontiguousarray(x).view(np.uint16).reshape(-1), _TABLE, out.reshape(-1))
     return out
 
