@@ -30,7 +30,7 @@ from bigknn.algorithms.partition import METHODS as PARTITIONS
 from bigknn.algorithms.partition.learn import DEFAULT_METHOD
 from bigknn.operations.build import BuildRequest, build as run_build
 from bigknn.engine.executor import InProcess
-from bigknn.operations.build_in_memory import build_in_memory, one_shard_rows
+from bigknn.operations.build_in_memory import build_in_memory, one_shard_rows, whole_file
 from bigknn.core.progress import reporter
 from bigknn.results import BuildReport
 from bigknn.shards import Store
@@ -59,18 +59,20 @@ def build(data: Any, k: int = DEFAULTS.k, metric: str = "l2", store: PathLike | 
         Rows to index: a NumPy or CuPy array, anything ``np.asarray`` takes, or an input file (``.fbin``
         ``.u8bin`` ``.i8bin`` ``.f16bin`` ``.fvecs`` ``.bvecs`` ``.ivecs`` ``.npy``, Parquet ``.parquet``, Arrow
         IPC ``.arrow`` / ``.feather``), or a directory or glob of such files (one dataset, sorted paths), which
-        is streamed, never loaded whole. An array that fits one shard (the GPU's memory budget; the CPU's shard
-        size), built without ``store``, is built in memory and writes nothing: the graph is an ``InMemoryGraph``
-        (bigknn/memory_graph.py), whose ``save(path)`` makes the store later. Any other array is written once to a
-        ``.npy`` beside the store (the pipeline streams files, so that it can resume), and that file is deleted
-        after the build.
+        is streamed, never loaded whole. Rows that fit one shard (the GPU's memory budget; the CPU's shard
+        size), built without ``store``, are built in memory and write nothing: an array as it is, a file read
+        once (not with ``id_column`` or ``vectors="reference"``, which need a store). The graph is then an
+        ``InMemoryGraph`` (bigknn/memory_graph.py), whose ``save(path)`` makes the store later. Any other array is
+        written once to a ``.npy`` beside the store (the pipeline streams files, so that it can resume), and that
+        file is deleted after the build.
     k : int
         Neighbours per row, self excluded.
     metric : {"l2", "ip", "cosine"} or an alias: "euclidean", "sqeuclidean" (l2), "inner_product", "dot" (ip)
         See ``Graph.neighbors`` for the distances each gives (l2: Euclidean, not squared, whatever the name).
     store : path, optional
         Store directory to build into, kept after the run: an interrupted build of the same file resumes
-        there, a finished one is just opened. Without it the graph is built in a temporary directory
+        there, a finished one is just opened. Without it (and rows beyond one shard) the graph is built in a
+        temporary directory
         (``tempfile``, so ``TMPDIR`` decides where) that is deleted when the graph is closed or garbage
         collected. It is a store on disk rather than memory because builds, ingests and recall checks all
         run on the one store-based pipeline, which also takes data beyond RAM; data that fits in memory
@@ -152,6 +154,11 @@ def build(data: Any, k: int = DEFAULTS.k, metric: str = "l2", store: PathLike | 
             built = build_in_memory(x, metric, params, seed, backends[0], size)
             return InMemoryGraph(built, BuildReport.from_summary(built.summary))
         data = x
+    elif store is None and scheduler is None and id_column is None and vectors == "copy":
+        if (whole := whole_file(data, column, params, backends, shard_rows, partition)) is not None:
+            built = build_in_memory(whole.rows, metric, params, seed, backends[0], whole.shard_rows, name=str(data),
+                                    inputs=[whole.fingerprint])
+            return InMemoryGraph(built, BuildReport.from_summary(built.summary))
     temporary = None if store is not None else Path(tempfile.mkdtemp(prefix="bigknn-"))
     path = Path(store) if store is not None else temporary / TEMP_STORE
     try:

@@ -1,5 +1,5 @@
-"""``InMemoryGraph``: the ``Graph`` that ``bigknn.build(array)`` gives when the array fits one shard and no
-``store`` was asked for. Its lists live in arrays (bigknn/operations/build_in_memory.py), so reading them costs no disk:
+"""``InMemoryGraph``: the ``Graph`` that ``bigknn.build(array)`` (or of a file) gives when the rows fit one shard
+and no ``store`` was asked for. Its lists live in arrays (bigknn/operations/build_in_memory.py), so reading them costs no disk:
 ``neighbors``, ``to_scipy``, ``umap_knn``, ``in_degrees``, ``export`` and ``info`` answer from the arrays, and
 ``save(path)`` writes the store a stored build would have made (``bigknn.open(path)`` reads the same graph).
 
@@ -23,7 +23,7 @@ from bigknn.operations.input_arrays import ARRAY
 from bigknn.core.errors import BadInput
 from bigknn.core.knn_graph import KnnGraph
 from bigknn.core.metric import user_distance
-from bigknn.operations.build_in_memory import MemoryBuild
+from bigknn.operations.build_in_memory import MemoryBuild, hashed
 from bigknn.operations.export import format_of, write_graph_file
 from bigknn.operations.readout import csr_parts
 from bigknn.results import BuildReport, ExportReport, Info, IngestReport, Neighbors
@@ -60,8 +60,8 @@ class InMemoryGraph(Graph):
         if mem is None:
             return super().info
         m = self._manifest(mem)
-        return Info.of_manifest(m, store=None, shards=1, shards_built=1, merges_done=0, merges_pending=0, inputs=[],
-                                disk_bytes=0, search=None)
+        return Info.of_manifest(m, store=None, shards=1, shards_built=1, merges_done=0, merges_pending=0,
+                                inputs=[i["path"] for i in mem.inputs], disk_bytes=0, search=None)
 
     def neighbors(self, k: int | None = None, include_self: bool = False, ids: str = "row") -> Neighbors:
         """As ``Graph.neighbors`` (copies: changing them leaves the graph as it is). An array has no user ids:
@@ -146,6 +146,7 @@ class InMemoryGraph(Graph):
                 finished = self._manifest(mem)
                 store.manifest.shards, store.manifest.estimate = finished.shards, finished.estimate
                 store.manifest.timings = finished.timings
+                store.manifest.inputs = hashed(mem.inputs)
                 store.commit()
             except BaseException:
                 store.close()

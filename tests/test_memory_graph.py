@@ -12,7 +12,7 @@ import scipy.sparse
 import bigknn
 from bigknn.operations import input_arrays as arrays
 from bigknn.api import DEFAULTS
-from bigknn.formats import read_truth
+from bigknn.formats import file_sha256, open_vectors, read_truth, write_vectors
 from bigknn.memory_graph import InMemoryGraph
 from bigknn.shards import Store
 from bigknn.core.synth import synth
@@ -160,6 +160,42 @@ def test_bad_rows_are_refused_naming_the_array(tmp_path, monkeypatch):
     with pytest.raises(bigknn.BadInput, match="array: row 123 holds NaN or Inf"):
         bigknn.build(y, k=3, backend="cpu")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_file_that_fits_is_read_once_and_built_in_memory(x, graph, tmp_path, monkeypatch):
+    """A file whose rows make one shard, built without a store, is read once and built as its array is: no
+    store written, the same lists, the file named in ``info.inputs``. ``save`` records its sha256, so an
+    ingest of the same file into the saved store skips it; a file changed since the build keeps none."""
+    path = tmp_path / "x.fbin"
+    write_vectors(path, x)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    real_create = Store.create
+    monkeypatch.setattr(Store, "create", lambda *a, **kw: pytest.fail("the in-memory build wrote a store"))
+    with bigknn.build(path, k=K, backend="cpu", seed=3) as g:
+        assert isinstance(g, InMemoryGraph) and g.info.inputs == [str(path.resolve())]
+        assert g.report.written_gb == 0.0 and g.report.store is None and list(scratch.iterdir()) == []
+        np.testing.assert_array_equal(g.neighbors().ids, graph.neighbors().ids)
+        monkeypatch.setattr(Store, "create", real_create)
+        saved = g.save(tmp_path / "saved.knn")
+    m = Store.open(saved).manifest
+    assert [i["sha256"] for i in m.inputs] == [file_sha256(open_vectors(path))]
+    assert bigknn.open(saved).ingest(path, backend="cpu").skipped == [str(path)]
+    with bigknn.build(path, k=K, backend="cpu", seed=3) as g:
+        write_vectors(path, x[:-1])  # the file changes after it was read (its size too: mtimes can be coarse)
+        assert Store.open(g.save(tmp_path / "changed.knn")).manifest.inputs[0]["sha256"] is None
+
+
+def test_bad_rows_of_a_file_are_refused_naming_the_file(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    y = synth(400, 4, seed=1)
+    y[123, 2] = np.nan
+    path = tmp_path / "bad.fbin"
+    write_vectors(path, y)
+    with pytest.raises(bigknn.BadInput, match=f"{path}: row 123 holds NaN or Inf"):
+        bigknn.build(path, k=3, backend="cpu")
+    assert list(tmp_path.iterdir()) == [path]
 
 
 @pytest.mark.gpu

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -18,6 +18,7 @@ from bigknn.operations.input_arrays import ARRAY, kept_dtype
 from bigknn.backends import Backend
 from bigknn.core.errors import BadInput
 from bigknn.formats.read import check_rows
+from bigknn.formats.source import open_source, read_rows
 from bigknn.core.knn_graph import id_dtype
 from bigknn.core.metric import metric as metric_of
 from bigknn.core.params import GnndParams
@@ -25,6 +26,7 @@ from bigknn.algorithms.partition.learn import DEFAULT_METHOD
 from bigknn.engine.accounting import Accounting
 from bigknn.engine.recall_sample import SampleTruth, sample_rows
 from bigknn.engine.limits import k_refusal
+from bigknn.operations.build import fingerprint
 from bigknn.operations.plan_model import auto_shard_rows, automatic_shards
 from bigknn.engine.sharding_pass import shard_sizes
 from bigknn.engine.workers import seed_for
@@ -49,6 +51,7 @@ class MemoryBuild:
     shard_rows: int  # what a store of this build records (the automatic size it fitted)
     estimate: dict | None  # the manifest's recall estimate (None: no target)
     summary: dict  # BuildReport's fields
+    inputs: list[dict] = field(default_factory=list)  # the file read, as a store's manifest records it (sha256 None)
 
     @property
     def rows(self) -> int:
@@ -65,11 +68,11 @@ def one_shard_rows(rows: int, dim: int, itemsize: int, params: GnndParams, backe
     return size if len(shard_sizes(rows, size, params.width())) == 1 else None
 
 
-def stored_rows(x: np.ndarray, metric: str) -> np.ndarray:
+def stored_rows(x: np.ndarray, metric: str, name: str = ARRAY) -> np.ndarray:
     """``x`` as a store holds it (kept dtype, checked, cosine rows normalised, as sharding.shard_vectors prepares
     a shard), in PREPARE_BLOCK_BYTES blocks on PREPARE_THREADS threads (NumPy's loops release the GIL); ``x``
     itself where it is already that (C-ordered, its dtype kept and stored as is, rows the metric does not
-    normalise)."""
+    normalise). ``name``: what a refusal names (the array, or the file it was read from)."""
     kept, rule = kept_dtype(x.dtype), metric_of(metric)
     dtype = rule.stored_dtype(kept)
     same = not rule.normalised and x.dtype == dtype and x.flags.c_contiguous
@@ -78,7 +81,7 @@ def stored_rows(x: np.ndarray, metric: str) -> np.ndarray:
 
     def block(a: int) -> None:
         part = np.asarray(x[a:a + step], dtype=kept)
-        check_rows(ARRAY, a, part)
+        check_rows(name, a, part)
         if not same:
             rule.prepare(part, out=out[a:a + step])
 
@@ -88,15 +91,51 @@ def stored_rows(x: np.ndarray, metric: str) -> np.ndarray:
     return out
 
 
+@dataclass
+class WholeFile:
+    """An input file read whole for an in-memory build: its rows, the shard size they fit, and its fingerprint
+    as a store's manifest records it (bigknn/operations/build.py ``fingerprint``; sha256 left for ``hashed``)."""
+
+    rows: np.ndarray
+    shard_rows: int
+    fingerprint: dict
+
+
+def whole_file(path: str | os.PathLike, column: str | None, params: GnndParams, backends: list[Backend],
+               shard_rows: int, partition: str) -> WholeFile | None:
+    """The input ``path`` (a file, a directory or a glob of them) read whole, where its rows make one shard of a
+    store build; None where they make several (nothing read then). One read of the file, where a build without
+    a store wrote a temporary store from it and read that back."""
+    source = open_source(path, column)
+    size = one_shard_rows(source.rows, source.dim, kept_dtype(source.read_dtype).itemsize, params, backends,
+                          shard_rows, partition)
+    if size is None:
+        return None
+    return WholeFile(read_rows(source, 0, source.rows), size, fingerprint(source, sha256=None))
+
+
+def hashed(inputs: list[dict]) -> list[dict]:
+    """The fingerprints of the files an in-memory build read, with their sha256 (what an ingest compares to
+    skip a file the store holds), as a store is made from the arrays; a file changed since it was read keeps
+    none (its bytes are no longer those built)."""
+    out = []
+    for fp in inputs:
+        source = open_source(fp["path"], fp.get("column"))
+        same = (source.state.size, source.state.mtime_ns) == (fp["size"], fp["mtime_ns"])
+        out.append(dict(fp, sha256=source.sha256() if same else None))
+    return out
+
+
 def build_in_memory(x: np.ndarray, metric: str, params: GnndParams, seed: int, backend: Backend,
-                    shard_rows: int) -> MemoryBuild:
+                    shard_rows: int, name: str = ARRAY, inputs: list[dict] | None = None) -> MemoryBuild:
     """The graph of the host array ``x`` as one shard: kept, checked and prepared as the sharding pass does,
-    the recall sample's truth and the descent's probe from it, GNND, and the estimate on the held-out rows."""
+    the recall sample's truth and the descent's probe from it, GNND, and the estimate on the held-out rows.
+    ``name``: what a refusal names (the array, or the file ``x`` was read from, whose fingerprint is ``inputs``)."""
     acct = Accounting()
     n, k = len(x), params.k
     if (why := k_refusal(k, n)) is not None:
-        raise BadInput(ARRAY, why)
-    vectors = stored_rows(x, metric)
+        raise BadInput(name, why)
+    vectors = stored_rows(x, metric, name)
     acct.add("prepare", time.perf_counter() - acct.t0)
     sample, probe = None, None
     t = time.perf_counter()  # the sample's exact search is booked with GNND, as a store build's worker books it
@@ -120,4 +159,4 @@ def build_in_memory(x: np.ndarray, metric: str, params: GnndParams, seed: int, b
                **acct.summary(), "read_gb": 0.0, "written_gb": 0.0,
                "busy_frac": {w: round(s / wall, 3) for w, s in acct.busy.items()} if wall > 0 else {},
                "recall_estimate": estimate}
-    return MemoryBuild(vectors, ids, keys, metric, params, seed, shard_rows, estimate, summary)
+    return MemoryBuild(vectors, ids, keys, metric, params, seed, shard_rows, estimate, summary, list(inputs or []))
