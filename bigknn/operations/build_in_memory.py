@@ -130,7 +130,17 @@ def build_in_memory(x: np.ndarray, metric: str, params: GnndParams, seed: int, b
                     shard_rows: int, name: str = ARRAY, inputs: list[dict] | None = None) -> MemoryBuild:
     """The graph of the host array ``x`` as one shard: kept, checked and prepared as the sharding pass does,
     the recall sample's truth and the descent's probe from it, GNND, and the estimate on the held-out rows.
-    ``name``: what a refusal names (the array, or the file ``x`` was read from, whose fingerprint is ``inputs``)."""
+    ``name``: what a refusal names (the array, or the file ``x`` was read from, whose fingerprint is ``inputs``).
+
+    It runs on a worker thread, as a store build's calls do (bigknn/engine/workers.py): the CPU's exact search
+    of the sample, the same call on the same rows, was measured slower on the caller's main thread than on a
+    worker (docs/perf-notes.md, session 52)."""
+    with ThreadPoolExecutor(1, thread_name_prefix="build") as worker:
+        return worker.submit(_build, x, metric, params, seed, backend, shard_rows, name, inputs).result()
+
+
+def _build(x: np.ndarray, metric: str, params: GnndParams, seed: int, backend: Backend, shard_rows: int, name: str,
+           inputs: list[dict] | None) -> MemoryBuild:
     acct = Accounting()
     n, k = len(x), params.k
     if (why := k_refusal(k, n)) is not None:
