@@ -295,6 +295,24 @@ def test_rows_in_order_are_made_in_place_only_in_an_array_the_caller_owns():
     np.testing.assert_array_equal(rows_in_order(one, np.zeros(1, np.int32), own=True), x[:1])
 
 
+def test_a_gnnd_leaves_the_callers_rows_as_they_were(tmp_path):
+    """The descent's rows in locality order are made in place only in the backend's own widened copy: float32 rows
+    given as a writable memory map (an ndarray subclass, which the widening sees through a view of the same memory)
+    or as a strided view come back unchanged."""
+    x = synth(3001, 24, seed=4)
+    mapped = np.memmap(tmp_path / "rows.f32", dtype=np.float32, mode="w+", shape=x.shape)
+    mapped[:] = x
+    wide = np.zeros((len(x), 48), np.float32)
+    wide[:, ::2] = x
+    for rows in (mapped, wide[:, ::2]):
+        g = CpuBackend().gnnd(rows, L2, GnndParams(k=8), seed=1)
+        np.testing.assert_array_equal(rows, x)
+        rows_checked = np.arange(0, len(x), 7)
+        assert recall_at(g.ids[rows_checked], x, rows_checked, 8) >= 0.9
+    mapped.flush()
+    np.testing.assert_array_equal(np.fromfile(tmp_path / "rows.f32", np.float32).reshape(x.shape), x)
+
+
 def test_half_rows_widen_to_numpys_floats_bit_for_bit():
     """halves.as_float looks every half value up in a table on every core; it must give NumPy's cast exactly:
     every one of the 65,536 bit patterns (subnormals, -0, Inf, NaN payloads), strided and empty inputs, and

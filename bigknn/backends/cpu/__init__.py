@@ -182,7 +182,8 @@ class CpuBackend(SearchReference):
 
         split = split_rows(xf)  # the order's tree and the seeding trees split the same rows
         order = locality_order(split, params.width(), seed)
-        g = self._descent(rows_in_order(xf, order, own=xf is not x), metric, params, seed, on_iter,
+        own = not np.may_share_memory(xf, x)  # a widened copy; never the caller's rows, even seen through a view
+        g = self._descent(rows_in_order(xf, order, own), metric, params, seed, on_iter,
                           None if probe is None else in_order(probe, order), split[order])
         return from_order(g, order)
 
