@@ -29,7 +29,7 @@ from bigknn.core.params import GnndParams
 from bigknn.algorithms.partition import METHODS as PARTITIONS
 from bigknn.algorithms.partition.learn import DEFAULT_METHOD
 from bigknn.operations.build import BuildRequest, build as run_build
-from bigknn.engine.executor import InProcess
+from bigknn.engine.executor import InProcess, across
 from bigknn.operations.build_in_memory import build_in_memory, one_shard_rows, whole_file
 from bigknn.core.progress import reporter
 from bigknn.results import BuildReport
@@ -151,13 +151,13 @@ def build(data: Any, k: int = DEFAULTS.k, metric: str = "l2", store: PathLike | 
         x = host_array(data)
         if (size := one_shard_rows(len(x), x.shape[1], kept_dtype(x.dtype).itemsize, params, backends, shard_rows,
                                    partition)) is not None:
-            built = build_in_memory(x, metric, params, seed, backends[0], size)
+            built = build_in_memory(x, metric, params, seed, across(backends)[0], size)
             return InMemoryGraph(built, BuildReport.from_summary(built.summary))
         data = x
     elif store is None and scheduler is None and id_column is None and vectors == "copy":
         if (whole := whole_file(data, column, params, backends, shard_rows, partition)) is not None:
-            built = build_in_memory(whole.rows, metric, params, seed, backends[0], whole.shard_rows, name=str(data),
-                                    inputs=[whole.fingerprint])
+            built = build_in_memory(whole.rows, metric, params, seed, across(backends)[0], whole.shard_rows,
+                                    name=str(data), inputs=[whole.fingerprint])
             return InMemoryGraph(built, BuildReport.from_summary(built.summary))
     temporary = None if store is not None else Path(tempfile.mkdtemp(prefix="bigknn-"))
     path = Path(store) if store is not None else temporary / TEMP_STORE

@@ -187,6 +187,37 @@ def test_a_file_that_fits_is_read_once_and_built_in_memory(x, graph, tmp_path, m
         assert Store.open(g.save(tmp_path / "changed.knn")).manifest.inputs[0]["sha256"] is None
 
 
+def test_an_in_memory_build_on_several_workers_runs_one_gnnd_across_them(x, graph, tmp_path, monkeypatch):
+    """Rows that make one shard on several GPUs are built by one GNND spanning them (Backend.spanning), as a store
+    build's one-shard plan is, not on the first GPU alone; an array and a file alike. Stand-ins: CPU backends
+    whose ``spanning`` gives a backend that records its calls."""
+    from bigknn.backends.cpu import CpuBackend
+
+    calls = []
+
+    class Wide(CpuBackend):
+        def gnnd(self, *args, **kwargs):
+            calls.append("wide")
+            return super().gnnd(*args, **kwargs)
+
+    class Worker(CpuBackend):
+        def spanning(self, others):
+            return Wide()
+
+        def gnnd(self, *args, **kwargs):
+            calls.append("one")
+            return super().gnnd(*args, **kwargs)
+
+    monkeypatch.setattr(bigknn.api, "get_backends", lambda *args: [Worker(), Worker()])
+    path = tmp_path / "x.fbin"
+    write_vectors(path, x)
+    for data in (x, path):
+        calls.clear()
+        with bigknn.build(data, k=K, seed=3) as g:
+            assert isinstance(g, InMemoryGraph) and calls == ["wide"]
+            np.testing.assert_array_equal(g.neighbors().ids, graph.neighbors().ids)
+
+
 def test_bad_rows_of_a_file_are_refused_naming_the_file(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     y = synth(400, 4, seed=1)
