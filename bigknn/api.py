@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bigknn.api_commands import ingest, merge, plan, verify
-from bigknn.operations.input_arrays import host_array, input_file, kept_dtype
+from bigknn.operations.input_arrays import host_array, input_file
 from bigknn.backends import get_backends
 from bigknn.engine.dask import dask_executor
 from bigknn.memory_graph import InMemoryGraph
@@ -30,7 +30,7 @@ from bigknn.algorithms.partition import METHODS as PARTITIONS
 from bigknn.algorithms.partition.learn import DEFAULT_METHOD
 from bigknn.operations.build import BuildRequest, build as run_build
 from bigknn.engine.executor import InProcess, across
-from bigknn.operations.build_in_memory import build_in_memory, one_shard_rows, whole_file
+from bigknn.operations.build_in_memory import build_in_memory, one_shard_array, one_shard_file
 from bigknn.core.progress import reporter
 from bigknn.results import BuildReport
 from bigknn.shards import Store
@@ -147,17 +147,15 @@ def build(data: Any, k: int = DEFAULTS.k, metric: str = "l2", store: PathLike | 
     params = GnndParams(k=k, recall=recall, samples=samples, iters=iters, merge_iters=merge_iters,
                         list_width=list_width)
     backends = get_backends(backend, gpu_ids(gpus), gpu_mem, threads)
-    if store is None and scheduler is None and not isinstance(data, (str, os.PathLike)):
-        x = host_array(data)
-        if (size := one_shard_rows(len(x), x.shape[1], kept_dtype(x.dtype).itemsize, params, backends, shard_rows,
-                                   partition)) is not None:
-            built = build_in_memory(x, metric, params, seed, across(backends)[0], size)
-            return InMemoryGraph(built, BuildReport.from_summary(built.summary))
-        data = x
-    elif store is None and scheduler is None and id_column is None and vectors == "copy":
-        if (whole := whole_file(data, column, params, backends, shard_rows, partition)) is not None:
-            built = build_in_memory(whole.rows, metric, params, seed, across(backends)[0], whole.shard_rows,
-                                    name=str(data), inputs=[whole.fingerprint])
+    if store is None and scheduler is None:
+        one = None
+        if not isinstance(data, (str, os.PathLike)):
+            data = host_array(data)
+            one = one_shard_array(data, params, backends, shard_rows, partition)
+        elif id_column is None and vectors == "copy":  # a user's ids or a referenced file need a store
+            one = one_shard_file(data, column, params, backends, shard_rows, partition)
+        if one is not None:
+            built = build_in_memory(one, metric, params, seed, across(backends)[0])
             return InMemoryGraph(built, BuildReport.from_summary(built.summary))
     temporary = None if store is not None else Path(tempfile.mkdtemp(prefix="bigknn-"))
     path = Path(store) if store is not None else temporary / TEMP_STORE

@@ -92,17 +92,26 @@ def stored_rows(x: np.ndarray, metric: str, name: str = ARRAY) -> np.ndarray:
 
 
 @dataclass
-class WholeFile:
-    """An input file read whole for an in-memory build: its rows, the shard size they fit, and its fingerprint
-    as a store's manifest records it (bigknn/operations/build.py ``fingerprint``; sha256 left for ``hashed``)."""
+class OneShard:
+    """Rows that make one shard of a store build, for an in-memory build: the rows, the shard size they fit, what
+    a refusal names, and the inputs a store's manifest would record (a file's fingerprint, bigknn/operations/build.py
+    ``fingerprint``, its sha256 left for ``hashed``; none for an array)."""
 
     rows: np.ndarray
     shard_rows: int
-    fingerprint: dict
+    name: str = ARRAY
+    inputs: list[dict] = field(default_factory=list)
 
 
-def whole_file(path: str | os.PathLike, column: str | None, params: GnndParams, backends: list[Backend],
-               shard_rows: int, partition: str) -> WholeFile | None:
+def one_shard_array(x: np.ndarray, params: GnndParams, backends: list[Backend], shard_rows: int,
+                    partition: str) -> OneShard | None:
+    """The host array ``x`` where its rows make one shard of a store build; None where they make several."""
+    size = one_shard_rows(len(x), x.shape[1], kept_dtype(x.dtype).itemsize, params, backends, shard_rows, partition)
+    return None if size is None else OneShard(x, size)
+
+
+def one_shard_file(path: str | os.PathLike, column: str | None, params: GnndParams, backends: list[Backend],
+                   shard_rows: int, partition: str) -> OneShard | None:
     """The input ``path`` (a file, a directory or a glob of them) read whole, where its rows make one shard of a
     store build; None where they make several (nothing read then). One read of the file, where a build without
     a store wrote a temporary store from it and read that back."""
@@ -111,7 +120,7 @@ def whole_file(path: str | os.PathLike, column: str | None, params: GnndParams, 
                           shard_rows, partition)
     if size is None:
         return None
-    return WholeFile(read_rows(source, 0, source.rows), size, fingerprint(source, sha256=None))
+    return OneShard(read_rows(source, 0, source.rows), size, str(path), [fingerprint(source, sha256=None)])
 
 
 def hashed(inputs: list[dict]) -> list[dict]:
@@ -126,21 +135,19 @@ def hashed(inputs: list[dict]) -> list[dict]:
     return out
 
 
-def build_in_memory(x: np.ndarray, metric: str, params: GnndParams, seed: int, backend: Backend,
-                    shard_rows: int, name: str = ARRAY, inputs: list[dict] | None = None) -> MemoryBuild:
-    """The graph of the host array ``x`` as one shard: kept, checked and prepared as the sharding pass does,
-    the recall sample's truth and the descent's probe from it, GNND, and the estimate on the held-out rows.
-    ``name``: what a refusal names (the array, or the file ``x`` was read from, whose fingerprint is ``inputs``).
+def build_in_memory(one: OneShard, metric: str, params: GnndParams, seed: int, backend: Backend) -> MemoryBuild:
+    """The graph of ``one``'s host rows as one shard: kept, checked and prepared as the sharding pass does, the
+    recall sample's truth and the descent's probe from it, GNND, and the estimate on the held-out rows.
 
     It runs on a worker thread, as a store build's calls do (bigknn/engine/workers.py): the CPU's exact search
     of the sample, the same call on the same rows, was measured slower on the caller's main thread than on a
     worker (docs/perf-notes.md, session 52)."""
     with ThreadPoolExecutor(1, thread_name_prefix="build") as worker:
-        return worker.submit(_build, x, metric, params, seed, backend, shard_rows, name, inputs).result()
+        return worker.submit(_build, one, metric, params, seed, backend).result()
 
 
-def _build(x: np.ndarray, metric: str, params: GnndParams, seed: int, backend: Backend, shard_rows: int, name: str,
-           inputs: list[dict] | None) -> MemoryBuild:
+def _build(one: OneShard, metric: str, params: GnndParams, seed: int, backend: Backend) -> MemoryBuild:
+    x, name = one.rows, one.name
     acct = Accounting()
     n, k = len(x), params.k
     if (why := k_refusal(k, n)) is not None:
@@ -169,4 +176,4 @@ def _build(x: np.ndarray, metric: str, params: GnndParams, seed: int, backend: B
                **acct.summary(), "read_gb": 0.0, "written_gb": 0.0,
                "busy_frac": {w: round(s / wall, 3) for w, s in acct.busy.items()} if wall > 0 else {},
                "recall_estimate": estimate}
-    return MemoryBuild(vectors, ids, keys, metric, params, seed, shard_rows, estimate, summary, list(inputs or []))
+    return MemoryBuild(vectors, ids, keys, metric, params, seed, one.shard_rows, estimate, summary, one.inputs)

@@ -106,9 +106,9 @@ def bounded_merge(bound_dots, q_norm2, q_slack, t_norm2, t_slack, q, tile, qsq, 
     """keypass.tile_merge with each column's key computed only where its bound beats the row's k-th key
     (``bound_dots``: the rows' and the tile's Projected coordinates multiplied). The columns of each run of
     PASS_COLS that pass are listed first and their keys computed four per pass over the row (``_dots4``); each
-    then enters in column order, against the k-th as it is then (what offering them one by one gives). Returns how many keys were
-    computed in full and did not enter: the bounds' waste (the keys that enter are computed either way, and
-    early tiles, against lists of few columns' best, have many)."""
+    then enters in column order, against the k-th as it is then (what offering them one by one gives). Returns
+    how many keys were computed in full and did not enter: the bounds' waste (the keys that enter are computed
+    either way, and early tiles, against lists of few columns' best, have many)."""
     nq, nt = bound_dots.shape
     k = best_ids.shape[1]
     wasted = np.zeros(nq, np.int64)
