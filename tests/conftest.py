@@ -321,26 +321,40 @@ def fold_in(backend, old: list, batch, params, seeded: bool, metric: Metric = L2
     return old, batch, updates
 
 
-def lru_loads(shards: int, capacity: int, cache_aware: bool, pairs: list | None = None,
-              choose_held_first: bool = False) -> int:
-    """Shard reads of one worker merging ``pairs`` (default: every pair, in the schedule's order) through an LRU
+def replay_loads(shards: int, capacity: int, cache_aware: bool, pairs: list | None = None,
+                 choose_held_first: bool = False, evict: str = "scheduler") -> int:
+    """Shard reads of one worker merging ``pairs`` (default: every pair, in the schedule's order) through a
     cache of ``capacity`` shards holding the last GNND results at first, the pairs chosen by the Scheduler
     (told what is cached, or not): the explicit replay bigknn plan's read count is checked against.
     ``choose_held_first``: the pairs chosen by cached shards first, then shards shared with the last pair,
-    and nothing else (the Scheduler's rule before its finishing and freeing rules)."""
+    and nothing else (the Scheduler's rule before its finishing and freeing rules). ``evict``: "lru", least
+    recently used out first; "scheduler", the rule the build's cache follows, written out here on its own:
+    the shard (not of the running merge) with the fewest pairs still to merge with cached shards, then the
+    fewest pairs still to merge, then the least recently used."""
     from collections import OrderedDict
 
     from bigknn.engine.pair_order import pending_pairs
     from bigknn.engine.scheduler import Scheduler
 
+    todo = pending_pairs(shards, set()) if pairs is None else list(pairs)
+    left = set(todo)
     lru = OrderedDict.fromkeys(range(shards - capacity, shards))  # the last GNND results are at hand
-    sched = Scheduler(pending_pairs(shards, set()) if pairs is None else pairs, ready=range(shards),
-                      held=lru.__contains__ if cache_aware else None)
+    sched = Scheduler(todo, ready=range(shards), held=lru.__contains__ if cache_aware else None)
     reads, last = 0, set()
     def held_first(free):
         return max(free, key=lambda p: ((p[0] in lru) + (p[1] in lru), (p[0] in last) + (p[1] in last)))
 
+    def victim(running: tuple[int, int]) -> int:
+        if evict == "lru":
+            return next(iter(lru))
+        def rank(s: int) -> tuple[int, int]:
+            mine = [p for p in left if s in p]
+            return sum((p[0] if p[1] == s else p[1]) in lru for p in mine), len(mine)
+        others = [s for s in lru if s not in running]  # in least recently used order: min keeps the first
+        return min(others, key=rank)
+
     while (task := sched.next_task(last, held_first if choose_held_first else None)) is not None:
+        left.discard(task[1])
         for s in task[1]:  # the pair touched first, then its missing shards read
             if s in lru:
                 lru.move_to_end(s)
@@ -349,7 +363,7 @@ def lru_loads(shards: int, capacity: int, cache_aware: bool, pairs: list | None 
                 reads += 1
                 lru[s] = None
                 while len(lru) > capacity:
-                    lru.popitem(last=False)
+                    del lru[victim(task[1])]
         sched.release(task[1])
         last = set(task[1])
     return reads

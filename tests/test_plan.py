@@ -15,7 +15,7 @@ from bigknn.operations.plan_model import (ASSUMED_PAIRS_PER_SHARD, AUTO_KMEANS_S
                                   spread_for_workers)
 from bigknn.engine.pair_order import pending_pairs
 
-from conftest import lru_loads, run_cli, run_json
+from conftest import replay_loads, run_cli, run_json
 
 DISK = {"read_gbps": 2.0, "write_gbps": 2.0, "source": "test"}
 
@@ -175,7 +175,7 @@ def test_a_cache_too_small_reads_shards_back_and_writes_what_it_evicts():
     tight = plan(10**8, 96, 4, params, 10**7, 1, fast, DISK, host_mem=5 * shard_bytes)
     assert tight["cached_shards"] == 5 and roomy["cached_shards"] == 10
     misses = tight["merge_reads"]
-    assert misses == lru_loads(10, 5, True) < 45 * 2 * (1 - 5 / 10) and roomy["merge_reads"] == 0
+    assert misses == replay_loads(10, 5, True) < 45 * 2 * (1 - 5 / 10) and roomy["merge_reads"] == 0
     assert roomy["read_bytes"] == inputs and roomy["written_bytes"] == inputs + 10**8 * 32 * 8
     assert tight["read_bytes"] - roomy["read_bytes"] == pytest.approx(misses * shard_bytes, rel=1e-6)
     assert tight["written_bytes"] - roomy["written_bytes"] == pytest.approx(misses * graph, rel=1e-6)
@@ -195,7 +195,7 @@ def test_the_plan_reads_back_what_the_schedulers_order_reads_through_an_lru_cach
     roomy = plan(12 * r, 96, 4, params, shard_rows, 1, fast, DISK, partition, pairs_per_shard=3, host_mem=1 << 40)
     assert p["shards"] == 12 and p["cached_shards"] == 3 and p["merges"] == (66 if partition == "contiguous" else 36)
     pairs = None if partition == "contiguous" else near_pairs(12, 36)
-    assert p["merge_reads"] == lru_loads(12, 3, True, pairs) < p["merges"] * 2 * (1 - 3 / 12)
+    assert p["merge_reads"] == replay_loads(12, 3, True, pairs) < p["merges"] * 2 * (1 - 3 / 12)
     # a partitioned input too large for the small host budget is read twice (labelling, sharding); the roomy one
     # is held in RAM between the two passes
     second_read = 0 if partition == "contiguous" else 12 * r * 96 * 4

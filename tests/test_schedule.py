@@ -9,7 +9,7 @@ import pytest
 from bigknn.operations.build import shard_sizes
 from bigknn.engine.pair_order import pending_pairs, round_robin
 
-from conftest import lru_loads
+from conftest import replay_loads
 
 
 @pytest.mark.parametrize("s", range(1, 13))
@@ -77,9 +77,9 @@ def test_a_pair_whose_shards_are_cached_comes_before_one_sharing_the_last_pair()
 
 @pytest.mark.parametrize("shards, capacity", [(8, 4), (16, 6), (61, 10)])
 def test_a_cache_smaller_than_the_store_is_read_a_few_times_not_once_per_merge(shards, capacity):
-    """61 shards through 10 cached (1B x 96 on one H200 with half of 256 GB): 1,827 shard reads in the
-    schedule's order, 372 choosing cached pairs first."""
-    aware, blind = lru_loads(shards, capacity, True), lru_loads(shards, capacity, False)
+    """61 shards through 10 cached (1B x 96 on one H200 with half of 256 GB), least recently used out first:
+    1,827 shard reads in the schedule's order, 316 choosing cached pairs first."""
+    aware, blind = (replay_loads(shards, capacity, cache_aware, evict="lru") for cache_aware in (True, False))
     assert aware * 3 <= blind
     assert aware <= shards * (shards - 1) // 2 // 2  # fewer reads than half the merges
 
@@ -107,6 +107,32 @@ def test_near_pairs_through_a_small_cache_read_fewer_shards_than_cached_pairs_fi
     from bigknn.operations.plan_model import near_pairs
 
     pairs = near_pairs(shards, merges)
-    ours = lru_loads(shards, capacity, True, pairs)
-    held_first = lru_loads(shards, capacity, True, pairs, choose_held_first=True)
+    ours = replay_loads(shards, capacity, True, pairs)
+    held_first = replay_loads(shards, capacity, True, pairs, choose_held_first=True)
     assert ours <= 0.85 * held_first, (ours, held_first)
+
+
+def test_the_cache_drops_first_the_shard_its_pending_pairs_need_least_soon():
+    """With (0, 1) running: 4's pending pairs are all with uncached shards, so it goes first although it is the
+    most recent; then 5 (one pair, with cached 3), then 3 (pairs with cached 0 and 5); 0 and 1, in the running
+    merge, never. Equal ranks keep their least recently used order."""
+    from bigknn.engine.scheduler import Scheduler
+
+    sched = Scheduler([(0, 1), (0, 3), (2, 6), (3, 5), (4, 6), (4, 7)], ready=range(8))
+    assert sched.next_task(prefer=set())[1] == (0, 1)
+    cached = [5, 0, 1, 3, 4]
+    assert sched.eviction_order(cached, set(cached)) == [4, 5, 3]
+    assert sched.eviction_order([5, 3, 2], {5, 3, 2}) == [2, 5, 3]  # 2: one pair, its partner 6 not cached
+    assert sched.eviction_order([7, 2], {7, 2}) == [7, 2] and sched.eviction_order([2, 7], {7, 2}) == [2, 7]
+
+
+@pytest.mark.parametrize("shards, merges, capacity", [(8, 28, 4), (16, 120, 6), (61, 1830, 10), (61, 141, 10)])
+def test_dropping_the_shards_pending_pairs_need_least_reads_fewer_than_least_recently_used(shards, merges, capacity):
+    """The Scheduler's order through a cache that drops shards by their pending pairs with cached shards reads
+    fewer shards back than one that drops the least recently used: all pairs, and near pairs as the plan draws
+    them."""
+    from bigknn.operations.plan_model import near_pairs
+
+    pairs = near_pairs(shards, merges)
+    ranked, lru = (replay_loads(shards, capacity, True, pairs, evict=rule) for rule in ("scheduler", "lru"))
+    assert ranked < lru, (ranked, lru)

@@ -82,6 +82,8 @@ class InProcess:
                           ready=[s.id for s in shards if ledger.version(s.id) is not None],
                           feeding=source is not None, queue_limit=len(backends) + 1, held=held,
                           planning=plan is not None)
+        if cache.tight:
+            cache.eviction_order = sched.eviction_order
         completed = False
         try:
             run_tasks(store, ledger, backends, reporter, acct, cache, writer, sched, source,
@@ -92,6 +94,8 @@ class InProcess:
                         if ledger.version(s.id) is not None or cache.peek(s.id) is not None]
                 sched = Scheduler(ledger.todo_pairs(len(ledger.shards())), ready=have, queue_limit=len(backends) + 1,
                                   held=held)
+                if cache.tight:
+                    cache.eviction_order = sched.eviction_order
                 run_tasks(store, ledger, backends, reporter, acct, cache, writer, sched, None, 0)
             completed = True
         finally:

@@ -7,6 +7,7 @@ import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
 
 from bigknn.core.knn_graph import KnnGraph, ShardPart, widened
 from bigknn.engine.accounting import Accounting
@@ -16,7 +17,8 @@ IO_THREADS = 4  # concurrent shard reads (prefetch) and array writes: one zarr s
 
 
 class ShardCache:
-    """Latest vectors and graph of recently used shards, least recently used evicted first.
+    """Latest vectors and graph of recently used shards, evicted in ``eviction_order`` (the Scheduler's: the
+    shards its pending pairs need least soon) where one is set, else least recently used first.
 
     Each shard's graph has a generation, raised by every ``put(..., dirty=True)``. A dirty shard (cached
     graph newer than the disk's) is never evicted: when only dirty shards could make room, the cache asks
@@ -32,6 +34,7 @@ class ShardCache:
         self.store, self.ledger, self.capacity, self.acct = store, ledger, max(2, capacity), acct
         self.tight = self.capacity < shards
         self.on_pressure = lambda sids: None
+        self.eviction_order: Callable[[list[int], set[int]], list[int]] | None = None
         self._parts: OrderedDict[int, ShardPart] = OrderedDict()
         self._gen: dict[int, int] = {}  # kept across evictions: generations only grow
         self._dirty: set[int] = set()
@@ -122,17 +125,19 @@ class ShardCache:
                 self._lock.wait(1.0)
 
     def _evict(self) -> None:
-        """Least recently used clean shards out, never the one just put or used: where every other shard is
+        """Clean shards out in eviction order, never the one just put or used: where every other shard is
         dirty, a shard read (or read ahead) was the only one to go, dropped as it arrived (a 10-shard CPU build
         through 4 read 68 shards for 45 merges, 41 with the narrower read-ahead alone, 20 with both)."""
-        for sid in list(self._parts)[:-1]:
+        lru = list(self._parts)
+        order = self.eviction_order(lru, set(lru)) if self.eviction_order is not None else lru
+        for sid in order:
             if len(self._parts) <= self.capacity:
                 return
-            if sid not in self._dirty:
+            if sid != lru[-1] and sid not in self._dirty:
                 del self._parts[sid]
         over = len(self._parts) - self.capacity
-        if over > 0:  # only dirty shards left to drop: have the oldest written
-            ask = [s for s in self._parts if s in self._dirty and s not in self._asked][:over]
+        if over > 0:  # only dirty shards left to drop: have the first of them in eviction order written
+            ask = [s for s in order if s in self._dirty and s not in self._asked and s != lru[-1]][:over]
             self._asked.update(ask)
             if ask:
                 self.on_pressure(ask)
@@ -144,7 +149,7 @@ class ShardCache:
 
     def prefetch(self, sids) -> None:
         """Start reading the first shards of ``sids`` in the background: as many as the cache holds beside
-        the two of the running pair (older entries make room, least recently used first)."""
+        the two of the running pair (other entries make room, in eviction order)."""
         wanted = list(dict.fromkeys(sids))[:max(0, self.capacity - 2)]
         with self._lock:
             todo = [s for s in wanted if s not in self._parts and s not in self._loading]

@@ -23,9 +23,10 @@ The I/O is what the build's data path does (bigknn/engine/writer.py): the input 
 partitioned and too large for host RAM: labelling, then sharding); the store written once: the vectors' copy
 (none with --vectors reference), a partitioned store's row ids, each shard's final graph k wide
 (``store_bytes``: with the input's read, the disk floor); merges read shards back only where the host cache
-cannot hold them all: as many as the build's Scheduler makes an LRU cache of the planned size read, pairs of
-cached shards first (``replayed_reads``: 61 shards through 10 cached, all pairs, read 372 shards, not the
-1,827 of merges hitting cached shards at random), each one written at the build's width when it was evicted
+cannot hold them all: as many as the build's Scheduler makes a cache of the planned size read, pairs of
+cached shards first and the shards pending pairs need least soon dropped first (``replayed_reads``: 61 shards
+through 10 cached, all pairs, read 297 shards, not the 1,827 of merges hitting cached shards at random), each
+one written at the build's width when it was evicted
 unwritten; and checkpoints of the cached graphs while merges change them, only while they stay within a
 tenth of the bytes the run must write and of its time (``graph_rewrites``). Every plan is projected to 1, 2,
 4 and 8 workers by this same model (bigknn/operations/sizing.py).
@@ -206,8 +207,8 @@ def merge_reads(shards: int, merges: int, cached: int, partitioned: bool, worker
             f"over {SIMULATED_PAIRS:,} merges: counted as random cache hits (merges x 2 x the share not cached), "
             "not replayed; the build, cached pairs first, reads fewer")
     pairs = near_pairs(shards, merges) if partitioned else pending_pairs(shards, set())
-    how = (f"the build's Scheduler (pairs of cached shards first) replayed through an LRU cache of {cached} "
-           "shards, one worker, after every GNND")
+    how = (f"the build's Scheduler (pairs of cached shards first) replayed through a cache of {cached} shards "
+           "that drops those its pending pairs need least soon first, one worker, after every GNND")
     if workers > 1:
         how += f"; {workers} workers take pairs as merges end: replayed as one"
     if partitioned:
@@ -226,12 +227,13 @@ def near_pairs(shards: int, merges: int) -> list[Pair]:
 
 
 def replayed_reads(pairs: list[Pair], shards: int, cached: int) -> int:
-    """Shards read while one worker merges ``pairs`` (given in the build's order) through an LRU cache of
+    """Shards read while one worker merges ``pairs`` (given in the build's order) through a cache of
     ``cached`` shards, each next pair chosen by the build's Scheduler told what the cache holds (as the build
     tells it where the cache is smaller than the store): its order, not a copy of it. The merges start with
     the last ``cached`` GNND results cached (a partitioned build plans its pairs after every GNND; GNND goes
-    first whenever a shard waits for it). The cache's prefetching and its dirty shards held past capacity
-    are left out."""
+    first whenever a shard waits for it). The cache drops shards in the Scheduler's eviction order, as the
+    build's does (ShardCache.eviction_order); its prefetching and its dirty shards held past capacity are
+    left out."""
     lru = OrderedDict.fromkeys(range(shards - cached, shards))
     sched = Scheduler(pairs, ready=range(shards), held=lru.__contains__)
     reads, last = 0, set()
@@ -244,8 +246,9 @@ def replayed_reads(pairs: list[Pair], shards: int, cached: int) -> int:
             if sid not in lru:
                 reads += 1
                 lru[sid] = None
-                while len(lru) > cached:
-                    lru.popitem(last=False)
+                while len(lru) > cached:  # a cache of one shard drops the merge's other shard
+                    order = sched.eviction_order(list(lru), set(lru)) or list(lru)
+                    del lru[order[0]]
         sched.release(pair)
         last = set(pair)
     return reads
