@@ -130,6 +130,33 @@ def test_build_records_an_estimate_that_eval_confirms(tmp_path):
     assert manifest["estimate"] == est
 
 
+@pytest.mark.parametrize("partition", ["contiguous", "kmeans"])
+def test_a_builds_estimate_takes_its_rows_lists_as_written_not_read_back(tmp_path, monkeypatch, partition):
+    """The recorded estimate measures the sample rows' final lists as the build wrote them (a few thousand rows
+    spread over a large store's graph touch most of its chunks): the graph is not read back for it, and the
+    estimate is the one measured on the store afterwards by a sample drawn again from it."""
+    from bigknn.backends.cpu import CpuBackend
+    from bigknn.engine.recall_sample import SampleTruth
+    from bigknn.operations.build import BuildRequest, build
+    from bigknn.core.progress import Reporter
+    from bigknn.shards import Store
+
+    src = tmp_path / "d.fbin"
+    write_synth(src, 9000, 16, seed=6)
+    reads = []
+    real = Store.read_graph_rows
+    monkeypatch.setattr(Store, "read_graph_rows", lambda self, sid, rows: reads.append(sid) or real(self, sid, rows))
+    out = build(BuildRequest(input=src, store=tmp_path / "s.knn", shard_rows=2500, params=GnndParams(k=10),
+                             partition=partition), [CpuBackend()], Reporter())
+    assert out["shards"] >= 4 and out["partition"] == partition and reads == []
+    store = Store.open(tmp_path / "s.knn")
+    again = SampleTruth.from_store(store)
+    again.complete(store, CpuBackend())
+    measured = again.measure(store).to_dict()
+    assert measured == {key: out["recall_estimate"][key] for key in measured}
+    assert sorted(reads) == list(range(out["shards"]))  # read back here: every shard holds sample rows
+
+
 def _sample_truth(x: np.ndarray, positional: bool = True, k: int = 10):
     from bigknn.engine.recall_sample import SampleTruth, sample_rows
 

@@ -71,7 +71,7 @@ class InProcess:
         biggest = max([s.rows for s in shards] + new_sizes)
         cache = ShardCache(store, ledger, cache_shards(store.manifest, store.path, biggest, len(backends), host_mem),
                            acct, len(shards) + len(new_sizes))
-        writer = Writer(store, ledger, acct, CacheSink(store, ledger, cache),
+        writer = Writer(store, ledger, acct, CacheSink(store, ledger, cache, sample.keep_final if sample else None),
                         checkpoint_allowance(must_write(store.manifest, sum(s.rows for s in shards) + sum(new_sizes),
                                                         sum(s.rows for s in shards if s.source is None)
                                                         + sum(new_sizes))))

@@ -5,8 +5,9 @@ The sample is drawn before sharding, in two parts: ``PROBE_ROWS`` rows a one-sha
 estimate on the rows that stopped the descent is biased upward: the descent ends at the first iteration
 those rows clear the target (held-out text: 0.991 reported, 0.987 true). Each shard's vectors, as GNND takes them (in memory,
 straight from the sharding pass), also give the sample's exact neighbours among that shard's rows, so the truth
-costs no extra pass over the input. After the merges the held-out rows' final lists are read from the store and
-compared (bigknn/algorithms/recall_target.py): the estimate, its interval and the sample size go into the manifest, the summary
+costs no extra pass over the input. The held-out rows' final lists are kept as the writer writes each final
+graph (read back from the store only for shards an earlier run wrote) and compared after the merges
+(bigknn/algorithms/recall_target.py): the estimate, its interval and the sample size go into the manifest, the summary
 and ``bigknn info``. A resumed build folds in the shards the killed run had not yet seen, from the store.
 """
 
@@ -41,6 +42,8 @@ class SampleTruth:
         self.ids = np.full((len(rows), self.m + 1), EMPTY, np.int32)
         self.keys = np.full((len(rows), self.m + 1), np.inf, np.float32)
         self.covered: set[int] = set()
+        self._positions: np.ndarray | None = None  # the rows' store positions, where ``place`` gave them
+        self._final: dict[int, tuple[int, np.ndarray, np.ndarray, np.ndarray]] = {}  # ``keep_final``'s
         self._lock = threading.Lock()
 
     @classmethod
@@ -73,8 +76,36 @@ class SampleTruth:
         return cls(rows, store.vectors_of(RowMap.of(store).to_position(rows)), m.metric, m.k, m.seed)
 
     def positions(self, store: Store) -> np.ndarray:
-        """The sample's store positions (its rows are input rows)."""
-        return RowMap.of(store).to_position(self.rows)
+        """The sample's store positions (its rows are input rows): as ``place`` gave them, or by the store's
+        row map."""
+        if self._positions is None:
+            self._positions = self.rows if self.positional else RowMap.of(store).to_position(self.rows)
+        return self._positions
+
+    def place(self, layout: list[np.ndarray], offsets: list[int]) -> None:
+        """The sample rows' store positions from a partition's layout (each shard's input rows, sorted, and its
+        offset), so that neither ``keep_final`` nor ``measure`` reads the store's row map (8 bytes a row)."""
+        positions = np.full(len(self.rows), EMPTY, np.int64)
+        for rows, offset in zip(layout, offsets):
+            at = np.minimum(np.searchsorted(rows, self.rows), max(0, len(rows) - 1))
+            hit = rows[at] == self.rows if len(rows) else np.zeros(len(self.rows), bool)
+            positions[hit] = offset + at[hit]
+        if (positions == EMPTY).any():
+            raise ValueError("the layout does not hold every sample row")
+        self._positions = positions
+
+    def keep_final(self, shard_id: int, version: int, offset: int, graph: KnnGraph) -> None:
+        """Hold the sample's lists in a shard's final graph as written (``version``, rows from ``offset``), so
+        that ``measure`` does not read them back: a few thousand rows spread over a large store's graph touch
+        most of its chunks, each read and checked whole. Skipped where the positions are not known yet."""
+        if self._positions is None and not self.positional:
+            return
+        positions = self._positions if self._positions is not None else self.rows
+        sel = np.nonzero((positions >= offset) & (positions < offset + graph.rows))[0]
+        local = positions[sel] - offset
+        with self._lock:
+            self._final[shard_id] = (version, sel, np.asarray(graph.ids[local, :self.m]),
+                                     np.asarray(graph.dists[local, :self.m]))
 
     def add(self, backend: Backend, shard_id: int, offset: int, x: np.ndarray) -> KnnGraph:
         """Fold the exact neighbours among one shard's rows (global ids from ``offset``) into the truth; returns
@@ -126,6 +157,10 @@ class SampleTruth:
         got_ids = np.empty((len(rows), self.m), np.int64)
         got_keys = np.empty((len(rows), self.m), np.float32)
         for s in store.manifest.shards:
+            kept = self._final.get(s.id)
+            if kept is not None and kept[0] == s.graph:  # the committed version, held as it was written
+                got_ids[kept[1]], got_keys[kept[1]] = kept[2], kept[3]
+                continue
             sel = np.nonzero((rows >= s.offset) & (rows < s.offset + s.rows))[0]
             if sel.size:
                 ids, keys_s = store.read_graph_rows(s.id, rows[sel] - s.offset)

@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterable, Protocol
 
 from bigknn.core import envvars
-from bigknn.core.knn_graph import final_columns
+from bigknn.core.knn_graph import KnnGraph, final_columns
 from bigknn.engine.accounting import Accounting
 from bigknn.engine.shard_cache import IO_THREADS, ShardCache
 from bigknn.shards import Store
@@ -98,8 +98,11 @@ class GraphSink(Protocol):
 class CacheSink:
     """In-process: the dirty graphs of the shard cache, written by ``IO_THREADS`` threads."""
 
-    def __init__(self, store: Store, ledger, cache: ShardCache):
-        self.store, self.ledger, self.cache = store, ledger, cache
+    def __init__(self, store: Store, ledger, cache: ShardCache,
+                 on_final: Callable[[int, int, int, KnnGraph], None] | None = None):
+        """``on_final(shard, version, offset, graph)``: told of each final graph as it is written (the recall
+        sample keeps its rows' lists: SampleTruth.keep_final)."""
+        self.store, self.ledger, self.cache, self.on_final = store, ledger, cache, on_final
         self.pool = ThreadPoolExecutor(IO_THREADS, thread_name_prefix="write")
 
     def on_pressure(self, ask: Callable[[list[int]], None]) -> None:
@@ -120,7 +123,12 @@ class CacheSink:
 
         def write(sid: int) -> int:
             g = snaps[sid][0]
-            return self.store.write_graph(sid, versions[sid], final_columns(g, k) if sid in final else g)
+            if sid not in final:
+                return self.store.write_graph(sid, versions[sid], g)
+            nbytes = self.store.write_graph(sid, versions[sid], final_columns(g, k))
+            if self.on_final is not None:
+                self.on_final(sid, versions[sid], self.ledger.shards()[sid].offset, g)
+            return nbytes
 
         nbytes = sum(self.pool.map(write, snaps))
         return {sid: (versions[sid], snaps[sid][1]) for sid in snaps}, nbytes
