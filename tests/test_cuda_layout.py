@@ -206,13 +206,17 @@ class _OutOfMemory(MemoryError):
 
 
 def _without_cupy(monkeypatch):
-    """A CUDA backend on a machine without CuPy: ``cupy`` is a stand-in whose only part is the error above."""
+    """A CUDA backend on a machine without CuPy: ``cupy`` is a stand-in with the error above and a pool holding
+    3 GB in use and 2.5 GB free on a device with 5 GB free."""
     import sys
     import types
 
     from bigknn.backends.cuda import CudaBackend
 
-    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(memory=types.SimpleNamespace(OutOfMemoryError=_OutOfMemory)))
+    pool = types.SimpleNamespace(used_bytes=lambda: 3e9, free_bytes=lambda: 2.5e9)
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(memory=types.SimpleNamespace(OutOfMemoryError=_OutOfMemory),
+                                                            runtime=types.SimpleNamespace(memGetInfo=lambda: (5e9, 80e9))),
+                                 get_default_memory_pool=lambda: pool)
     monkeypatch.setitem(sys.modules, "cupy", fake)
     return CudaBackend()
 
@@ -239,3 +243,24 @@ def test_a_retry_after_running_out_starts_once_the_failed_run_is_freed(monkeypat
 
     assert backend._attempts(runs_out_once, ()) == "done"
     assert alive_at_retry == [False]
+
+
+def test_running_out_of_memory_says_what_the_device_held(monkeypatch):
+    """The warning of a call that ran out of device memory gives, beside CuPy's message, the pool's bytes in use
+    and free, the device's free bytes, the copies kept between calls and what the call planned: what tells a
+    budget that counted unusable pool bytes from a plan that undercounted."""
+    backend = _without_cupy(monkeypatch)
+    backend.gpu.last_need = 7e9
+    said: list[str] = []
+    monkeypatch.setattr(backend, "_make_room", said.append)
+    tries: list[int] = []
+
+    def runs_out_once(gpu):
+        tries.append(1)
+        if len(tries) == 1:
+            raise _OutOfMemory("Out of memory allocating 1,024 bytes (allocated so far: 0 bytes).")
+        return "done"
+
+    assert backend._attempts(runs_out_once, ()) == "done"
+    assert said == ["Out of memory allocating 1,024 bytes (allocated so far: 0 bytes) (pool 3.0 GB in use and "
+                    "2.5 GB free, 5.0 GB free on the device, 0 B of copies kept, 7.0 GB planned)"]

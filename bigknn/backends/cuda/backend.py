@@ -120,7 +120,7 @@ class CudaBackend(SearchReference):
         try:
             return fn(self.gpu, *args)
         except cp.cuda.memory.OutOfMemoryError as e:
-            why = str(e).rstrip(".")
+            why = f"{str(e).rstrip('.')} ({memory.pool_state(self.gpu)})"  # numbers only: nothing of the run kept
         self._make_room(why)
         return fn(self.gpu, *args)
 

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Callable
 
 from bigknn.backends.cuda.compile import MAX_P, padded_dim
 from bigknn.backends.cuda.rows import HALF_MIN_DIM
+from bigknn.core.human import human_bytes
 from bigknn.core.params import GnndParams
 from bigknn.algorithms.recall_target import MAX_WIDTH, WIDEN_STEP
 
@@ -49,6 +50,19 @@ def budget(gpu_mem_bytes: int | None, resident: ResidentCopies) -> int:
     if gpu_mem_bytes is not None:  # copies kept between calls count against the cap too
         out = min(out, int(gpu_mem_bytes) - resident.nbytes())
     return out
+
+
+def pool_state(gpu: Gpu) -> str:
+    """What the device held when a call ran out of memory, for its warning: CuPy's pool in use and free (free
+    bytes inside a chunk still partly in use cannot be given back, yet ``budget`` counts them), the driver's
+    free bytes, the copies kept between calls and what the call planned (``gpu.last_need``)."""
+    import cupy as cp
+
+    pool = cp.get_default_memory_pool()
+    free, _total = cp.cuda.runtime.memGetInfo()
+    return (f"pool {human_bytes(pool.used_bytes())} in use and {human_bytes(pool.free_bytes())} free, "
+            f"{human_bytes(free)} free on the device, {human_bytes(gpu.resident.nbytes())} of copies kept, "
+            f"{human_bytes(gpu.last_need)} planned")
 
 
 def gnnd_bytes(n: int, d: int, itemsize: int, k: int, p: int, slots: int = 64) -> int:
