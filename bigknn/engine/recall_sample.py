@@ -42,7 +42,7 @@ class SampleTruth:
         self.ids = np.full((len(rows), self.m + 1), EMPTY, np.int32)
         self.keys = np.full((len(rows), self.m + 1), np.inf, np.float32)
         self.covered: set[int] = set()
-        self._positions: np.ndarray | None = None  # the rows' store positions, where ``place`` gave them
+        self._positions = rows if positional else None  # the rows' store positions, where known (``place``)
         self._final: dict[int, tuple[int, np.ndarray, np.ndarray, np.ndarray]] = {}  # ``keep_final``'s
         self._lock = threading.Lock()
 
@@ -79,17 +79,20 @@ class SampleTruth:
         """The sample's store positions (its rows are input rows): as ``place`` gave them, or by the store's
         row map."""
         if self._positions is None:
-            self._positions = self.rows if self.positional else RowMap.of(store).to_position(self.rows)
+            self._positions = RowMap.of(store).to_position(self.rows)
         return self._positions
 
-    def place(self, layout: list[np.ndarray], offsets: list[int]) -> None:
-        """The sample rows' store positions from a partition's layout (each shard's input rows, sorted, and its
-        offset), so that neither ``keep_final`` nor ``measure`` reads the store's row map (8 bytes a row)."""
+    def place(self, layout: list[np.ndarray], first_offset: int) -> None:
+        """The sample rows' store positions from a partition's layout (each shard's input rows, sorted; the
+        shards laid end to end from ``first_offset``, as the sharding pass stores them), so that neither
+        ``keep_final`` nor ``measure`` reads the store's row map (8 bytes a row)."""
         positions = np.full(len(self.rows), EMPTY, np.int64)
-        for rows, offset in zip(layout, offsets):
+        offset = first_offset
+        for rows in layout:
             at = np.minimum(np.searchsorted(rows, self.rows), max(0, len(rows) - 1))
             hit = rows[at] == self.rows if len(rows) else np.zeros(len(self.rows), bool)
             positions[hit] = offset + at[hit]
+            offset += len(rows)
         if (positions == EMPTY).any():
             raise ValueError("the layout does not hold every sample row")
         self._positions = positions
@@ -98,9 +101,9 @@ class SampleTruth:
         """Hold the sample's lists in a shard's final graph as written (``version``, rows from ``offset``), so
         that ``measure`` does not read them back: a few thousand rows spread over a large store's graph touch
         most of its chunks, each read and checked whole. Skipped where the positions are not known yet."""
-        if self._positions is None and not self.positional:
+        positions = self._positions
+        if positions is None:
             return
-        positions = self._positions if self._positions is not None else self.rows
         sel = np.nonzero((positions >= offset) & (positions < offset + graph.rows))[0]
         local = positions[sel] - offset
         with self._lock:

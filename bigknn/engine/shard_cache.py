@@ -128,6 +128,8 @@ class ShardCache:
         """Clean shards out in eviction order, never the one just put or used: where every other shard is
         dirty, a shard read (or read ahead) was the only one to go, dropped as it arrived (a 10-shard CPU build
         through 4 read 68 shards for 45 merges, 41 with the narrower read-ahead alone, 20 with both)."""
+        if len(self._parts) <= self.capacity:  # room: no order to ask the Scheduler for
+            return
         lru = list(self._parts)
         order = self.eviction_order(lru, set(lru)) if self.eviction_order is not None else lru
         for sid in order:

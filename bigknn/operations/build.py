@@ -121,8 +121,8 @@ def build(req: BuildRequest, backends: list[Backend], reporter: Reporter, execut
                                       from_stream=streaming and part is None and sizes == [vf.rows]
                                       and not vf.random_access) if (
                 req.params.recall > 0 and store.manifest.estimate is None) else None
-            if sample is not None and rows_of is not None:  # the shards' offsets as the sharding pass makes them
-                sample.place(rows_of, (store.manifest.rows + np.cumsum([0, *sizes[:-1]])).tolist())
+            if sample is not None and rows_of is not None:
+                sample.place(rows_of, store.manifest.rows)
             if streaming:
                 if part is not None:
                     acct.add_written(_record_partition(store, part))
