@@ -1,4 +1,4 @@
-"""Two-level balanced k-means learnt on a row sample (Lloyd's assignments on the backend: the GPU's exact k-NN).
+"""Two-level balanced k-means learnt on a row sample (Lloyd's assignments on the backend: a GPU's GEMMs).
 
 One k-means cell per shard cuts through whatever clusters its boundaries cross (on the clustered synth
 family, 16 cells over 200 clusters leave 7 % of true neighbours in another shard). Instead the sample is cut

@@ -41,7 +41,7 @@ class Partition:
         ``NEAREST`` nearest centroids; other shards after those, by distance to their mean centroid (a row
         whose near shards are all full spills to the next shard in space, never to an arbitrary one); the own
         leaf first (RP-tree). ``nearest(x, count, centroids)``: (ids, squared distances) of
-        each row's nearest centroids, ascending (the backend's exact k-NN: the GPU labels a billion rows);
+        each row's nearest centroids, ascending (the backend's: the GPU labels a billion rows, by GEMMs);
         None: NumPy."""
         count = min(NEAREST, len(self.centroids))
         ids, d2 = (nearest or nearest_numpy)(x, count, self.centroids)

@@ -38,9 +38,10 @@ from bigknn.backends.cuda.gpu import Gpu
 from bigknn.backends.cuda.kept import KeptCopy
 from bigknn.core.errors import BadInput
 from bigknn.core.knn_graph import LOCAL_ID_DTYPE, KnnGraph, ShardPart, id_dtype
-from bigknn.core.metric import L2, Metric
+from bigknn.core.metric import Metric
 from bigknn.core.params import GnndParams
 from bigknn.core.progress import log
+from bigknn.algorithms.partition.nearest import device_block_rows, nearest_by_blocks
 from bigknn.algorithms.recall_target import Probe
 from bigknn.algorithms.search_index import SearchIndex
 from bigknn.algorithms.search_params import DiversifyRule, PruneParams, SearchPlan
@@ -50,6 +51,12 @@ def _report_failure(future) -> None:
     """An upload ahead that failed only costs the next merge its own upload; say so on stderr."""
     if future.exception() is not None:
         log.warning("uploading the next shards ahead failed: %r", future.exception())
+
+
+def _nearest_centroids(gpu: Gpu, x: np.ndarray, count: int, centroids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    import cupy as cp
+
+    return nearest_by_blocks(cp, x, count, centroids, device_block_rows(len(centroids), x.shape[1]))
 
 
 def _option(name: str) -> property:
@@ -178,10 +185,11 @@ class CudaBackend(SearchReference):
         return self._call(exact.exact_knn, queries, k, metric, _int32_blocks(blocks))
 
     def nearest_centroids(self, x: np.ndarray, count: int, centroids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        # the rows go up as they are (uint8: a quarter of the bytes) and are made float32 on the device: a host
-        # conversion took a fresh float32 array per chunk of the labelling pass, page faults and all
-        g = self.exact_knn(np.ascontiguousarray(x), count, L2, [(0, centroids)])
-        return g.ids.astype(np.int64), g.dists
+        """The CPU backend's search (nearest.nearest_by_blocks) in CuPy: one cuBLAS GEMM per block against a few
+        centroids, where the exact k-NN's kernel, re-keying and sort were made for many rows. The rows go up as
+        they are (uint8: a quarter of the bytes) and are made float32 on the device: a host conversion took a
+        fresh float32 array per chunk of the labelling pass, page faults and all."""
+        return self._call(_nearest_centroids, x, count, centroids)
 
     def diversify_lists(self, cands: np.ndarray, keys: np.ndarray, table: np.ndarray, metric: Metric,
                         rule: DiversifyRule, width: int) -> tuple[np.ndarray, np.ndarray]:
