@@ -102,6 +102,35 @@ def test_rptree_leaves_are_balanced_and_rows_stay_within_the_cap(tmp_path):
     np.testing.assert_array_equal(again.cost(x[:50]), part.cost(x[:50]))
 
 
+def test_the_labelling_says_where_its_seconds_went(tmp_path, monkeypatch, caplog):
+    """The pass ends with one line splitting its time into waiting for reads, nearest centroids and balancing;
+    a nearest-centroid call made slow (a lower bound on its share, whatever the machine's load) shows there,
+    and the labels are those of the plain call."""
+    import logging
+    import time as clock
+    from bigknn.algorithms.partition import labelling
+    from bigknn.algorithms.partition.nearest import nearest_numpy
+    monkeypatch.setattr(labelling, "LABEL_CHUNK_ROWS", 500)  # 4 chunks
+    x = synth(2000, DIM, clusters=20, seed=8)
+    write_vectors(tmp_path / "x.fbin", x)
+    vf = open_vectors(tmp_path / "x.fbin")
+    part = learn_from_file(vf, "kmeans", 4, "l2", seed=0)
+    calls = []
+
+    def slow(rows, count, centroids):
+        calls.append(len(rows))
+        clock.sleep(0.1)  # a multiple of the line's 0.1 s
+        return nearest_numpy(rows, count, centroids)
+
+    with caplog.at_level(logging.INFO, logger="bigknn"):
+        timed = layout(vf, part, "l2", shard_rows=700, min_rows=16, nearest=slow)
+    line = [r.getMessage() for r in caplog.records if "rows labelled" in r.getMessage()]
+    assert len(line) == 1 and line[0].startswith("partition: 2,000 rows labelled"), line
+    nearest_s = float(line[0].split("reads, ")[1].split(" s in nearest")[0])
+    assert len(calls) >= 4 and nearest_s >= 0.1 * len(calls) - 1e-3
+    assert [r.tolist() for r in timed] == [r.tolist() for r in layout(vf, part, "l2", shard_rows=700, min_rows=16)]
+
+
 @pytest.mark.parametrize("metric,dtype", [("l2", np.uint8), ("l2", np.float32), ("cosine", np.float32)])
 def test_the_labelling_keeps_every_row_as_prepared_and_labels_as_without(tmp_path, monkeypatch, metric, dtype):
     """Rows kept for the sharding pass (read straight into the kept array where the metric leaves them as

@@ -9,6 +9,7 @@ file order (``layout``), which the sharding pass gathers. A row's label needs on
 from __future__ import annotations
 
 import logging
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Iterator
 
@@ -44,8 +45,12 @@ def sample_size(rows: int, shards: int) -> int:
 def learn_from_file(vf: VectorSource, method: str, shards: int, metric: str, seed: int,
                     nearest: Nearest = None) -> Partition:
     size = sample_size(vf.rows, shards)
+    start = time.perf_counter()
     rows = np.sort(np.random.default_rng((seed, 5)).choice(vf.rows, size=size, replace=False))
-    return learn(method, prepare_rows(_checked_take(vf, rows), metric), shards, seed, nearest)
+    part = learn(method, prepare_rows(_checked_take(vf, rows), metric), shards, seed, nearest)
+    log.info("partition: %s of %d shards learnt on %s rows in %.1f s", method, shards, f"{size:,}",
+             time.perf_counter() - start)
+    return part
 
 
 def _checked_take(vf: VectorSource, rows: np.ndarray) -> np.ndarray:
@@ -74,15 +79,16 @@ def layout(vf: VectorSource, part: Partition, metric: str, shard_rows: int, min_
     filling = keep is not None
     direct = filling and keep.dtype == vf.read_dtype and not metric_of(metric).normalised  # kept as read
     chunks = _checked_chunks(vf, metric, keep if direct else None)
+    spent = dict.fromkeys(("read", "nearest", "balance"), 0.0)  # the pass's seconds, said at its end
     while True:
         share = -(-vf.rows // part.shards)  # an equal share: the room every row needs, whatever --shard-rows says
         cap = max(share, min(shard_rows, int(np.ceil(SLACK * vf.rows / part.shards))))
         room = np.full(part.shards, cap, np.int64)
         labels = np.empty(vf.rows, np.int16 if part.shards <= np.iinfo(np.int16).max else np.int64)
-        for start, x in chunks:
+        for start, x in _timed(chunks, spent):
             if filling and not direct:
                 keep[start:start + len(x)] = x
-            labels[start:start + len(x)] = label_chunk(part, x, room, nearest)
+            labels[start:start + len(x)] = label_chunk(part, x, room, nearest, spent)
             if progress is not None:
                 progress(len(x))
         counts = np.bincount(labels, minlength=part.shards)
@@ -96,15 +102,40 @@ def layout(vf: VectorSource, part: Partition, metric: str, shard_rows: int, min_
         chunks = _checked_chunks(vf, metric) if keep is None else (
             (lo, keep[lo:lo + LABEL_CHUNK_ROWS]) for lo in range(0, vf.rows, LABEL_CHUNK_ROWS))
     order = np.argsort(labels, kind="stable")  # 16-bit labels: a linear radix sort, not a comparison sort
+    log.info("partition: %s rows labelled; waited %.1f s for the reads, %.1f s in nearest centroids, %.1f s "
+             "balancing", f"{vf.rows:,}", spent["read"], spent["nearest"], spent["balance"])
     return np.split(order, np.cumsum(counts)[:-1])
 
 
-def label_chunk(part: Partition, x: np.ndarray, room: np.ndarray, nearest: Nearest) -> np.ndarray:
-    """Labels of one chunk's rows by the capacity rule (``balance``), ``room`` decreased in place."""
-    labels, spilled = take_first_choices(*part.first_choice(x, nearest), room)
+def label_chunk(part: Partition, x: np.ndarray, room: np.ndarray, nearest: Nearest,
+                spent: dict[str, float] | None = None) -> np.ndarray:
+    """Labels of one chunk's rows by the capacity rule (``balance``), ``room`` decreased in place; its
+    seconds added to ``spent["nearest"]`` and ``spent["balance"]`` where given."""
+    clock = time.perf_counter
+    start = clock()
+    first = part.first_choice(x, nearest)
+    nearest_s = clock() - start
+    labels, spilled = take_first_choices(*first, room)
     if spilled.size:
-        labels[spilled] = assign_balanced(part.cost(x[spilled], nearest), room)
+        t = clock()
+        cost = part.cost(x[spilled], nearest)
+        nearest_s += clock() - t
+        labels[spilled] = assign_balanced(cost, room)
+    if spent is not None:
+        spent["nearest"] += nearest_s
+        spent["balance"] += clock() - start - nearest_s
     return labels
+
+
+def _timed(chunks: Iterator[tuple[int, np.ndarray]], spent: dict[str, float]) -> Iterator[tuple[int, np.ndarray]]:
+    """``chunks``, the seconds spent waiting for each added to ``spent["read"]``."""
+    while True:
+        start = time.perf_counter()
+        item = next(chunks, None)
+        spent["read"] += time.perf_counter() - start
+        if item is None:
+            return
+        yield item
 
 
 def _checked_chunks(vf: VectorSource, metric: str, into: np.ndarray | None = None
