@@ -95,6 +95,7 @@ def test_plan_command_calibrates_on_the_cpu():
     assert out["estimate_s"]["total"] > 0 and out["rates"]["source"].startswith("calibration on cpu")
     disk = out["assumptions"]["disk"]
     assert disk["read_gbps"] > 0 and disk["write_gbps"] > 0 and disk["source"].startswith("measured in")
+    assert disk["cache_write_gbps"] > 0 and disk["dirty_bytes"] > 0  # Linux: the page cache's pace and room
     assert out["assumptions"]["host_ram_bytes"] > 0 and out["assumptions"]["gpu_bytes"] == 120 << 30
     code, _, err = run_cli("plan", "--dim", 96)
     assert code == 2 and "--rows" in err

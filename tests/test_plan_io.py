@@ -138,6 +138,33 @@ def test_one_shard_reads_everything_before_its_gnnd_and_merges_nothing():
     assert p["bound"] == "disk"  # the vectors' copy and the graph take longer to write than the GNND
 
 
+@pytest.mark.parametrize("room_share", [2.0, 0.25])
+def test_the_last_graph_ends_the_build_at_the_page_caches_pace_as_far_as_it_holds_it(room_share):
+    """A build's command returns once its last graph is in the page cache: the plan's end prices the bytes the
+    kernel buffers at the cache's measured pace and only the rest at the disk's; the I/O total is unchanged."""
+    params = GnndParams(k=32)
+    rows = 10**7
+    graph = rows * 32 * 8
+    cached = dict(DISK, cache_write_gbps=8.0, dirty_bytes=int(room_share * graph))
+    plain, p = (plan(rows, 96, 4, params, rows, 1, FAST, disk, "contiguous") for disk in (DISK, cached))
+    held = min(graph, cached["dirty_bytes"])
+    assert p["estimate_s"]["end"] == round(held / 8e9 + (graph - held) / 1e9, 1) < plain["estimate_s"]["end"]
+    assert p["estimate_s"]["io"] == plain["estimate_s"]["io"] and p["written_bytes"] == plain["written_bytes"]
+
+
+def test_the_dirty_limit_is_linuxs_fixed_bytes_or_its_share_of_available_memory(tmp_path):
+    from bigknn.operations.diskrate import dirty_limit
+    vm, meminfo = tmp_path / "vm", tmp_path / "meminfo"
+    vm.mkdir()
+    meminfo.write_text("MemTotal:       1000000 kB\nMemAvailable:    800000 kB\n")
+    (vm / "dirty_bytes").write_text("0\n")
+    (vm / "dirty_ratio").write_text("20\n")
+    assert dirty_limit(vm, meminfo) == 800000 * 1024 * 20 // 100
+    (vm / "dirty_bytes").write_text("123456789\n")
+    assert dirty_limit(vm, meminfo) == 123456789
+    assert dirty_limit(tmp_path / "absent", meminfo) is None
+
+
 def test_checkpoints_stay_within_their_allowance():
     """A long build checkpoints its cached graphs only while the checkpoints' bytes stay within
     CHECKPOINT_SHARE of what the build must write: none where one checkpoint alone is more (dim 96: 10 graphs

@@ -122,7 +122,9 @@ def show(p: dict) -> None:
         + (f" (one shard across {rates['gnnd_spans_gpus']} GPUs)" if rates["gnnd_spans_gpus"] else "")
         + f", merges {rates['ggm_rows_per_s']:,} pair rows/s at shards of {rates['at_rows']:,} rows",
         f"  measured     {rates['source']}: " + scaling(rates) + spanning(rates),
-        f"  disk rates   read {disk['read_gbps']} GB/s, write {disk['write_gbps']} GB/s ({disk['source']})",
+        f"  disk rates   read {disk['read_gbps']} GB/s, write {disk['write_gbps']} GB/s ({disk['source']})"
+        + (f"; the page cache takes {human_bytes(disk['dirty_bytes'])} of writes at {disk['cache_write_gbps']} GB/s"
+           if disk.get("dirty_bytes") and disk.get("cache_write_gbps") else ""),
         f"  assumed      host RAM {human_bytes(assumed['host_ram_bytes'])}"
         + (f", GPU memory {human_bytes(assumed['gpu_bytes'])}" if assumed["gpu_bytes"] else "")
         + (f", {assumed['pairs_per_shard']} merges per shard ({assumed['pairs_source']})"

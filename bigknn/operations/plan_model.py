@@ -44,6 +44,7 @@ from bigknn.core.knn_graph import id_dtype
 from bigknn.core.params import GnndParams
 from bigknn.engine.limits import build_refusal, build_shards, smallest_shard_rows
 from bigknn.operations.calibrate import rate_at
+from bigknn.operations.diskrate import final_write_s
 from bigknn.engine.pair_order import pending_pairs, round_count
 from bigknn.engine.sharding_pass import shard_total
 from bigknn.engine.scheduler import Pair, Scheduler
@@ -114,7 +115,7 @@ def plan(rows: int, dim: int, itemsize: int, params: GnndParams, shard_rows: int
     # before its partition is learnt and its labelling pass has read and labelled every row
     start_s = (0 if not partitioned else labelling_s(rows, input_bytes / read_bps, rates)) + (
         0 if partitioned and kept else min(workers, shards) * r * row_bytes / read_bps)
-    end_s = (2 if merges else 1) * r * params.k * entry / write_bps  # the last merge's graphs (or the one GNND's)
+    end_s = final_write_s((2 if merges else 1) * r * params.k * entry, disk)  # the last merge's graphs (or the GNND's)
     total_s = max(start_s + compute_s + end_s, io_s)
     floor_s = input_bytes / read_bps + store["total"] / write_bps
     return {
