@@ -22,9 +22,14 @@ PAGE = 4096
 BLOCK = 4096  # old rows whose distances are computed at once
 
 
+def squared_norms(x: np.ndarray) -> np.ndarray:
+    return np.einsum("ij,ij->i", x, x)
+
+
 def kth_old_key(old: np.ndarray, k: int) -> np.ndarray:
-    """Each old row's squared distance to its k-th nearest other old row (exact)."""
-    sq = (old.astype(np.float64) ** 2).sum(1).astype(np.float32)
+    """Each old row's squared distance to its k-th nearest other old row (exact), computed as ``entered``
+    computes its keys, so that a new row at an old neighbour's distance is not counted as entering."""
+    sq = squared_norms(old)
     out = np.empty(len(old), np.float32)
     for lo in range(0, len(old), BLOCK):
         q = old[lo:lo + BLOCK]
@@ -36,8 +41,7 @@ def kth_old_key(old: np.ndarray, k: int) -> np.ndarray:
 
 def entered(old: np.ndarray, new: np.ndarray, kth: np.ndarray) -> np.ndarray:
     """Whether some new row is closer to each old row than its k-th old neighbour."""
-    sq_old = (old ** 2).sum(1)
-    sq_new = (new ** 2).sum(1)
+    sq_old, sq_new = squared_norms(old), squared_norms(new)
     out = np.zeros(len(old), bool)
     for lo in range(0, len(old), BLOCK):
         d2 = sq_old[lo:lo + BLOCK, None] - 2 * old[lo:lo + BLOCK] @ new.T + sq_new[None]
